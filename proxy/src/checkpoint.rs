@@ -1,0 +1,280 @@
+//! The store's checkpoint in `--state-dir`: written atomically (temp file,
+//! fsync, rename, fsync of the directory) by a background task whenever the
+//! store changes, and read once at start.
+//!
+//! A checkpoint that cannot be read, is corrupt, or belongs to another runtime
+//! endpoint is logged and ignored: the store is then rebuilt from the runtime.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use crate::store::{Snapshot, Store};
+
+/// Format tag: a file without it (or with another one) is foreign.
+pub const FORMAT: &str = "qoslet.store/v1";
+/// File name inside the state dir.
+pub const FILE_NAME: &str = "store.json";
+
+#[derive(Serialize, Deserialize)]
+struct File {
+    format: String,
+    runtime_endpoint: String,
+    written_at: i64,
+    #[serde(flatten)]
+    snapshot: Snapshot,
+}
+
+/// Errors writing a checkpoint.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("cannot create state dir {path}: {source}")]
+    CreateDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot write checkpoint {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot encode checkpoint: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
+/// Why a checkpoint was not used.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("no checkpoint at {0}")]
+    Missing(PathBuf),
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("corrupt checkpoint {path}: {source}")]
+    Corrupt {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("foreign checkpoint {path}: format {format:?} for runtime {endpoint:?} (want {FORMAT:?} for {want:?})")]
+    Foreign {
+        path: PathBuf,
+        format: String,
+        endpoint: String,
+        want: String,
+    },
+}
+
+/// Reads and writes the checkpoint file.
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    dir: PathBuf,
+    runtime_endpoint: String,
+}
+
+impl Checkpoint {
+    pub fn new(dir: impl Into<PathBuf>, runtime_endpoint: impl Into<String>) -> Self {
+        Self {
+            dir: dir.into(),
+            runtime_endpoint: runtime_endpoint.into(),
+        }
+    }
+
+    pub fn path(&self) -> PathBuf {
+        self.dir.join(FILE_NAME)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Loads the checkpoint, refusing corrupt or foreign files.
+    pub fn load(&self) -> Result<Snapshot, LoadError> {
+        let path = self.path();
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(LoadError::Missing(path))
+            }
+            Err(source) => return Err(LoadError::Read { path, source }),
+        };
+        // check the tag first, so a foreign file of another shape says "foreign", not "corrupt"
+        #[derive(Deserialize)]
+        struct Tag {
+            #[serde(default)]
+            format: String,
+            #[serde(default)]
+            runtime_endpoint: String,
+        }
+        let tag: Tag = serde_json::from_slice(&bytes).map_err(|source| LoadError::Corrupt {
+            path: path.clone(),
+            source,
+        })?;
+        if tag.format != FORMAT || tag.runtime_endpoint != self.runtime_endpoint {
+            return Err(LoadError::Foreign {
+                path,
+                format: tag.format,
+                endpoint: tag.runtime_endpoint,
+                want: self.runtime_endpoint.clone(),
+            });
+        }
+        let f: File =
+            serde_json::from_slice(&bytes).map_err(|source| LoadError::Corrupt { path, source })?;
+        Ok(f.snapshot)
+    }
+
+    /// Writes `snap` atomically: temp file, fsync, rename over the old one, fsync the dir.
+    pub fn save(&self, snap: Snapshot) -> Result<(), CheckpointError> {
+        std::fs::create_dir_all(&self.dir).map_err(|source| CheckpointError::CreateDir {
+            path: self.dir.clone(),
+            source,
+        })?;
+        let f = File {
+            format: FORMAT.into(),
+            runtime_endpoint: self.runtime_endpoint.clone(),
+            written_at: crate::store::now_nanos(),
+            snapshot: snap,
+        };
+        let bytes = serde_json::to_vec(&f)?;
+        let path = self.path();
+        let tmp = self.dir.join(format!(".{FILE_NAME}.tmp"));
+        let werr = |source| CheckpointError::Write {
+            path: tmp.clone(),
+            source,
+        };
+        {
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&tmp)
+                .map_err(werr)?;
+            file.write_all(&bytes).map_err(werr)?;
+            file.sync_all().map_err(werr)?;
+        }
+        std::fs::rename(&tmp, &path).map_err(|source| CheckpointError::Write {
+            path: path.clone(),
+            source,
+        })?;
+        if let Ok(d) = std::fs::File::open(&self.dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    }
+
+    /// Writes the store whenever it changes (coalescing bursts of changes, at most
+    /// one write per `min_interval`), and once more when `shutdown` fires.
+    pub async fn run(
+        self,
+        store: Store,
+        mut shutdown: watch::Receiver<bool>,
+        min_interval: Duration,
+    ) {
+        loop {
+            let stop = tokio::select! {
+                _ = store.changed() => false,
+                _ = shutdown.changed() => true,
+            };
+            if !stop {
+                tokio::time::sleep(min_interval).await; // let a burst of changes coalesce
+            }
+            let snap = store.snapshot();
+            let this = self.clone();
+            let n = (snap.pods.len(), snap.containers.len());
+            match tokio::task::spawn_blocking(move || this.save(snap)).await {
+                Ok(Ok(())) => debug!(pods = n.0, containers = n.1, "checkpoint written"),
+                Ok(Err(e)) => warn!(error = %e, "checkpoint not written"),
+                Err(e) => warn!(error = %e, "checkpoint task failed"),
+            }
+            if stop || *shutdown.borrow() {
+                info!(path = %self.path().display(), "final checkpoint written");
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{ContainerRecord, PodRecord};
+
+    fn tmpdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("qoslet-ckpt-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn round_trip_and_refusals() {
+        let dir = tmpdir("rt");
+        let ck = Checkpoint::new(&dir, "unix:///a.sock");
+        assert!(matches!(ck.load(), Err(LoadError::Missing(_))));
+        let snap = Snapshot {
+            pods: vec![PodRecord {
+                id: "p".into(),
+                name: "web".into(),
+                ..Default::default()
+            }],
+            containers: vec![ContainerRecord {
+                id: "c".into(),
+                pod_id: "p".into(),
+                ..Default::default()
+            }],
+        };
+        ck.save(snap.clone()).unwrap();
+        assert_eq!(ck.load().unwrap(), snap);
+        // no temp file left behind
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+
+        let other = Checkpoint::new(&dir, "unix:///b.sock");
+        assert!(matches!(other.load(), Err(LoadError::Foreign { .. })));
+
+        std::fs::write(ck.path(), b"{\"format\":\"something-else\"}").unwrap();
+        assert!(matches!(ck.load(), Err(LoadError::Foreign { .. })));
+        std::fs::write(ck.path(), b"\x00\x01garbage").unwrap();
+        assert!(matches!(ck.load(), Err(LoadError::Corrupt { .. })));
+        std::fs::write(
+            ck.path(),
+            format!(
+                "{{\"format\":\"{FORMAT}\",\"runtime_endpoint\":\"unix:///a.sock\",\"pods\":7}}"
+            ),
+        )
+        .unwrap();
+        assert!(matches!(ck.load(), Err(LoadError::Corrupt { .. })));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn background_writer_follows_the_store_and_flushes_at_shutdown() {
+        let dir = tmpdir("bg");
+        let ck = Checkpoint::new(&dir, "e");
+        let store = Store::new();
+        let (tx, rx) = watch::channel(false);
+        let task = tokio::spawn(ck.clone().run(store.clone(), rx, Duration::from_millis(5)));
+        store.upsert_pod(PodRecord {
+            id: "p1".into(),
+            ..Default::default()
+        });
+        for _ in 0..200 {
+            if ck.load().map(|s| s.pods.len()).unwrap_or(0) == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(ck.load().unwrap().pods.len(), 1);
+        store.upsert_pod(PodRecord {
+            id: "p2".into(),
+            ..Default::default()
+        });
+        tx.send(true).unwrap();
+        task.await.unwrap();
+        assert_eq!(ck.load().unwrap().pods.len(), 2);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,122 @@
+//! Endpoints (`unix:///path`): parsing, binding the listening socket safely, and
+//! connecting to the backend runtime.
+//!
+//! Binding rules: the socket is created mode 0660, owned by root (the process
+//! owner); a stale socket file (nothing answers on it) is replaced; a live one
+//! (another qoslet) makes binding fail with a clear error; a non-socket file at
+//! the path is never removed.
+
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use tokio::net::{UnixListener, UnixStream};
+
+/// Endpoint errors.
+#[derive(Debug, thiserror::Error)]
+pub enum EndpointError {
+    #[error("invalid endpoint {0:?}: only unix:///absolute/path endpoints are supported")]
+    Invalid(String),
+    #[error("{path} is in use by another process (is another qoslet running?); refusing to start")]
+    InUse { path: PathBuf },
+    #[error("{path} exists and is not a socket; refusing to replace it")]
+    NotASocket { path: PathBuf },
+    #[error("cannot prepare {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Parses `unix:///path` (or a bare absolute path) into a socket path.
+pub fn parse_unix(endpoint: &str) -> Result<PathBuf, EndpointError> {
+    let path = endpoint.strip_prefix("unix://").unwrap_or(endpoint);
+    if !path.starts_with('/') || path.len() < 2 || path.contains('\0') {
+        return Err(EndpointError::Invalid(endpoint.to_string()));
+    }
+    Ok(PathBuf::from(path))
+}
+
+/// Binds a unix listening socket at `path` following the module's rules.
+pub async fn bind_unix(path: &Path) -> Result<UnixListener, EndpointError> {
+    let io = |source| EndpointError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(io)?;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(md) if md.file_type().is_socket() => {
+            if UnixStream::connect(path).await.is_ok() {
+                return Err(EndpointError::InUse {
+                    path: path.to_path_buf(),
+                });
+            }
+            tracing::info!(path = %path.display(), "replacing stale socket");
+            std::fs::remove_file(path).map_err(io)?;
+        }
+        Ok(_) => {
+            return Err(EndpointError::NotASocket {
+                path: path.to_path_buf(),
+            })
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(e)),
+    }
+    let listener = UnixListener::bind(path).map_err(io)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(io)?;
+    Ok(listener)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_unix_endpoints() {
+        assert_eq!(
+            parse_unix("unix:///run/x.sock").unwrap(),
+            PathBuf::from("/run/x.sock")
+        );
+        assert_eq!(
+            parse_unix("/run/x.sock").unwrap(),
+            PathBuf::from("/run/x.sock")
+        );
+        for bad in [
+            "tcp://1.2.3.4:5",
+            "unix://relative",
+            "",
+            "unix://",
+            "x.sock",
+            "/a\0b",
+        ] {
+            assert!(parse_unix(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[tokio::test]
+    async fn bind_replaces_stale_refuses_live_and_non_sockets() {
+        let dir = std::env::temp_dir().join(format!("qoslet-ep-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = dir.join("sub/q.sock");
+        let l = bind_unix(&path).await.unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o660);
+        // live: refuse
+        let err = bind_unix(&path).await.unwrap_err();
+        assert!(matches!(err, EndpointError::InUse { .. }), "{err}");
+        assert!(err.to_string().contains("another qoslet"));
+        // stale: replace
+        drop(l);
+        let _l2 = bind_unix(&path).await.unwrap();
+        // a regular file is never removed
+        let file = dir.join("file");
+        std::fs::write(&file, b"keep").unwrap();
+        assert!(matches!(
+            bind_unix(&file).await,
+            Err(EndpointError::NotASocket { .. })
+        ));
+        assert_eq!(std::fs::read(&file).unwrap(), b"keep");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

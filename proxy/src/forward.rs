@@ -1,0 +1,542 @@
+//! The CRI proxy service: one HTTP/2 request in, one to the backend out.
+//!
+//! * Calls qoslet does not intercept (and methods it does not know) are
+//!   forwarded as bytes: headers, body and trailers untouched, nothing decoded.
+//! * The intercepted calls ([`HookPoint`]) are decoded once, run through the
+//!   [`Pipeline`], and forwarded as the original bytes plus the hooks' encoded
+//!   patches; the response is recorded in the [`Store`] and returned unchanged.
+//! * `GetContainerEvents` streams through, ended cleanly at shutdown.
+//! * Server reflection for CRI is answered locally.
+//!
+//! Message size is limited each way without decoding ([`FrameLimit`]).
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, Request, Response, Uri};
+use http_body::{Body as HttpBody, Frame};
+use http_body_util::{BodyExt, Full, Limited, StreamBody};
+use hyper::body::Incoming;
+use tokio::sync::watch;
+use tonic::body::Body;
+use tonic::{Code, Status};
+use tracing::{debug, warn};
+
+use crate::backend::Backend;
+use crate::cri::{route, CriRequest, CriResponse, HookPoint, Route};
+use crate::grpc::{
+    encode_frame, parse_header, split_unary, status_of, status_response, too_large, FrameLimit,
+    Unary, FRAME_HEADER,
+};
+use crate::pipeline::{HookContext, Pipeline, Stage};
+use crate::store::{ContainerRecord, ContainerState, PodRecord, PodState, Resources, Store};
+
+/// Call counters of the proxy socket.
+#[derive(Debug, Default)]
+pub struct ProxyStats {
+    pub calls_total: AtomicU64,
+    pub calls_passthrough: AtomicU64,
+    pub calls_intercepted: AtomicU64,
+    pub backend_unavailable: AtomicU64,
+    pub calls_in_flight: AtomicU64,
+    pub calls_refused: AtomicU64,
+    pub oversized_messages: AtomicU64,
+    pub undecodable_messages: AtomicU64,
+}
+
+type LocalService = tower::util::BoxCloneSyncService<Request<Incoming>, Response<Body>, Infallible>;
+
+/// The proxy's request handler. Shared by all connections.
+pub struct Forwarder {
+    backend: Backend,
+    pipeline: Pipeline,
+    store: Store,
+    stats: Arc<ProxyStats>,
+    reflection_v1: LocalService,
+    reflection_v1alpha: LocalService,
+    max_message: usize,
+    shutdown: watch::Receiver<bool>,
+}
+
+struct InFlight<'a>(&'a AtomicU64);
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Forwarder {
+    pub fn new(
+        backend: Backend,
+        pipeline: Pipeline,
+        store: Store,
+        stats: Arc<ProxyStats>,
+        max_message: usize,
+        shutdown: watch::Receiver<bool>,
+    ) -> Self {
+        let reflection_v1 = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(qoslet_proto::CRI_DESCRIPTOR_SET)
+            .build_v1()
+            .expect("CRI descriptor set is valid");
+        let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(qoslet_proto::CRI_DESCRIPTOR_SET)
+            .build_v1alpha()
+            .expect("CRI descriptor set is valid");
+        Self {
+            backend,
+            pipeline,
+            store,
+            stats,
+            reflection_v1: LocalService::new(reflection_v1),
+            reflection_v1alpha: LocalService::new(reflection_v1alpha),
+            max_message,
+            shutdown,
+        }
+    }
+
+    pub fn stats(&self) -> &Arc<ProxyStats> {
+        &self.stats
+    }
+
+    /// Handles one request. Never fails: errors are gRPC statuses.
+    pub async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
+        self.stats.calls_total.fetch_add(1, Ordering::Relaxed);
+        self.stats.calls_in_flight.fetch_add(1, Ordering::Relaxed);
+        let _guard = InFlight(&self.stats.calls_in_flight);
+        match route(req.uri().path()) {
+            Route::Reflection => {
+                let svc = if req.uri().path().starts_with("/grpc.reflection.v1alpha.") {
+                    self.reflection_v1alpha.clone()
+                } else {
+                    self.reflection_v1.clone()
+                };
+                match tower::ServiceExt::oneshot(svc, req).await {
+                    Ok(r) => r,
+                    Err(never) => match never {},
+                }
+            }
+            Route::Intercept(point) => {
+                self.stats.calls_intercepted.fetch_add(1, Ordering::Relaxed);
+                self.intercept(point, req).await
+            }
+            Route::Events => {
+                self.stats.calls_passthrough.fetch_add(1, Ordering::Relaxed);
+                let resp = self.passthrough(req).await;
+                let shutdown = self.shutdown.clone();
+                resp.map(|b| {
+                    Body::new(EndOnShutdown {
+                        inner: b,
+                        shutdown: Box::pin(async move { wait_true(shutdown).await }),
+                        done: false,
+                    })
+                })
+            }
+            Route::Passthrough => {
+                self.stats.calls_passthrough.fetch_add(1, Ordering::Relaxed);
+                self.passthrough(req).await
+            }
+        }
+    }
+
+    /// Forwards a request as bytes. For CRI services (whose requests are unary)
+    /// the first frame header is checked before anything is sent, so an oversized
+    /// request gets a clean RESOURCE_EXHAUSTED; other bodies are limited as they stream.
+    async fn passthrough(&self, req: Request<Incoming>) -> Response<Body> {
+        let (parts, mut body) = req.into_parts();
+        let limit = self.max_message;
+        let stats = self.stats.clone();
+        let count = move || {
+            stats.oversized_messages.fetch_add(1, Ordering::Relaxed);
+        };
+        let body = if parts.uri.path().starts_with("/runtime.v1.") {
+            let mut head = BytesMut::new();
+            let mut trailers = None;
+            while head.len() < FRAME_HEADER && trailers.is_none() {
+                match body.frame().await {
+                    Some(Ok(f)) => match f.into_data() {
+                        Ok(d) => head.extend_from_slice(&d),
+                        Err(f) => trailers = f.into_trailers().ok(),
+                    },
+                    Some(Err(e)) => {
+                        return status_response(Status::cancelled(format!(
+                            "qoslet: reading request: {e}"
+                        )))
+                    }
+                    None => break,
+                }
+            }
+            if let Some(h) = parse_header(&head) {
+                if h.len > limit {
+                    count();
+                    return status_response(too_large(h.len, limit));
+                }
+            }
+            let first = futures_frames(head.freeze(), trailers);
+            let rest = http_body_util::BodyStream::new(body);
+            let stream = tokio_stream::StreamExt::chain(first, rest);
+            Body::new(FrameLimit::request(StreamBody::new(stream), limit).on_violation(count))
+        } else {
+            Body::new(FrameLimit::request(body, limit).on_violation(count))
+        };
+        match self.send(parts, body).await {
+            Ok(resp) => {
+                let stats = self.stats.clone();
+                resp.map(|b| {
+                    Body::new(FrameLimit::response(b, limit).on_violation(move || {
+                        stats.oversized_messages.fetch_add(1, Ordering::Relaxed);
+                    }))
+                })
+            }
+            Err(status) => status_response(status),
+        }
+    }
+
+    /// Sends a request to the backend with the original method, path, headers
+    /// and body; only the URI's scheme/authority are set for the client pool.
+    async fn send(
+        &self,
+        mut parts: http::request::Parts,
+        body: Body,
+    ) -> Result<Response<Incoming>, Status> {
+        let authority = parts
+            .uri
+            .authority()
+            .map(|a| a.as_str().to_string())
+            .unwrap_or_else(|| "localhost".into());
+        let pq = parts
+            .uri
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/");
+        parts.uri = Uri::builder()
+            .scheme("http")
+            .authority(authority.as_str())
+            .path_and_query(pq)
+            .build()
+            .map_err(|e| Status::invalid_argument(format!("qoslet: bad request URI: {e}")))?;
+        parts.version = http::Version::HTTP_2;
+        let req = Request::from_parts(parts, body);
+        self.backend.raw().request(req).await.map_err(|e| {
+            self.stats
+                .backend_unavailable
+                .fetch_add(1, Ordering::Relaxed);
+            let mut msg = e.to_string();
+            let mut src = std::error::Error::source(&e);
+            while let Some(s) = src {
+                msg.push_str(": ");
+                msg.push_str(&s.to_string());
+                src = s.source();
+            }
+            debug!(error = %msg, "backend unavailable");
+            Status::unavailable(format!(
+                "qoslet: runtime {} unavailable: {msg}",
+                self.backend.endpoint()
+            ))
+        })
+    }
+
+    /// An intercepted call: decode once, run hooks, forward, record, return the
+    /// backend's answer unchanged.
+    async fn intercept(&self, point: HookPoint, req: Request<Incoming>) -> Response<Body> {
+        let (mut parts, body) = req.into_parts();
+        let limit = self.max_message;
+        let bytes = match Limited::new(body, limit + FRAME_HEADER).collect().await {
+            Ok(c) => c.to_bytes(),
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                self.stats
+                    .oversized_messages
+                    .fetch_add(1, Ordering::Relaxed);
+                return status_response(too_large(limit + 1, limit));
+            }
+            Err(e) => {
+                return status_response(Status::cancelled(format!("qoslet: reading request: {e}")))
+            }
+        };
+        if let Some(h) = parse_header(&bytes) {
+            if h.len > limit {
+                self.stats
+                    .oversized_messages
+                    .fetch_add(1, Ordering::Relaxed);
+                return status_response(too_large(h.len, limit));
+            }
+        }
+        let original = match split_unary(&bytes) {
+            Unary::Message(m) => point.decode_request(m).map_err(|e| e.to_string()),
+            Unary::Opaque => Err("not a single uncompressed message".to_string()),
+        };
+        let original = match original {
+            Ok(r) => r,
+            Err(why) => {
+                // not ours to judge: the runtime answers it as it would without qoslet
+                self.stats
+                    .undecodable_messages
+                    .fetch_add(1, Ordering::Relaxed);
+                warn!(method = %point, reason = %why, "cannot decode request; forwarding it unchanged without hooks");
+                return match self.send(parts, Body::new(Full::new(bytes))).await {
+                    Ok(resp) => resp.map(Body::new),
+                    Err(s) => status_response(s),
+                };
+            }
+        };
+        let ctx = HookContext {
+            store: self.store.clone(),
+        };
+        let (request, body) = if self.pipeline.wants(point, Stage::Before) {
+            match self.pipeline.before(&ctx, original.clone()).await {
+                Ok(b) if b.patches.is_empty() => (b.request, bytes),
+                Ok(b) => {
+                    let mut pieces: Vec<&[u8]> = vec![&bytes[FRAME_HEADER..]];
+                    pieces.extend(b.patches.iter().map(Vec::as_slice));
+                    (b.request, encode_frame(&pieces))
+                }
+                Err(f) => {
+                    self.stats.calls_refused.fetch_add(1, Ordering::Relaxed);
+                    return status_response(f.to_status());
+                }
+            }
+        } else {
+            (original.clone(), bytes)
+        };
+        parts.headers.remove(http::header::CONTENT_LENGTH);
+        let resp = match self.send(parts, Body::new(Full::new(body))).await {
+            Ok(r) => r,
+            Err(s) => return status_response(s),
+        };
+        let (rparts, rbody) = resp.into_parts();
+        let collected = match Limited::new(rbody, limit + FRAME_HEADER).collect().await {
+            Ok(c) => c,
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                self.stats
+                    .oversized_messages
+                    .fetch_add(1, Ordering::Relaxed);
+                return status_response(too_large(limit + 1, limit));
+            }
+            Err(e) => {
+                return status_response(Status::unavailable(format!(
+                    "qoslet: runtime response broke: {e}"
+                )))
+            }
+        };
+        let trailers = collected.trailers().cloned();
+        let data = collected.to_bytes();
+        let code = status_of(&rparts.headers).or_else(|| trailers.as_ref().and_then(status_of));
+        if code == Some(Code::Ok) {
+            if let Unary::Message(m) = split_unary(&data) {
+                match point.decode_response(m) {
+                    Ok(decoded) => {
+                        record(&self.store, &original, &decoded);
+                        if self.pipeline.wants(point, Stage::After) {
+                            if let Err(f) = self
+                                .pipeline
+                                .after(&ctx, Arc::new(request), Arc::new(decoded))
+                                .await
+                            {
+                                self.stats.calls_refused.fetch_add(1, Ordering::Relaxed);
+                                return status_response(f.to_status());
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        warn!(method = %point, error = %e, "cannot decode runtime response; store not updated")
+                    }
+                }
+            }
+        }
+        Response::from_parts(
+            rparts,
+            Body::new(StreamBody::new(tokio_stream::iter(frames(data, trailers)))),
+        )
+    }
+}
+
+fn frames(data: Bytes, trailers: Option<HeaderMap>) -> Vec<Result<Frame<Bytes>, Infallible>> {
+    let mut v = Vec::with_capacity(2);
+    if !data.is_empty() {
+        v.push(Ok(Frame::data(data)));
+    }
+    if let Some(t) = trailers {
+        v.push(Ok(Frame::trailers(t)));
+    }
+    v
+}
+
+fn futures_frames(
+    head: Bytes,
+    trailers: Option<HeaderMap>,
+) -> tokio_stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, hyper::Error>>> {
+    let v: Vec<Result<Frame<Bytes>, hyper::Error>> = frames(head, trailers)
+        .into_iter()
+        .map(|r| r.map_err(|n| match n {}))
+        .collect();
+    tokio_stream::iter(v)
+}
+
+/// Records a successful intercepted call in the store.
+pub fn record(store: &Store, req: &CriRequest, resp: &CriResponse) {
+    match (req, resp) {
+        (CriRequest::RunPodSandbox(r), CriResponse::RunPodSandbox(o)) => {
+            if let Some(c) = &r.config {
+                store.upsert_pod(PodRecord::from_config(
+                    &o.pod_sandbox_id,
+                    c,
+                    &r.runtime_handler,
+                ));
+            }
+        }
+        (CriRequest::CreateContainer(r), CriResponse::CreateContainer(o)) => {
+            if let Some(c) = &r.config {
+                store.upsert_container(ContainerRecord::from_config(
+                    &o.container_id,
+                    &r.pod_sandbox_id,
+                    c,
+                ));
+            }
+        }
+        (CriRequest::StartContainer(r), _) => {
+            store.set_container_state(&r.container_id, ContainerState::Running)
+        }
+        (CriRequest::UpdateContainerResources(r), _) => {
+            if let Some(l) = &r.linux {
+                store.set_container_resources(&r.container_id, Resources::from(l));
+            }
+        }
+        (CriRequest::StopContainer(r), _) => {
+            store.set_container_state(&r.container_id, ContainerState::Exited)
+        }
+        (CriRequest::RemoveContainer(r), _) => {
+            store.remove_container(&r.container_id);
+        }
+        (CriRequest::StopPodSandbox(r), _) => {
+            store.set_pod_state(&r.pod_sandbox_id, PodState::NotReady)
+        }
+        (CriRequest::RemovePodSandbox(r), _) => {
+            store.remove_pod(&r.pod_sandbox_id);
+        }
+        _ => {}
+    }
+}
+
+async fn wait_true(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|v| *v).await;
+}
+
+/// Ends a long-lived response stream with UNAVAILABLE trailers when qoslet
+/// shuts down, so the client reconnects instead of waiting forever.
+struct EndOnShutdown<B> {
+    inner: B,
+    shutdown: Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+    done: bool,
+}
+
+impl<B> HttpBody for EndOnShutdown<B>
+where
+    B: HttpBody<Data = Bytes> + Unpin,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        if let Poll::Ready(f) = Pin::new(&mut self.inner).poll_frame(cx) {
+            return Poll::Ready(f);
+        }
+        if self.shutdown.as_mut().poll(cx).is_ready() {
+            self.done = true;
+            let mut map = HeaderMap::new();
+            let _ = Status::unavailable("qoslet is shutting down").add_header(&mut map);
+            return Poll::Ready(Some(Ok(Frame::trailers(map))));
+        }
+        Poll::Pending
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done || self.inner.is_end_stream()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use qoslet_proto::cri;
+
+    #[test]
+    fn record_follows_the_lifecycle() {
+        let s = Store::new();
+        let run = CriRequest::RunPodSandbox(cri::RunPodSandboxRequest {
+            config: Some(cri::PodSandboxConfig {
+                metadata: Some(cri::PodSandboxMetadata {
+                    name: "p".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            runtime_handler: "runc".into(),
+        });
+        record(
+            &s,
+            &run,
+            &CriResponse::RunPodSandbox(cri::RunPodSandboxResponse {
+                pod_sandbox_id: "P".into(),
+            }),
+        );
+        let create = CriRequest::CreateContainer(cri::CreateContainerRequest {
+            pod_sandbox_id: "P".into(),
+            config: Some(cri::ContainerConfig::default()),
+            sandbox_config: None,
+        });
+        record(
+            &s,
+            &create,
+            &CriResponse::CreateContainer(cri::CreateContainerResponse {
+                container_id: "C".into(),
+            }),
+        );
+        assert_eq!(s.counts(), (1, 1));
+        record(
+            &s,
+            &CriRequest::StartContainer(cri::StartContainerRequest {
+                container_id: "C".into(),
+            }),
+            &CriResponse::StartContainer(Default::default()),
+        );
+        assert_eq!(s.container("C").unwrap().state, ContainerState::Running);
+        record(
+            &s,
+            &CriRequest::UpdateContainerResources(cri::UpdateContainerResourcesRequest {
+                container_id: "C".into(),
+                linux: Some(cri::LinuxContainerResources {
+                    cpu_quota: 7,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            &CriResponse::UpdateContainerResources(Default::default()),
+        );
+        assert_eq!(s.container("C").unwrap().requested.unwrap().cpu_quota, 7);
+        record(
+            &s,
+            &CriRequest::StopPodSandbox(cri::StopPodSandboxRequest {
+                pod_sandbox_id: "P".into(),
+            }),
+            &CriResponse::StopPodSandbox(Default::default()),
+        );
+        assert_eq!(s.pod("P").unwrap().state, PodState::NotReady);
+        record(
+            &s,
+            &CriRequest::RemovePodSandbox(cri::RemovePodSandboxRequest {
+                pod_sandbox_id: "P".into(),
+            }),
+            &CriResponse::RemovePodSandbox(Default::default()),
+        );
+        assert_eq!(s.counts(), (0, 0));
+    }
+}

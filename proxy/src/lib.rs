@@ -1,0 +1,29 @@
+//! qoslet's runtime boundary: the CRI proxy between kubelet and containerd,
+//! its interception pipeline, the pod/container store and the admin API.
+//!
+//! Layout:
+//! * [`server`]: wiring (sockets, store rebuild, serve, drain).
+//! * [`forward`]: the per-request proxy logic (bytes pass-through, interception).
+//! * [`grpc`]: gRPC framing, status responses and size limits.
+//! * [`cri`]: which CRI calls are intercepted, as typed values.
+//! * [`pipeline`]: hooks, their timeouts and failure policies.
+//! * [`store`], [`checkpoint`], [`rebuild`]: the pod/container store and its persistence.
+//! * [`backend`], [`endpoint`]: connections to containerd, listening sockets.
+//! * [`admin`]: the admin gRPC API.
+//!
+//! This crate holds no QoS policy: policies arrive as [`pipeline::Hook`]s.
+
+pub mod admin;
+pub mod backend;
+pub mod checkpoint;
+pub mod cri;
+pub mod endpoint;
+pub mod forward;
+pub mod grpc;
+pub mod pipeline;
+pub mod rebuild;
+pub mod server;
+pub mod store;
+
+pub use pipeline::{FailurePolicy, Hook, HookSettings, Pipeline};
+pub use server::{start, ProxyConfig, Running, StartError};

@@ -1,0 +1,471 @@
+//! The interception pipeline: hooks that run before and after the intercepted
+//! CRI calls ([`HookPoint`]).
+//!
+//! A hook is async and may do I/O. Each registered hook has a timeout and a
+//! failure policy. A hook that errors, times out or panics has *failed*:
+//! fail-open logs it, counts it and lets the call go on unchanged; fail-closed
+//! fails the call with a clear status. A panic never takes the proxy down
+//! (every hook runs in its own task).
+//!
+//! A "before" hook may return a *patch*: a message of the request's type holding
+//! only the fields it overrides. The patch is encoded and appended to the
+//! original request bytes, so protobuf merge rules apply it (last scalar wins,
+//! embedded messages merge, map entries replace by key) and fields qoslet's proto
+//! does not know survive. Patches must not set repeated fields (they would be
+//! appended) and cannot set a field to its zero value.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tonic::Status;
+use tracing::warn;
+
+use crate::cri::{CriRequest, CriResponse, HookPoint};
+use crate::store::Store;
+
+/// A boxed, sendable future.
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+/// A hook's own error.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Before or after the runtime handles the call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    Before,
+    After,
+}
+
+impl std::fmt::Display for Stage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Stage::Before => "before",
+            Stage::After => "after",
+        })
+    }
+}
+
+/// What a failed hook does to the call.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FailurePolicy {
+    /// Log and count the failure; the call goes on unchanged.
+    #[default]
+    FailOpen,
+    /// Fail the call with the hook's failure as status.
+    FailClosed,
+}
+
+/// What a hook sees.
+#[derive(Clone)]
+pub struct HookContext {
+    /// The pod/container store (already updated for "after" hooks).
+    pub store: Store,
+}
+
+/// A policy hook. Implementations decide which calls they handle.
+pub trait Hook: Send + Sync + 'static {
+    /// A short name, used in logs, counters and config.
+    fn name(&self) -> &str;
+
+    /// Whether this hook runs at `point`/`stage`.
+    fn handles(&self, point: HookPoint, stage: Stage) -> bool;
+
+    /// Runs before the call is forwarded. Returns an optional patch (see module docs).
+    fn before(
+        &self,
+        _ctx: HookContext,
+        _req: Arc<CriRequest>,
+    ) -> BoxFuture<Result<Option<CriRequest>, BoxError>> {
+        Box::pin(async { Ok(None) })
+    }
+
+    /// Runs after the runtime answered the call successfully.
+    fn after(
+        &self,
+        _ctx: HookContext,
+        _req: Arc<CriRequest>,
+        _resp: Arc<CriResponse>,
+    ) -> BoxFuture<Result<(), BoxError>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// Per-hook settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HookSettings {
+    pub timeout: Duration,
+    pub policy: FailurePolicy,
+}
+
+impl Default for HookSettings {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_secs(2),
+            policy: FailurePolicy::FailOpen,
+        }
+    }
+}
+
+/// How a hook run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HookFailure {
+    #[error("hook {hook} {stage} {point} failed: {source}")]
+    Error {
+        hook: String,
+        point: HookPoint,
+        stage: Stage,
+        source: BoxError,
+    },
+    #[error("hook {hook} {stage} {point} timed out after {timeout:?}")]
+    Timeout {
+        hook: String,
+        point: HookPoint,
+        stage: Stage,
+        timeout: Duration,
+    },
+    #[error("hook {hook} {stage} {point} panicked: {message}")]
+    Panic {
+        hook: String,
+        point: HookPoint,
+        stage: Stage,
+        message: String,
+    },
+    #[error("hook {hook} {stage} {point} returned a patch for {got} (ignored)")]
+    WrongPatch {
+        hook: String,
+        point: HookPoint,
+        stage: Stage,
+        got: HookPoint,
+    },
+}
+
+impl HookFailure {
+    /// The status a fail-closed failure answers with.
+    pub fn to_status(&self) -> Status {
+        match self {
+            HookFailure::Timeout { .. } => Status::deadline_exceeded(format!("qoslet: {self}")),
+            _ => Status::internal(format!("qoslet: {self}")),
+        }
+    }
+}
+
+/// Hook failure counters.
+#[derive(Debug, Default)]
+pub struct HookCounters {
+    pub errors: AtomicU64,
+    pub timeouts: AtomicU64,
+    pub panics: AtomicU64,
+}
+
+struct Registered {
+    hook: Arc<dyn Hook>,
+    settings: HookSettings,
+}
+
+/// The ordered list of hooks.
+#[derive(Clone, Default)]
+pub struct Pipeline {
+    hooks: Arc<Vec<Registered>>,
+    counters: Arc<HookCounters>,
+}
+
+/// The result of the "before" stage.
+pub struct Before {
+    /// The request as the backend will see it (original merged with all patches).
+    pub request: CriRequest,
+    /// Encoded patches, to append to the original bytes in order.
+    pub patches: Vec<Vec<u8>>,
+}
+
+impl Pipeline {
+    /// An empty pipeline (pure pass-through, with the store still maintained).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Builds a pipeline from hooks in order, with their settings.
+    pub fn with_hooks(hooks: Vec<(Arc<dyn Hook>, HookSettings)>) -> Self {
+        Self {
+            hooks: Arc::new(
+                hooks
+                    .into_iter()
+                    .map(|(hook, settings)| Registered { hook, settings })
+                    .collect(),
+            ),
+            counters: Arc::default(),
+        }
+    }
+
+    pub fn counters(&self) -> &HookCounters {
+        &self.counters
+    }
+
+    /// Whether any hook handles `point` at `stage` (no decode is needed otherwise).
+    pub fn wants(&self, point: HookPoint, stage: Stage) -> bool {
+        self.hooks.iter().any(|r| r.hook.handles(point, stage))
+    }
+
+    /// Runs the "before" hooks in order. Each sees the request with earlier patches applied.
+    /// Errs only when a fail-closed hook failed.
+    pub async fn before(
+        &self,
+        ctx: &HookContext,
+        mut request: CriRequest,
+    ) -> Result<Before, HookFailure> {
+        let point = request.point();
+        let mut patches = Vec::new();
+        for r in self
+            .hooks
+            .iter()
+            .filter(|r| r.hook.handles(point, Stage::Before))
+        {
+            let fut = r.hook.before(ctx.clone(), Arc::new(request.clone()));
+            let outcome: Result<(), HookFailure> =
+                match self.run(r, point, Stage::Before, fut).await {
+                    Ok(None) => continue,
+                    Ok(Some(patch)) if patch.point() == point => {
+                        let bytes = patch.encode();
+                        match request.merge(&bytes) {
+                            Ok(()) => {
+                                patches.push(bytes);
+                                continue;
+                            }
+                            Err(e) => Err(HookFailure::Error {
+                                hook: r.hook.name().into(),
+                                point,
+                                stage: Stage::Before,
+                                source: Box::new(e),
+                            }),
+                        }
+                    }
+                    Ok(Some(patch)) => Err(HookFailure::WrongPatch {
+                        hook: r.hook.name().into(),
+                        point,
+                        stage: Stage::Before,
+                        got: patch.point(),
+                    }),
+                    Err(f) => Err(f),
+                };
+            if let Err(f) = outcome {
+                self.fail(r, f)?;
+            }
+        }
+        Ok(Before { request, patches })
+    }
+
+    /// Runs the "after" hooks in order. Errs only when a fail-closed hook failed.
+    pub async fn after(
+        &self,
+        ctx: &HookContext,
+        request: Arc<CriRequest>,
+        response: Arc<CriResponse>,
+    ) -> Result<(), HookFailure> {
+        let point = request.point();
+        for r in self
+            .hooks
+            .iter()
+            .filter(|r| r.hook.handles(point, Stage::After))
+        {
+            let fut = r.hook.after(ctx.clone(), request.clone(), response.clone());
+            if let Err(f) = self.run(r, point, Stage::After, fut).await {
+                self.fail(r, f)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Counts and logs a failure; returns it when the hook is fail-closed.
+    fn fail(&self, r: &Registered, f: HookFailure) -> Result<(), HookFailure> {
+        match &f {
+            HookFailure::Timeout { .. } => self.counters.timeouts.fetch_add(1, Ordering::Relaxed),
+            HookFailure::Panic { .. } => self.counters.panics.fetch_add(1, Ordering::Relaxed),
+            _ => self.counters.errors.fetch_add(1, Ordering::Relaxed),
+        };
+        warn!(hook = r.hook.name(), policy = ?r.settings.policy, error = %f, "hook failed");
+        match r.settings.policy {
+            FailurePolicy::FailOpen => Ok(()),
+            FailurePolicy::FailClosed => Err(f),
+        }
+    }
+
+    /// Runs one hook future in its own task, under its timeout.
+    async fn run<T: Send + 'static>(
+        &self,
+        r: &Registered,
+        point: HookPoint,
+        stage: Stage,
+        fut: BoxFuture<Result<T, BoxError>>,
+    ) -> Result<T, HookFailure> {
+        let hook = r.hook.name().to_string();
+        let mut task = tokio::spawn(fut);
+        match tokio::time::timeout(r.settings.timeout, &mut task).await {
+            Ok(Ok(Ok(v))) => Ok(v),
+            Ok(Ok(Err(source))) => Err(HookFailure::Error {
+                hook,
+                point,
+                stage,
+                source,
+            }),
+            Ok(Err(join)) => {
+                let message = match join.try_into_panic() {
+                    Ok(p) => p
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| p.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "non-string panic".into()),
+                    Err(e) => e.to_string(),
+                };
+                Err(HookFailure::Panic {
+                    hook,
+                    point,
+                    stage,
+                    message,
+                })
+            }
+            Err(_) => {
+                task.abort();
+                Err(HookFailure::Timeout {
+                    hook,
+                    point,
+                    stage,
+                    timeout: r.settings.timeout,
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use qoslet_proto::cri;
+
+    /// A hook that behaves as told, for every point.
+    struct Scripted {
+        name: &'static str,
+        mode: &'static str,
+    }
+
+    impl Hook for Scripted {
+        fn name(&self) -> &str {
+            self.name
+        }
+        fn handles(&self, point: HookPoint, _: Stage) -> bool {
+            point == HookPoint::StartContainer
+        }
+        fn before(
+            &self,
+            _: HookContext,
+            req: Arc<CriRequest>,
+        ) -> BoxFuture<Result<Option<CriRequest>, BoxError>> {
+            let mode = self.mode;
+            Box::pin(async move {
+                match mode {
+                    "error" => Err("boom".into()),
+                    "panic" => panic!("hook exploded"),
+                    "sleep" => {
+                        tokio::time::sleep(Duration::from_secs(3600)).await;
+                        Ok(None)
+                    }
+                    "wrong" => Ok(Some(CriRequest::StopContainer(
+                        cri::StopContainerRequest::default(),
+                    ))),
+                    "patch" => {
+                        let CriRequest::StartContainer(r) = &*req else {
+                            unreachable!()
+                        };
+                        Ok(Some(CriRequest::StartContainer(
+                            cri::StartContainerRequest {
+                                container_id: format!("{}+", r.container_id),
+                            },
+                        )))
+                    }
+                    _ => Ok(None),
+                }
+            })
+        }
+    }
+
+    fn pipeline(modes: &[(&'static str, FailurePolicy)]) -> Pipeline {
+        Pipeline::with_hooks(
+            modes
+                .iter()
+                .map(|(m, p)| {
+                    (
+                        Arc::new(Scripted { name: m, mode: m }) as Arc<dyn Hook>,
+                        HookSettings {
+                            timeout: Duration::from_millis(50),
+                            policy: *p,
+                        },
+                    )
+                })
+                .collect(),
+        )
+    }
+
+    fn start(id: &str) -> CriRequest {
+        CriRequest::StartContainer(cri::StartContainerRequest {
+            container_id: id.into(),
+        })
+    }
+
+    fn ctx() -> HookContext {
+        HookContext {
+            store: Store::new(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failures_under_fail_open_leave_the_call_unchanged() {
+        let p = pipeline(&[
+            ("error", FailurePolicy::FailOpen),
+            ("panic", FailurePolicy::FailOpen),
+            ("sleep", FailurePolicy::FailOpen),
+            ("wrong", FailurePolicy::FailOpen),
+        ]);
+        let b = p.before(&ctx(), start("c")).await.unwrap();
+        assert_eq!(b.request, start("c"));
+        assert!(b.patches.is_empty());
+        let c = p.counters();
+        assert_eq!(
+            (
+                c.errors.load(Ordering::Relaxed),
+                c.panics.load(Ordering::Relaxed),
+                c.timeouts.load(Ordering::Relaxed)
+            ),
+            (2, 1, 1)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failures_under_fail_closed_fail_the_call() {
+        for (mode, code) in [
+            ("error", tonic::Code::Internal),
+            ("panic", tonic::Code::Internal),
+            ("sleep", tonic::Code::DeadlineExceeded),
+        ] {
+            let p = pipeline(&[(mode, FailurePolicy::FailClosed)]);
+            let err = p.before(&ctx(), start("c")).await.err().expect("must fail");
+            assert_eq!(err.to_status().code(), code, "{mode}");
+            assert!(err.to_status().message().contains(mode), "{}", err);
+        }
+    }
+
+    #[tokio::test]
+    async fn patches_chain_and_are_kept_in_order() {
+        let p = pipeline(&[
+            ("patch", FailurePolicy::FailOpen),
+            ("noop", FailurePolicy::FailClosed),
+            ("patch", FailurePolicy::FailOpen),
+        ]);
+        let b = p.before(&ctx(), start("c")).await.unwrap();
+        assert_eq!(b.request, start("c++"));
+        assert_eq!(b.patches.len(), 2);
+        assert!(p.wants(HookPoint::StartContainer, Stage::Before));
+        assert!(!p.wants(HookPoint::StopContainer, Stage::Before));
+    }
+}

@@ -1,0 +1,283 @@
+//! Rebuilding the store at start: the checkpoint (what qoslet knew and applied)
+//! reconciled with what the runtime really has (ListPodSandbox/ListContainers,
+//! then verbose status for entries the checkpoint does not know).
+//!
+//! Entries the runtime no longer has are dropped; entries the checkpoint lacks
+//! are reconstructed from containerd's verbose status (`info.config`, the
+//! original CRI config as JSON), marked [`Source::Runtime`].
+
+use std::collections::{BTreeMap, HashMap};
+
+use qoslet_proto::cri;
+use serde_json::Value;
+use tonic::transport::Channel;
+
+use crate::store::{
+    ContainerRecord, ContainerState, PodRecord, PodState, Resources, Snapshot, Source,
+};
+
+type Client = cri::runtime_service_client::RuntimeServiceClient<Channel>;
+
+/// Reconciles `checkpoint` with the runtime. Errs when the runtime cannot be listed.
+pub async fn reconcile(
+    client: &mut Client,
+    checkpoint: Snapshot,
+) -> Result<Snapshot, tonic::Status> {
+    let sandboxes = client
+        .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+        .await?
+        .into_inner()
+        .items;
+    let containers = client
+        .list_containers(cri::ListContainersRequest { filter: None })
+        .await?
+        .into_inner()
+        .containers;
+    let mut known_pods: HashMap<String, PodRecord> = checkpoint
+        .pods
+        .into_iter()
+        .map(|p| (p.id.clone(), p))
+        .collect();
+    let mut known_ctrs: HashMap<String, ContainerRecord> = checkpoint
+        .containers
+        .into_iter()
+        .map(|c| (c.id.clone(), c))
+        .collect();
+    let mut out = Snapshot::default();
+    for sb in sandboxes {
+        let state = PodState::from_cri(sb.state);
+        let pod = match known_pods.remove(&sb.id) {
+            Some(mut p) => {
+                p.state = state;
+                p
+            }
+            None => {
+                let info = match client
+                    .pod_sandbox_status(cri::PodSandboxStatusRequest {
+                        pod_sandbox_id: sb.id.clone(),
+                        verbose: true,
+                    })
+                    .await
+                {
+                    Ok(r) => r.into_inner().info,
+                    Err(e) if e.code() == tonic::Code::NotFound => continue, // removed meanwhile
+                    Err(e) => return Err(e),
+                };
+                pod_from_runtime(&sb, &info)
+            }
+        };
+        out.pods.push(pod);
+    }
+    for c in containers {
+        if !out.pods.iter().any(|p| p.id == c.pod_sandbox_id) {
+            continue;
+        }
+        let state = ContainerState::from_cri(c.state);
+        let rec = match known_ctrs.remove(&c.id) {
+            Some(mut r) => {
+                r.state = state;
+                r
+            }
+            None => {
+                let info = match client
+                    .container_status(cri::ContainerStatusRequest {
+                        container_id: c.id.clone(),
+                        verbose: true,
+                    })
+                    .await
+                {
+                    Ok(r) => r.into_inner().info,
+                    Err(e) if e.code() == tonic::Code::NotFound => continue,
+                    Err(e) => return Err(e),
+                };
+                container_from_runtime(&c, &info)
+            }
+        };
+        out.containers.push(rec);
+    }
+    Ok(out)
+}
+
+fn config_of(info: &HashMap<String, String>) -> Value {
+    info.get("info")
+        .and_then(|s| serde_json::from_str::<Value>(s).ok())
+        .and_then(|mut v| v.get_mut("config").map(Value::take))
+        .unwrap_or(Value::Null)
+}
+
+fn str_map(v: &Value) -> BTreeMap<String, String> {
+    v.as_object()
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_string())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn s(v: &Value, path: &[&str]) -> String {
+    path.iter()
+        .try_fold(v, |v, k| v.get(k))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn i(v: &Value) -> i64 {
+    v.as_i64()
+        .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+        .unwrap_or(0)
+}
+
+/// Resources from containerd's JSON rendering of `LinuxContainerResources`.
+pub fn resources_from_json(v: &Value) -> Option<Resources> {
+    if !v.is_object() {
+        return None;
+    }
+    Some(Resources {
+        cpu_period: i(&v["cpu_period"]),
+        cpu_quota: i(&v["cpu_quota"]),
+        cpu_shares: i(&v["cpu_shares"]),
+        memory_limit_in_bytes: i(&v["memory_limit_in_bytes"]),
+        memory_swap_limit_in_bytes: i(&v["memory_swap_limit_in_bytes"]),
+        oom_score_adj: i(&v["oom_score_adj"]),
+        cpuset_cpus: s(v, &["cpuset_cpus"]),
+        cpuset_mems: s(v, &["cpuset_mems"]),
+        unified: str_map(&v["unified"]),
+    })
+}
+
+/// A pod reconstructed from the runtime's listing and verbose status.
+pub fn pod_from_runtime(sb: &cri::PodSandbox, info: &HashMap<String, String>) -> PodRecord {
+    let cfg = config_of(info);
+    let md = sb.metadata.clone().unwrap_or_default();
+    PodRecord {
+        id: sb.id.clone(),
+        name: md.name,
+        namespace: md.namespace,
+        uid: md.uid,
+        attempt: md.attempt,
+        labels: sb
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        annotations: sb
+            .annotations
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        cgroup_parent: s(&cfg, &["linux", "cgroup_parent"]),
+        runtime_handler: sb.runtime_handler.clone(),
+        overhead: resources_from_json(&cfg["linux"]["overhead"]),
+        resources: resources_from_json(&cfg["linux"]["resources"]),
+        state: PodState::from_cri(sb.state),
+        created_at: sb.created_at,
+        source: Source::Runtime,
+        applied: BTreeMap::new(),
+    }
+}
+
+/// A container reconstructed from the runtime's listing and verbose status.
+pub fn container_from_runtime(
+    c: &cri::Container,
+    info: &HashMap<String, String>,
+) -> ContainerRecord {
+    let cfg = config_of(info);
+    let md = c.metadata.clone().unwrap_or_default();
+    let envs = cfg["envs"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|kv| (s(kv, &["key"]), s(kv, &["value"])))
+                .collect()
+        })
+        .unwrap_or_default();
+    ContainerRecord {
+        id: c.id.clone(),
+        pod_id: c.pod_sandbox_id.clone(),
+        name: md.name,
+        attempt: md.attempt,
+        image: c
+            .image
+            .as_ref()
+            .map(|i| i.image.clone())
+            .unwrap_or_default(),
+        labels: c
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        annotations: c
+            .annotations
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        envs,
+        requested: resources_from_json(&cfg["linux"]["resources"]),
+        state: ContainerState::from_cri(c.state),
+        created_at: c.created_at,
+        source: Source::Runtime,
+        applied: BTreeMap::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// containerd 1.6.20's verbose PodSandboxStatus `info` (trimmed), as seen on this testbed.
+    const POD_INFO: &str = r#"{"pid":4711,"processStatus":"running","config":{"metadata":{"name":"x","uid":"u1","namespace":"default"},"log_directory":"/tmp/x","labels":{"a":"b"},"annotations":{"k":"v"},"linux":{"cgroup_parent":"/qoslet-test/podu1","resources":{"cpu_shares":102,"memory_limit_in_bytes":67108864},"security_context":{"namespace_options":{"network":2,"pid":1}}}},"runtimeHandler":""}"#;
+    const CTR_INFO: &str = r#"{"sandboxID":"sb","pid":1,"config":{"metadata":{"name":"w"},"image":{"image":"busybox"},"envs":[{"key":"A","value":"1"}],"linux":{"resources":{"cpu_shares":300,"cpu_quota":50000,"cpu_period":100000,"memory_limit_in_bytes":67108864,"unified":{"memory.high":"1000"}}}}}"#;
+
+    #[test]
+    fn pod_from_containerd_verbose_info() {
+        let sb = cri::PodSandbox {
+            id: "sb".into(),
+            metadata: Some(cri::PodSandboxMetadata {
+                name: "x".into(),
+                uid: "u1".into(),
+                namespace: "default".into(),
+                attempt: 0,
+            }),
+            state: cri::PodSandboxState::SandboxReady as i32,
+            ..Default::default()
+        };
+        let info = [("info".to_string(), POD_INFO.to_string())].into();
+        let p = pod_from_runtime(&sb, &info);
+        assert_eq!(p.cgroup_parent, "/qoslet-test/podu1");
+        assert_eq!(p.resources.unwrap().cpu_shares, 102);
+        assert_eq!((p.state, p.source), (PodState::Ready, Source::Runtime));
+        // no info at all: still a record, with what the listing says
+        let p = pod_from_runtime(&sb, &HashMap::new());
+        assert_eq!((p.name.as_str(), p.cgroup_parent.as_str()), ("x", ""));
+        // garbage info: same
+        let p = pod_from_runtime(&sb, &[("info".to_string(), "{not json".to_string())].into());
+        assert!(p.resources.is_none());
+    }
+
+    #[test]
+    fn container_from_containerd_verbose_info() {
+        let c = cri::Container {
+            id: "c".into(),
+            pod_sandbox_id: "sb".into(),
+            state: cri::ContainerState::ContainerRunning as i32,
+            ..Default::default()
+        };
+        let info = [("info".to_string(), CTR_INFO.to_string())].into();
+        let r = container_from_runtime(&c, &info);
+        let res = r.requested.unwrap();
+        assert_eq!(
+            (
+                res.cpu_shares,
+                res.cpu_quota,
+                res.cpu_period,
+                res.memory_limit_in_bytes
+            ),
+            (300, 50000, 100000, 64 << 20)
+        );
+        assert_eq!(res.unified["memory.high"], "1000");
+        assert_eq!(r.envs["A"], "1");
+        assert_eq!(r.state, ContainerState::Running);
+    }
+}

@@ -1,0 +1,318 @@
+//! Wiring: binds the proxy and admin sockets, rebuilds the store, and serves
+//! until shutdown, then drains in-flight calls.
+
+use std::convert::Infallible;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::UnixListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
+
+use crate::admin::AdminService;
+use crate::backend::Backend;
+use crate::checkpoint::{Checkpoint, LoadError};
+use crate::endpoint::{bind_unix, parse_unix, EndpointError};
+use crate::forward::{Forwarder, ProxyStats};
+use crate::pipeline::Pipeline;
+use crate::store::{Snapshot, Store};
+
+/// Settings of the proxy (the binary fills them from flags and the config file).
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    /// kubelet's `--container-runtime-endpoint` (`unix:///run/qoslet/qoslet.sock`).
+    pub listen: String,
+    /// The backend runtime (`unix:///run/containerd/containerd.sock`).
+    pub runtime_endpoint: String,
+    /// The admin API (`unix:///run/qoslet/admin.sock`).
+    pub admin_listen: String,
+    /// Where the store's checkpoint lives (`/var/lib/qoslet`).
+    pub state_dir: PathBuf,
+    /// Per-message size limit, each way.
+    pub max_message_bytes: usize,
+    /// How long SIGTERM waits for in-flight calls.
+    pub drain_timeout: Duration,
+    /// How often the store is reconciled with the runtime.
+    pub resync_interval: Duration,
+    /// Minimum time between two checkpoint writes.
+    pub checkpoint_interval: Duration,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        Self {
+            listen: "unix:///run/qoslet/qoslet.sock".into(),
+            runtime_endpoint: "unix:///run/containerd/containerd.sock".into(),
+            admin_listen: "unix:///run/qoslet/admin.sock".into(),
+            state_dir: PathBuf::from("/var/lib/qoslet"),
+            max_message_bytes: crate::grpc::DEFAULT_MAX_MESSAGE,
+            drain_timeout: Duration::from_secs(30),
+            resync_interval: Duration::from_secs(60),
+            checkpoint_interval: Duration::from_millis(100),
+        }
+    }
+}
+
+/// Errors starting the proxy.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("listen: {0}")]
+    Listen(EndpointError),
+    #[error("admin-listen: {0}")]
+    Admin(EndpointError),
+    #[error("runtime-endpoint: {0}")]
+    Backend(EndpointError),
+    #[error("listen and admin-listen are the same socket {0}")]
+    SameSocket(String),
+}
+
+/// A running proxy. Dropping it does not stop it: call [`Running::shutdown`].
+pub struct Running {
+    pub store: Store,
+    pub stats: Arc<ProxyStats>,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Running {
+    /// Stops accepting, drains in-flight calls (up to the drain timeout), writes
+    /// the final checkpoint and returns.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+
+    /// A receiver that turns true at shutdown.
+    pub fn shutdown_signal(&self) -> watch::Receiver<bool> {
+        self.shutdown.subscribe()
+    }
+}
+
+/// Starts the proxy: binds both sockets (failing fast if another qoslet holds
+/// them), rebuilds the store, and serves in background tasks.
+pub async fn start(cfg: ProxyConfig, pipeline: Pipeline) -> Result<Running, StartError> {
+    let listen_path = parse_unix(&cfg.listen).map_err(StartError::Listen)?;
+    let admin_path = parse_unix(&cfg.admin_listen).map_err(StartError::Admin)?;
+    if listen_path == admin_path {
+        return Err(StartError::SameSocket(cfg.listen.clone()));
+    }
+    let backend = Backend::new(&cfg.runtime_endpoint).map_err(StartError::Backend)?;
+    let proxy_listener = bind_unix(&listen_path).await.map_err(StartError::Listen)?;
+    let admin_listener = bind_unix(&admin_path).await.map_err(StartError::Admin)?;
+
+    let store = Store::new();
+    let checkpoint = Checkpoint::new(&cfg.state_dir, &cfg.runtime_endpoint);
+    let from_checkpoint = match checkpoint.load() {
+        Ok(s) => {
+            info!(pods = s.pods.len(), containers = s.containers.len(), path = %checkpoint.path().display(), "checkpoint loaded");
+            s
+        }
+        Err(LoadError::Missing(p)) => {
+            info!(path = %p.display(), "no checkpoint; starting from the runtime");
+            Snapshot::default()
+        }
+        Err(e) => {
+            warn!(error = %e, "checkpoint ignored; rebuilding from the runtime");
+            Snapshot::default()
+        }
+    };
+    store.replace(from_checkpoint.clone());
+    let rebuilt = tokio::time::timeout(
+        Duration::from_secs(5),
+        crate::rebuild::reconcile(&mut backend.runtime(), from_checkpoint),
+    )
+    .await;
+    let mut synced = false;
+    match rebuilt {
+        Ok(Ok(s)) => {
+            info!(
+                pods = s.pods.len(),
+                containers = s.containers.len(),
+                "store rebuilt from checkpoint and runtime"
+            );
+            store.replace(s);
+            synced = true;
+        }
+        Ok(Err(e)) => {
+            warn!(error = %e, "runtime not listable yet; serving with the checkpoint, will retry")
+        }
+        Err(_) => warn!("runtime listing timed out; serving with the checkpoint, will retry"),
+    }
+
+    let (tx, rx) = watch::channel(false);
+    let stats = Arc::new(ProxyStats::default());
+    let forwarder = Arc::new(Forwarder::new(
+        backend.clone(),
+        pipeline.clone(),
+        store.clone(),
+        stats.clone(),
+        cfg.max_message_bytes,
+        rx.clone(),
+    ));
+    let admin = AdminService {
+        store: store.clone(),
+        stats: stats.clone(),
+        pipeline,
+        backend: backend.clone(),
+        started: Instant::now(),
+        listen: cfg.listen.clone(),
+        state_dir: cfg.state_dir.display().to_string(),
+    };
+    let tasks = vec![
+        tokio::spawn(serve_proxy(
+            proxy_listener,
+            forwarder,
+            rx.clone(),
+            cfg.drain_timeout,
+        )),
+        tokio::spawn(serve_admin(admin_listener, admin, rx.clone())),
+        tokio::spawn(checkpoint.run(store.clone(), rx.clone(), cfg.checkpoint_interval)),
+        tokio::spawn(resync(
+            backend,
+            store.clone(),
+            rx,
+            cfg.resync_interval,
+            synced,
+        )),
+    ];
+    info!(listen = %cfg.listen, runtime = %cfg.runtime_endpoint, admin = %cfg.admin_listen, "qoslet proxy serving");
+    Ok(Running {
+        store,
+        stats,
+        shutdown: tx,
+        tasks,
+    })
+}
+
+async fn serve_proxy(
+    listener: UnixListener,
+    fwd: Arc<Forwarder>,
+    mut shutdown: watch::Receiver<bool>,
+    drain: Duration,
+) {
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    builder
+        .max_concurrent_streams(Some(1024))
+        .max_header_list_size(16 << 20)
+        .max_frame_size(Some(1 << 20))
+        .initial_stream_window_size(Some(4 << 20))
+        .initial_connection_window_size(Some(16 << 20))
+        .max_send_buf_size(4 << 20);
+    loop {
+        let stream = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stopped(&mut shutdown) => break,
+        };
+        let fwd = fwd.clone();
+        let svc = hyper::service::service_fn(move |req| {
+            let fwd = fwd.clone();
+            async move { Ok::<_, Infallible>(fwd.handle(req).await) }
+        });
+        let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), svc));
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                debug!(error = %e, "proxy connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    info!(connections = graceful.count(), "draining proxy connections");
+    tokio::select! {
+        _ = graceful.shutdown() => info!("proxy drained"),
+        _ = tokio::time::sleep(drain) => warn!(timeout = ?drain, "drain timeout; closing remaining calls"),
+    }
+}
+
+async fn serve_admin(
+    listener: UnixListener,
+    admin: AdminService,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<qoslet_proto::admin::admin_server::AdminServer<AdminService>>()
+        .await;
+    let v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(qoslet_proto::ADMIN_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .expect("admin descriptors are valid");
+    let v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(qoslet_proto::ADMIN_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .expect("admin descriptors are valid");
+    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+    let r = tonic::transport::Server::builder()
+        .add_service(qoslet_proto::admin::admin_server::AdminServer::new(admin))
+        .add_service(health)
+        .add_service(v1)
+        .add_service(v1alpha)
+        .serve_with_incoming_shutdown(incoming, async move {
+            stopped(&mut shutdown).await;
+        })
+        .await;
+    if let Err(e) = r {
+        warn!(error = %e, "admin server failed");
+    }
+}
+
+/// Reconciles the store with the runtime every `interval` (sooner after a failed
+/// start), so entries removed behind qoslet's back go away.
+async fn resync(
+    backend: Backend,
+    store: Store,
+    mut shutdown: watch::Receiver<bool>,
+    interval: Duration,
+    mut synced: bool,
+) {
+    loop {
+        let wait = if synced {
+            interval
+        } else {
+            Duration::from_secs(2).min(interval)
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = stopped(&mut shutdown) => return,
+        }
+        match tokio::time::timeout(
+            Duration::from_secs(10),
+            crate::rebuild::reconcile(&mut backend.runtime(), store.snapshot()),
+        )
+        .await
+        {
+            Ok(Ok(s)) => {
+                if s != store.snapshot() {
+                    debug!(
+                        pods = s.pods.len(),
+                        containers = s.containers.len(),
+                        "store resynced with the runtime"
+                    );
+                    store.replace(s);
+                }
+                synced = true;
+            }
+            Ok(Err(e)) => debug!(error = %e, "resync failed"),
+            Err(_) => debug!("resync timed out"),
+        }
+    }
+}
+
+/// Resolves once the shutdown flag is true.
+pub(crate) async fn stopped(rx: &mut watch::Receiver<bool>) {
+    let _ = rx.wait_for(|v| *v).await;
+}

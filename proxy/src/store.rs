@@ -1,0 +1,512 @@
+//! The pod/container store: every pod and container on the node, what kubelet
+//! asked for, and what qoslet applied.
+//!
+//! The store is in memory and shared (cheap clones of one handle). Mutations
+//! mark it dirty; a background task ([`crate::checkpoint`]) writes it to the
+//! state dir atomically. It is rebuilt at start from the checkpoint plus the
+//! runtime ([`crate::rebuild`]). This module does no I/O itself.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock};
+
+use qoslet_proto::cri;
+use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
+
+/// Resources as kubelet expresses them for Linux (CRI `LinuxContainerResources`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Resources {
+    pub cpu_period: i64,
+    pub cpu_quota: i64,
+    pub cpu_shares: i64,
+    pub memory_limit_in_bytes: i64,
+    pub memory_swap_limit_in_bytes: i64,
+    pub oom_score_adj: i64,
+    pub cpuset_cpus: String,
+    pub cpuset_mems: String,
+    pub unified: BTreeMap<String, String>,
+}
+
+impl From<&cri::LinuxContainerResources> for Resources {
+    fn from(r: &cri::LinuxContainerResources) -> Self {
+        Self {
+            cpu_period: r.cpu_period,
+            cpu_quota: r.cpu_quota,
+            cpu_shares: r.cpu_shares,
+            memory_limit_in_bytes: r.memory_limit_in_bytes,
+            memory_swap_limit_in_bytes: r.memory_swap_limit_in_bytes,
+            oom_score_adj: r.oom_score_adj,
+            cpuset_cpus: r.cpuset_cpus.clone(),
+            cpuset_mems: r.cpuset_mems.clone(),
+            unified: r
+                .unified
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        }
+    }
+}
+
+/// Lifecycle state of a pod sandbox.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PodState {
+    Ready,
+    NotReady,
+    #[default]
+    Unknown,
+}
+
+/// Lifecycle state of a container.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ContainerState {
+    Created,
+    Running,
+    Exited,
+    #[default]
+    Unknown,
+}
+
+impl PodState {
+    pub fn from_cri(s: i32) -> Self {
+        match cri::PodSandboxState::try_from(s) {
+            Ok(cri::PodSandboxState::SandboxReady) => Self::Ready,
+            Ok(cri::PodSandboxState::SandboxNotready) => Self::NotReady,
+            _ => Self::Unknown,
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ready => "ready",
+            Self::NotReady => "notready",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
+impl ContainerState {
+    pub fn from_cri(s: i32) -> Self {
+        match cri::ContainerState::try_from(s) {
+            Ok(cri::ContainerState::ContainerCreated) => Self::Created,
+            Ok(cri::ContainerState::ContainerRunning) => Self::Running,
+            Ok(cri::ContainerState::ContainerExited) => Self::Exited,
+            _ => Self::Unknown,
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Created => "created",
+            Self::Running => "running",
+            Self::Exited => "exited",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
+/// Where an entry's "requested" data came from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    /// Seen in kubelet's own request through the proxy.
+    #[default]
+    Kubelet,
+    /// Reconstructed from the runtime's status (qoslet was not running when it was created).
+    Runtime,
+}
+
+/// A pod sandbox.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PodRecord {
+    pub id: String,
+    pub name: String,
+    pub namespace: String,
+    pub uid: String,
+    pub attempt: u32,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    pub cgroup_parent: String,
+    pub runtime_handler: String,
+    pub overhead: Option<Resources>,
+    pub resources: Option<Resources>,
+    pub state: PodState,
+    /// Unix nanoseconds.
+    pub created_at: i64,
+    pub source: Source,
+    /// What qoslet applied: setting -> value.
+    pub applied: BTreeMap<String, String>,
+}
+
+impl PodRecord {
+    /// A pod as kubelet asks for it in `RunPodSandbox`.
+    pub fn from_config(id: &str, c: &cri::PodSandboxConfig, runtime_handler: &str) -> Self {
+        let md = c.metadata.clone().unwrap_or_default();
+        let linux = c.linux.as_ref();
+        Self {
+            id: id.to_string(),
+            name: md.name,
+            namespace: md.namespace,
+            uid: md.uid,
+            attempt: md.attempt,
+            labels: sorted(&c.labels),
+            annotations: sorted(&c.annotations),
+            cgroup_parent: linux.map(|l| l.cgroup_parent.clone()).unwrap_or_default(),
+            runtime_handler: runtime_handler.to_string(),
+            overhead: linux.and_then(|l| l.overhead.as_ref()).map(Resources::from),
+            resources: linux
+                .and_then(|l| l.resources.as_ref())
+                .map(Resources::from),
+            state: PodState::Ready,
+            created_at: now_nanos(),
+            source: Source::Kubelet,
+            applied: BTreeMap::new(),
+        }
+    }
+}
+
+/// A container.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ContainerRecord {
+    pub id: String,
+    pub pod_id: String,
+    pub name: String,
+    pub attempt: u32,
+    pub image: String,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    pub envs: BTreeMap<String, String>,
+    /// What kubelet asked for: CreateContainer's resources, then its UpdateContainerResources.
+    pub requested: Option<Resources>,
+    pub state: ContainerState,
+    pub created_at: i64,
+    pub source: Source,
+    pub applied: BTreeMap<String, String>,
+}
+
+impl ContainerRecord {
+    /// A container as kubelet asks for it in `CreateContainer`.
+    pub fn from_config(id: &str, pod_id: &str, c: &cri::ContainerConfig) -> Self {
+        let md = c.metadata.clone().unwrap_or_default();
+        Self {
+            id: id.to_string(),
+            pod_id: pod_id.to_string(),
+            name: md.name,
+            attempt: md.attempt,
+            image: c
+                .image
+                .as_ref()
+                .map(|i| i.image.clone())
+                .unwrap_or_default(),
+            labels: sorted(&c.labels),
+            annotations: sorted(&c.annotations),
+            envs: c
+                .envs
+                .iter()
+                .map(|kv| (kv.key.clone(), kv.value.clone()))
+                .collect(),
+            requested: c
+                .linux
+                .as_ref()
+                .and_then(|l| l.resources.as_ref())
+                .map(Resources::from),
+            state: ContainerState::Created,
+            created_at: now_nanos(),
+            source: Source::Kubelet,
+            applied: BTreeMap::new(),
+        }
+    }
+}
+
+fn sorted(m: &HashMap<String, String>) -> BTreeMap<String, String> {
+    m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+pub(crate) fn now_nanos() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
+/// A point-in-time copy of the store (also the checkpoint's payload).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub pods: Vec<PodRecord>,
+    pub containers: Vec<ContainerRecord>,
+}
+
+#[derive(Default)]
+struct Inner {
+    pods: HashMap<String, PodRecord>,
+    containers: HashMap<String, ContainerRecord>,
+}
+
+/// Shared handle to the store. Clones are cheap and see the same data.
+#[derive(Clone, Default)]
+pub struct Store {
+    inner: Arc<RwLock<Inner>>,
+    dirty: Arc<Notify>,
+}
+
+impl Store {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn write<R>(&self, f: impl FnOnce(&mut Inner) -> R) -> R {
+        let r = {
+            let mut g = self.inner.write().unwrap_or_else(|e| e.into_inner());
+            f(&mut g)
+        };
+        self.dirty.notify_one();
+        r
+    }
+
+    fn read<R>(&self, f: impl FnOnce(&Inner) -> R) -> R {
+        let g = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        f(&g)
+    }
+
+    /// Resolves when the store changed since the last wake-up.
+    pub async fn changed(&self) {
+        self.dirty.notified().await
+    }
+
+    pub fn upsert_pod(&self, pod: PodRecord) {
+        self.write(|s| s.pods.insert(pod.id.clone(), pod));
+    }
+
+    pub fn upsert_container(&self, c: ContainerRecord) {
+        self.write(|s| s.containers.insert(c.id.clone(), c));
+    }
+
+    pub fn set_pod_state(&self, id: &str, state: PodState) {
+        self.write(|s| {
+            if let Some(p) = s.pods.get_mut(id) {
+                p.state = state;
+            }
+        });
+    }
+
+    pub fn set_container_state(&self, id: &str, state: ContainerState) {
+        self.write(|s| {
+            if let Some(c) = s.containers.get_mut(id) {
+                c.state = state;
+            }
+        });
+    }
+
+    /// Records kubelet's `UpdateContainerResources`.
+    pub fn set_container_resources(&self, id: &str, r: Resources) {
+        self.write(|s| {
+            if let Some(c) = s.containers.get_mut(id) {
+                c.requested = Some(r);
+            }
+        });
+    }
+
+    /// Records what qoslet applied to a pod (`key` -> `value`).
+    pub fn set_pod_applied(&self, id: &str, key: &str, value: &str) {
+        self.write(|s| {
+            if let Some(p) = s.pods.get_mut(id) {
+                p.applied.insert(key.into(), value.into());
+            }
+        });
+    }
+
+    /// Records what qoslet applied to a container (`key` -> `value`).
+    pub fn set_container_applied(&self, id: &str, key: &str, value: &str) {
+        self.write(|s| {
+            if let Some(c) = s.containers.get_mut(id) {
+                c.applied.insert(key.into(), value.into());
+            }
+        });
+    }
+
+    /// Removes a pod and every container of it.
+    pub fn remove_pod(&self, id: &str) -> Option<PodRecord> {
+        self.write(|s| {
+            s.containers.retain(|_, c| c.pod_id != id);
+            s.pods.remove(id)
+        })
+    }
+
+    pub fn remove_container(&self, id: &str) -> Option<ContainerRecord> {
+        self.write(|s| s.containers.remove(id))
+    }
+
+    pub fn pod(&self, id: &str) -> Option<PodRecord> {
+        self.read(|s| s.pods.get(id).cloned())
+    }
+
+    pub fn container(&self, id: &str) -> Option<ContainerRecord> {
+        self.read(|s| s.containers.get(id).cloned())
+    }
+
+    /// The pod a container belongs to.
+    pub fn pod_of(&self, container_id: &str) -> Option<PodRecord> {
+        self.read(|s| {
+            s.containers
+                .get(container_id)
+                .and_then(|c| s.pods.get(&c.pod_id))
+                .cloned()
+        })
+    }
+
+    /// (pods, containers)
+    pub fn counts(&self) -> (usize, usize) {
+        self.read(|s| (s.pods.len(), s.containers.len()))
+    }
+
+    /// A sorted copy of everything (pods by namespace/name, containers by pod/name).
+    pub fn snapshot(&self) -> Snapshot {
+        self.read(|s| {
+            let mut pods: Vec<_> = s.pods.values().cloned().collect();
+            pods.sort_by(|a, b| {
+                (&a.namespace, &a.name, &a.id).cmp(&(&b.namespace, &b.name, &b.id))
+            });
+            let mut containers: Vec<_> = s.containers.values().cloned().collect();
+            containers
+                .sort_by(|a, b| (&a.pod_id, &a.name, &a.id).cmp(&(&b.pod_id, &b.name, &b.id)));
+            Snapshot { pods, containers }
+        })
+    }
+
+    /// Replaces the whole content (used by the rebuild at start).
+    pub fn replace(&self, snap: Snapshot) {
+        self.write(|s| {
+            s.pods = snap.pods.into_iter().map(|p| (p.id.clone(), p)).collect();
+            s.containers = snap
+                .containers
+                .into_iter()
+                .map(|c| (c.id.clone(), c))
+                .collect();
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod_config(name: &str) -> cri::PodSandboxConfig {
+        cri::PodSandboxConfig {
+            metadata: Some(cri::PodSandboxMetadata {
+                name: name.into(),
+                uid: "u".into(),
+                namespace: "ns".into(),
+                attempt: 1,
+            }),
+            labels: [("a".to_string(), "b".to_string())].into(),
+            linux: Some(cri::LinuxPodSandboxConfig {
+                cgroup_parent: "/kubepods/burstable/podu".into(),
+                resources: Some(cri::LinuxContainerResources {
+                    cpu_shares: 100,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn records_what_kubelet_asked() {
+        let p = PodRecord::from_config("p1", &pod_config("web"), "runc");
+        assert_eq!(
+            (p.name.as_str(), p.namespace.as_str(), p.attempt),
+            ("web", "ns", 1)
+        );
+        assert_eq!(p.cgroup_parent, "/kubepods/burstable/podu");
+        assert_eq!(p.resources.as_ref().unwrap().cpu_shares, 100);
+        assert_eq!(p.labels.get("a").map(String::as_str), Some("b"));
+        let c = ContainerRecord::from_config(
+            "c1",
+            "p1",
+            &cri::ContainerConfig {
+                metadata: Some(cri::ContainerMetadata {
+                    name: "app".into(),
+                    attempt: 2,
+                }),
+                image: Some(cri::ImageSpec {
+                    image: "busybox".into(),
+                    ..Default::default()
+                }),
+                envs: vec![cri::KeyValue {
+                    key: "K".into(),
+                    value: "V".into(),
+                }],
+                linux: Some(cri::LinuxContainerConfig {
+                    resources: Some(cri::LinuxContainerResources {
+                        memory_limit_in_bytes: 1 << 20,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        );
+        assert_eq!(
+            (c.name.as_str(), c.attempt, c.image.as_str()),
+            ("app", 2, "busybox")
+        );
+        assert_eq!(c.envs.get("K").map(String::as_str), Some("V"));
+        assert_eq!(c.requested.unwrap().memory_limit_in_bytes, 1 << 20);
+    }
+
+    #[test]
+    fn removing_a_pod_removes_its_containers() {
+        let s = Store::new();
+        s.upsert_pod(PodRecord::from_config("p1", &pod_config("a"), ""));
+        s.upsert_pod(PodRecord::from_config("p2", &pod_config("b"), ""));
+        for (c, p) in [("c1", "p1"), ("c2", "p1"), ("c3", "p2")] {
+            s.upsert_container(ContainerRecord {
+                id: c.into(),
+                pod_id: p.into(),
+                ..Default::default()
+            });
+        }
+        assert_eq!(s.pod_of("c3").unwrap().id, "p2");
+        assert!(s.remove_pod("p1").is_some());
+        assert_eq!(s.counts(), (1, 1));
+        assert!(s.container("c1").is_none());
+        assert!(s.remove_container("c3").is_some());
+        assert_eq!(s.counts(), (1, 0));
+    }
+
+    #[test]
+    fn state_resources_and_applied_updates() {
+        let s = Store::new();
+        s.upsert_pod(PodRecord::from_config("p", &pod_config("a"), ""));
+        s.upsert_container(ContainerRecord {
+            id: "c".into(),
+            pod_id: "p".into(),
+            ..Default::default()
+        });
+        s.set_container_state("c", ContainerState::Running);
+        s.set_container_resources(
+            "c",
+            Resources {
+                cpu_quota: 5,
+                ..Default::default()
+            },
+        );
+        s.set_container_applied("c", "cpu.idle", "1");
+        s.set_pod_state("p", PodState::NotReady);
+        s.set_pod_applied("p", "class", "BE");
+        let c = s.container("c").unwrap();
+        assert_eq!(
+            (c.state, c.requested.unwrap().cpu_quota),
+            (ContainerState::Running, 5)
+        );
+        assert_eq!(c.applied["cpu.idle"], "1");
+        assert_eq!(s.pod("p").unwrap().state, PodState::NotReady);
+        assert_eq!(s.pod("p").unwrap().applied["class"], "BE");
+        // unknown ids are ignored, not created
+        s.set_container_state("nope", ContainerState::Exited);
+        assert_eq!(s.counts(), (1, 1));
+    }
+}

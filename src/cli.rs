@@ -1,0 +1,156 @@
+//! Client commands that talk to a running qoslet over its admin socket.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use hyper_util::rt::TokioIo;
+use qoslet_proto::admin::{admin_client::AdminClient, GetStatusRequest, ListPodsRequest};
+use tonic::transport::{Channel, Endpoint, Uri};
+
+#[derive(clap::Args)]
+pub struct AdminArgs {
+    /// The admin socket of the running qoslet.
+    #[arg(
+        long,
+        default_value = "unix:///run/qoslet/admin.sock",
+        value_name = "ENDPOINT"
+    )]
+    pub admin: String,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(clap::Args)]
+pub struct PodsArgs {
+    #[command(flatten)]
+    pub admin: AdminArgs,
+    /// Only this namespace.
+    #[arg(long, short)]
+    pub namespace: Option<String>,
+}
+
+async fn connect(endpoint: &str) -> Result<AdminClient<Channel>> {
+    let path = qoslet_proxy::endpoint::parse_unix(endpoint)?;
+    let ch = Endpoint::from_static("http://localhost")
+        .connect_timeout(Duration::from_secs(2))
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let p = path.clone();
+            async move { tokio::net::UnixStream::connect(p).await.map(TokioIo::new) }
+        }))
+        .await
+        .with_context(|| format!("cannot reach qoslet at {endpoint}"))?;
+    Ok(AdminClient::new(ch))
+}
+
+pub async fn status(a: AdminArgs) -> Result<()> {
+    let s = connect(&a.admin)
+        .await?
+        .get_status(GetStatusRequest {})
+        .await
+        .context("GetStatus")?
+        .into_inner();
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "version": s.version, "mode": s.mode, "uptimeSeconds": s.uptime_seconds, "listen": s.listen, "stateDir": s.state_dir,
+                "backend": s.backend.as_ref().map(|b| serde_json::json!({"endpoint": b.endpoint, "reachable": b.reachable,
+                    "runtimeName": b.runtime_name, "runtimeVersion": b.runtime_version, "error": b.error})),
+                "counters": s.counters.as_ref().map(|c| serde_json::json!({"pods": c.pods, "containers": c.containers,
+                    "callsTotal": c.calls_total, "callsPassthrough": c.calls_passthrough, "callsIntercepted": c.calls_intercepted,
+                    "backendUnavailable": c.backend_unavailable, "hookErrors": c.hook_errors, "hookTimeouts": c.hook_timeouts,
+                    "hookPanics": c.hook_panics, "callsRefused": c.calls_refused, "oversizedMessages": c.oversized_messages})),
+            }))?
+        );
+        return Ok(());
+    }
+    let b = s.backend.unwrap_or_default();
+    let c = s.counters.unwrap_or_default();
+    println!(
+        "qoslet {} ({}), up {}s, listening on {}",
+        s.version, s.mode, s.uptime_seconds, s.listen
+    );
+    if b.reachable {
+        println!(
+            "runtime: {} {} {} at {} (reachable)",
+            b.runtime_name, b.runtime_version, b.runtime_api_version, b.endpoint
+        );
+    } else {
+        println!("runtime: {} UNREACHABLE: {}", b.endpoint, b.error);
+    }
+    println!(
+        "store: {} pods, {} containers (checkpoint in {})",
+        c.pods, c.containers, s.state_dir
+    );
+    println!(
+        "calls: {} total, {} passed through, {} intercepted, {} in flight, {} backend unavailable, {} refused, {} oversized",
+        c.calls_total, c.calls_passthrough, c.calls_intercepted, c.calls_in_flight, c.backend_unavailable, c.calls_refused, c.oversized_messages
+    );
+    println!(
+        "hooks: {} errors, {} timeouts, {} panics",
+        c.hook_errors, c.hook_timeouts, c.hook_panics
+    );
+    Ok(())
+}
+
+pub async fn pods(a: PodsArgs) -> Result<()> {
+    let r = connect(&a.admin.admin)
+        .await?
+        .list_pods(ListPodsRequest {
+            namespace: a.namespace.unwrap_or_default(),
+        })
+        .await
+        .context("ListPods")?
+        .into_inner();
+    if a.admin.json {
+        let v: Vec<_> = r.pods.iter().map(|p| serde_json::json!({
+            "id": p.id, "name": p.name, "namespace": p.namespace, "state": p.state, "cgroupParent": p.cgroup_parent,
+            "labels": p.labels, "applied": p.applied,
+            "containers": p.containers.iter().map(|c| serde_json::json!({"id": c.id, "name": c.name, "state": c.state, "image": c.image,
+                "requested": c.requested.as_ref().map(|r| serde_json::json!({"cpuShares": r.cpu_shares, "cpuQuota": r.cpu_quota,
+                    "cpuPeriod": r.cpu_period, "memoryLimitInBytes": r.memory_limit_in_bytes, "cpusetCpus": r.cpuset_cpus})),
+                "applied": c.applied})).collect::<Vec<_>>(),
+        })).collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!(
+        "{:<14} {:<28} {:<9} {:<36}",
+        "POD", "NAMESPACE/NAME", "STATE", "CGROUP PARENT"
+    );
+    for p in &r.pods {
+        println!(
+            "{:<14} {:<28} {:<9} {:<36}",
+            short(&p.id),
+            format!("{}/{}", p.namespace, p.name),
+            p.state,
+            p.cgroup_parent
+        );
+        for (k, v) in &p.applied {
+            println!("    applied {k} = {v}");
+        }
+        for c in &p.containers {
+            let req = c.requested.clone().unwrap_or_default();
+            println!(
+                "  └ {:<12} {:<16} {:<8} shares={} quota={}/{} mem={} cpus={:?}",
+                short(&c.id),
+                c.name,
+                c.state,
+                req.cpu_shares,
+                req.cpu_quota,
+                req.cpu_period,
+                req.memory_limit_in_bytes,
+                req.cpuset_cpus
+            );
+            for (k, v) in &c.applied {
+                println!("      applied {k} = {v}");
+            }
+        }
+    }
+    Ok(())
+}
+
+fn short(id: &str) -> &str {
+    &id[..id.len().min(13)]
+}

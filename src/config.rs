@@ -1,0 +1,158 @@
+//! The YAML config file (`--config`, default `/etc/qoslet/qoslet.yaml`).
+//!
+//! Every proxy flag can be set here; flags win over the file, the file wins over
+//! defaults. A missing *default* file means defaults; a missing file named
+//! explicitly, or a bad file, is an error that names the key and the reason.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+
+pub const DEFAULT_CONFIG: &str = "/etc/qoslet/qoslet.yaml";
+
+/// The file's shape. Keys are camelCase, like Kubernetes config.
+#[derive(Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FileConfig {
+    pub listen: Option<String>,
+    pub runtime_endpoint: Option<String>,
+    pub admin_listen: Option<String>,
+    pub state_dir: Option<PathBuf>,
+    pub log_level: Option<String>,
+    /// Per-message size limit in bytes, each way (default 16 MiB).
+    pub max_message_bytes: Option<u64>,
+    /// How long SIGTERM waits for in-flight calls, e.g. `30s`.
+    pub drain_timeout: Option<String>,
+    /// How often the store is reconciled with the runtime, e.g. `60s`.
+    pub resync_interval: Option<String>,
+    pub hooks: Option<HooksConfig>,
+}
+
+/// Defaults for every hook (the hooks themselves come with later features).
+#[derive(Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HooksConfig {
+    /// e.g. `2s`, `500ms`.
+    pub timeout: Option<String>,
+    pub failure_policy: Option<qoslet_proxy::FailurePolicy>,
+}
+
+/// Loads the config file. `explicit` says whether the user named it.
+pub fn load(path: &Path, explicit: bool) -> Result<FileConfig> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => {
+            return Ok(FileConfig::default())
+        }
+        Err(e) => {
+            return Err(e).with_context(|| format!("cannot read config file {}", path.display()))
+        }
+    };
+    parse(&text).with_context(|| format!("bad config file {}", path.display()))
+}
+
+pub fn parse(text: &str) -> Result<FileConfig> {
+    if text.trim().is_empty() {
+        return Ok(FileConfig::default());
+    }
+    let cfg: FileConfig = serde_saphyr::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
+    // validate values now, so the error names the key
+    for (key, v) in [
+        ("drainTimeout", &cfg.drain_timeout),
+        ("resyncInterval", &cfg.resync_interval),
+    ] {
+        if let Some(v) = v {
+            parse_duration(v).with_context(|| format!("key {key}"))?;
+        }
+    }
+    if let Some(t) = cfg.hooks.as_ref().and_then(|h| h.timeout.as_ref()) {
+        parse_duration(t).context("key hooks.timeout")?;
+    }
+    if let Some(n) = cfg.max_message_bytes {
+        if !(1024..=(1 << 30)).contains(&n) {
+            bail!("key maxMessageBytes: {n} is out of range (1024..=1073741824)");
+        }
+    }
+    Ok(cfg)
+}
+
+/// Parses `500ms`, `2s`, `1m`, `1h` (a bare number is seconds).
+pub fn parse_duration(s: &str) -> Result<Duration> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num
+        .parse()
+        .with_context(|| format!("{s:?} is not a duration (e.g. 500ms, 2s, 1m)"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "" | "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => bail!("{s:?} has an unknown unit {unit:?} (use ms, s, m or h)"),
+    };
+    if !secs.is_finite() || secs <= 0.0 || secs > 86400.0 {
+        bail!("{s:?} must be between 1ms and 24h");
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_file_parses() {
+        let c = parse(
+            "listen: unix:///tmp/q.sock\nruntimeEndpoint: unix:///tmp/c.sock\nadminListen: unix:///tmp/a.sock\n\
+             stateDir: /tmp/state\nlogLevel: debug\nmaxMessageBytes: 4194304\ndrainTimeout: 5s\nresyncInterval: 1m\n\
+             hooks:\n  timeout: 500ms\n  failurePolicy: fail-closed\n",
+        )
+        .unwrap();
+        assert_eq!(c.listen.as_deref(), Some("unix:///tmp/q.sock"));
+        assert_eq!(c.state_dir, Some(PathBuf::from("/tmp/state")));
+        assert_eq!(
+            c.hooks.unwrap().failure_policy,
+            Some(qoslet_proxy::FailurePolicy::FailClosed)
+        );
+        assert_eq!(parse("").unwrap(), FileConfig::default());
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let e = format!("{:#}", parse("listn: x\n").unwrap_err());
+        assert!(e.contains("listn"), "{e}");
+        let e = format!("{:#}", parse("drainTimeout: forever\n").unwrap_err());
+        assert!(e.contains("drainTimeout"), "{e}");
+        let e = format!(
+            "{:#}",
+            parse("hooks:\n  failurePolicy: maybe\n").unwrap_err()
+        );
+        assert!(e.contains("maybe") || e.contains("failurePolicy"), "{e}");
+        let e = format!("{:#}", parse("maxMessageBytes: 12\n").unwrap_err());
+        assert!(e.contains("maxMessageBytes"), "{e}");
+        let e = format!("{:#}", parse("maxMessageBytes: lots\n").unwrap_err());
+        assert!(e.contains("maxMessageBytes") || e.contains("lots"), "{e}");
+    }
+
+    #[test]
+    fn missing_default_file_is_defaults_but_missing_named_file_is_an_error() {
+        let p = Path::new("/nonexistent/qoslet.yaml");
+        assert_eq!(load(p, false).unwrap(), FileConfig::default());
+        assert!(load(p, true).is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_duration("1m").unwrap(), Duration::from_secs(60));
+        for bad in ["", "x", "5d", "-1s", "0s", "1e9s"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+}
