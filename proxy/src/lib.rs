@@ -9,11 +9,13 @@
 //! * [`pipeline`]: hooks, their timeouts and failure policies.
 //! * [`store`], [`checkpoint`], [`rebuild`]: the pod/container store and its persistence.
 //! * [`backend`], [`endpoint`]: connections to containerd, listening sockets.
+//! * [`authority`]: tolerance for clients that send a socket path as `:authority`.
 //! * [`admin`]: the admin gRPC API.
 //!
 //! This crate holds no QoS policy: policies arrive as [`pipeline::Hook`]s.
 
 pub mod admin;
+pub mod authority;
 pub mod backend;
 pub mod checkpoint;
 pub mod cri;

@@ -13,6 +13,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use crate::admin::AdminService;
+use crate::authority::AuthorityFix;
 use crate::backend::Backend;
 use crate::checkpoint::{Checkpoint, LoadError};
 use crate::endpoint::{bind_unix, parse_unix, EndpointError};
@@ -221,7 +222,8 @@ async fn serve_proxy(
             let fwd = fwd.clone();
             async move { Ok::<_, Infallible>(fwd.handle(req).await) }
         });
-        let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), svc));
+        let conn =
+            graceful.watch(builder.serve_connection(TokioIo::new(AuthorityFix::new(stream)), svc));
         tokio::spawn(async move {
             if let Err(e) = conn.await {
                 debug!(error = %e, "proxy connection ended with an error");
@@ -255,7 +257,10 @@ async fn serve_admin(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()
         .expect("admin descriptors are valid");
-    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+    let incoming = tokio_stream::StreamExt::map(
+        tokio_stream::wrappers::UnixListenerStream::new(listener),
+        |r| r.map(AuthorityFix::new),
+    );
     let r = tonic::transport::Server::builder()
         .add_service(qoslet_proto::admin::admin_server::AdminServer::new(admin))
         .add_service(health)

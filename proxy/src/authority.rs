@@ -1,0 +1,520 @@
+//! Tolerance for gRPC clients that send a unix socket path as `:authority`.
+//!
+//! kubelet before 1.26, crictl and grpcurl 1.8 (grpc-go dialing a unix path)
+//! send `:authority: /run/qoslet/qoslet.sock`. containerd (grpc-go) accepts it;
+//! Rust's HTTP/2 server (h2) rejects the stream with PROTOCOL_ERROR because a
+//! path is not a valid URI authority. A proxy that kubelet cannot tell from
+//! containerd must accept it too.
+//!
+//! [`AuthorityFix`] wraps the server side of a connection and looks at the
+//! client's first header block. If its `:authority` is valid (or absent), the
+//! connection is passed through untouched from then on (no per-byte cost). If
+//! not, the connection switches to rewrite mode: every client header block is
+//! HPACK-decoded (tracking the client's dynamic table) and re-encoded as
+//! literals without indexing, with an invalid `:authority` replaced by
+//! `localhost`. Data frames are never touched. Anything that does not parse is
+//! passed on as it is, for the HTTP/2 server to judge.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const FRAME_HEADER: usize = 9;
+const HEADERS: u8 = 0x1;
+const CONTINUATION: u8 = 0x9;
+const END_STREAM: u8 = 0x1;
+const END_HEADERS: u8 = 0x4;
+const PADDED: u8 = 0x8;
+const PRIORITY: u8 = 0x20;
+/// The smallest SETTINGS_MAX_FRAME_SIZE any HTTP/2 peer accepts.
+const MAX_OUT_FRAME: usize = 16_384;
+/// A header block larger than this is not decoded (passed on for h2 to judge).
+const MAX_BLOCK: usize = 1 << 20;
+
+/// Whether `v` is acceptable to h2 as an `:authority`.
+pub fn valid_authority(v: &[u8]) -> bool {
+    http::uri::Authority::try_from(v).is_ok()
+}
+
+struct Block {
+    stream_id: u32,
+    end_stream: bool,
+    fragment: BytesMut,
+    raw: BytesMut,
+}
+
+enum Mode {
+    Preface,
+    Detect(Box<fluke_hpack::Decoder<'static>>),
+    Rewrite(Box<fluke_hpack::Decoder<'static>>),
+    Passthrough,
+}
+
+/// A connection wrapper that repairs invalid `:authority` values (see module docs).
+pub struct AuthorityFix<S> {
+    io: S,
+    inbuf: BytesMut,
+    out: BytesMut,
+    mode: Mode,
+    block: Option<Block>,
+    eof: bool,
+    rewritten: u64,
+}
+
+impl<S> AuthorityFix<S> {
+    pub fn new(io: S) -> Self {
+        Self {
+            io,
+            inbuf: BytesMut::new(),
+            out: BytesMut::new(),
+            mode: Mode::Preface,
+            block: None,
+            eof: false,
+            rewritten: 0,
+        }
+    }
+
+    /// The wrapped connection.
+    pub fn get_ref(&self) -> &S {
+        &self.io
+    }
+
+    /// Header blocks rewritten so far.
+    pub fn rewritten(&self) -> u64 {
+        self.rewritten
+    }
+
+    /// Gives up on parsing: everything pending goes out as it came.
+    fn passthrough(&mut self) {
+        if let Some(b) = self.block.take() {
+            self.out.extend_from_slice(&b.raw);
+        }
+        let rest = self.inbuf.split();
+        self.out.extend_from_slice(&rest);
+        self.mode = Mode::Passthrough;
+    }
+
+    /// Moves what can be processed from `inbuf` to `out`.
+    fn process(&mut self) {
+        loop {
+            match self.mode {
+                Mode::Passthrough => {
+                    let rest = self.inbuf.split();
+                    self.out.extend_from_slice(&rest);
+                    return;
+                }
+                Mode::Preface => {
+                    let n = self.inbuf.len().min(PREFACE.len());
+                    if self.inbuf[..n] != PREFACE[..n] {
+                        return self.passthrough();
+                    }
+                    if n < PREFACE.len() {
+                        return;
+                    }
+                    let p = self.inbuf.split_to(PREFACE.len());
+                    self.out.extend_from_slice(&p);
+                    let mut d = fluke_hpack::Decoder::new();
+                    d.set_max_allowed_table_size(65_536);
+                    self.mode = Mode::Detect(Box::new(d));
+                }
+                Mode::Detect(_) | Mode::Rewrite(_) => {
+                    if self.inbuf.len() < FRAME_HEADER {
+                        return;
+                    }
+                    let len = u32::from_be_bytes([0, self.inbuf[0], self.inbuf[1], self.inbuf[2]])
+                        as usize;
+                    if self.inbuf.len() < FRAME_HEADER + len {
+                        return;
+                    }
+                    let frame = self.inbuf.split_to(FRAME_HEADER + len).freeze();
+                    self.frame(frame);
+                }
+            }
+        }
+    }
+
+    fn frame(&mut self, frame: Bytes) {
+        let (ty, flags) = (frame[3], frame[4]);
+        let stream_id = u32::from_be_bytes([frame[5], frame[6], frame[7], frame[8]]) & 0x7fff_ffff;
+        let payload = &frame[FRAME_HEADER..];
+        match ty {
+            HEADERS if self.block.is_none() => {
+                let Some(fragment) = headers_fragment(flags, payload) else {
+                    return self.passthrough_with(&frame);
+                };
+                self.block = Some(Block {
+                    stream_id,
+                    end_stream: flags & END_STREAM != 0,
+                    fragment: BytesMut::from(fragment),
+                    raw: BytesMut::from(&frame[..]),
+                });
+            }
+            CONTINUATION
+                if self
+                    .block
+                    .as_ref()
+                    .is_some_and(|b| b.stream_id == stream_id) =>
+            {
+                let b = self.block.as_mut().expect("checked");
+                b.fragment.extend_from_slice(payload);
+                b.raw.extend_from_slice(&frame);
+                if b.fragment.len() > MAX_BLOCK {
+                    return self.passthrough();
+                }
+            }
+            _ if self.block.is_some() => return self.passthrough_with(&frame), // h2 will call this a protocol error
+            _ => {
+                self.out.extend_from_slice(&frame);
+                return;
+            }
+        }
+        if flags & END_HEADERS != 0 {
+            let b = self.block.take().expect("block in progress");
+            self.finish(b);
+        }
+    }
+
+    fn passthrough_with(&mut self, frame: &[u8]) {
+        if let Some(b) = self.block.take() {
+            self.out.extend_from_slice(&b.raw);
+        }
+        self.out.extend_from_slice(frame);
+        self.passthrough();
+    }
+
+    fn finish(&mut self, b: Block) {
+        let decoder = match &mut self.mode {
+            Mode::Detect(d) | Mode::Rewrite(d) => d,
+            _ => unreachable!("finish only runs while parsing"),
+        };
+        let headers = match decoder.decode(&b.fragment) {
+            Ok(h) => h,
+            Err(_) => {
+                self.out.extend_from_slice(&b.raw);
+                return self.passthrough();
+            }
+        };
+        let bad = headers
+            .iter()
+            .any(|(n, v)| n == b":authority" && !valid_authority(v));
+        if matches!(self.mode, Mode::Detect(_)) {
+            if !bad {
+                // a well-behaved client: never look at this connection again
+                self.out.extend_from_slice(&b.raw);
+                return self.passthrough();
+            }
+            let Mode::Detect(d) = std::mem::replace(&mut self.mode, Mode::Passthrough) else {
+                unreachable!()
+            };
+            self.mode = Mode::Rewrite(d);
+            tracing::debug!("client sends a unix path as :authority; rewriting its header blocks");
+        }
+        let mut block = BytesMut::with_capacity(b.fragment.len() + 64);
+        for (name, value) in &headers {
+            let value: &[u8] = if name == b":authority" && !valid_authority(value) {
+                b"localhost"
+            } else {
+                value
+            };
+            block.put_u8(0x00); // literal header field without indexing, new name
+            put_string(&mut block, name);
+            put_string(&mut block, value);
+        }
+        self.rewritten += 1;
+        write_header_frames(&mut self.out, b.stream_id, b.end_stream, &block);
+    }
+}
+
+/// The header block fragment of a HEADERS frame payload (padding and priority removed).
+fn headers_fragment(flags: u8, payload: &[u8]) -> Option<&[u8]> {
+    let mut p = payload;
+    let mut pad = 0usize;
+    if flags & PADDED != 0 {
+        pad = *p.first()? as usize;
+        p = &p[1..];
+    }
+    if flags & PRIORITY != 0 {
+        p = p.get(5..)?;
+    }
+    p.get(..p.len().checked_sub(pad)?)
+}
+
+/// HPACK integer with an `n`-bit prefix (RFC 7541 5.1); `first` holds the high bits.
+fn put_int(out: &mut BytesMut, first: u8, n: u32, mut v: usize) {
+    let max = (1usize << n) - 1;
+    if v < max {
+        out.put_u8(first | v as u8);
+        return;
+    }
+    out.put_u8(first | max as u8);
+    v -= max;
+    while v >= 128 {
+        out.put_u8((v % 128) as u8 | 0x80);
+        v /= 128;
+    }
+    out.put_u8(v as u8);
+}
+
+/// HPACK string literal without Huffman coding.
+fn put_string(out: &mut BytesMut, s: &[u8]) {
+    put_int(out, 0x00, 7, s.len());
+    out.extend_from_slice(s);
+}
+
+fn write_header_frames(out: &mut BytesMut, stream_id: u32, end_stream: bool, block: &[u8]) {
+    let mut chunks = block.chunks(MAX_OUT_FRAME).peekable();
+    let mut first = true;
+    if block.is_empty() {
+        write_frame(
+            out,
+            HEADERS,
+            END_HEADERS | if end_stream { END_STREAM } else { 0 },
+            stream_id,
+            &[],
+        );
+        return;
+    }
+    while let Some(c) = chunks.next() {
+        let last = chunks.peek().is_none();
+        let mut flags = if last { END_HEADERS } else { 0 };
+        let ty = if first {
+            if end_stream {
+                flags |= END_STREAM;
+            }
+            HEADERS
+        } else {
+            CONTINUATION
+        };
+        write_frame(out, ty, flags, stream_id, c);
+        first = false;
+    }
+}
+
+fn write_frame(out: &mut BytesMut, ty: u8, flags: u8, stream_id: u32, payload: &[u8]) {
+    let len = payload.len() as u32;
+    out.extend_from_slice(&len.to_be_bytes()[1..]);
+    out.put_u8(ty);
+    out.put_u8(flags);
+    out.put_u32(stream_id);
+    out.extend_from_slice(payload);
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for AuthorityFix<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        loop {
+            if !this.out.is_empty() {
+                let n = this.out.len().min(buf.remaining());
+                buf.put_slice(&this.out[..n]);
+                this.out.advance(n);
+                return Poll::Ready(Ok(()));
+            }
+            if this.eof {
+                // a truncated frame at EOF goes out as it is
+                let rest = this.inbuf.split();
+                if rest.is_empty() {
+                    return Poll::Ready(Ok(()));
+                }
+                this.out.extend_from_slice(&rest);
+                continue;
+            }
+            if matches!(this.mode, Mode::Passthrough) && this.inbuf.is_empty() {
+                return Pin::new(&mut this.io).poll_read(cx, buf);
+            }
+            let mut tmp = [0u8; 16 * 1024];
+            let mut rb = ReadBuf::new(&mut tmp);
+            ready!(Pin::new(&mut this.io).poll_read(cx, &mut rb))?;
+            if rb.filled().is_empty() {
+                this.eof = true;
+                if let Some(b) = this.block.take() {
+                    this.out.extend_from_slice(&b.raw);
+                }
+            } else {
+                this.inbuf.extend_from_slice(rb.filled());
+                this.process();
+            }
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for AuthorityFix<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+impl tonic::transport::server::Connected for AuthorityFix<tokio::net::UnixStream> {
+    type ConnectInfo = ();
+    fn connect_info(&self) -> Self::ConnectInfo {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    fn client_stream(blocks: &[Vec<(&[u8], &[u8])>], split_at: usize) -> Vec<u8> {
+        let mut enc = fluke_hpack::Encoder::new();
+        let mut out = BytesMut::from(PREFACE);
+        write_frame(&mut out, 0x4, 0, 0, &[]); // SETTINGS
+        for (i, headers) in blocks.iter().enumerate() {
+            let sid = 1 + 2 * i as u32;
+            let block = enc.encode(headers.iter().copied());
+            if block.len() > split_at {
+                write_frame(&mut out, HEADERS, 0, sid, &block[..split_at]);
+                write_frame(&mut out, CONTINUATION, END_HEADERS, sid, &block[split_at..]);
+            } else {
+                write_frame(&mut out, HEADERS, END_HEADERS, sid, &block);
+            }
+            write_frame(&mut out, 0x0, END_STREAM, sid, b"\0\0\0\0\x01x"); // DATA
+        }
+        out.to_vec()
+    }
+
+    /// Reads everything through the wrapper, feeding the input in small pieces.
+    async fn run(input: Vec<u8>) -> (Vec<u8>, u64) {
+        let (mut a, b) = tokio::io::duplex(64);
+        let writer = tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            for c in input.chunks(7) {
+                a.write_all(c).await.unwrap();
+            }
+        });
+        let mut fix = AuthorityFix::new(b);
+        let mut out = Vec::new();
+        fix.read_to_end(&mut out).await.unwrap();
+        writer.await.unwrap();
+        (out, fix.rewritten())
+    }
+
+    /// Decodes the header blocks of an HTTP/2 client byte stream.
+    fn blocks_of(bytes: &[u8]) -> Vec<Vec<(Vec<u8>, Vec<u8>)>> {
+        assert!(bytes.starts_with(PREFACE));
+        let mut p = &bytes[PREFACE.len()..];
+        let mut dec = fluke_hpack::Decoder::new();
+        let mut out = vec![];
+        let mut acc = Vec::new();
+        while !p.is_empty() {
+            let len = u32::from_be_bytes([0, p[0], p[1], p[2]]) as usize;
+            let (ty, flags) = (p[3], p[4]);
+            let payload = &p[9..9 + len];
+            if ty == HEADERS || ty == CONTINUATION {
+                acc.extend_from_slice(if ty == HEADERS {
+                    headers_fragment(flags, payload).unwrap()
+                } else {
+                    payload
+                });
+                if flags & END_HEADERS != 0 {
+                    out.push(dec.decode(&acc).unwrap());
+                    acc.clear();
+                }
+            }
+            p = &p[9 + len..];
+        }
+        out
+    }
+
+    fn req(authority: &'static [u8], path: &'static [u8]) -> Vec<(&'static [u8], &'static [u8])> {
+        vec![
+            (b":method", b"POST"),
+            (b":scheme", b"http"),
+            (b":path", path),
+            (b":authority", authority),
+            (b"content-type", b"application/grpc"),
+            (b"user-agent", b"grpc-go/1.44.0"),
+            (b"te", b"trailers"),
+        ]
+    }
+
+    #[tokio::test]
+    async fn valid_authority_passes_byte_for_byte() {
+        let input = client_stream(
+            &[req(b"localhost", b"/a/B"), req(b"localhost", b"/a/C")],
+            10_000,
+        );
+        let (out, n) = run(input.clone()).await;
+        assert_eq!(out, input);
+        assert_eq!(n, 0);
+    }
+
+    #[tokio::test]
+    async fn unix_path_authority_is_rewritten_in_every_block() {
+        let long = b"/x/".repeat(3000).leak(); // forces CONTINUATION frames in and out
+        let input = client_stream(
+            &[
+                req(b"/run/qoslet/qoslet.sock", b"/a/B"),
+                req(b"/run/qoslet/qoslet.sock", long),
+                req(b"/run/qoslet/qoslet.sock", b"/a/B"),
+            ],
+            20,
+        );
+        let (out, n) = run(input.clone()).await;
+        assert_eq!(n, 3);
+        let before = blocks_of(&input);
+        let after = blocks_of(&out);
+        assert_eq!(after.len(), 3);
+        for (b, a) in before.iter().zip(&after) {
+            assert_eq!(a.len(), b.len());
+            for ((bn, bv), (an, av)) in b.iter().zip(a) {
+                assert_eq!(an, bn);
+                if an == b":authority" {
+                    assert_eq!(av, b"localhost");
+                } else {
+                    assert_eq!(av, bv, "{}", String::from_utf8_lossy(an));
+                }
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn garbage_is_passed_on_untouched() {
+        let input = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec();
+        assert_eq!(run(input.clone()).await.0, input);
+        let mut bad = PREFACE.to_vec();
+        bad.extend_from_slice(&[0, 0, 3, HEADERS, END_HEADERS | PADDED, 0, 0, 0, 1, 9, 1, 2]); // padding > payload
+        bad.extend_from_slice(b"trailing");
+        assert_eq!(run(bad.clone()).await.0, bad);
+        let truncated = PREFACE
+            .iter()
+            .chain(&[0u8, 0, 50, HEADERS, 4, 0, 0, 0, 1, 1, 2])
+            .copied()
+            .collect::<Vec<_>>();
+        assert_eq!(run(truncated.clone()).await.0, truncated);
+    }
+
+    #[test]
+    fn hpack_integers() {
+        let mut b = BytesMut::new();
+        put_int(&mut b, 0, 5, 10);
+        put_int(&mut b, 0, 5, 1337);
+        assert_eq!(&b[..], &[10, 31, 154, 10]); // RFC 7541 C.1.1 and C.1.2
+    }
+}
