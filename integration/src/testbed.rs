@@ -1,0 +1,312 @@
+//! The real containerd + runc test bed, and CRI helpers.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use cri::image_service_client::ImageServiceClient;
+use cri::runtime_service_client::RuntimeServiceClient;
+use k8s_cri::v1 as cri;
+use tonic::transport::Channel;
+
+/// The workload image and the sandbox image the test bed imports.
+pub const BUSYBOX: &str = "localhost/testbed/busybox:1.35";
+pub const PAUSE: &str = "localhost/testbed/pause:3.9";
+
+/// One containerd instance of the test bed.
+#[derive(Debug, Clone)]
+pub struct Testbed {
+    /// The test bed's work dir (`QOSLET_TESTBED`, default /tmp/qoslet-testbed).
+    pub work: PathBuf,
+    pub instance: String,
+    /// "1.6" or "1.7".
+    pub version: String,
+    /// containerd's CRI socket.
+    pub sock: PathBuf,
+    /// Every test pod's cgroup parent lives under this (cgroup v1 relative path).
+    pub cgroup_prefix: String,
+}
+
+pub fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("testbed/testbed.sh")
+}
+
+pub fn work_dir() -> PathBuf {
+    std::env::var_os("QOSLET_TESTBED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/tmp/qoslet-testbed"))
+}
+
+impl Testbed {
+    /// The main instance (containerd 1.6). Panics with instructions when it is not up.
+    pub fn main() -> Self {
+        Self::instance("main", "1.6")
+    }
+
+    /// The containerd 1.7 instance (NRI, GetContainerEvents).
+    pub fn ctd17() -> Self {
+        Self::instance("ctd17", "1.7")
+    }
+
+    pub fn instance(name: &str, version: &str) -> Self {
+        let work = work_dir();
+        let tb = Self {
+            sock: work.join(name).join("containerd.sock"),
+            work,
+            instance: name.into(),
+            version: version.into(),
+            cgroup_prefix: "/qoslet-test".into(),
+        };
+        assert!(
+            std::os::unix::net::UnixStream::connect(&tb.sock).is_ok(),
+            "the real-runtime test bed is not running ({} does not answer).\n\
+             These tests need root and a real containerd: run `integration/testbed/testbed.sh up` \
+             (and `CONTAINERD=1.7 INSTANCE=ctd17 integration/testbed/testbed.sh up`), or `integration/run-tests.sh`.",
+            tb.sock.display()
+        );
+        tb
+    }
+
+    /// Starts (installing nothing new) a private containerd instance `name`; `version` is "1.6" or "1.7".
+    pub fn start_instance(name: &str, version: &str) -> Self {
+        run_script(&["up"], name, version);
+        Self::instance(name, version)
+    }
+
+    pub fn stop_containerd(&self) {
+        run_script(&["stop-containerd"], &self.instance, self.version());
+    }
+
+    pub fn start_containerd(&self) {
+        run_script(&["start-containerd"], &self.instance, self.version());
+    }
+
+    pub fn down(&self) {
+        run_script(&["down"], &self.instance, self.version());
+    }
+
+    fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// The containerd PID (from the script's pid file).
+    pub fn containerd_pid(&self) -> Option<i32> {
+        std::fs::read_to_string(self.work.join(&self.instance).join("containerd.pid"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    pub fn grpcurl(&self) -> PathBuf {
+        self.work.join("bin/grpcurl")
+    }
+
+    /// A fresh cgroup parent for one pod, under the test prefix.
+    pub fn cgroup_parent(&self, pod: &str) -> String {
+        format!("{}/{}/{}", self.cgroup_prefix, self.instance, pod)
+    }
+}
+
+fn run_script(args: &[&str], instance: &str, version: &str) {
+    let out = Command::new(script())
+        .args(args)
+        .env("INSTANCE", instance)
+        .env("CONTAINERD", version)
+        .env("QOSLET_TESTBED", work_dir())
+        .output()
+        .expect("run testbed.sh");
+    assert!(
+        out.status.success(),
+        "testbed.sh {args:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// CRI clients over one channel.
+#[derive(Clone)]
+pub struct Cri {
+    pub rt: RuntimeServiceClient<Channel>,
+    pub img: ImageServiceClient<Channel>,
+}
+
+impl Cri {
+    pub async fn connect(sock: impl AsRef<Path>) -> Self {
+        Self::from_channel(crate::channel(sock).await)
+    }
+
+    pub fn lazy(sock: impl AsRef<Path>) -> Self {
+        Self::from_channel(crate::lazy_channel(sock))
+    }
+
+    pub fn from_channel(ch: Channel) -> Self {
+        Self {
+            rt: RuntimeServiceClient::new(ch.clone()).max_decoding_message_size(16 << 20),
+            img: ImageServiceClient::new(ch).max_decoding_message_size(16 << 20),
+        }
+    }
+
+    /// RunPodSandbox with host network, returns the sandbox id.
+    pub async fn run_pod(&mut self, cfg: &cri::PodSandboxConfig) -> Result<String, tonic::Status> {
+        Ok(self
+            .rt
+            .run_pod_sandbox(cri::RunPodSandboxRequest {
+                config: Some(cfg.clone()),
+                runtime_handler: String::new(),
+            })
+            .await?
+            .into_inner()
+            .pod_sandbox_id)
+    }
+
+    pub async fn create(
+        &mut self,
+        pod: &str,
+        pod_cfg: &cri::PodSandboxConfig,
+        c: cri::ContainerConfig,
+    ) -> Result<String, tonic::Status> {
+        Ok(self
+            .rt
+            .create_container(cri::CreateContainerRequest {
+                pod_sandbox_id: pod.into(),
+                config: Some(c),
+                sandbox_config: Some(pod_cfg.clone()),
+            })
+            .await?
+            .into_inner()
+            .container_id)
+    }
+
+    pub async fn start(&mut self, id: &str) -> Result<(), tonic::Status> {
+        self.rt
+            .start_container(cri::StartContainerRequest {
+                container_id: id.into(),
+            })
+            .await
+            .map(|_| ())
+    }
+
+    pub async fn status(&mut self, id: &str) -> Result<cri::ContainerStatus, tonic::Status> {
+        Ok(self
+            .rt
+            .container_status(cri::ContainerStatusRequest {
+                container_id: id.into(),
+                verbose: false,
+            })
+            .await?
+            .into_inner()
+            .status
+            .unwrap_or_default())
+    }
+
+    /// Stops and removes a pod (and its containers), ignoring errors.
+    pub async fn remove_pod(&mut self, id: &str) {
+        let _ = self
+            .rt
+            .stop_pod_sandbox(cri::StopPodSandboxRequest {
+                pod_sandbox_id: id.into(),
+            })
+            .await;
+        let _ = self
+            .rt
+            .remove_pod_sandbox(cri::RemovePodSandboxRequest {
+                pod_sandbox_id: id.into(),
+            })
+            .await;
+    }
+}
+
+/// A host-network pod config under `cgroup_parent`.
+pub fn pod_config(name: &str, cgroup_parent: &str) -> cri::PodSandboxConfig {
+    let ns = cri::NamespaceOption {
+        network: cri::NamespaceMode::Node as i32,
+        pid: cri::NamespaceMode::Container as i32,
+        ipc: cri::NamespaceMode::Pod as i32,
+        ..Default::default()
+    };
+    cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata {
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            namespace: "qoslet-e2e".into(),
+            attempt: 0,
+        }),
+        log_directory: work_dir().join("pods").join(name).display().to_string(),
+        labels: HashMap::from([("app".to_string(), name.to_string())]),
+        annotations: HashMap::from([("qoslet.test/owner".to_string(), "integration".to_string())]),
+        linux: Some(cri::LinuxPodSandboxConfig {
+            cgroup_parent: cgroup_parent.into(),
+            security_context: Some(cri::LinuxSandboxSecurityContext {
+                namespace_options: Some(ns),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// A busybox container running `script` under `sh -c`, with `resources`.
+pub fn container_config(
+    name: &str,
+    script: &str,
+    resources: Option<cri::LinuxContainerResources>,
+) -> cri::ContainerConfig {
+    let ns = cri::NamespaceOption {
+        network: cri::NamespaceMode::Node as i32,
+        pid: cri::NamespaceMode::Container as i32,
+        ipc: cri::NamespaceMode::Pod as i32,
+        ..Default::default()
+    };
+    cri::ContainerConfig {
+        metadata: Some(cri::ContainerMetadata {
+            name: name.into(),
+            attempt: 0,
+        }),
+        image: Some(cri::ImageSpec {
+            image: BUSYBOX.into(),
+            ..Default::default()
+        }),
+        command: vec![
+            "/bin/sh".into(),
+            "-c".into(),
+            format!("trap 'exit 0' TERM; {script}"),
+        ],
+        log_path: format!("{name}/0.log"),
+        labels: HashMap::from([("container".to_string(), name.to_string())]),
+        linux: Some(cri::LinuxContainerConfig {
+            resources,
+            security_context: Some(cri::LinuxContainerSecurityContext {
+                namespace_options: Some(ns),
+                ..Default::default()
+            }),
+        }),
+        ..Default::default()
+    }
+}
+
+/// A long-running container script that exits promptly on SIGTERM.
+pub const SLEEP_LOOP: &str = "while true; do sleep 0.2; done";
+
+/// Reads a cgroup v1 file: `/sys/fs/cgroup/<controller>/<cgroup path>/<file>`.
+pub fn cgroup_v1(controller: &str, cgroup: &str, file: &str) -> String {
+    let p = Path::new("/sys/fs/cgroup")
+        .join(controller)
+        .join(cgroup.trim_start_matches('/'))
+        .join(file);
+    std::fs::read_to_string(&p)
+        .unwrap_or_else(|e| panic!("read {}: {e}", p.display()))
+        .trim()
+        .to_string()
+}
+
+/// Removes the (empty) pod-level cgroup dirs runc leaves behind under `cgroup_parent`.
+pub fn remove_cgroup_dirs(cgroup_parent: &str) {
+    if let Ok(rd) = std::fs::read_dir("/sys/fs/cgroup") {
+        for ss in rd.flatten() {
+            let d = ss.path().join(cgroup_parent.trim_start_matches('/'));
+            let _ = std::fs::remove_dir(&d);
+        }
+    }
+}

@@ -1,0 +1,459 @@
+//! Transparency of the proxy, seen from a recording backend: the bytes,
+//! headers, deadlines, statuses and timing that reach the backend (and come
+//! back) are the client's and the backend's own.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use k8s_cri::v1 as cri;
+use prost::Message;
+use qoslet_integration::fake::{FakeBackend, Reply};
+use qoslet_integration::raw::{frame, unknown_field, RawClient};
+use qoslet_integration::{scratch, start_proxy};
+use qoslet_proxy::cri::{CriRequest, HookPoint};
+use qoslet_proxy::pipeline::{BoxError, BoxFuture, HookContext, Stage};
+use qoslet_proxy::{FailurePolicy, Hook, HookSettings, Pipeline};
+
+const CREATE: &str = "/runtime.v1.RuntimeService/CreateContainer";
+
+fn create_request() -> cri::CreateContainerRequest {
+    cri::CreateContainerRequest {
+        pod_sandbox_id: "pod-1".into(),
+        config: Some(cri::ContainerConfig {
+            metadata: Some(cri::ContainerMetadata {
+                name: "app".into(),
+                attempt: 0,
+            }),
+            command: vec!["sh".into(), "-c".into(), "true".into()],
+            linux: Some(cri::LinuxContainerConfig {
+                resources: Some(cri::LinuxContainerResources {
+                    cpu_shares: 2,
+                    cpu_quota: 50_000,
+                    cpu_period: 100_000,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        sandbox_config: None,
+    }
+}
+
+/// Raises cpu_shares to 512 at CreateContainer (a patch).
+struct SharesHook;
+impl Hook for SharesHook {
+    fn name(&self) -> &str {
+        "shares"
+    }
+    fn handles(&self, p: HookPoint, s: Stage) -> bool {
+        p == HookPoint::CreateContainer && s == Stage::Before
+    }
+    fn before(
+        &self,
+        _: HookContext,
+        _: Arc<CriRequest>,
+    ) -> BoxFuture<Result<Option<CriRequest>, BoxError>> {
+        Box::pin(async {
+            Ok(Some(CriRequest::CreateContainer(
+                cri::CreateContainerRequest {
+                    config: Some(cri::ContainerConfig {
+                        linux: Some(cri::LinuxContainerConfig {
+                            resources: Some(cri::LinuxContainerResources {
+                                cpu_shares: 512,
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            )))
+        })
+    }
+}
+
+fn created_reply() -> Reply {
+    Reply::ok(
+        &cri::CreateContainerResponse {
+            container_id: "ctr-1".into(),
+        }
+        .encode_to_vec(),
+    )
+}
+
+#[tokio::test]
+async fn unknown_fields_survive_interception_with_and_without_a_patch() {
+    for patched in [false, true] {
+        let dir = scratch("unknown-field");
+        let fake = FakeBackend::start(&dir.join("backend.sock"), |_| created_reply()).await;
+        let pipeline = if patched {
+            Pipeline::with_hooks(vec![(
+                Arc::new(SharesHook) as Arc<dyn Hook>,
+                HookSettings::default(),
+            )])
+        } else {
+            Pipeline::new()
+        };
+        let (running, sock, _) = start_proxy(&dir, &fake.sock, pipeline).await;
+        // a newer kubelet's request: a field (number 99) qoslet's CRI proto does not have
+        let mut msg = create_request().encode_to_vec();
+        let unknown = unknown_field(99, b"from-a-newer-kubelet");
+        msg.extend_from_slice(&unknown);
+        let mut c = RawClient::connect(&sock).await.unwrap();
+        let resp = c.call(CREATE, &[], frame(&msg)).await.unwrap();
+        assert_eq!(resp.grpc_status(), Some((0, String::new())));
+        assert_eq!(
+            cri::CreateContainerResponse::decode(resp.message())
+                .unwrap()
+                .container_id,
+            "ctr-1"
+        );
+
+        let seen = fake.seen_on(CREATE);
+        assert_eq!(seen.len(), 1);
+        let body = &seen[0].body;
+        assert_eq!(
+            u32::from_be_bytes(body[1..5].try_into().unwrap()) as usize,
+            body.len() - 5,
+            "frame length matches"
+        );
+        let got = &body[5..];
+        assert!(
+            got.windows(unknown.len()).any(|w| w == unknown.as_slice()),
+            "unknown field 99 reached the backend (patched={patched})"
+        );
+        assert!(
+            got.starts_with(&msg),
+            "the original bytes come first, unchanged"
+        );
+        let decoded = cri::CreateContainerRequest::decode(got).unwrap();
+        let shares = decoded.config.unwrap().linux.unwrap().resources.unwrap();
+        if patched {
+            assert_eq!(
+                (shares.cpu_shares, shares.cpu_quota),
+                (512, 50_000),
+                "patch merged, other fields kept"
+            );
+            assert!(got.len() > msg.len());
+        } else {
+            assert_eq!(got, &msg[..], "no hook: byte-identical");
+        }
+        // the store recorded what kubelet asked for (not the patched value)
+        assert_eq!(
+            running
+                .store
+                .container("ctr-1")
+                .unwrap()
+                .requested
+                .unwrap()
+                .cpu_shares,
+            2
+        );
+        running.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn unknown_methods_metadata_deadline_and_statuses_pass_through() {
+    let dir = scratch("passthrough");
+    let fake = FakeBackend::start(&dir.join("backend.sock"), |s| match s.path.as_str() {
+        "/runtime.v1.RuntimeService/UpdatePodSandboxResources" => {
+            Reply::ok(b"\x0a\x03new-response-bytes")
+        }
+        "/runtime.v1.RuntimeService/ContainerStatus" => Reply::status(
+            5,
+            "container \"abc\" not found",
+            &[
+                ("grpc-status-details-bin", "CAUSAgMEBQ"),
+                ("x-extra", "kept"),
+            ],
+        ),
+        "/some.future.Service/Method" => Reply::ok(b"future"),
+        _ => Reply::status(12, "unexpected", &[]),
+    })
+    .await;
+    let (running, sock, _) = start_proxy(&dir, &fake.sock, Pipeline::new()).await;
+    let mut c = RawClient::connect(&sock).await.unwrap();
+
+    // a method qoslet's CRI proto does not have
+    let body = frame(b"\x0a\x05pod-1\xfa\x06\x02zz");
+    let r = c
+        .call(
+            "/runtime.v1.RuntimeService/UpdatePodSandboxResources",
+            &[("x-trace-id", "t-123"), ("grpc-timeout", "4S")],
+            body.clone(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.grpc_status(), Some((0, String::new())));
+    assert_eq!(&r.body[..], &frame(b"\x0a\x03new-response-bytes")[..]);
+    assert_eq!(
+        r.headers.get("x-backend").unwrap(),
+        "fake",
+        "response headers come back"
+    );
+    let seen = &fake.seen_on("/runtime.v1.RuntimeService/UpdatePodSandboxResources")[0];
+    assert_eq!(seen.body, body, "request bytes unchanged");
+    assert_eq!(
+        seen.headers.get("x-trace-id").unwrap(),
+        "t-123",
+        "metadata forwarded"
+    );
+    assert_eq!(
+        seen.headers.get("grpc-timeout").unwrap(),
+        "4S",
+        "deadline forwarded"
+    );
+    assert_eq!(
+        seen.headers.get("content-type").unwrap(),
+        "application/grpc"
+    );
+
+    // an unknown service entirely
+    let r = c
+        .call("/some.future.Service/Method", &[], frame(b"q"))
+        .await
+        .unwrap();
+    assert_eq!(&r.body[..], &frame(b"future")[..]);
+
+    // an error status comes back with code, message and details unchanged
+    let r = c
+        .call(
+            "/runtime.v1.RuntimeService/ContainerStatus",
+            &[],
+            frame(
+                &cri::ContainerStatusRequest {
+                    container_id: "abc".into(),
+                    verbose: false,
+                }
+                .encode_to_vec(),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        r.grpc_status(),
+        Some((5, "container \"abc\" not found".into()))
+    );
+    let t = r.trailers.expect("trailers");
+    assert_eq!(t.get("grpc-status-details-bin").unwrap(), "CAUSAgMEBQ");
+    assert_eq!(t.get("x-extra").unwrap(), "kept");
+
+    // the same through an intercepted method (decoded path): the status is the backend's
+    let r = c
+        .call(
+            "/runtime.v1.RuntimeService/StartContainer",
+            &[],
+            frame(
+                &cri::StartContainerRequest {
+                    container_id: "x".into(),
+                }
+                .encode_to_vec(),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.grpc_status(), Some((12, "unexpected".into())));
+    running.shutdown().await;
+}
+
+#[tokio::test]
+async fn concurrent_calls_do_not_serialize() {
+    let dir = scratch("concurrency");
+    let fake = FakeBackend::start(&dir.join("backend.sock"), |_| {
+        Reply::ok(
+            &cri::VersionResponse {
+                version: "0.1.0".into(),
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        )
+        .delayed(Duration::from_millis(400))
+    })
+    .await;
+    let (running, sock, _) = start_proxy(&dir, &fake.sock, Pipeline::new()).await;
+    let t0 = Instant::now();
+    let mut tasks = vec![];
+    for i in 0..32 {
+        let sock = sock.clone();
+        tasks.push(tokio::spawn(async move {
+            // half on one shared connection pattern (tonic multiplexes), half on separate connections
+            let mut c = RawClient::connect(&sock).await.unwrap();
+            let path = if i % 2 == 0 {
+                "/runtime.v1.RuntimeService/Version"
+            } else {
+                "/runtime.v1.RuntimeService/StartContainer"
+            };
+            c.call(path, &[], frame(&[])).await.unwrap().grpc_status()
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap().map(|s| s.0), Some(0));
+    }
+    let took = t0.elapsed();
+    // 32 calls x 400 ms would take 12.8 s if serialized
+    assert!(
+        took < Duration::from_millis(2500),
+        "32 concurrent 400 ms calls took {took:?}"
+    );
+    running.shutdown().await;
+}
+
+#[tokio::test]
+async fn server_streams_flow_through_as_they_come() {
+    let dir = scratch("stream");
+    let fake = FakeBackend::start(&dir.join("backend.sock"), |_| Reply {
+        chunks: (0..3)
+            .map(|i| {
+                (
+                    Duration::from_millis(300),
+                    frame(format!("event-{i}").as_bytes()),
+                )
+            })
+            .collect(),
+        trailers: {
+            let mut m = http::HeaderMap::new();
+            m.insert("grpc-status", "0".parse().unwrap());
+            m
+        },
+        ..Default::default()
+    })
+    .await;
+    let (running, sock, _) = start_proxy(&dir, &fake.sock, Pipeline::new()).await;
+    // watch arrival times through a streaming client
+    let io = tokio::net::UnixStream::connect(&sock).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(io),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::post("http://localhost/runtime.v1.RuntimeService/GetContainerEvents")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(http_body_util::Full::new(frame(&[])))
+        .unwrap();
+    let t0 = Instant::now();
+    let resp = sender.send_request(req).await.unwrap();
+    let mut body = resp.into_body();
+    use http_body_util::BodyExt;
+    let mut arrivals = vec![];
+    let mut trailers = None;
+    while let Some(f) = body.frame().await {
+        let f = f.unwrap();
+        if f.is_data() {
+            arrivals.push(t0.elapsed());
+        } else {
+            trailers = f.into_trailers().ok();
+        }
+    }
+    assert_eq!(arrivals.len(), 3);
+    assert!(
+        arrivals[0] < Duration::from_millis(700),
+        "first event arrived at {:?}, not buffered",
+        arrivals[0]
+    );
+    assert!(
+        arrivals[2] - arrivals[0] > Duration::from_millis(400),
+        "events spread over time: {arrivals:?}"
+    );
+    assert_eq!(trailers.unwrap().get("grpc-status").unwrap(), "0");
+    running.shutdown().await;
+}
+
+#[tokio::test]
+async fn oversized_messages_are_refused_both_ways_and_the_proxy_keeps_serving() {
+    let dir = scratch("oversized");
+    let big = vec![b'x'; (16 << 20) + 1];
+    let big_reply = frame(&big);
+    let fake = FakeBackend::start(&dir.join("backend.sock"), move |s| match s.path.as_str() {
+        "/runtime.v1.RuntimeService/ExecSync" => Reply {
+            chunks: vec![(Duration::ZERO, big_reply.clone())],
+            trailers: Default::default(),
+            ..Default::default()
+        },
+        _ => Reply::ok(b""),
+    })
+    .await;
+    let (running, sock, _) = start_proxy(&dir, &fake.sock, Pipeline::new()).await;
+    let mut c = RawClient::connect(&sock).await.unwrap();
+    for path in ["/runtime.v1.RuntimeService/Version", CREATE] {
+        let r = c.call(path, &[], frame(&big)).await.unwrap();
+        assert_eq!(
+            r.grpc_status().map(|s| s.0),
+            Some(8),
+            "{path}: RESOURCE_EXHAUSTED"
+        );
+        assert!(
+            fake.seen_on(path).is_empty(),
+            "{path}: nothing reached the backend"
+        );
+    }
+    // an oversized response from the runtime
+    let r = c
+        .call("/runtime.v1.RuntimeService/ExecSync", &[], frame(b""))
+        .await
+        .unwrap();
+    assert_eq!(r.grpc_status().map(|s| s.0), Some(8));
+    assert!(r.body.len() < 1024);
+    // 16 MiB exactly is fine
+    let ok = vec![b'y'; 16 << 20];
+    let r = c
+        .call("/runtime.v1.RuntimeService/Version", &[], frame(&ok))
+        .await
+        .unwrap();
+    assert_eq!(r.grpc_status().map(|s| s.0), Some(0));
+    assert_eq!(
+        fake.seen_on("/runtime.v1.RuntimeService/Version")[0]
+            .body
+            .len(),
+        ok.len() + 5
+    );
+    assert_eq!(
+        running
+            .stats
+            .oversized_messages
+            .load(std::sync::atomic::Ordering::Relaxed),
+        3
+    );
+    running.shutdown().await;
+    let _ = Bytes::new();
+}
+
+#[tokio::test]
+async fn undecodable_intercepted_request_is_forwarded_unchanged() {
+    let dir = scratch("undecodable");
+    let fake = FakeBackend::start(&dir.join("backend.sock"), |_| {
+        Reply::status(3, "runtime says invalid", &[])
+    })
+    .await;
+    let pipeline = Pipeline::with_hooks(vec![(
+        Arc::new(SharesHook) as Arc<dyn Hook>,
+        HookSettings {
+            timeout: Duration::from_secs(1),
+            policy: FailurePolicy::FailClosed,
+        },
+    )]);
+    let (running, sock, _) = start_proxy(&dir, &fake.sock, pipeline).await;
+    let mut c = RawClient::connect(&sock).await.unwrap();
+    let garbage = frame(b"\xff\xff\xff\xff\x0f");
+    let r = c.call(CREATE, &[], garbage.clone()).await.unwrap();
+    assert_eq!(
+        r.grpc_status(),
+        Some((3, "runtime says invalid".into())),
+        "the runtime's own answer"
+    );
+    assert_eq!(fake.seen_on(CREATE)[0].body, garbage);
+    assert_eq!(
+        running
+            .stats
+            .undecodable_messages
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    running.shutdown().await;
+}
