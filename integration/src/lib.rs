@@ -11,6 +11,7 @@
 pub mod fake;
 pub mod process;
 pub mod raw;
+pub mod registry;
 pub mod testbed;
 
 use std::path::Path;
