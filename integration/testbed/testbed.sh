@@ -187,9 +187,9 @@ down() {
   for pid in $(pgrep -f -- "-address $SOCK\$" || true); do kill -9 "$pid" 2>/dev/null || true; done
   for pid in $(pgrep -f -- "-address $SOCK " || true); do kill -9 "$pid" 2>/dev/null || true; done
   for f in "$ROOT"/state/io.containerd.runtime.v2.task/*/*/address; do
-    [ -f "$f" ] && a=$(cat "$f") && rm -f "${a#unix://}"
+    if [ -f "$f" ]; then a=$(cat "$f"); rm -f "${a#unix://}"; fi
   done
-  grep -o " $ROOT/[^ ]*" /proc/self/mountinfo | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
+  { grep -o " $ROOT/[^ ]*" /proc/self/mountinfo || true; } | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
   clean_cgroups
   rm -f "$SOCK" "$SOCK.ttrpc" "$ROOT/nri.sock"
   log "down ($INSTANCE)"

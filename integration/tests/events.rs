@@ -1,0 +1,96 @@
+//! GetContainerEvents streams through qoslet (real containerd 1.7, which
+//! implements it; needs `CONTAINERD=1.7 INSTANCE=ctd17 testbed.sh up`).
+
+use std::time::Duration;
+
+use k8s_cri::v1 as cri;
+use qoslet_integration::process::QosletProcess;
+use qoslet_integration::testbed::{self, container_config, pod_config, Cri, Testbed, SLEEP_LOOP};
+use qoslet_integration::{scratch, unique};
+use tokio_stream::StreamExt;
+
+#[tokio::test]
+async fn real_containerd17_container_events_stream_through_qoslet() {
+    let tb = Testbed::ctd17();
+    let dir = scratch("events");
+    let q = QosletProcess::start(&dir, &tb.sock);
+    let mut via = Cri::connect(&q.sock).await;
+    // containerd sends the response headers with the first event, so the call runs in its own task
+    // (as in kubelet, whose client does not wait for headers)
+    let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+    let mut client = via.rt.clone();
+    let stream_task = tokio::spawn(async move {
+        let mut s = client
+            .get_container_events(cri::GetEventsRequest {})
+            .await
+            .expect("GetContainerEvents through qoslet")
+            .into_inner();
+        while let Some(ev) = s.next().await {
+            if tx.send(ev).is_err() {
+                return; // the test dropped the receiver: end the stream from the client side
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await; // let containerd register the subscriber
+
+    let name = unique("events");
+    let cgp = tb.cgroup_parent(&name);
+    let pod_cfg = pod_config(&name, &cgp);
+    let pod = via.run_pod(&pod_cfg).await.unwrap();
+    let ctr = via
+        .create(&pod, &pod_cfg, container_config("work", SLEEP_LOOP, None))
+        .await
+        .unwrap();
+    via.start(&ctr).await.unwrap();
+    via.rt
+        .stop_container(cri::StopContainerRequest {
+            container_id: ctr.clone(),
+            timeout: 5,
+        })
+        .await
+        .unwrap();
+    via.rt
+        .remove_container(cri::RemoveContainerRequest {
+            container_id: ctr.clone(),
+        })
+        .await
+        .unwrap();
+
+    let mut seen = vec![];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while !seen.contains(&cri::ContainerEventType::ContainerDeletedEvent) {
+        let ev = tokio::time::timeout_at(deadline, events.recv())
+            .await
+            .unwrap_or_else(|_| panic!("events for {ctr} so far: {seen:?}"))
+            .expect("stream open")
+            .expect("event");
+        if ev.container_id == ctr {
+            seen.push(cri::ContainerEventType::try_from(ev.container_event_type).unwrap());
+        }
+    }
+    use cri::ContainerEventType::*;
+    for want in [
+        ContainerCreatedEvent,
+        ContainerStartedEvent,
+        ContainerStoppedEvent,
+        ContainerDeletedEvent,
+    ] {
+        assert!(seen.contains(&want), "missing {want:?} in {seen:?}");
+    }
+    let pos = |e| seen.iter().position(|x| *x == e).unwrap();
+    assert!(
+        pos(ContainerCreatedEvent) < pos(ContainerStartedEvent)
+            && pos(ContainerStartedEvent) < pos(ContainerStoppedEvent)
+    );
+    drop(events);
+    // the client ends the stream; qoslet must not hold anything for it
+    stream_task.abort();
+    let _ = stream_task.await;
+    via.remove_pod(&pod).await;
+    testbed::remove_cgroup_dirs(&cgp);
+    // qoslet still serves after the client went away
+    via.rt
+        .version(cri::VersionRequest::default())
+        .await
+        .unwrap();
+}
