@@ -176,10 +176,13 @@ impl Checkpoint {
         min_interval: Duration,
     ) {
         loop {
-            let stop = tokio::select! {
-                _ = store.changed() => false,
-                _ = shutdown.changed() => true,
-            };
+            // decide first, snapshot after: a change made before shutdown is always in the last write
+            let already = *shutdown.borrow();
+            let stop = already
+                || tokio::select! {
+                    _ = store.changed() => false,
+                    _ = shutdown.changed() => true,
+                };
             if !stop {
                 tokio::time::sleep(min_interval).await; // let a burst of changes coalesce
             }
@@ -191,7 +194,7 @@ impl Checkpoint {
                 Ok(Err(e)) => warn!(error = %e, "checkpoint not written"),
                 Err(e) => warn!(error = %e, "checkpoint task failed"),
             }
-            if stop || *shutdown.borrow() {
+            if stop {
                 info!(path = %self.path().display(), "final checkpoint written");
                 return;
             }

@@ -43,8 +43,10 @@ macro_rules! hook_points {
             }
         }
 
-        /// A decoded request of an intercepted call.
+        /// A decoded request of an intercepted call. (Not boxed: one lives per call,
+        /// and hooks build patches of it by value.)
         #[derive(Debug, Clone, PartialEq)]
+        #[allow(clippy::large_enum_variant)]
         pub enum CriRequest { $($point(cri::$req),)* }
 
         impl CriRequest {
@@ -64,6 +66,7 @@ macro_rules! hook_points {
 
         /// A decoded response of an intercepted call.
         #[derive(Debug, Clone, PartialEq)]
+        #[allow(clippy::large_enum_variant)]
         pub enum CriResponse { $($point(cri::$resp),)* }
     };
 }

@@ -121,7 +121,7 @@ impl Forwarder {
             }
             Route::Intercept(point) => {
                 self.stats.calls_intercepted.fetch_add(1, Ordering::Relaxed);
-                self.intercept(point, req).await
+                Box::pin(self.intercept(point, req)).await
             }
             Route::Events => {
                 self.stats.calls_passthrough.fetch_add(1, Ordering::Relaxed);
@@ -142,45 +142,24 @@ impl Forwarder {
         }
     }
 
-    /// Forwards a request as bytes. For CRI services (whose requests are unary)
-    /// the first frame header is checked before anything is sent, so an oversized
-    /// request gets a clean RESOURCE_EXHAUSTED; other bodies are limited as they stream.
+    /// Forwards a request as bytes, never decoding it. CRI requests are unary,
+    /// so their (small) body is read whole first: the size limit is checked on the
+    /// frame header before anything is sent, and the backend gets headers and
+    /// message in one write. Other services' bodies stream through, limited as
+    /// they go.
     async fn passthrough(&self, req: Request<Incoming>) -> Response<Body> {
-        let (parts, mut body) = req.into_parts();
+        let (parts, body) = req.into_parts();
         let limit = self.max_message;
-        let stats = self.stats.clone();
-        let count = move || {
-            stats.oversized_messages.fetch_add(1, Ordering::Relaxed);
-        };
         let body = if parts.uri.path().starts_with("/runtime.v1.") {
-            let mut head = BytesMut::new();
-            let mut trailers = None;
-            while head.len() < FRAME_HEADER && trailers.is_none() {
-                match body.frame().await {
-                    Some(Ok(f)) => match f.into_data() {
-                        Ok(d) => head.extend_from_slice(&d),
-                        Err(f) => trailers = f.into_trailers().ok(),
-                    },
-                    Some(Err(e)) => {
-                        return status_response(Status::cancelled(format!(
-                            "qoslet: reading request: {e}"
-                        )))
-                    }
-                    None => break,
-                }
+            match self.read_unary(body).await {
+                Ok(bytes) => Body::new(Full::new(bytes)),
+                Err(resp) => return resp,
             }
-            if let Some(h) = parse_header(&head) {
-                if h.len > limit {
-                    count();
-                    return status_response(too_large(h.len, limit));
-                }
-            }
-            let first = futures_frames(head.freeze(), trailers);
-            let rest = http_body_util::BodyStream::new(body);
-            let stream = tokio_stream::StreamExt::chain(first, rest);
-            Body::new(FrameLimit::request(StreamBody::new(stream), limit).on_violation(count))
         } else {
-            Body::new(FrameLimit::request(body, limit).on_violation(count))
+            let stats = self.stats.clone();
+            Body::new(FrameLimit::request(body, limit).on_violation(move || {
+                stats.oversized_messages.fetch_add(1, Ordering::Relaxed);
+            }))
         };
         match self.send(parts, body).await {
             Ok(resp) => {
@@ -193,6 +172,46 @@ impl Forwarder {
             }
             Err(status) => status_response(status),
         }
+    }
+
+    /// Reads a unary request body. Refuses (RESOURCE_EXHAUSTED) as soon as the
+    /// frame header announces more than the limit, or the body outgrows it.
+    async fn read_unary(&self, mut body: Incoming) -> Result<Bytes, Response<Body>> {
+        let limit = self.max_message;
+        let mut buf = BytesMut::new();
+        let mut first: Option<Bytes> = None;
+        loop {
+            match body.frame().await {
+                Some(Ok(f)) => {
+                    let Ok(d) = f.into_data() else { continue };
+                    if first.is_none() && buf.is_empty() {
+                        first = Some(d); // the common case: one chunk, no copy
+                    } else {
+                        if let Some(f) = first.take() {
+                            buf.extend_from_slice(&f);
+                        }
+                        buf.extend_from_slice(&d);
+                    }
+                }
+                Some(Err(e)) => {
+                    return Err(status_response(Status::cancelled(format!(
+                        "qoslet: reading request: {e}"
+                    ))))
+                }
+                None => break,
+            }
+            let seen = first.as_deref().unwrap_or(&buf);
+            let oversized = parse_header(seen).map(|h| h.len > limit).unwrap_or(false)
+                || seen.len() > limit + FRAME_HEADER;
+            if oversized {
+                self.stats
+                    .oversized_messages
+                    .fetch_add(1, Ordering::Relaxed);
+                let len = parse_header(seen).map(|h| h.len).unwrap_or(seen.len());
+                return Err(status_response(too_large(len, limit)));
+            }
+        }
+        Ok(first.unwrap_or_else(|| buf.freeze()))
     }
 
     /// Sends a request to the backend with the original method, path, headers
@@ -244,26 +263,10 @@ impl Forwarder {
     async fn intercept(&self, point: HookPoint, req: Request<Incoming>) -> Response<Body> {
         let (mut parts, body) = req.into_parts();
         let limit = self.max_message;
-        let bytes = match Limited::new(body, limit + FRAME_HEADER).collect().await {
-            Ok(c) => c.to_bytes(),
-            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-                self.stats
-                    .oversized_messages
-                    .fetch_add(1, Ordering::Relaxed);
-                return status_response(too_large(limit + 1, limit));
-            }
-            Err(e) => {
-                return status_response(Status::cancelled(format!("qoslet: reading request: {e}")))
-            }
+        let bytes = match self.read_unary(body).await {
+            Ok(b) => b,
+            Err(resp) => return resp,
         };
-        if let Some(h) = parse_header(&bytes) {
-            if h.len > limit {
-                self.stats
-                    .oversized_messages
-                    .fetch_add(1, Ordering::Relaxed);
-                return status_response(too_large(h.len, limit));
-            }
-        }
         let original = match split_unary(&bytes) {
             Unary::Message(m) => point.decode_request(m).map_err(|e| e.to_string()),
             Unary::Opaque => Err("not a single uncompressed message".to_string()),
@@ -362,17 +365,6 @@ fn frames(data: Bytes, trailers: Option<HeaderMap>) -> Vec<Result<Frame<Bytes>, 
         v.push(Ok(Frame::trailers(t)));
     }
     v
-}
-
-fn futures_frames(
-    head: Bytes,
-    trailers: Option<HeaderMap>,
-) -> tokio_stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, hyper::Error>>> {
-    let v: Vec<Result<Frame<Bytes>, hyper::Error>> = frames(head, trailers)
-        .into_iter()
-        .map(|r| r.map_err(|n| match n {}))
-        .collect();
-    tokio_stream::iter(v)
 }
 
 /// Records a successful intercepted call in the store.

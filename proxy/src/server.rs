@@ -21,6 +21,13 @@ use crate::forward::{Forwarder, ProxyStats};
 use crate::pipeline::Pipeline;
 use crate::store::{Snapshot, Store};
 
+type BoxedResponse = std::pin::Pin<
+    Box<
+        dyn std::future::Future<Output = Result<http::Response<tonic::body::Body>, Infallible>>
+            + Send,
+    >,
+>;
+
 /// Settings of the proxy (the binary fills them from flags and the config file).
 #[derive(Debug, Clone)]
 pub struct ProxyConfig {
@@ -218,9 +225,13 @@ async fn serve_proxy(
             _ = stopped(&mut shutdown) => break,
         };
         let fwd = fwd.clone();
+        // the handler future is boxed: hyper spawns one task per stream, and a
+        // large inline future would be copied on every spawn and poll
         let svc = hyper::service::service_fn(move |req| {
             let fwd = fwd.clone();
-            async move { Ok::<_, Infallible>(fwd.handle(req).await) }
+            let fut: BoxedResponse =
+                Box::pin(async move { Ok::<_, Infallible>(fwd.handle(req).await) });
+            fut
         });
         let conn =
             graceful.watch(builder.serve_connection(TokioIo::new(AuthorityFix::new(stream)), svc));

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The main job, end to end on this machine: a real containerd with qoslet in front of it,
+# a latency-sensitive (LS) and a best-effort (BE) pod run through qoslet the way kubelet
+# would, and what qoslet saw and did. Needs root. Installs what is missing.
+#   integration/demo.sh          run the demo, then remove the pods (containerd stays up)
+#   KEEP=1 integration/demo.sh   leave qoslet and the pods running to look around
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ "$(id -u)" = 0 ] || { echo "demo.sh needs root" >&2; exit 1; }
+export QOSLET_TESTBED=${QOSLET_TESTBED:-/tmp/qoslet-testbed}
+WORK=$QOSLET_TESTBED
+TB=integration/testbed/testbed.sh
+say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+
+say "installing and starting a private containerd 1.6 + runc"
+$TB up | sed 's/^/  /'
+say "building qoslet"
+cargo build --workspace --bins --locked 2>&1 | tail -1
+
+D=$WORK/demo; mkdir -p "$D"
+QSOCK=$D/qoslet.sock; ASOCK=$D/admin.sock
+pkill -f "qoslet proxy --listen unix://$QSOCK" 2>/dev/null || true; sleep 0.2
+say "starting qoslet in front of containerd (kubelet would use --container-runtime-endpoint=unix://$QSOCK)"
+target/debug/qoslet proxy --listen "unix://$QSOCK" --admin-listen "unix://$ASOCK" \
+  --runtime-endpoint "unix://$WORK/main/containerd.sock" --state-dir "$D/state" 2>"$D/qoslet.log" &
+QPID=$!
+for _ in $(seq 1 100); do [ -S "$ASOCK" ] && break; sleep 0.05; done
+GRPCURL=$WORK/bin/grpcurl
+. integration/scripts/lib.sh
+echo "  qoslet pid $QPID; services on its socket (from qoslet's reflection, no .proto file):"
+"$GRPCURL" -plaintext -unix "$QSOCK" list | sed 's/^/    /'
+echo "  runtime behind it: $(rt Version '{}' | jq -c .)"
+
+run() { # name class cgroup-parent resources
+  local pod sb c
+  pod=$(pod_json "$1" "uid-$1" "$3" "{\"app\":\"$1\",\"koordinator.sh/qosClass\":\"$2\"}")
+  sb=$(rt RunPodSandbox "{\"config\":$pod}" | jq -r .podSandboxId)
+  c=$(rt CreateContainer "$(ctr_json "$sb" "$pod" main "$4")" | jq -r .containerId)
+  rt StartContainer "{\"container_id\":\"$c\"}" >/dev/null
+  echo "$sb $c"
+}
+say "an LS pod (Burstable: 1 core limit, 1024 shares, 256 MiB) and a BE pod (BestEffort) through qoslet"
+read -r LS_SB LS_C < <(run demo-ls LS /qoslet-test/demo/kubepods/burstable/poddemo-ls \
+  '{"cpu_period":100000,"cpu_quota":100000,"cpu_shares":1024,"memory_limit_in_bytes":268435456}')
+read -r BE_SB BE_C < <(run demo-be BE /qoslet-test/demo/kubepods/besteffort/poddemo-be '{"cpu_shares":2}')
+for x in "LS /qoslet-test/demo/kubepods/burstable/poddemo-ls/$LS_C" "BE /qoslet-test/demo/kubepods/besteffort/poddemo-be/$BE_C"; do
+  set -- $x
+  echo "  $1 container cgroup $2:"
+  echo "    cpu.shares=$(cat /sys/fs/cgroup/cpu$2/cpu.shares) cpu.cfs_quota_us=$(cat /sys/fs/cgroup/cpu$2/cpu.cfs_quota_us) memory.limit_in_bytes=$(cat /sys/fs/cgroup/memory$2/memory.limit_in_bytes)"
+done
+
+say "what qoslet knows: qoslet pods (its store, checkpointed to $D/state)"
+target/debug/qoslet pods --admin "unix://$ASOCK" -n default | sed 's/^/  /'
+say "qoslet status"
+target/debug/qoslet status --admin "unix://$ASOCK" | sed 's/^/  /'
+
+if [ "${KEEP:-0}" = 1 ]; then
+  say "KEEP=1: qoslet (pid $QPID) and both pods stay up; stop with: kill $QPID; $TB down"
+  exit 0
+fi
+say "stopping and removing both pods through qoslet"
+for sb in "$LS_SB" "$BE_SB"; do
+  rt StopPodSandbox "{\"pod_sandbox_id\":\"$sb\"}" >/dev/null
+  rt RemovePodSandbox "{\"pod_sandbox_id\":\"$sb\"}" >/dev/null
+done
+for p in /qoslet-test/demo/kubepods/burstable/poddemo-ls /qoslet-test/demo/kubepods/besteffort/poddemo-be; do rm_cgroup_dirs "$p"; done
+echo "  store now holds: $(target/debug/qoslet pods --admin "unix://$ASOCK" --json | jq 'map(select(.namespace=="default")) | length') demo pods"
+kill -TERM "$QPID"; wait "$QPID" && echo "  qoslet drained and exited 0 on SIGTERM (log: $D/qoslet.log)"
+echo "  containerd stays up for another run; stop it with: $TB down"

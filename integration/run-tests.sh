@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# qoslet's whole test suite, as CI runs it: unit tests, then end-to-end tests against a
+# real containerd 1.6 + runc and containerd 1.7 (Debian packages), then a grpcurl smoke
+# run through a real qoslet process. Needs root (cgroups, containerd) and Rust.
+# Installs what is missing (apt: containerd runc jq protobuf-compiler; PyPI: grpcurl),
+# starts the containerds on private sockets, and tears them down at the end.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ "$(id -u)" = 0 ] || { echo "run-tests.sh needs root (real cgroups and containerd)" >&2; exit 1; }
+TB=integration/testbed/testbed.sh
+export QOSLET_TESTBED=${QOSLET_TESTBED:-/tmp/qoslet-testbed}
+t0=$(date +%s)
+lap() { echo "=== [$(( $(date +%s) - t0 ))s] $*"; }
+
+lap "install test bed dependencies"
+$TB install
+CONTAINERD=1.7 INSTANCE=ctd17 $TB install
+
+cleanup() {
+  lap "tear down"
+  [ -n "${QPID:-}" ] && kill "$QPID" 2>/dev/null || true
+  $TB down || true
+  CONTAINERD=1.7 INSTANCE=ctd17 $TB down || true
+  INSTANCE=restart CONTAINERD=1.7 $TB down >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+
+lap "build (workspace, debug)"
+cargo build --workspace --bins --tests --locked
+
+lap "start containerd 1.6 (main) and 1.7 (ctd17)"
+$TB up >/dev/null
+CONTAINERD=1.7 INSTANCE=ctd17 $TB up >/dev/null
+
+lap "cargo test --workspace"
+cargo test --workspace --locked
+
+lap "grpcurl smoke through a qoslet process"
+D=$QOSLET_TESTBED/smoke-run; rm -rf "$D"; mkdir -p "$D"
+target/debug/qoslet proxy --listen "unix://$D/qoslet.sock" --admin-listen "unix://$D/admin.sock" \
+  --runtime-endpoint "unix://$QOSLET_TESTBED/main/containerd.sock" --state-dir "$D/state" 2>"$D/qoslet.log" &
+QPID=$!
+for _ in $(seq 1 100); do [ -S "$D/admin.sock" ] && break; sleep 0.05; done
+GRPCURL=$QOSLET_TESTBED/bin/grpcurl integration/scripts/grpcurl-smoke.sh "$D/qoslet.sock" "$D/admin.sock"
+kill -TERM "$QPID"; wait "$QPID"; rc=$?; QPID=
+[ "$rc" = 0 ] || { echo "qoslet exited $rc after SIGTERM" >&2; exit 1; }
+
+lap "all tests passed"

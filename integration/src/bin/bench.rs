@@ -1,0 +1,275 @@
+//! qoslet's proxy benchmark against the real containerd: latency of Version,
+//! ListContainers (with 50+ containers), ContainerStatus and a full pod
+//! lifecycle, through qoslet vs. directly to containerd, interleaved in one run;
+//! then qoslet's RSS idle and across many pod lifecycles.
+//!
+//! Needs root and the test bed (`integration/testbed/testbed.sh up`). Run:
+//!   cargo run --release -p qoslet-integration --bin bench -- [--quick] [--lifecycles N]
+
+use std::time::{Duration, Instant};
+
+use k8s_cri::v1 as cri;
+use qoslet_integration::process::QosletProcess;
+use qoslet_integration::testbed::{self, container_config, pod_config, Cri, Testbed, SLEEP_LOOP};
+use qoslet_integration::{scratch, unique};
+
+struct Samples(Vec<Duration>);
+
+impl Samples {
+    fn pct(&self, p: f64) -> Duration {
+        let mut v = self.0.clone();
+        v.sort();
+        v[((v.len() as f64 - 1.0) * p).round() as usize]
+    }
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+fn report(name: &str, direct: &Samples, via: &Samples, target: f64) {
+    let (d50, v50, d99, v99) = (
+        direct.pct(0.5),
+        via.pct(0.5),
+        direct.pct(0.99),
+        via.pct(0.99),
+    );
+    println!(
+        "{name:<22} n={:<5} direct p50 {:>9.1} us  p99 {:>9.1} us | qoslet p50 {:>9.1} us  p99 {:>9.1} us | ratio p50 {:.3}x  p99 {:.3}x  (target <= {target:.2}x)",
+        direct.0.len(),
+        us(d50),
+        us(d99),
+        us(v50),
+        us(v99),
+        us(v50) / us(d50),
+        us(v99) / us(d99)
+    );
+}
+
+/// Runs `f` on both clients `n` times, alternating which goes first.
+async fn interleaved<F, Fut>(n: usize, direct: &Cri, via: &Cri, mut f: F) -> (Samples, Samples)
+where
+    F: FnMut(Cri) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let (mut d, mut v) = (vec![], vec![]);
+    for i in 0..n {
+        let order = if i % 2 == 0 {
+            [true, false]
+        } else {
+            [false, true]
+        };
+        for is_direct in order {
+            let c = if is_direct {
+                direct.clone()
+            } else {
+                via.clone()
+            };
+            let t = Instant::now();
+            f(c).await;
+            if is_direct {
+                d.push(t.elapsed())
+            } else {
+                v.push(t.elapsed())
+            }
+        }
+    }
+    (Samples(d), Samples(v))
+}
+
+async fn lifecycle(mut c: Cri, tb: &Testbed, tag: &str) {
+    let name = unique(tag);
+    let cgp = tb.cgroup_parent(&name);
+    let cfg = pod_config(&name, &cgp);
+    let pod = c.run_pod(&cfg).await.expect("RunPodSandbox");
+    let res = cri::LinuxContainerResources {
+        cpu_period: 100_000,
+        cpu_quota: 50_000,
+        cpu_shares: 512,
+        memory_limit_in_bytes: 64 << 20,
+        ..Default::default()
+    };
+    let ctr = c
+        .create(&pod, &cfg, container_config("app", SLEEP_LOOP, Some(res)))
+        .await
+        .expect("CreateContainer");
+    c.start(&ctr).await.expect("StartContainer");
+    c.status(&ctr).await.expect("ContainerStatus");
+    c.rt.stop_container(cri::StopContainerRequest {
+        container_id: ctr.clone(),
+        timeout: 5,
+    })
+    .await
+    .expect("StopContainer");
+    c.rt.remove_container(cri::RemoveContainerRequest { container_id: ctr })
+        .await
+        .expect("RemoveContainer");
+    c.rt.stop_pod_sandbox(cri::StopPodSandboxRequest {
+        pod_sandbox_id: pod.clone(),
+    })
+    .await
+    .expect("StopPodSandbox");
+    c.rt.remove_pod_sandbox(cri::RemovePodSandboxRequest {
+        pod_sandbox_id: pod,
+    })
+    .await
+    .expect("RemovePodSandbox");
+    testbed::remove_cgroup_dirs(&cgp);
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let lifecycles: usize = args
+        .iter()
+        .position(|a| a == "--lifecycles")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if quick { 50 } else { 1000 });
+    let scale = if quick { 5 } else { 1 };
+    if let Some(i) = args.iter().position(|a| a == "--loop") {
+        // diagnostic: N sequential Version calls on SOCK, for CPU accounting from outside
+        let (sock, n): (&str, usize) = (&args[i + 1], args[i + 2].parse().unwrap());
+        let mut c = Cri::connect(sock).await;
+        let t = Instant::now();
+        for _ in 0..n {
+            c.rt.version(cri::VersionRequest::default()).await.unwrap();
+        }
+        println!(
+            "{n} Version calls on {sock}: {:.1} us each",
+            t.elapsed().as_secs_f64() * 1e6 / n as f64
+        );
+        return;
+    }
+
+    let tb = Testbed::main();
+    let dir = scratch("bench");
+    // the floor any proxy pays on this machine: a byte relay (no HTTP/2 at all) between
+    // the client and containerd, one extra unix-socket hop each way
+    let relay = dir.join("relay.sock");
+    let listener = tokio::net::UnixListener::bind(&relay).unwrap();
+    let backend = tb.sock.clone();
+    tokio::spawn(async move {
+        while let Ok((mut a, _)) = listener.accept().await {
+            let backend = backend.clone();
+            tokio::spawn(async move {
+                if let Ok(mut b) = tokio::net::UnixStream::connect(&backend).await {
+                    let _ = tokio::io::copy_bidirectional(&mut a, &mut b).await;
+                }
+            });
+        }
+    });
+    let q = QosletProcess::start(&dir, &tb.sock);
+    let direct = Cri::connect(&tb.sock).await;
+    let via = Cri::connect(&q.sock).await;
+    println!(
+        "qoslet bench: containerd {} at {}, qoslet pid {}",
+        tb.version,
+        tb.sock.display(),
+        q.pid()
+    );
+
+    // 55 containers in one pod, for ListContainers
+    let name = unique("bench-list");
+    let cgp = tb.cgroup_parent(&name);
+    let cfg = pod_config(&name, &cgp);
+    let mut setup = direct.clone();
+    let pod = setup.run_pod(&cfg).await.unwrap();
+    let mut first = String::new();
+    for i in 0..55 {
+        let id = setup
+            .create(
+                &pod,
+                &cfg,
+                container_config(&format!("c{i}"), SLEEP_LOOP, None),
+            )
+            .await
+            .unwrap();
+        if i == 0 {
+            setup.start(&id).await.unwrap();
+            first = id;
+        }
+    }
+    let n_ctr = setup
+        .rt
+        .list_containers(cri::ListContainersRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .containers
+        .len();
+    let idle_rss = q.rss_kib();
+    println!("setup: {n_ctr} containers on the node; qoslet RSS idle {idle_rss} KiB\n");
+
+    let (d, v) = interleaved(2000 / scale, &direct, &via, |mut c| async move {
+        c.rt.version(cri::VersionRequest::default()).await.unwrap();
+    })
+    .await;
+    report("Version", &d, &v, 1.10);
+    let floor = Cri::connect(&relay).await;
+    let (d, r) = interleaved(2000 / scale, &direct, &floor, |mut c| async move {
+        c.rt.version(cri::VersionRequest::default()).await.unwrap();
+    })
+    .await;
+    report("Version via byte relay", &d, &r, 1.10);
+    let (d, v) = interleaved(500 / scale, &direct, &via, |mut c| async move {
+        c.rt.list_containers(cri::ListContainersRequest::default())
+            .await
+            .unwrap();
+    })
+    .await;
+    report(&format!("ListContainers ({n_ctr})"), &d, &v, 1.10);
+    let id = first.clone();
+    let (d, v) = interleaved(1000 / scale, &direct, &via, move |mut c| {
+        let id = id.clone();
+        async move {
+            c.status(&id).await.unwrap();
+        }
+    })
+    .await;
+    report("ContainerStatus", &d, &v, 1.10);
+    let tbr = &tb;
+    let (d, v) = interleaved(if quick { 6 } else { 30 }, &direct, &via, |c| async move {
+        lifecycle(c, tbr, "bench-lc").await
+    })
+    .await;
+    report("pod lifecycle (7 calls)", &d, &v, 1.02);
+    setup.remove_pod(&pod).await;
+    testbed::remove_cgroup_dirs(&cgp);
+
+    // RSS across lifecycles through qoslet (2 at a time, like kubelet's parallel pod workers)
+    println!("\nqoslet RSS across {lifecycles} pod lifecycles through qoslet:");
+    println!("  after {:>5} lifecycles: {:>6} KiB", 0, q.rss_kib());
+    let step = (lifecycles / 4).max(1);
+    let mut done = 0;
+    let t0 = Instant::now();
+    while done < lifecycles {
+        let batch = step.min(lifecycles - done);
+        let mut tasks = vec![];
+        for w in 0..2 {
+            let (c, tb) = (via.clone(), tb.clone());
+            let n = batch / 2 + if w == 0 { batch % 2 } else { 0 };
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..n {
+                    lifecycle(c.clone(), &tb, "bench-rss").await;
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        done += batch;
+        println!(
+            "  after {:>5} lifecycles: {:>6} KiB  ({:.0} s)",
+            done,
+            q.rss_kib(),
+            t0.elapsed().as_secs_f64()
+        );
+    }
+    let st = qoslet_integration::process::rss_kib(q.pid());
+    println!(
+        "\nRSS idle {idle_rss} KiB -> {st} KiB after {lifecycles} lifecycles ({:+.1}%)",
+        (st as f64 / idle_rss as f64 - 1.0) * 100.0
+    );
+}
