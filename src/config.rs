@@ -147,6 +147,16 @@ mod tests {
     }
 
     #[test]
+    fn the_shipped_example_parses() {
+        let c = parse(include_str!("../deploy/qoslet.yaml")).unwrap();
+        assert_eq!(c.listen.as_deref(), Some("unix:///run/qoslet/qoslet.sock"));
+        assert_eq!(
+            c.hooks.unwrap().failure_policy,
+            Some(qoslet_proxy::FailurePolicy::FailOpen)
+        );
+    }
+
+    #[test]
     fn durations() {
         assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
         assert_eq!(parse_duration("2").unwrap(), Duration::from_secs(2));
