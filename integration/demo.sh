@@ -17,11 +17,12 @@ $TB up | sed 's/^/  /'
 say "building qoslet"
 cargo build --workspace --bins --locked 2>&1 | tail -1
 
+Q="${CARGO_TARGET_DIR:-target}/debug/qoslet"
 D=$WORK/demo; mkdir -p "$D"
 QSOCK=$D/qoslet.sock; ASOCK=$D/admin.sock
 pkill -f "qoslet proxy --listen unix://$QSOCK" 2>/dev/null || true; sleep 0.2
 say "starting qoslet in front of containerd (kubelet would use --container-runtime-endpoint=unix://$QSOCK)"
-target/debug/qoslet proxy --listen "unix://$QSOCK" --admin-listen "unix://$ASOCK" \
+"$Q" proxy --listen "unix://$QSOCK" --admin-listen "unix://$ASOCK" \
   --runtime-endpoint "unix://$WORK/main/containerd.sock" --state-dir "$D/state" 2>"$D/qoslet.log" &
 QPID=$!
 for _ in $(seq 1 100); do [ -S "$ASOCK" ] && break; sleep 0.05; done
@@ -50,9 +51,9 @@ for x in "LS /qoslet-test/demo/kubepods/burstable/poddemo-ls/$LS_C" "BE /qoslet-
 done
 
 say "what qoslet knows: qoslet pods (its store, checkpointed to $D/state)"
-target/debug/qoslet pods --admin "unix://$ASOCK" -n default | sed 's/^/  /'
+"$Q" pods --admin "unix://$ASOCK" -n default | sed 's/^/  /'
 say "qoslet status"
-target/debug/qoslet status --admin "unix://$ASOCK" | sed 's/^/  /'
+"$Q" status --admin "unix://$ASOCK" | sed 's/^/  /'
 
 if [ "${KEEP:-0}" = 1 ]; then
   say "KEEP=1: qoslet (pid $QPID) and both pods stay up; stop with: kill $QPID; $TB down"
@@ -64,6 +65,6 @@ for sb in "$LS_SB" "$BE_SB"; do
   rt RemovePodSandbox "{\"pod_sandbox_id\":\"$sb\"}" >/dev/null
 done
 for p in /qoslet-test/demo/kubepods/burstable/poddemo-ls /qoslet-test/demo/kubepods/besteffort/poddemo-be; do rm_cgroup_dirs "$p"; done
-echo "  store now holds: $(target/debug/qoslet pods --admin "unix://$ASOCK" --json | jq 'map(select(.namespace=="default")) | length') demo pods"
+echo "  store now holds: $("$Q" pods --admin "unix://$ASOCK" --json | jq 'map(select(.namespace=="default")) | length') demo pods"
 kill -TERM "$QPID"; wait "$QPID" && echo "  qoslet drained and exited 0 on SIGTERM (log: $D/qoslet.log)"
 echo "  containerd stays up for another run; stop it with: $TB down"

@@ -37,7 +37,7 @@ cargo test --workspace --locked
 
 lap "grpcurl smoke through a qoslet process"
 D=$QOSLET_TESTBED/smoke-run; rm -rf "$D"; mkdir -p "$D"
-target/debug/qoslet proxy --listen "unix://$D/qoslet.sock" --admin-listen "unix://$D/admin.sock" \
+"${CARGO_TARGET_DIR:-target}"/debug/qoslet proxy --listen "unix://$D/qoslet.sock" --admin-listen "unix://$D/admin.sock" \
   --runtime-endpoint "unix://$QOSLET_TESTBED/main/containerd.sock" --state-dir "$D/state" 2>"$D/qoslet.log" &
 QPID=$!
 for _ in $(seq 1 100); do [ -S "$D/admin.sock" ] && break; sleep 0.05; done

@@ -1,15 +1,17 @@
-//! The backend runtime (containerd): a raw HTTP/2 client for forwarding bytes,
-//! and a typed CRI channel for qoslet's own calls (Version, List*, *Status).
+//! The backend runtime (containerd): one raw HTTP/2 connection for forwarding
+//! bytes (all calls multiplexed on it, as kubelet does), and a typed CRI channel
+//! for qoslet's own calls (Version, List*, *Status).
 //!
 //! Both reconnect on their own: when containerd restarts, calls fail while it
-//! is down and succeed again afterwards, without restarting qoslet.
+//! is down and succeed again afterwards, without restarting qoslet. The raw
+//! connection is a bare `hyper::client::conn::http2` sender (no pool: one
+//! backend, one connection), re-established on the first call after it closed.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::Uri;
-use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::UnixStream;
 use tonic::body::Body;
@@ -17,17 +19,84 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::endpoint::{parse_unix, EndpointError};
 
-type Connector = tower::util::BoxCloneSyncService<Uri, TokioIo<UnixStream>, std::io::Error>;
+type Sender = hyper::client::conn::http2::SendRequest<Body>;
 
-/// The raw HTTP/2 client type.
-pub type RawClient = Client<Connector, Body>;
+/// Why a request could not be sent to the backend.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("connect {path}: {source}")]
+    Connect {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("HTTP/2 handshake with {path} timed out")]
+    HandshakeTimeout { path: PathBuf },
+    #[error("HTTP/2 with {path}: {source}")]
+    Http { path: PathBuf, source: hyper::Error },
+}
+
+/// The raw connection, shared by all forwarded calls.
+struct RawConn {
+    path: Arc<PathBuf>,
+    current: std::sync::Mutex<Option<Sender>>,
+    connecting: tokio::sync::Mutex<()>,
+}
+
+impl RawConn {
+    fn live(&self) -> Option<Sender> {
+        self.current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .filter(|s| !s.is_closed())
+            .cloned()
+    }
+
+    async fn sender(&self) -> Result<Sender, BackendError> {
+        if let Some(s) = self.live() {
+            return Ok(s);
+        }
+        let _one_at_a_time = self.connecting.lock().await;
+        if let Some(s) = self.live() {
+            return Ok(s);
+        }
+        let path = (*self.path).clone();
+        let io = UnixStream::connect(&path)
+            .await
+            .map_err(|source| BackendError::Connect {
+                path: path.clone(),
+                source,
+            })?;
+        let handshake = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+            .max_frame_size(1 << 20)
+            .initial_stream_window_size(4 << 20)
+            .initial_connection_window_size(16 << 20)
+            .max_header_list_size(16 << 20)
+            .handshake(TokioIo::new(io));
+        let (sender, conn) = tokio::time::timeout(Duration::from_secs(5), handshake)
+            .await
+            .map_err(|_| BackendError::HandshakeTimeout { path: path.clone() })?
+            .map_err(|source| BackendError::Http {
+                path: path.clone(),
+                source,
+            })?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "backend connection ended");
+            }
+        });
+        tracing::debug!(path = %path.display(), "connected to the runtime");
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(sender.clone());
+        Ok(sender)
+    }
+}
 
 /// Connections to the backend runtime.
 #[derive(Clone)]
 pub struct Backend {
     endpoint: String,
     path: Arc<PathBuf>,
-    raw: RawClient,
+    raw: Arc<RawConn>,
     typed: Channel,
 }
 
@@ -35,18 +104,11 @@ impl Backend {
     /// Prepares (lazily) the connections to `endpoint` (`unix:///path`).
     pub fn new(endpoint: &str) -> Result<Self, EndpointError> {
         let path = Arc::new(parse_unix(endpoint)?);
-        let p = path.clone();
-        let connector = Connector::new(tower::service_fn(move |_: Uri| {
-            let p = p.clone();
-            async move { UnixStream::connect(&*p).await.map(TokioIo::new) }
-        }));
-        let raw = Client::builder(TokioExecutor::new())
-            .http2_only(true)
-            .http2_max_frame_size(Some(1 << 20))
-            .http2_initial_stream_window_size(Some(4 << 20))
-            .http2_initial_connection_window_size(Some(16 << 20))
-            .pool_idle_timeout(None)
-            .build(connector);
+        let raw = Arc::new(RawConn {
+            path: path.clone(),
+            current: Default::default(),
+            connecting: Default::default(),
+        });
         let p = path.clone();
         let typed = Endpoint::from_static("http://localhost")
             .connect_timeout(Duration::from_secs(2))
@@ -70,9 +132,25 @@ impl Backend {
         &self.path
     }
 
-    /// The raw client (requests need an absolute `http://` URI).
-    pub fn raw(&self) -> &RawClient {
-        &self.raw
+    /// Sends a request as it is (the URI needs a scheme and authority) on the
+    /// shared raw connection, reconnecting first if it closed.
+    pub async fn request(
+        &self,
+        req: http::Request<Body>,
+    ) -> Result<http::Response<hyper::body::Incoming>, BackendError> {
+        let mut sender = self.raw.sender().await?;
+        let path = || (*self.raw.path).clone();
+        sender.ready().await.map_err(|source| BackendError::Http {
+            path: path(),
+            source,
+        })?;
+        sender
+            .send_request(req)
+            .await
+            .map_err(|source| BackendError::Http {
+                path: path(),
+                source,
+            })
     }
 
     /// A typed CRI RuntimeService client.

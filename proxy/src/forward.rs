@@ -239,7 +239,7 @@ impl Forwarder {
             .map_err(|e| Status::invalid_argument(format!("qoslet: bad request URI: {e}")))?;
         parts.version = http::Version::HTTP_2;
         let req = Request::from_parts(parts, body);
-        self.backend.raw().request(req).await.map_err(|e| {
+        self.backend.request(req).await.map_err(|e| {
             self.stats
                 .backend_unavailable
                 .fetch_add(1, Ordering::Relaxed);
