@@ -402,9 +402,7 @@ pub fn record(store: &Store, req: &CriRequest, resp: &CriResponse) {
         (CriRequest::RemoveContainer(r), _) => {
             store.remove_container(&r.container_id);
         }
-        (CriRequest::StopPodSandbox(r), _) => {
-            store.set_pod_state(&r.pod_sandbox_id, PodState::NotReady)
-        }
+        (CriRequest::StopPodSandbox(r), _) => store.set_pod_stopped(&r.pod_sandbox_id),
         (CriRequest::RemovePodSandbox(r), _) => {
             store.remove_pod(&r.pod_sandbox_id);
         }
@@ -522,6 +520,7 @@ mod tests {
             &CriResponse::StopPodSandbox(Default::default()),
         );
         assert_eq!(s.pod("P").unwrap().state, PodState::NotReady);
+        assert_eq!(s.container("C").unwrap().state, ContainerState::Exited);
         record(
             &s,
             &CriRequest::RemovePodSandbox(cri::RemovePodSandboxRequest {

@@ -305,20 +305,18 @@ async fn resync(
             _ = tokio::time::sleep(wait) => {}
             _ = stopped(&mut shutdown) => return,
         }
+        let before = store.snapshot();
         match tokio::time::timeout(
             Duration::from_secs(10),
-            crate::rebuild::reconcile(&mut backend.runtime(), store.snapshot()),
+            crate::rebuild::reconcile(&mut backend.runtime(), before.clone()),
         )
         .await
         {
-            Ok(Ok(s)) => {
-                if s != store.snapshot() {
-                    debug!(
-                        pods = s.pods.len(),
-                        containers = s.containers.len(),
-                        "store resynced with the runtime"
-                    );
-                    store.replace(s);
+            Ok(Ok(after)) => {
+                // merge, not replace: calls that completed during the listing must not be lost
+                let (added, removed) = store.apply_resync(&before, after);
+                if added + removed > 0 {
+                    info!(added, removed, "store resynced with the runtime");
                 }
                 synced = true;
             }

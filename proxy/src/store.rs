@@ -291,6 +291,18 @@ impl Store {
         });
     }
 
+    /// StopPodSandbox: the pod is not ready and all its containers have exited.
+    pub fn set_pod_stopped(&self, id: &str) {
+        self.write(|s| {
+            if let Some(p) = s.pods.get_mut(id) {
+                p.state = PodState::NotReady;
+            }
+            for c in s.containers.values_mut().filter(|c| c.pod_id == id) {
+                c.state = ContainerState::Exited;
+            }
+        });
+    }
+
     pub fn set_container_state(&self, id: &str, state: ContainerState) {
         self.write(|s| {
             if let Some(c) = s.containers.get_mut(id) {
@@ -373,6 +385,54 @@ impl Store {
                 .sort_by(|a, b| (&a.pod_id, &a.name, &a.id).cmp(&(&b.pod_id, &b.name, &b.id)));
             Snapshot { pods, containers }
         })
+    }
+
+    /// Applies a resync: `before` is the snapshot the runtime listing started
+    /// from, `after` what [`crate::rebuild::reconcile`] made of it. Entries the
+    /// runtime lacks are removed only if they were already in `before` (so a pod
+    /// created during the listing survives); entries only the runtime has are
+    /// added; entries in both keep the store's data and take the runtime's state.
+    /// Returns (added, removed).
+    pub fn apply_resync(&self, before: &Snapshot, after: Snapshot) -> (usize, usize) {
+        let (mut added, mut removed) = (0, 0);
+        self.write(|s| {
+            let after_pods: HashMap<&str, &PodRecord> =
+                after.pods.iter().map(|p| (p.id.as_str(), p)).collect();
+            let after_ctrs: HashMap<&str, &ContainerRecord> = after
+                .containers
+                .iter()
+                .map(|c| (c.id.as_str(), c))
+                .collect();
+            for p in &before.pods {
+                if !after_pods.contains_key(p.id.as_str()) && s.pods.remove(&p.id).is_some() {
+                    removed += 1;
+                }
+            }
+            for c in &before.containers {
+                if !after_ctrs.contains_key(c.id.as_str()) && s.containers.remove(&c.id).is_some() {
+                    removed += 1;
+                }
+            }
+            for p in &after.pods {
+                match s.pods.get_mut(&p.id) {
+                    Some(cur) => cur.state = p.state,
+                    None => {
+                        s.pods.insert(p.id.clone(), p.clone());
+                        added += 1;
+                    }
+                }
+            }
+            for c in &after.containers {
+                match s.containers.get_mut(&c.id) {
+                    Some(cur) => cur.state = c.state,
+                    None => {
+                        s.containers.insert(c.id.clone(), c.clone());
+                        added += 1;
+                    }
+                }
+            }
+        });
+        (added, removed)
     }
 
     /// Replaces the whole content (used by the rebuild at start).
@@ -475,6 +535,44 @@ mod tests {
         assert!(s.container("c1").is_none());
         assert!(s.remove_container("c3").is_some());
         assert_eq!(s.counts(), (1, 0));
+    }
+
+    #[test]
+    fn resync_merges_instead_of_replacing() {
+        let s = Store::new();
+        let pod = |id: &str| PodRecord {
+            id: id.into(),
+            ..Default::default()
+        };
+        s.upsert_pod(pod("gone"));
+        s.upsert_pod(pod("kept"));
+        s.set_pod_applied("kept", "k", "v");
+        let before = s.snapshot();
+        // during the listing, kubelet creates "new" through the proxy
+        s.upsert_pod(pod("new"));
+        // the runtime says: "kept" (now not ready) and "foreign" (created behind qoslet's back)
+        let after = Snapshot {
+            pods: vec![
+                PodRecord {
+                    state: PodState::NotReady,
+                    ..pod("kept")
+                },
+                PodRecord {
+                    source: Source::Runtime,
+                    ..pod("foreign")
+                },
+            ],
+            containers: vec![],
+        };
+        assert_eq!(s.apply_resync(&before, after), (1, 1));
+        assert!(s.pod("gone").is_none());
+        assert!(s.pod("new").is_some(), "created during the listing: kept");
+        let kept = s.pod("kept").unwrap();
+        assert_eq!(
+            (kept.state, kept.applied["k"].as_str()),
+            (PodState::NotReady, "v")
+        );
+        assert_eq!(s.pod("foreign").unwrap().source, Source::Runtime);
     }
 
     #[test]
