@@ -455,6 +455,55 @@ mod tests {
         }
     }
 
+    /// Fails after StartContainer.
+    struct FailsAfter;
+    impl Hook for FailsAfter {
+        fn name(&self) -> &str {
+            "fails-after"
+        }
+        fn handles(&self, point: HookPoint, stage: Stage) -> bool {
+            point == HookPoint::StartContainer && stage == Stage::After
+        }
+        fn after(
+            &self,
+            _: HookContext,
+            _: Arc<CriRequest>,
+            _: Arc<CriResponse>,
+        ) -> BoxFuture<Result<(), BoxError>> {
+            Box::pin(async { Err("cannot apply".into()) })
+        }
+    }
+
+    #[tokio::test]
+    async fn after_stage_failures_follow_the_policy() {
+        for (policy, fails) in [
+            (FailurePolicy::FailOpen, false),
+            (FailurePolicy::FailClosed, true),
+        ] {
+            let p = Pipeline::with_hooks(vec![(
+                Arc::new(FailsAfter) as Arc<dyn Hook>,
+                HookSettings {
+                    timeout: Duration::from_secs(1),
+                    policy,
+                },
+            )]);
+            assert!(!p.wants(HookPoint::StartContainer, Stage::Before));
+            let r = p
+                .after(
+                    &ctx(),
+                    Arc::new(start("c")),
+                    Arc::new(CriResponse::StartContainer(Default::default())),
+                )
+                .await;
+            assert_eq!(r.is_err(), fails, "{policy:?}");
+            if let Err(f) = r {
+                assert_eq!(f.to_status().code(), tonic::Code::Internal);
+                assert!(f.to_string().contains("after StartContainer"), "{f}");
+            }
+            assert_eq!(p.counters().errors.load(Ordering::Relaxed), 1);
+        }
+    }
+
     #[tokio::test]
     async fn patches_chain_and_are_kept_in_order() {
         let p = pipeline(&[
