@@ -1,0 +1,53 @@
+//! The only code in qoslet that touches cgroupfs and resctrl.
+//!
+//! * [`path`]: cgroup paths from untrusted input (a pod's cgroup parent),
+//!   refused when they could escape the cgroup root (`..`, symlinks).
+//! * [`fs`]: idempotent writes (read, compare, write only on change; open
+//!   write-only and never create; retry transient errors) whose errors name the
+//!   file and the value.
+//! * [`detect`]: what this host has: cgroup v1 or v2 (the root is injected:
+//!   `/sys/fs/cgroup` in production, a kernel-shaped file tree in tests) and
+//!   which QoS files exist (`cpu.bvt.warp_ns`, `cpu.idle`, burst, memory.min/low/high...).
+//! * [`resctrl`]: the resctrl mount and its `info/` (L3 CBM mask, closids, MB).
+//! * [`convert`]: cpu.shares (v1) <-> cpu.weight (v2).
+//!
+//! Nothing here decides policy; callers say what to write.
+
+#![forbid(unsafe_code)]
+
+pub mod convert;
+pub mod detect;
+pub mod fs;
+pub mod path;
+pub mod resctrl;
+
+use std::path::PathBuf;
+
+/// Errors of this crate. Every I/O error names the file (and the value written).
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("cgroup path {path:?} refused: {reason}")]
+    UnsafePath { path: String, reason: &'static str },
+    #[error("{path} escapes the cgroup root through a symlink")]
+    SymlinkEscape { path: PathBuf },
+    #[error("failed to write {value:?} to {path}: {source}")]
+    Write {
+        path: PathBuf,
+        value: String,
+        source: std::io::Error,
+    },
+    #[error("failed to read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} does not exist (the kernel does not offer it here)")]
+    Missing { path: PathBuf },
+    #[error("no cgroup filesystem found under {root}")]
+    NoCgroupFs { root: PathBuf },
+    #[error("{path}: unexpected content {content:?}")]
+    Parse { path: PathBuf, content: String },
+}
+
+pub use detect::{Features, Host, Layout};
+pub use path::CgroupPath;

@@ -1,0 +1,181 @@
+//! Cgroup paths from untrusted input. A pod's cgroup parent comes from kubelet
+//! (and, through it, from users): it is validated before it is joined to any
+//! root, and symlinks on the way are refused, so no write can land outside the
+//! cgroup root.
+
+use std::path::{Component, Path, PathBuf};
+
+use crate::CgroupError;
+
+/// A validated cgroup path, relative to a hierarchy root (`kubepods/burstable/pod1/ctr`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CgroupPath(String);
+
+impl CgroupPath {
+    /// Validates `raw` as kubelet writes cgroup parents (`/kubepods/burstable/podX`;
+    /// systemd slice names are taken literally). Refuses `..`, a leading `.`, NUL
+    /// and overlong paths; empty components (`//`) and inner `.` are dropped.
+    pub fn parse(raw: &str) -> Result<Self, CgroupError> {
+        let refuse = |reason| {
+            Err(CgroupError::UnsafePath {
+                path: raw.to_string(),
+                reason,
+            })
+        };
+        if raw.contains('\0') {
+            return refuse("contains NUL");
+        }
+        if raw.len() > 4096 {
+            return refuse("longer than PATH_MAX");
+        }
+        let mut parts = Vec::new();
+        for c in Path::new(raw).components() {
+            match c {
+                Component::RootDir => {}
+                Component::Normal(s) => {
+                    let s = s.to_str().ok_or(CgroupError::UnsafePath {
+                        path: raw.to_string(),
+                        reason: "not UTF-8",
+                    })?;
+                    parts.push(s);
+                }
+                Component::ParentDir => return refuse("contains '..'"),
+                Component::CurDir => return refuse("contains '.'"),
+                Component::Prefix(_) => return refuse("has a prefix"),
+            }
+        }
+        Ok(Self(parts.join("/")))
+    }
+
+    /// The root cgroup.
+    pub fn root() -> Self {
+        Self(String::new())
+    }
+
+    /// A child (one component, validated).
+    pub fn child(&self, name: &str) -> Result<Self, CgroupError> {
+        if name.is_empty()
+            || name.contains('/')
+            || name == ".."
+            || name == "."
+            || name.contains('\0')
+        {
+            return Err(CgroupError::UnsafePath {
+                path: name.to_string(),
+                reason: "not a single path component",
+            });
+        }
+        Ok(Self(if self.0.is_empty() {
+            name.to_string()
+        } else {
+            format!("{}/{}", self.0, name)
+        }))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The parent path, if any.
+    pub fn parent(&self) -> Option<Self> {
+        if self.0.is_empty() {
+            return None;
+        }
+        Some(Self(
+            self.0
+                .rsplit_once('/')
+                .map(|(p, _)| p.to_string())
+                .unwrap_or_default(),
+        ))
+    }
+
+    /// Joins under `root`, refusing symlinks on the way (existing components
+    /// only; missing ones are reported by whoever opens the file).
+    pub fn under(&self, root: &Path) -> Result<PathBuf, CgroupError> {
+        let mut p = root.to_path_buf();
+        for part in self.0.split('/').filter(|s| !s.is_empty()) {
+            p.push(part);
+            if let Ok(md) = std::fs::symlink_metadata(&p) {
+                if md.file_type().is_symlink() {
+                    return Err(CgroupError::SymlinkEscape { path: p });
+                }
+            }
+        }
+        Ok(p)
+    }
+}
+
+impl std::fmt::Display for CgroupPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "/{}", self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_kubelet_parents_and_refuses_escapes() {
+        assert_eq!(
+            CgroupPath::parse("/kubepods/burstable/pod1")
+                .unwrap()
+                .as_str(),
+            "kubepods/burstable/pod1"
+        );
+        assert_eq!(
+            CgroupPath::parse("kubepods//besteffort/").unwrap().as_str(),
+            "kubepods/besteffort"
+        );
+        assert_eq!(CgroupPath::parse("/").unwrap(), CgroupPath::root());
+        assert_eq!(
+            CgroupPath::parse("/a/./b").unwrap().as_str(),
+            "a/b",
+            "an inner '.' is harmless"
+        );
+        for bad in [
+            "/kubepods/../../etc",
+            "..",
+            "./a",
+            "/a\0b",
+            "/kubepods/burstable/../../../sys",
+        ] {
+            assert!(CgroupPath::parse(bad).is_err(), "{bad:?}");
+        }
+        assert!(CgroupPath::parse(&"a/".repeat(3000)).is_err());
+    }
+
+    #[test]
+    fn children_and_parents() {
+        let p = CgroupPath::parse("/kubepods")
+            .unwrap()
+            .child("pod1")
+            .unwrap();
+        assert_eq!(p.to_string(), "/kubepods/pod1");
+        assert_eq!(p.parent().unwrap().to_string(), "/kubepods");
+        assert_eq!(CgroupPath::root().child("x").unwrap().as_str(), "x");
+        for bad in ["", "a/b", "..", "."] {
+            assert!(p.child(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn symlinks_on_the_way_are_refused() {
+        let d = std::env::temp_dir().join(format!("qoslet-cgpath-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("root/kubepods")).unwrap();
+        std::fs::create_dir_all(d.join("outside")).unwrap();
+        std::os::unix::fs::symlink(d.join("outside"), d.join("root/kubepods/evil")).unwrap();
+        let root = d.join("root");
+        assert!(CgroupPath::parse("/kubepods/ok")
+            .unwrap()
+            .under(&root)
+            .is_ok());
+        let e = CgroupPath::parse("/kubepods/evil/pod")
+            .unwrap()
+            .under(&root)
+            .unwrap_err();
+        assert!(matches!(e, CgroupError::SymlinkEscape { .. }), "{e}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}
