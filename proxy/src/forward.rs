@@ -33,7 +33,7 @@ use crate::grpc::{
     Unary, FRAME_HEADER,
 };
 use crate::pipeline::{HookContext, Pipeline, Stage};
-use crate::store::{ContainerRecord, ContainerState, PodRecord, PodState, Resources, Store};
+use crate::store::{ContainerRecord, ContainerState, PodRecord, Resources, Store};
 
 /// Call counters of the proxy socket.
 #[derive(Debug, Default)]
@@ -456,6 +456,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::PodState;
     use qoslet_proto::cri;
 
     #[test]
