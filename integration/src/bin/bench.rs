@@ -4,7 +4,7 @@
 //! then qoslet's RSS idle and across many pod lifecycles.
 //!
 //! Needs root and the test bed (`integration/testbed/testbed.sh up`). Run:
-//!   cargo run --release -p qoslet-integration --bin bench -- [--quick] [--lifecycles N]
+//!   cargo build --release --workspace --bins && target/release/bench [--quick] [--lifecycles N]
 
 use std::time::{Duration, Instant};
 
