@@ -9,12 +9,15 @@
 //!   `/sys/fs/cgroup` in production, a kernel-shaped file tree in tests) and
 //!   which QoS files exist (`cpu.bvt.warp_ns`, `cpu.idle`, burst, memory.min/low/high...).
 //! * [`resctrl`]: the resctrl mount and its `info/` (L3 CBM mask, closids, MB).
+//! * [`cgroup`]: QoS settings ([`Knob`]) planned per layout and applied
+//!   idempotently, ordered parent/child the way the kernel needs.
 //! * [`convert`]: cpu.shares (v1) <-> cpu.weight (v2).
 //!
 //! Nothing here decides policy; callers say what to write.
 
 #![forbid(unsafe_code)]
 
+pub mod cgroup;
 pub mod convert;
 pub mod detect;
 pub mod fs;
@@ -45,9 +48,15 @@ pub enum CgroupError {
     Missing { path: PathBuf },
     #[error("no cgroup filesystem found under {root}")]
     NoCgroupFs { root: PathBuf },
+    #[error("{knob} is not supported here: {reason}")]
+    Unsupported {
+        knob: &'static str,
+        reason: &'static str,
+    },
     #[error("{path}: unexpected content {content:?}")]
     Parse { path: PathBuf, content: String },
 }
 
+pub use cgroup::{Cgroups, FileWrite, Knob};
 pub use detect::{Features, Host, Layout};
 pub use path::CgroupPath;
