@@ -28,6 +28,8 @@ pub struct FileConfig {
     /// How often the store is reconciled with the runtime, e.g. `60s`.
     pub resync_interval: Option<String>,
     pub hooks: Option<HooksConfig>,
+    /// Relay HTTP/2 frames (default true); false terminates HTTP/2 for every call.
+    pub relay: Option<bool>,
 }
 
 /// Defaults for every hook (the hooks themselves come with later features).

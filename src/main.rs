@@ -120,6 +120,9 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
     if let Some(v) = a.state_dir.or(file.state_dir) {
         cfg.state_dir = v;
     }
+    if let Some(v) = file.relay {
+        cfg.relay = v;
+    }
     if let Some(v) = file.max_message_bytes {
         cfg.max_message_bytes = v as usize;
     }

@@ -17,6 +17,13 @@ grep -qx runtime.v1.RuntimeService <<<"$services" || fail "RuntimeService not li
 grep -qx runtime.v1.ImageService <<<"$services" || fail "ImageService not listed"
 "$GRPCURL" -plaintext -unix "$QSOCK" describe runtime.v1.RuntimeService.CreateContainer >/dev/null || fail "describe"
 [ "$(rt Version '{}' | jq -r .runtimeName)" = containerd ] || fail "Version"
+# without reflection (a protoset file saved from qoslet's reflection), the connection's first
+# call is a CRI call: it takes the frame-relay path, with grpc-go's socket-path :authority
+PS=$(mktemp); "$GRPCURL" -plaintext -unix -protoset-out "$PS" "$QSOCK" describe runtime.v1.RuntimeService >/dev/null
+[ "$("$GRPCURL" -plaintext -unix -protoset "$PS" -d '{}' "$QSOCK" runtime.v1.RuntimeService/Version | jq -r .runtimeName)" = containerd ] \
+  || fail "Version over the relay path"
+rm -f "$PS"
+echo "  ok  CRI through qoslet with reflection (terminating path) and without (relay path)"
 
 admin=$("$GRPCURL" -plaintext -unix "$ASOCK" list)
 for s in qoslet.admin.v1.Admin grpc.health.v1.Health; do grep -qx "$s" <<<"$admin" || fail "$s not listed on the admin socket"; done

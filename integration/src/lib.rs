@@ -85,16 +85,25 @@ pub fn scratch(name: &str) -> std::path::PathBuf {
     d
 }
 
-/// Starts an in-process proxy in front of `backend` with sockets under `dir`.
-pub async fn start_proxy(
-    dir: &Path,
-    backend: &Path,
-    pipeline: qoslet_proxy::Pipeline,
-) -> (
+/// What [`start_proxy`] returns: the running proxy, its CRI socket, its admin socket.
+pub type Started = (
     qoslet_proxy::Running,
     std::path::PathBuf,
     std::path::PathBuf,
-) {
+);
+
+/// Starts an in-process proxy in front of `backend` with sockets under `dir`.
+pub async fn start_proxy(dir: &Path, backend: &Path, pipeline: qoslet_proxy::Pipeline) -> Started {
+    start_proxy_mode(dir, backend, pipeline, true).await
+}
+
+/// [`start_proxy`] with the relay on (default) or off (HTTP/2 terminated per call).
+pub async fn start_proxy_mode(
+    dir: &Path,
+    backend: &Path,
+    pipeline: qoslet_proxy::Pipeline,
+    relay: bool,
+) -> Started {
     let sock = dir.join("qoslet.sock");
     let admin = dir.join("admin.sock");
     let cfg = qoslet_proxy::ProxyConfig {
@@ -103,6 +112,7 @@ pub async fn start_proxy(
         runtime_endpoint: format!("unix://{}", backend.display()),
         state_dir: dir.join("state"),
         drain_timeout: Duration::from_secs(5),
+        relay,
         ..Default::default()
     };
     let running = qoslet_proxy::start(cfg, pipeline)

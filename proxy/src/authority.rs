@@ -19,19 +19,13 @@ use std::io;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-const FRAME_HEADER: usize = 9;
-const HEADERS: u8 = 0x1;
-const CONTINUATION: u8 = 0x9;
-const END_STREAM: u8 = 0x1;
-const END_HEADERS: u8 = 0x4;
-const PADDED: u8 = 0x8;
-const PRIORITY: u8 = 0x20;
-/// The smallest SETTINGS_MAX_FRAME_SIZE any HTTP/2 peer accepts.
-const MAX_OUT_FRAME: usize = 16_384;
+use crate::h2frame::{
+    headers_fragment, literal_block, write_header_frames, ACK, CONTINUATION, END_HEADERS,
+    END_STREAM, FRAME_HEADER, HEADERS, PREFACE, SETTINGS,
+};
 /// A header block larger than this is not decoded (passed on for h2 to judge).
 const MAX_BLOCK: usize = 1 << 20;
 
@@ -51,6 +45,8 @@ enum Mode {
     Preface,
     Detect(Box<fluke_hpack::Decoder<'static>>),
     Rewrite(Box<fluke_hpack::Decoder<'static>>),
+    /// Frames are followed (forwarded raw) only to drop one SETTINGS ACK.
+    Scan,
     Passthrough,
 }
 
@@ -63,6 +59,7 @@ pub struct AuthorityFix<S> {
     block: Option<Block>,
     eof: bool,
     rewritten: u64,
+    drop_ack: bool,
 }
 
 impl<S> AuthorityFix<S> {
@@ -75,7 +72,25 @@ impl<S> AuthorityFix<S> {
             block: None,
             eof: false,
             rewritten: 0,
+            drop_ack: false,
         }
+    }
+
+    /// Also drops the client's first SETTINGS ACK: the relay already sent the
+    /// client a SETTINGS frame of its own before handing the connection over,
+    /// and the HTTP/2 server must not see the acknowledgement of it.
+    pub fn dropping_first_settings_ack(mut self) -> Self {
+        self.drop_ack = true;
+        self
+    }
+
+    /// Detection is done: only the SETTINGS ACK may still need dropping.
+    fn settle(&mut self) {
+        self.mode = if self.drop_ack {
+            Mode::Scan
+        } else {
+            Mode::Passthrough
+        };
     }
 
     /// The wrapped connection.
@@ -121,7 +136,7 @@ impl<S> AuthorityFix<S> {
                     d.set_max_allowed_table_size(65_536);
                     self.mode = Mode::Detect(Box::new(d));
                 }
-                Mode::Detect(_) | Mode::Rewrite(_) => {
+                Mode::Detect(_) | Mode::Rewrite(_) | Mode::Scan => {
                     if self.inbuf.len() < FRAME_HEADER {
                         return;
                     }
@@ -141,6 +156,17 @@ impl<S> AuthorityFix<S> {
         let (ty, flags) = (frame[3], frame[4]);
         let stream_id = u32::from_be_bytes([frame[5], frame[6], frame[7], frame[8]]) & 0x7fff_ffff;
         let payload = &frame[FRAME_HEADER..];
+        if ty == SETTINGS && flags & ACK != 0 && self.drop_ack && self.block.is_none() {
+            self.drop_ack = false;
+            if matches!(self.mode, Mode::Scan) {
+                self.mode = Mode::Passthrough;
+            }
+            return;
+        }
+        if matches!(self.mode, Mode::Scan) {
+            self.out.extend_from_slice(&frame);
+            return;
+        }
         match ty {
             HEADERS if self.block.is_none() => {
                 let Some(fragment) = headers_fragment(flags, payload) else {
@@ -205,7 +231,7 @@ impl<S> AuthorityFix<S> {
             if !bad {
                 // a well-behaved client: never look at this connection again
                 self.out.extend_from_slice(&b.raw);
-                return self.passthrough();
+                return self.settle();
             }
             let Mode::Detect(d) = std::mem::replace(&mut self.mode, Mode::Passthrough) else {
                 unreachable!()
@@ -213,94 +239,17 @@ impl<S> AuthorityFix<S> {
             self.mode = Mode::Rewrite(d);
             tracing::debug!("client sends a unix path as :authority; rewriting its header blocks");
         }
-        let mut block = BytesMut::with_capacity(b.fragment.len() + 64);
-        for (name, value) in &headers {
+        let block = literal_block(headers.iter().map(|(name, value)| {
             let value: &[u8] = if name == b":authority" && !valid_authority(value) {
                 b"localhost"
             } else {
                 value
             };
-            block.put_u8(0x00); // literal header field without indexing, new name
-            put_string(&mut block, name);
-            put_string(&mut block, value);
-        }
+            (name.as_slice(), value)
+        }));
         self.rewritten += 1;
         write_header_frames(&mut self.out, b.stream_id, b.end_stream, &block);
     }
-}
-
-/// The header block fragment of a HEADERS frame payload (padding and priority removed).
-fn headers_fragment(flags: u8, payload: &[u8]) -> Option<&[u8]> {
-    let mut p = payload;
-    let mut pad = 0usize;
-    if flags & PADDED != 0 {
-        pad = *p.first()? as usize;
-        p = &p[1..];
-    }
-    if flags & PRIORITY != 0 {
-        p = p.get(5..)?;
-    }
-    p.get(..p.len().checked_sub(pad)?)
-}
-
-/// HPACK integer with an `n`-bit prefix (RFC 7541 5.1); `first` holds the high bits.
-fn put_int(out: &mut BytesMut, first: u8, n: u32, mut v: usize) {
-    let max = (1usize << n) - 1;
-    if v < max {
-        out.put_u8(first | v as u8);
-        return;
-    }
-    out.put_u8(first | max as u8);
-    v -= max;
-    while v >= 128 {
-        out.put_u8((v % 128) as u8 | 0x80);
-        v /= 128;
-    }
-    out.put_u8(v as u8);
-}
-
-/// HPACK string literal without Huffman coding.
-fn put_string(out: &mut BytesMut, s: &[u8]) {
-    put_int(out, 0x00, 7, s.len());
-    out.extend_from_slice(s);
-}
-
-fn write_header_frames(out: &mut BytesMut, stream_id: u32, end_stream: bool, block: &[u8]) {
-    let mut chunks = block.chunks(MAX_OUT_FRAME).peekable();
-    let mut first = true;
-    if block.is_empty() {
-        write_frame(
-            out,
-            HEADERS,
-            END_HEADERS | if end_stream { END_STREAM } else { 0 },
-            stream_id,
-            &[],
-        );
-        return;
-    }
-    while let Some(c) = chunks.next() {
-        let last = chunks.peek().is_none();
-        let mut flags = if last { END_HEADERS } else { 0 };
-        let ty = if first {
-            if end_stream {
-                flags |= END_STREAM;
-            }
-            HEADERS
-        } else {
-            CONTINUATION
-        };
-        write_frame(out, ty, flags, stream_id, c);
-        first = false;
-    }
-}
-
-fn write_frame(out: &mut BytesMut, ty: u8, flags: u8, stream_id: u32, payload: &[u8]) {
-    let len = payload.len() as u32;
-    out.extend_from_slice(&len.to_be_bytes()[1..]);
-    out.put_u8(ty);
-    out.put_u8(flags);
-    out.put_u32(stream_id);
-    out.extend_from_slice(payload);
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for AuthorityFix<S> {
@@ -379,6 +328,7 @@ impl tonic::transport::server::Connected for AuthorityFix<tokio::net::UnixStream
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::h2frame::{write_frame, PADDED};
     use tokio::io::AsyncReadExt;
 
     fn client_stream(blocks: &[Vec<(&[u8], &[u8])>], split_at: usize) -> Vec<u8> {
@@ -508,13 +458,5 @@ mod tests {
             .copied()
             .collect::<Vec<_>>();
         assert_eq!(run(truncated.clone()).await.0, truncated);
-    }
-
-    #[test]
-    fn hpack_integers() {
-        let mut b = BytesMut::new();
-        put_int(&mut b, 0, 5, 10);
-        put_int(&mut b, 0, 5, 1337);
-        assert_eq!(&b[..], &[10, 31, 154, 10]); // RFC 7541 C.1.1 and C.1.2
     }
 }

@@ -258,15 +258,9 @@ impl Forwarder {
         })
     }
 
-    /// An intercepted call: decode once, run hooks, forward, record, return the
-    /// backend's answer unchanged.
-    async fn intercept(&self, point: HookPoint, req: Request<Incoming>) -> Response<Body> {
-        let (mut parts, body) = req.into_parts();
-        let limit = self.max_message;
-        let bytes = match self.read_unary(body).await {
-            Ok(b) => b,
-            Err(resp) => return resp,
-        };
+    /// Decodes an intercepted request and runs the "before" hooks. Shared by
+    /// the HTTP/2-terminating path and the frame relay.
+    pub(crate) async fn prepare(&self, point: HookPoint, bytes: Bytes) -> Prepared {
         let original = match split_unary(&bytes) {
             Unary::Message(m) => point.decode_request(m).map_err(|e| e.to_string()),
             Unary::Opaque => Err("not a single uncompressed message".to_string()),
@@ -279,30 +273,104 @@ impl Forwarder {
                     .undecodable_messages
                     .fetch_add(1, Ordering::Relaxed);
                 warn!(method = %point, reason = %why, "cannot decode request; forwarding it unchanged without hooks");
+                return Prepared::Opaque(bytes);
+            }
+        };
+        if !self.pipeline.wants(point, Stage::Before) {
+            return Prepared::Forward {
+                request: original.clone(),
+                original,
+                body: bytes,
+            };
+        }
+        let ctx = HookContext {
+            store: self.store.clone(),
+        };
+        match self.pipeline.before(&ctx, original.clone()).await {
+            Ok(b) if b.patches.is_empty() => Prepared::Forward {
+                original,
+                request: b.request,
+                body: bytes,
+            },
+            Ok(b) => {
+                let mut pieces: Vec<&[u8]> = vec![&bytes[FRAME_HEADER..]];
+                pieces.extend(b.patches.iter().map(Vec::as_slice));
+                Prepared::Forward {
+                    original,
+                    request: b.request,
+                    body: encode_frame(&pieces),
+                }
+            }
+            Err(f) => {
+                self.stats.calls_refused.fetch_add(1, Ordering::Relaxed);
+                Prepared::Refuse(f.to_status())
+            }
+        }
+    }
+
+    /// After the runtime answered an intercepted call with `code` and `data`
+    /// (its framed response message): records it and runs the "after" hooks.
+    /// Errs only when a fail-closed hook failed.
+    pub(crate) async fn complete(
+        &self,
+        point: HookPoint,
+        original: &CriRequest,
+        request: CriRequest,
+        code: Option<Code>,
+        data: &[u8],
+    ) -> Result<(), Status> {
+        if code != Some(Code::Ok) {
+            return Ok(());
+        }
+        let Unary::Message(m) = split_unary(data) else {
+            return Ok(());
+        };
+        let decoded = match point.decode_response(m) {
+            Ok(d) => d,
+            Err(e) => {
+                warn!(method = %point, error = %e, "cannot decode runtime response; store not updated");
+                return Ok(());
+            }
+        };
+        record(&self.store, original, &decoded);
+        if self.pipeline.wants(point, Stage::After) {
+            let ctx = HookContext {
+                store: self.store.clone(),
+            };
+            if let Err(f) = self
+                .pipeline
+                .after(&ctx, Arc::new(request), Arc::new(decoded))
+                .await
+            {
+                self.stats.calls_refused.fetch_add(1, Ordering::Relaxed);
+                return Err(f.to_status());
+            }
+        }
+        Ok(())
+    }
+
+    /// An intercepted call: decode once, run hooks, forward, record, return the
+    /// backend's answer unchanged.
+    async fn intercept(&self, point: HookPoint, req: Request<Incoming>) -> Response<Body> {
+        let (mut parts, body) = req.into_parts();
+        let limit = self.max_message;
+        let bytes = match self.read_unary(body).await {
+            Ok(b) => b,
+            Err(resp) => return resp,
+        };
+        let (original, request, body) = match self.prepare(point, bytes).await {
+            Prepared::Forward {
+                original,
+                request,
+                body,
+            } => (original, request, body),
+            Prepared::Refuse(status) => return status_response(status),
+            Prepared::Opaque(bytes) => {
                 return match self.send(parts, Body::new(Full::new(bytes))).await {
                     Ok(resp) => resp.map(Body::new),
                     Err(s) => status_response(s),
                 };
             }
-        };
-        let ctx = HookContext {
-            store: self.store.clone(),
-        };
-        let (request, body) = if self.pipeline.wants(point, Stage::Before) {
-            match self.pipeline.before(&ctx, original.clone()).await {
-                Ok(b) if b.patches.is_empty() => (b.request, bytes),
-                Ok(b) => {
-                    let mut pieces: Vec<&[u8]> = vec![&bytes[FRAME_HEADER..]];
-                    pieces.extend(b.patches.iter().map(Vec::as_slice));
-                    (b.request, encode_frame(&pieces))
-                }
-                Err(f) => {
-                    self.stats.calls_refused.fetch_add(1, Ordering::Relaxed);
-                    return status_response(f.to_status());
-                }
-            }
-        } else {
-            (original.clone(), bytes)
         };
         parts.headers.remove(http::header::CONTENT_LENGTH);
         let resp = match self.send(parts, Body::new(Full::new(body))).await {
@@ -327,33 +395,41 @@ impl Forwarder {
         let trailers = collected.trailers().cloned();
         let data = collected.to_bytes();
         let code = status_of(&rparts.headers).or_else(|| trailers.as_ref().and_then(status_of));
-        if code == Some(Code::Ok) {
-            if let Unary::Message(m) = split_unary(&data) {
-                match point.decode_response(m) {
-                    Ok(decoded) => {
-                        record(&self.store, &original, &decoded);
-                        if self.pipeline.wants(point, Stage::After) {
-                            if let Err(f) = self
-                                .pipeline
-                                .after(&ctx, Arc::new(request), Arc::new(decoded))
-                                .await
-                            {
-                                self.stats.calls_refused.fetch_add(1, Ordering::Relaxed);
-                                return status_response(f.to_status());
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        warn!(method = %point, error = %e, "cannot decode runtime response; store not updated")
-                    }
-                }
-            }
+        if let Err(status) = self.complete(point, &original, request, code, &data).await {
+            return status_response(status);
         }
         Response::from_parts(
             rparts,
             Body::new(StreamBody::new(tokio_stream::iter(frames(data, trailers)))),
         )
     }
+
+    pub(crate) fn max_message(&self) -> usize {
+        self.max_message
+    }
+
+    pub(crate) fn backend_path(&self) -> &std::path::Path {
+        self.backend.socket_path()
+    }
+
+    pub(crate) fn shutdown_signal(&self) -> watch::Receiver<bool> {
+        self.shutdown.clone()
+    }
+}
+
+/// The outcome of preparing an intercepted request.
+#[allow(clippy::large_enum_variant)] // one per intercepted call, moved once
+pub(crate) enum Prepared {
+    /// Forward `body` (the original bytes, plus patches if any).
+    Forward {
+        original: CriRequest,
+        request: CriRequest,
+        body: Bytes,
+    },
+    /// Not decodable: forward unchanged; nothing to record.
+    Opaque(Bytes),
+    /// A fail-closed hook refused the call.
+    Refuse(Status),
 }
 
 fn frames(data: Bytes, trailers: Option<HeaderMap>) -> Vec<Result<Frame<Bytes>, Infallible>> {

@@ -3,7 +3,10 @@
 //!
 //! Layout:
 //! * [`server`]: wiring (sockets, store rebuild, serve, drain).
-//! * [`forward`]: the per-request proxy logic (bytes pass-through, interception).
+//! * [`relay`]: the default path: an HTTP/2 frame relay, kubelet's connection
+//!   paired 1:1 with one to the runtime.
+//! * [`forward`]: the per-request logic, HTTP/2 terminated (reflection clients,
+//!   runtime down, `relay: false`), and the interception steps both paths share.
 //! * [`grpc`]: gRPC framing, status responses and size limits.
 //! * [`cri`]: which CRI calls are intercepted, as typed values.
 //! * [`pipeline`]: hooks, their timeouts and failure policies.
@@ -22,8 +25,10 @@ pub mod cri;
 pub mod endpoint;
 pub mod forward;
 pub mod grpc;
+pub mod h2frame;
 pub mod pipeline;
 pub mod rebuild;
+pub mod relay;
 pub mod server;
 pub mod store;
 

@@ -47,6 +47,8 @@ pub struct ProxyConfig {
     pub resync_interval: Duration,
     /// Minimum time between two checkpoint writes.
     pub checkpoint_interval: Duration,
+    /// Relay HTTP/2 frames (fast path) instead of terminating HTTP/2 for every call.
+    pub relay: bool,
 }
 
 impl Default for ProxyConfig {
@@ -60,6 +62,7 @@ impl Default for ProxyConfig {
             drain_timeout: Duration::from_secs(30),
             resync_interval: Duration::from_secs(60),
             checkpoint_interval: Duration::from_millis(100),
+            relay: true,
         }
     }
 }
@@ -177,6 +180,7 @@ pub async fn start(cfg: ProxyConfig, pipeline: Pipeline) -> Result<Running, Star
             forwarder,
             rx.clone(),
             cfg.drain_timeout,
+            cfg.relay,
         )),
         tokio::spawn(serve_admin(admin_listener, admin, rx.clone())),
         tokio::spawn(checkpoint.run(store.clone(), rx.clone(), cfg.checkpoint_interval)),
@@ -202,6 +206,7 @@ async fn serve_proxy(
     fwd: Arc<Forwarder>,
     mut shutdown: watch::Receiver<bool>,
     drain: Duration,
+    relay: bool,
 ) {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
@@ -212,8 +217,9 @@ async fn serve_proxy(
         .initial_stream_window_size(Some(4 << 20))
         .initial_connection_window_size(Some(16 << 20))
         .max_send_buf_size(4 << 20);
+    let relays = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     loop {
-        let stream = tokio::select! {
+        let mut stream = tokio::select! {
             r = listener.accept() => match r {
                 Ok((s, _)) => s,
                 Err(e) => {
@@ -225,26 +231,68 @@ async fn serve_proxy(
             _ = stopped(&mut shutdown) => break,
         };
         let fwd = fwd.clone();
-        // the handler future is boxed: hyper spawns one task per stream, and a
-        // large inline future would be copied on every spawn and poll
-        let svc = hyper::service::service_fn(move |req| {
-            let fwd = fwd.clone();
-            let fut: BoxedResponse =
-                Box::pin(async move { Ok::<_, Infallible>(fwd.handle(req).await) });
-            fut
-        });
-        let conn =
-            graceful.watch(builder.serve_connection(TokioIo::new(AuthorityFix::new(stream)), svc));
+        let watcher = graceful.watcher();
+        let builder = builder.clone();
+        let relays = relays.clone();
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            let (replay, ack_dropped) = if relay {
+                match crate::relay::start(&mut stream, fwd.backend_path()).await {
+                    crate::relay::Start::Closed => return,
+                    crate::relay::Start::Relay {
+                        backend,
+                        pending,
+                        dec,
+                        ack_dropped,
+                    } => {
+                        relays.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        crate::relay::relay(stream, backend, pending, dec, ack_dropped, fwd).await;
+                        relays.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                        return;
+                    }
+                    crate::relay::Start::Terminate {
+                        replay,
+                        ack_dropped,
+                    } => (Some(replay), ack_dropped),
+                }
+            } else {
+                (None, true)
+            };
+            // the HTTP/2-terminating path; the handler future is boxed: hyper spawns
+            // one task per stream, and a large inline future would be copied on every spawn
+            let svc = hyper::service::service_fn(move |req| {
+                let fwd = fwd.clone();
+                let fut: BoxedResponse =
+                    Box::pin(async move { Ok::<_, Infallible>(fwd.handle(req).await) });
+                fut
+            });
+            let mut io = AuthorityFix::new(crate::relay::Replay::new(
+                replay.unwrap_or_default(),
+                stream,
+            ));
+            if !ack_dropped {
+                io = io.dropping_first_settings_ack();
+            }
+            if let Err(e) = watcher
+                .watch(builder.serve_connection(TokioIo::new(io), svc))
+                .await
+            {
                 debug!(error = %e, "proxy connection ended with an error");
             }
         });
     }
     drop(listener);
-    info!(connections = graceful.count(), "draining proxy connections");
+    info!(
+        connections = graceful.count(),
+        relayed = relays.load(std::sync::atomic::Ordering::SeqCst),
+        "draining proxy connections"
+    );
+    let relays_done = async {
+        while relays.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
     tokio::select! {
-        _ = graceful.shutdown() => info!("proxy drained"),
+        _ = async { tokio::join!(graceful.shutdown(), relays_done) } => info!("proxy drained"),
         _ = tokio::time::sleep(drain) => warn!(timeout = ?drain, "drain timeout; closing remaining calls"),
     }
 }

@@ -143,23 +143,26 @@ async fn main() {
         return;
     }
 
+    if let Some(i) = args.iter().position(|a| a == "--byte-relay") {
+        return byte_relay(&args[i + 1], &args[i + 2]).await;
+    }
     let tb = Testbed::main();
     let dir = scratch("bench");
-    // the floor any proxy pays on this machine: a byte relay (no HTTP/2 at all) between
-    // the client and containerd, one extra unix-socket hop each way
+    // the floor any out-of-process proxy pays here: a byte relay (no HTTP/2 at all) in its
+    // own process, with qoslet's runtime flavour (this binary, `--byte-relay` mode)
     let relay = dir.join("relay.sock");
-    let listener = tokio::net::UnixListener::bind(&relay).unwrap();
-    let backend = tb.sock.clone();
-    tokio::spawn(async move {
-        while let Ok((mut a, _)) = listener.accept().await {
-            let backend = backend.clone();
-            tokio::spawn(async move {
-                if let Ok(mut b) = tokio::net::UnixStream::connect(&backend).await {
-                    let _ = tokio::io::copy_bidirectional(&mut a, &mut b).await;
-                }
-            });
+    let mut floor_proc = std::process::Command::new(std::env::current_exe().unwrap())
+        .arg("--byte-relay")
+        .arg(&relay)
+        .arg(&tb.sock)
+        .spawn()
+        .expect("spawn the byte relay");
+    for _ in 0..100 {
+        if relay.exists() {
+            break;
         }
-    });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let q = QosletProcess::start(&dir, &tb.sock);
     let direct = Cri::connect(&tb.sock).await;
     let via = Cri::connect(&q.sock).await;
@@ -212,7 +215,7 @@ async fn main() {
         c.rt.version(cri::VersionRequest::default()).await.unwrap();
     })
     .await;
-    report("Version via byte relay", &d, &r, 1.10);
+    report("Version, byte relay", &d, &r, 1.10);
     let (d, v) = interleaved(500 / scale, &direct, &via, |mut c| async move {
         c.rt.list_containers(cri::ListContainersRequest::default())
             .await
@@ -267,9 +270,25 @@ async fn main() {
             t0.elapsed().as_secs_f64()
         );
     }
+    let _ = floor_proc.kill();
+    let _ = floor_proc.wait();
     let st = qoslet_integration::process::rss_kib(q.pid());
     println!(
         "\nRSS idle {idle_rss} KiB -> {st} KiB after {lifecycles} lifecycles ({:+.1}%)",
         (st as f64 / idle_rss as f64 - 1.0) * 100.0
     );
+}
+
+/// `--byte-relay LISTEN BACKEND`: copies bytes between each client and a new
+/// backend connection, nothing else.
+async fn byte_relay(listen: &str, backend: &str) {
+    let listener = tokio::net::UnixListener::bind(listen).unwrap();
+    while let Ok((mut a, _)) = listener.accept().await {
+        let backend = backend.to_string();
+        tokio::spawn(async move {
+            if let Ok(mut b) = tokio::net::UnixStream::connect(&backend).await {
+                let _ = tokio::io::copy_bidirectional(&mut a, &mut b).await;
+            }
+        });
+    }
 }
