@@ -454,8 +454,41 @@ async fn undecodable_intercepted_request_is_forwarded_unchanged(relay: bool) {
     running.shutdown().await;
 }
 
+async fn large_intercepted_requests_still_reach_the_runtime_unchanged(relay: bool) {
+    let dir = scratch("large");
+    let fake = FakeBackend::start(&dir.join("backend.sock"), |_| created_reply()).await;
+    let (running, sock, _) = start_proxy_mode(&dir, &fake.sock, Pipeline::new(), relay).await;
+    // 2,000 environment variables (~60 KiB): more than the relay holds for interception
+    let mut req = create_request();
+    req.config.as_mut().unwrap().envs = (0..2000)
+        .map(|i| cri::KeyValue {
+            key: format!("VAR_{i:05}"),
+            value: "x".repeat(20),
+        })
+        .collect();
+    let msg = req.encode_to_vec();
+    assert!(msg.len() > 50_000);
+    let mut c = RawClient::connect(&sock).await.unwrap();
+    let r = c.call(CREATE, &[], frame(&msg)).await.unwrap();
+    assert_eq!(r.grpc_status(), Some((0, String::new())));
+    assert_eq!(
+        &fake.seen_on(CREATE)[0].body[5..],
+        &msg[..],
+        "byte for byte"
+    );
+    running.shutdown().await;
+}
+
 /// Every test runs against both paths: the frame relay and the HTTP/2-terminating proxy.
 mod both_paths {
+    #[tokio::test]
+    async fn large_intercepted_requests_still_reach_the_runtime_unchanged_relay() {
+        super::large_intercepted_requests_still_reach_the_runtime_unchanged(true).await
+    }
+    #[tokio::test]
+    async fn large_intercepted_requests_still_reach_the_runtime_unchanged_terminating() {
+        super::large_intercepted_requests_still_reach_the_runtime_unchanged(false).await
+    }
     #[tokio::test]
     async fn unknown_fields_survive_interception_with_and_without_a_patch_relay() {
         super::unknown_fields_survive_interception_with_and_without_a_patch(true).await

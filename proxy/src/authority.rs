@@ -23,8 +23,8 @@ use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::h2frame::{
-    headers_fragment, literal_block, write_header_frames, ACK, CONTINUATION, END_HEADERS,
-    END_STREAM, FRAME_HEADER, HEADERS, PREFACE, SETTINGS,
+    headers_fragment, literal_block, write_header_frames, HeaderDecoder, ACK, CONTINUATION,
+    END_HEADERS, END_STREAM, FRAME_HEADER, HEADERS, PREFACE, SETTINGS,
 };
 /// A header block larger than this is not decoded (passed on for h2 to judge).
 const MAX_BLOCK: usize = 1 << 20;
@@ -43,8 +43,8 @@ struct Block {
 
 enum Mode {
     Preface,
-    Detect(Box<fluke_hpack::Decoder<'static>>),
-    Rewrite(Box<fluke_hpack::Decoder<'static>>),
+    Detect(Box<HeaderDecoder>),
+    Rewrite(Box<HeaderDecoder>),
     /// Frames are followed (forwarded raw) only to drop one SETTINGS ACK.
     Scan,
     Passthrough,
@@ -132,9 +132,7 @@ impl<S> AuthorityFix<S> {
                     }
                     let p = self.inbuf.split_to(PREFACE.len());
                     self.out.extend_from_slice(&p);
-                    let mut d = fluke_hpack::Decoder::new();
-                    d.set_max_allowed_table_size(65_536);
-                    self.mode = Mode::Detect(Box::new(d));
+                    self.mode = Mode::Detect(Box::default());
                 }
                 Mode::Detect(_) | Mode::Rewrite(_) | Mode::Scan => {
                     if self.inbuf.len() < FRAME_HEADER {

@@ -519,17 +519,35 @@ async fn upstream(
                         payload.extend_from_slice(data);
                         raw.extend_from_slice(&f.raw);
                         *flow += f.payload().len() as u32;
-                        if payload.len() > HOLD_CAP {
-                            // far larger than any CRI request: pass it through uninspected
+                        if payload.len() > HOLD_CAP || (end && st.backend_done) {
+                            // far larger than any CRI request (or already answered by the
+                            // runtime): pass it through uninspected
                             warn!(
                                 stream = f.stream,
                                 bytes = payload.len(),
-                                "intercepted request too large to hold; forwarded without hooks"
+                                "intercepted request not held; forwarded without hooks"
                             );
                             stats.undecodable_messages.fetch_add(1, Ordering::Relaxed);
-                            let (_, raw, _) = st.req.take().expect("held");
+                            let (payload, raw, flow) = st.req.take().expect("held");
                             st.point = None;
+                            if let Some(len) = st.req_scan.scan(&payload, conn.limit) {
+                                stats.oversized_messages.fetch_add(1, Ordering::Relaxed);
+                                st.taken = true;
+                                st.client_done = true;
+                                st.backend_done = true;
+                                rst_stream(&mut to_backend, f.stream, CANCEL);
+                                trailers_only(
+                                    &mut to_client,
+                                    f.stream,
+                                    &too_large(len, conn.limit),
+                                );
+                                rst_stream(&mut to_client, f.stream, CANCEL);
+                                window_update(&mut to_client, 0, flow);
+                                continue;
+                            }
                             to_backend.extend_from_slice(&raw);
+                            let id = f.stream;
+                            Conn::finish_if_done(&mut s, id);
                         } else if end {
                             let (payload, raw, flow) = st.req.take().expect("held");
                             st.resp = Some(Held::default());
@@ -720,6 +738,7 @@ async fn downstream(conn: Arc<Conn>, mut br: tokio::net::unix::OwnedReadHalf) {
                             // too large to hold: release what we have and stop inspecting
                             let h = st.resp.take().expect("held");
                             st.resp_started = true;
+                            let _ = st.resp_scan.scan(&h.data, usize::MAX); // keep following the framing
                             for (hs, e) in &h.blocks {
                                 let b = literal_block(
                                     hs.iter().map(|(n, v)| (n.as_slice(), v.as_slice())),
