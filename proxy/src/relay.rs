@@ -12,11 +12,12 @@
 //!   header block. A reflection request (grpcurl) or an unreachable runtime
 //!   hands the connection to the HTTP/2-terminating path ([`crate::forward`]),
 //!   with the bytes read so far replayed and our SETTINGS' ACK removed.
-//! * Client -> runtime: frames are forwarded unchanged, except header blocks:
-//!   they are HPACK-decoded (mirroring the client's encoder table), to learn
-//!   each stream's method, and re-encoded as literals without indexing (the
-//!   same headers; an intercepted call drops `content-length`, as its body may
-//!   grow). For intercepted calls the request DATA is held until
+//! * Client -> runtime: frames are forwarded unchanged. Header blocks are
+//!   HPACK-decoded (mirroring the client's encoder table) to learn each
+//!   stream's method; if one must change (an intercepted call drops
+//!   `content-length`, as its body may grow; kubelet never sends one), it and
+//!   every later block are re-encoded as literals without indexing. For
+//!   intercepted calls the request DATA is held until
 //!   END_STREAM, decoded once, run through the hooks, and forwarded as the
 //!   original bytes plus patches (or refused: RST to the runtime, a gRPC status
 //!   to the client).
@@ -413,6 +414,7 @@ async fn upstream(
         }
     }
     let mut block: Option<(u32, u8, BytesMut, BytesMut)> = None; // stream, first flags, fragment, raw
+    let mut reencode = false;
     let mut chunk = vec![0u8; 64 * 1024];
     loop {
         let mut to_backend = BytesMut::new();
@@ -489,16 +491,24 @@ async fn upstream(
                         st.client_done |= end;
                     }
                     drop(s);
-                    // re-encoded as literals: the runtime's HPACK table never depends on the
-                    // client's, so qoslet may drop, delay or change requests; a patched body
-                    // changes the length, so an intercepted call loses its content-length
-                    let b = literal_block(
-                        headers
-                            .iter()
-                            .filter(|(n, _)| !(intercepted && n == b"content-length"))
-                            .map(|(n, v)| (n.as_slice(), v.as_slice())),
-                    );
-                    write_header_frames(&mut to_backend, sid, end, &b);
+                    // forwarded as they came, until a block must change (an intercepted call
+                    // whose body may grow must lose its content-length; kubelet never sends one):
+                    // from then on every block is re-encoded as literals, so the runtime's HPACK
+                    // table no longer depends on the client's
+                    if intercepted && headers.iter().any(|(n, _)| n == b"content-length") {
+                        reencode = true;
+                    }
+                    if reencode {
+                        let b = literal_block(
+                            headers
+                                .iter()
+                                .filter(|(n, _)| !(intercepted && n == b"content-length"))
+                                .map(|(n, v)| (n.as_slice(), v.as_slice())),
+                        );
+                        write_header_frames(&mut to_backend, sid, end, &b);
+                    } else {
+                        to_backend.extend_from_slice(&raw);
+                    }
                 }
                 DATA => {
                     let end = f.flags & END_STREAM != 0;
