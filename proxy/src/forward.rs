@@ -46,6 +46,8 @@ pub struct ProxyStats {
     pub calls_refused: AtomicU64,
     pub oversized_messages: AtomicU64,
     pub undecodable_messages: AtomicU64,
+    pub connections_relayed: AtomicU64,
+    pub connections_terminated: AtomicU64,
 }
 
 type LocalService = tower::util::BoxCloneSyncService<Request<Incoming>, Response<Body>, Infallible>;

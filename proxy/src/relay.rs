@@ -72,7 +72,13 @@ pub(crate) enum Start {
         ack_dropped: bool,
     },
     /// Hand it to the HTTP/2-terminating path with these bytes replayed first.
-    Terminate { replay: Bytes, ack_dropped: bool },
+    /// `runtime_down`: chosen because the runtime was unreachable (the
+    /// connection should move back to the relay once it is up again).
+    Terminate {
+        replay: Bytes,
+        ack_dropped: bool,
+        runtime_down: bool,
+    },
     /// The client went away (or sent nothing in time).
     Closed,
 }
@@ -110,6 +116,7 @@ pub(crate) async fn start(client: &mut UnixStream, backend_path: &std::path::Pat
             return Start::Terminate {
                 replay: raw.freeze(),
                 ack_dropped: false,
+                runtime_down: false,
             }
         }
     };
@@ -117,6 +124,7 @@ pub(crate) async fn start(client: &mut UnixStream, backend_path: &std::path::Pat
         return Start::Terminate {
             replay: raw.freeze(),
             ack_dropped: false,
+            runtime_down: false,
         };
     };
     let mut pending = raw;
@@ -131,6 +139,7 @@ pub(crate) async fn start(client: &mut UnixStream, backend_path: &std::path::Pat
         return Start::Terminate {
             replay: pending.freeze(),
             ack_dropped,
+            runtime_down: false,
         };
     }
     match UnixStream::connect(backend_path).await {
@@ -148,6 +157,7 @@ pub(crate) async fn start(client: &mut UnixStream, backend_path: &std::path::Pat
             Start::Terminate {
                 replay: pending.freeze(),
                 ack_dropped,
+                runtime_down: true,
             }
         }
     }

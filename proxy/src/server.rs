@@ -235,7 +235,7 @@ async fn serve_proxy(
         let builder = builder.clone();
         let relays = relays.clone();
         tokio::spawn(async move {
-            let (replay, ack_dropped) = if relay {
+            let (replay, ack_dropped, runtime_down) = if relay {
                 match crate::relay::start(&mut stream, fwd.backend_path()).await {
                     crate::relay::Start::Closed => return,
                     crate::relay::Start::Relay {
@@ -245,6 +245,9 @@ async fn serve_proxy(
                         ack_dropped,
                     } => {
                         relays.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        fwd.stats()
+                            .connections_relayed
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         crate::relay::relay(stream, backend, pending, dec, ack_dropped, fwd).await;
                         relays.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
                         return;
@@ -252,13 +255,19 @@ async fn serve_proxy(
                     crate::relay::Start::Terminate {
                         replay,
                         ack_dropped,
-                    } => (Some(replay), ack_dropped),
+                        runtime_down,
+                    } => (Some(replay), ack_dropped, runtime_down),
                 }
             } else {
-                (None, true)
+                (None, true, false)
             };
             // the HTTP/2-terminating path; the handler future is boxed: hyper spawns
             // one task per stream, and a large inline future would be copied on every spawn
+            fwd.stats()
+                .connections_terminated
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let backend_path = fwd.backend_path().to_path_buf();
+            let mut stop = fwd.shutdown_signal();
             let svc = hyper::service::service_fn(move |req| {
                 let fwd = fwd.clone();
                 let fut: BoxedResponse =
@@ -272,12 +281,38 @@ async fn serve_proxy(
             if !ack_dropped {
                 io = io.dropping_first_settings_ack();
             }
-            if let Err(e) = watcher
-                .watch(builder.serve_connection(TokioIo::new(io), svc))
-                .await
-            {
-                debug!(error = %e, "proxy connection ended with an error");
+            let conn = builder.serve_connection(TokioIo::new(io), svc);
+            if !runtime_down {
+                if let Err(e) = watcher.watch(conn).await {
+                    debug!(error = %e, "proxy connection ended with an error");
+                }
+                return;
             }
+            // accepted while the runtime was down: once it is back, close this connection
+            // gracefully (GOAWAY, in-flight calls finish) so the client reconnects to the relay
+            relays.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::pin!(conn);
+            let mut closing = false;
+            loop {
+                tokio::select! {
+                    r = conn.as_mut() => {
+                        if let Err(e) = r {
+                            debug!(error = %e, "proxy connection ended with an error");
+                        }
+                        break;
+                    }
+                    _ = runtime_up(&backend_path), if !closing => {
+                        debug!("runtime is back; moving this connection to the relay");
+                        conn.as_mut().graceful_shutdown();
+                        closing = true;
+                    }
+                    _ = stopped(&mut stop), if !closing => {
+                        conn.as_mut().graceful_shutdown();
+                        closing = true;
+                    }
+                }
+            }
+            relays.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
         });
     }
     drop(listener);
@@ -370,6 +405,16 @@ async fn resync(
             }
             Ok(Err(e)) => debug!(error = %e, "resync failed"),
             Err(_) => debug!("resync timed out"),
+        }
+    }
+}
+
+/// Resolves once the runtime's socket accepts connections (checked every second).
+async fn runtime_up(path: &std::path::Path) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if tokio::net::UnixStream::connect(path).await.is_ok() {
+            return;
         }
     }
 }
