@@ -1,0 +1,16 @@
+//! qoslet's QoS policy, as pure functions: no I/O, no async, no transport.
+//!
+//! * [`class`]: a pod's QoS class (Koordinator's label, else inferred from the
+//!   Kubernetes QoS visible in the sandbox cgroup parent), with where it came from.
+//! * [`batch`]: batch resources (`kubernetes.io/batch-cpu`/`batch-memory`) from
+//!   Koordinator's `node.koordinator.sh/extended-resource-spec` annotation,
+//!   turned into CFS shares, quota and a memory limit.
+//!
+//! Callers (the proxy's hooks) do the I/O; everything here is table-tested.
+
+#![forbid(unsafe_code)]
+
+pub mod batch;
+pub mod class;
+
+pub use class::{classify, ClassDecision, ClassSource, KubeQos, QosClass};
