@@ -30,6 +30,10 @@ pub struct FileConfig {
     pub hooks: Option<HooksConfig>,
     /// Relay HTTP/2 frames (default true); false terminates HTTP/2 for every call.
     pub relay: Option<bool>,
+    /// Apply QoS isolation at the runtime hooks (default true); false: a pure proxy.
+    pub isolation: Option<bool>,
+    /// Root of the cgroup filesystem (default /sys/fs/cgroup).
+    pub cgroup_root: Option<PathBuf>,
 }
 
 /// Defaults for every hook (the hooks themselves come with later features).

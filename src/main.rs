@@ -4,6 +4,7 @@
 
 mod cli;
 mod config;
+mod isolation;
 
 use std::path::PathBuf;
 
@@ -132,10 +133,27 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
     if let Some(v) = &file.resync_interval {
         cfg.resync_interval = config::parse_duration(v)?;
     }
-    // hooks.* settings apply to the hooks later features register; none are built in yet
-    let _hook_defaults = hook_settings(file.hooks.as_ref())?;
+    let settings = hook_settings(file.hooks.as_ref())?;
+    let pipeline = if file.isolation.unwrap_or(true) {
+        let root = file
+            .cgroup_root
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup"));
+        let cgroups = match qoslet_cgroups::Cgroups::detect(&root) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::warn!(error = %e, "no cgroups found; only settings CRI carries will be applied");
+                None
+            }
+        };
+        let hook: std::sync::Arc<dyn qoslet_proxy::Hook> =
+            std::sync::Arc::new(isolation::Isolation::new(cgroups));
+        qoslet_proxy::Pipeline::with_hooks(vec![(hook, settings)])
+    } else {
+        qoslet_proxy::Pipeline::new()
+    };
 
-    let running = qoslet_proxy::start(cfg, qoslet_proxy::Pipeline::new()).await?;
+    let running = qoslet_proxy::start(cfg, pipeline).await?;
     wait_for_signal().await?;
     tracing::info!("signal received; draining");
     running.shutdown().await;

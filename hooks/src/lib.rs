@@ -5,6 +5,8 @@
 //! * [`batch`]: batch resources (`kubernetes.io/batch-cpu`/`batch-memory`) from
 //!   Koordinator's `node.koordinator.sh/extended-resource-spec` annotation,
 //!   turned into CFS shares, quota and a memory limit.
+//! * [`decide`]: per pod and container, what to override in CRI resources and
+//!   which cgroup settings to write, each with the rule behind it.
 //!
 //! Callers (the proxy's hooks) do the I/O; everything here is table-tested.
 
@@ -12,5 +14,6 @@
 
 pub mod batch;
 pub mod class;
+pub mod decide;
 
 pub use class::{classify, ClassDecision, ClassSource, KubeQos, QosClass};

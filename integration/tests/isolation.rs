@@ -1,0 +1,271 @@
+//! QoS isolation applied at the runtime hooks, on the real containerd 1.6 +
+//! runc and this machine's real cgroup v1 (needs root and the test bed).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use k8s_cri::v1 as cri;
+use qoslet_integration::process::QosletProcess;
+use qoslet_integration::testbed::{
+    self, cgroup_v1, container_config, pod_config, Cri, Testbed, SLEEP_LOOP,
+};
+use qoslet_integration::{channel, eventually, scratch, unique};
+use qoslet_proto::admin::{admin_client::AdminClient, ListPodsRequest, Pod};
+
+const SPEC: &str = r#"{"containers":{"batch":{"requests":{"kubernetes.io/batch-cpu":"500","kubernetes.io/batch-memory":"64Mi"},"limits":{"kubernetes.io/batch-cpu":"1000","kubernetes.io/batch-memory":"128Mi"}}}}"#;
+
+fn classed(
+    name: &str,
+    cgroup_parent: &str,
+    class: &str,
+    annotations: &[(&str, &str)],
+) -> cri::PodSandboxConfig {
+    let mut p = pod_config(name, cgroup_parent);
+    p.labels
+        .insert("koordinator.sh/qosClass".into(), class.into());
+    for (k, v) in annotations {
+        p.annotations.insert(k.to_string(), v.to_string());
+    }
+    p
+}
+
+/// What kubelet sends for a BestEffort container (batch resources are not cpu/memory).
+fn besteffort() -> cri::LinuxContainerResources {
+    cri::LinuxContainerResources {
+        cpu_period: 100_000,
+        cpu_quota: 0,
+        cpu_shares: 2,
+        memory_limit_in_bytes: 0,
+        ..Default::default()
+    }
+}
+
+async fn pod(admin: &std::path::Path, id: &str) -> Pod {
+    let pods = AdminClient::new(channel(admin).await)
+        .list_pods(ListPodsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .pods;
+    pods.into_iter()
+        .find(|p| p.id == id)
+        .expect("pod in ListPods")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_be_pod_with_batch_resources_gets_its_class_settings_and_keeps_them() {
+    let tb = Testbed::main();
+    let dir = scratch("isolation");
+    let mut q = QosletProcess::start(&dir, &tb.sock);
+    let mut via = Cri::connect(&q.sock).await;
+
+    // a BE pod with batch resources
+    let be = unique("be");
+    let be_cgp = tb.cgroup_parent(&be);
+    let be_cfg = classed(
+        &be,
+        &be_cgp,
+        "BE",
+        &[("node.koordinator.sh/extended-resource-spec", SPEC)],
+    );
+    let be_pod = via.run_pod(&be_cfg).await.unwrap();
+    let be_ctr = via
+        .create(
+            &be_pod,
+            &be_cfg,
+            container_config("batch", SLEEP_LOOP, Some(besteffort())),
+        )
+        .await
+        .unwrap();
+    via.start(&be_ctr).await.unwrap();
+    let cg = format!("{be_cgp}/{be_ctr}");
+    let check_be = || {
+        assert_eq!(
+            cgroup_v1("cpu", &cg, "cpu.cfs_quota_us"),
+            "100000",
+            "batch-cpu limit 1000m"
+        );
+        assert_eq!(cgroup_v1("cpu", &cg, "cpu.cfs_period_us"), "100000");
+        assert_eq!(
+            cgroup_v1("cpu", &cg, "cpu.shares"),
+            "512",
+            "batch-cpu request 500m"
+        );
+        assert_eq!(
+            cgroup_v1("memory", &cg, "memory.limit_in_bytes"),
+            (128u64 << 20).to_string(),
+            "batch-memory limit"
+        );
+        // SCHED_IDLE on the pod's cgroup (the kernel refuses shares writes on an idle cgroup,
+        // and the runtime writes the container's shares at every update)
+        assert_eq!(
+            cgroup_v1("cpu", &be_cgp, "cpu.idle"),
+            "1",
+            "BE pod runs SCHED_IDLE"
+        );
+        assert_eq!(cgroup_v1("cpu", &cg, "cpu.idle"), "0");
+    };
+    check_be();
+
+    // an LS pod: untouched
+    let ls = unique("ls");
+    let ls_cgp = tb.cgroup_parent(&ls);
+    let ls_cfg = classed(
+        &ls,
+        &ls_cgp,
+        "LS",
+        &[("node.koordinator.sh/extended-resource-spec", SPEC)],
+    );
+    let ls_pod = via.run_pod(&ls_cfg).await.unwrap();
+    let ls_res = cri::LinuxContainerResources {
+        cpu_period: 100_000,
+        cpu_quota: 50_000,
+        cpu_shares: 1024,
+        memory_limit_in_bytes: 64 << 20,
+        ..Default::default()
+    };
+    let ls_ctr = via
+        .create(
+            &ls_pod,
+            &ls_cfg,
+            container_config("batch", SLEEP_LOOP, Some(ls_res)),
+        )
+        .await
+        .unwrap();
+    via.start(&ls_ctr).await.unwrap();
+    let lcg = format!("{ls_cgp}/{ls_ctr}");
+    assert_eq!(cgroup_v1("cpu", &lcg, "cpu.cfs_quota_us"), "50000");
+    assert_eq!(cgroup_v1("cpu", &lcg, "cpu.shares"), "1024");
+    assert_eq!(cgroup_v1("cpu", &lcg, "cpu.idle"), "0");
+
+    // kubelet's periodic update does not undo the class's settings
+    via.rt
+        .update_container_resources(cri::UpdateContainerResourcesRequest {
+            container_id: be_ctr.clone(),
+            linux: Some(besteffort()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    check_be();
+
+    // what qoslet applied, and why, is visible
+    let status = via
+        .rt
+        .container_status(cri::ContainerStatusRequest {
+            container_id: be_ctr.clone(),
+            verbose: false,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status
+        .unwrap();
+    assert_eq!(
+        status
+            .annotations
+            .get("qoslet.io/qos-class")
+            .map(String::as_str),
+        Some("BE")
+    );
+    let lr = status
+        .resources
+        .and_then(|r| r.linux)
+        .expect("runtime's resources");
+    assert_eq!(
+        (lr.cpu_shares, lr.cpu_quota, lr.memory_limit_in_bytes),
+        (512, 100_000, 128 << 20),
+        "the runtime applied the patch"
+    );
+    let p = pod(&q.admin, &be_pod).await;
+    assert_eq!(p.applied.get("class").map(String::as_str), Some("BE"));
+    let c = p.containers.iter().find(|c| c.id == be_ctr).unwrap();
+    assert_eq!(c.applied.get("class").map(String::as_str), Some("BE"));
+    assert!(
+        c.applied["cpu.cfs_quota_us"].starts_with("100000 (BE batch-cpu limit 1000m"),
+        "{:?}",
+        c.applied
+    );
+    assert!(p.applied["cpu.idle"].starts_with('1'), "{:?}", p.applied);
+    assert_eq!(
+        c.requested.as_ref().unwrap().cpu_shares,
+        2,
+        "what kubelet asked for stays recorded"
+    );
+
+    // qoslet killed and restarted: it still knows what it applied; the files are unchanged
+    qoslet_integration::eventually("checkpoint written", Duration::from_secs(5), || {
+        let p = q.state_dir.join("store.json");
+        async move {
+            std::fs::read_to_string(p)
+                .ok()
+                .filter(|s| s.contains("BE batch-cpu limit"))
+                .map(|_| ())
+        }
+    })
+    .await;
+    q.kill9();
+    q.restart();
+    let c = pod(&q.admin, &be_pod)
+        .await
+        .containers
+        .into_iter()
+        .find(|c| c.id == be_ctr)
+        .unwrap();
+    assert!(
+        c.applied.contains_key("cpu.cfs_quota_us"),
+        "{:?}",
+        c.applied
+    );
+    check_be();
+
+    let mut via = Cri::connect(&q.sock).await;
+    via.remove_pod(&be_pod).await;
+    via.remove_pod(&ls_pod).await;
+    testbed::remove_cgroup_dirs(&be_cgp);
+    testbed::remove_cgroup_dirs(&ls_cgp);
+    let _ = HashMap::<(), ()>::new();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_hostile_cgroup_parent_is_never_written_outside_the_cgroup_root() {
+    let tb = Testbed::main();
+    let dir = scratch("hostile");
+    let q = QosletProcess::start(&dir, &tb.sock);
+    let mut via = Cri::connect(&q.sock).await;
+    // a file qoslet would overwrite if it joined the parent naively to /sys/fs/cgroup/cpu
+    let evil = std::path::PathBuf::from(format!("/tmp/qoslet-evil-{}", std::process::id()));
+    std::fs::create_dir_all(&evil).unwrap();
+    std::fs::write(evil.join("cpu.idle"), "0\n").unwrap();
+    let name = unique("hostile");
+    let parent = format!("/qoslet-test/a/../../../../../../..{}", evil.display());
+    let cfg = classed(&name, &parent, "BE", &[]);
+    // containerd/runc clean the path themselves (and stay inside the cgroup root); whatever they
+    // do with it, qoslet refuses the parent and writes nothing
+    if let Ok(pod) = via.run_pod(&cfg).await {
+        if let Ok(ctr) = via
+            .create(
+                &pod,
+                &cfg,
+                container_config("app", SLEEP_LOOP, Some(besteffort())),
+            )
+            .await
+        {
+            let _ = via.start(&ctr).await;
+        }
+        via.remove_pod(&pod).await;
+    }
+    assert_eq!(
+        std::fs::read_to_string(evil.join("cpu.idle")).unwrap(),
+        "0\n",
+        "nothing written outside the cgroup root"
+    );
+    eventually("the refusal is logged", Duration::from_secs(5), || {
+        let log = q.log_text();
+        async move { log.contains("refused").then_some(()) }
+    })
+    .await;
+    std::fs::remove_dir_all(&evil).unwrap();
+    testbed::remove_cgroup_dirs(&evil.display().to_string());
+    testbed::remove_cgroup_dirs("/tmp");
+}

@@ -1,0 +1,309 @@
+//! The isolation hook: wires the pure policy (`qoslet-hooks`) and the cgroup
+//! writer (`qoslet-cgroups`) into the proxy's interception points.
+//!
+//! * CreateContainer (before): the container's class decides a resource patch
+//!   (BE batch resources -> cpu shares, CFS quota, memory limit) that the
+//!   runtime applies at create, plus `qoslet.io/*` annotations.
+//! * UpdateContainerResources (before): the same patch again, so kubelet's
+//!   periodic updates do not undo it.
+//! * RunPodSandbox / StartContainer (after): cgroup settings CRI cannot carry
+//!   (`cpu.idle`, group identity) written to the pod's and container's cgroups.
+//! * CreateContainer (after): what was applied is recorded in the store.
+//!
+//! Bad input (unknown class label, malformed annotation, hostile cgroup parent,
+//! a missing kernel feature) is a logged warning and the pod runs as kubelet
+//! asked.
+
+use std::sync::Arc;
+
+use qoslet_cgroups::{CgroupPath, Cgroups, Features, Knob};
+use qoslet_hooks::decide::{self, ContainerDecision};
+use qoslet_hooks::{classify, QosClass};
+use qoslet_proto::cri;
+use qoslet_proxy::cri::{CriRequest, CriResponse, HookPoint};
+use qoslet_proxy::pipeline::{BoxError, BoxFuture, HookContext, Stage};
+use qoslet_proxy::store::{PodRecord, Store};
+use qoslet_proxy::Hook;
+use tracing::{debug, warn};
+
+/// Annotation qoslet puts on containers it changed: the class.
+pub const ANNOTATION_CLASS: &str = "qoslet.io/qos-class";
+/// Annotation qoslet puts on containers it changed: what it set (`k=v,...`).
+pub const ANNOTATION_APPLIED: &str = "qoslet.io/applied";
+
+pub struct Isolation {
+    cgroups: Option<Arc<Cgroups>>,
+    features: Features,
+}
+
+impl Isolation {
+    /// `cgroups`: the host's cgroups, or `None` when none were found (then
+    /// only CRI-carried settings are applied).
+    pub fn new(cgroups: Option<Cgroups>) -> Self {
+        let features = cgroups
+            .as_ref()
+            .map(|c| c.host().features.clone())
+            .unwrap_or_default();
+        Self {
+            cgroups: cgroups.map(Arc::new),
+            features,
+        }
+    }
+}
+
+/// The class of a pod, logging input problems.
+fn class_of(pod: &PodRecord) -> Option<QosClass> {
+    let d = classify(&pod.labels, &pod.cgroup_parent);
+    for w in &d.warnings {
+        warn!(pod = %pod.name, namespace = %pod.namespace, "{w}");
+    }
+    d.class
+}
+
+fn pod_from_config(c: &cri::PodSandboxConfig) -> PodRecord {
+    PodRecord::from_config("", c, "")
+}
+
+fn resources_with(
+    mut r: cri::LinuxContainerResources,
+    d: &ContainerDecision,
+) -> cri::LinuxContainerResources {
+    let p = d.patch;
+    if let Some(v) = p.cpu_shares {
+        r.cpu_shares = v;
+    }
+    if let Some(v) = p.cpu_quota {
+        r.cpu_quota = v;
+    }
+    if let Some(v) = p.cpu_period {
+        r.cpu_period = v;
+    }
+    if let Some(v) = p.memory_limit_in_bytes {
+        r.memory_limit_in_bytes = v;
+    }
+    r
+}
+
+fn applied(d: &ContainerDecision) -> String {
+    d.rules
+        .iter()
+        .map(|r| format!("{}={}", r.setting, r.value))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Writes knobs to a cgroup (blocking I/O off the async threads). Errors are logged.
+async fn write(
+    cgroups: Option<Arc<Cgroups>>,
+    cg: CgroupPath,
+    knobs: Vec<Knob>,
+) -> Result<(), BoxError> {
+    let Some(c) = cgroups else { return Ok(()) };
+    if knobs.is_empty() {
+        return Ok(());
+    }
+    tokio::task::spawn_blocking(move || {
+        for k in &knobs {
+            c.apply(&cg, k).map_err(|e| Box::new(e) as BoxError)?;
+            debug!(cgroup = %cg, knob = ?k, "applied");
+        }
+        Ok(())
+    })
+    .await
+    .map_err(|e| Box::new(e) as BoxError)?
+}
+
+fn record(store: &Store, container: &str, class: QosClass, d: &ContainerDecision) {
+    store.set_container_applied(container, "class", class.as_str());
+    for r in &d.rules {
+        store.set_container_applied(
+            container,
+            &r.setting,
+            &format!("{} ({})", r.value, r.because),
+        );
+    }
+}
+
+impl Hook for Isolation {
+    fn name(&self) -> &str {
+        "isolation"
+    }
+
+    fn handles(&self, point: HookPoint, stage: Stage) -> bool {
+        matches!(
+            (point, stage),
+            (HookPoint::CreateContainer, _)
+                | (HookPoint::UpdateContainerResources, Stage::Before)
+                | (HookPoint::RunPodSandbox, Stage::After)
+                | (HookPoint::StartContainer, Stage::After)
+        )
+    }
+
+    fn before(
+        &self,
+        ctx: HookContext,
+        req: Arc<CriRequest>,
+    ) -> BoxFuture<Result<Option<CriRequest>, BoxError>> {
+        let features = self.features.clone();
+        Box::pin(async move {
+            match &*req {
+                CriRequest::CreateContainer(r) => {
+                    let pod = ctx
+                        .store
+                        .pod(&r.pod_sandbox_id)
+                        .or_else(|| r.sandbox_config.as_ref().map(pod_from_config));
+                    let (Some(pod), Some(cfg)) = (pod, r.config.as_ref()) else {
+                        return Ok(None);
+                    };
+                    let Some(class) = class_of(&pod) else {
+                        return Ok(None);
+                    };
+                    let name = cfg
+                        .metadata
+                        .as_ref()
+                        .map(|m| m.name.as_str())
+                        .unwrap_or_default();
+                    let d = decide::container(class, name, &pod.annotations, &features);
+                    for w in &d.warnings {
+                        warn!(pod = %pod.name, container = name, "{w}");
+                    }
+                    let mut annotations: std::collections::HashMap<String, String> =
+                        [(ANNOTATION_CLASS.to_string(), class.as_str().to_string())].into();
+                    if !d.rules.is_empty() {
+                        annotations.insert(ANNOTATION_APPLIED.into(), applied(&d));
+                    }
+                    let resources = (!d.patch.is_empty())
+                        .then(|| resources_with(cri::LinuxContainerResources::default(), &d));
+                    Ok(Some(CriRequest::CreateContainer(
+                        cri::CreateContainerRequest {
+                            config: Some(cri::ContainerConfig {
+                                annotations,
+                                linux: resources.map(|r| cri::LinuxContainerConfig {
+                                    resources: Some(r),
+                                    ..Default::default()
+                                }),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        },
+                    )))
+                }
+                CriRequest::UpdateContainerResources(r) => {
+                    let (Some(c), Some(pod)) = (
+                        ctx.store.container(&r.container_id),
+                        ctx.store.pod_of(&r.container_id),
+                    ) else {
+                        return Ok(None);
+                    };
+                    let Some(class) = class_of(&pod) else {
+                        return Ok(None);
+                    };
+                    let d = decide::container(class, &c.name, &pod.annotations, &features);
+                    if d.patch.is_empty() {
+                        return Ok(None);
+                    }
+                    // kubelet's update must not undo the class's settings: they win where qoslet owns them
+                    Ok(Some(CriRequest::UpdateContainerResources(
+                        cri::UpdateContainerResourcesRequest {
+                            linux: Some(resources_with(
+                                cri::LinuxContainerResources::default(),
+                                &d,
+                            )),
+                            ..Default::default()
+                        },
+                    )))
+                }
+                _ => Ok(None),
+            }
+        })
+    }
+
+    fn after(
+        &self,
+        ctx: HookContext,
+        req: Arc<CriRequest>,
+        resp: Arc<CriResponse>,
+    ) -> BoxFuture<Result<(), BoxError>> {
+        let (features, cgroups) = (self.features.clone(), self.cgroups.clone());
+        Box::pin(async move {
+            match (&*req, &*resp) {
+                (CriRequest::RunPodSandbox(_), CriResponse::RunPodSandbox(o)) => {
+                    let Some(pod) = ctx.store.pod(&o.pod_sandbox_id) else {
+                        return Ok(());
+                    };
+                    let Some(class) = class_of(&pod) else {
+                        return Ok(());
+                    };
+                    ctx.store.set_pod_applied(&pod.id, "class", class.as_str());
+                    let d = decide::pod(class, &features);
+                    let cg = match CgroupPath::parse(&pod.cgroup_parent) {
+                        Ok(cg) if !cg.as_str().is_empty() => cg,
+                        Ok(_) => return Ok(()),
+                        Err(e) => {
+                            warn!(pod = %pod.name, error = %e, "cgroup parent refused; pod-level settings skipped");
+                            return Ok(());
+                        }
+                    };
+                    write(cgroups, cg, d.cgroup).await?;
+                    for r in &d.rules {
+                        ctx.store.set_pod_applied(
+                            &pod.id,
+                            &r.setting,
+                            &format!("{} ({})", r.value, r.because),
+                        );
+                    }
+                    Ok(())
+                }
+                (CriRequest::CreateContainer(r), CriResponse::CreateContainer(o)) => {
+                    let Some(pod) = ctx.store.pod(&r.pod_sandbox_id) else {
+                        return Ok(());
+                    };
+                    let Some(class) = class_of(&pod) else {
+                        return Ok(());
+                    };
+                    let name = r
+                        .config
+                        .as_ref()
+                        .and_then(|c| c.metadata.as_ref())
+                        .map(|m| m.name.clone())
+                        .unwrap_or_default();
+                    let mut d = decide::container(class, &name, &pod.annotations, &features);
+                    d.rules.retain(|r| !is_cgroup_rule(&r.setting)); // cgroup-only settings are recorded at start
+                    record(&ctx.store, &o.container_id, class, &d);
+                    Ok(())
+                }
+                (CriRequest::StartContainer(r), _) => {
+                    let (Some(c), Some(pod)) = (
+                        ctx.store.container(&r.container_id),
+                        ctx.store.pod_of(&r.container_id),
+                    ) else {
+                        return Ok(());
+                    };
+                    let Some(class) = class_of(&pod) else {
+                        return Ok(());
+                    };
+                    let d = decide::container(class, &c.name, &pod.annotations, &features);
+                    let cg = match CgroupPath::parse(&pod.cgroup_parent)
+                        .and_then(|p| p.child(&c.id))
+                    {
+                        Ok(cg) => cg,
+                        Err(e) => {
+                            warn!(pod = %pod.name, container = %c.name, error = %e, "cgroup path refused; container settings skipped");
+                            return Ok(());
+                        }
+                    };
+                    write(cgroups, cg, d.cgroup.clone()).await?;
+                    let mut only_cgroup = d.clone();
+                    only_cgroup.rules.retain(|r| is_cgroup_rule(&r.setting));
+                    record(&ctx.store, &c.id, class, &only_cgroup);
+                    Ok(())
+                }
+                _ => Ok(()),
+            }
+        })
+    }
+}
+
+fn is_cgroup_rule(setting: &str) -> bool {
+    matches!(setting, "cpu.idle" | "cpu.bvt.warp_ns")
+}
