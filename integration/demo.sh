@@ -32,23 +32,29 @@ echo "  qoslet pid $QPID; services on its socket (from qoslet's reflection, no .
 "$GRPCURL" -plaintext -unix "$QSOCK" list | sed 's/^/    /'
 echo "  runtime behind it: $(rt Version '{}' | jq -c .)"
 
-run() { # name class cgroup-parent resources
+run() { # name class cgroup-parent resources [annotations-json]
   local pod sb c
-  pod=$(pod_json "$1" "uid-$1" "$3" "{\"app\":\"$1\",\"koordinator.sh/qosClass\":\"$2\"}")
+  pod=$(pod_json "$1" "uid-$1" "$3" "{\"app\":\"$1\",\"koordinator.sh/qosClass\":\"$2\"}" | jq -c --argjson a "${5:-{\}}" '.annotations = $a')
   sb=$(rt RunPodSandbox "{\"config\":$pod}" | jq -r .podSandboxId)
   c=$(rt CreateContainer "$(ctr_json "$sb" "$pod" main "$4")" | jq -r .containerId)
   rt StartContainer "{\"container_id\":\"$c\"}" >/dev/null
   echo "$sb $c"
 }
-say "an LS pod (Burstable: 1 core limit, 1024 shares, 256 MiB) and a BE pod (BestEffort) through qoslet"
+say "an LS pod (Burstable: 1 core limit, 1024 shares, 256 MiB) and a BE pod (BestEffort, batch resources) through qoslet"
+BATCH='{"node.koordinator.sh/extended-resource-spec":"{\"containers\":{\"main\":{\"requests\":{\"kubernetes.io/batch-cpu\":\"500\"},\"limits\":{\"kubernetes.io/batch-cpu\":\"1000\",\"kubernetes.io/batch-memory\":\"128Mi\"}}}}"}'
+echo "  BE pod annotation (Koordinator's webhook writes it): $(jq -r '.["node.koordinator.sh/extended-resource-spec"]' <<<"$BATCH")"
+echo "  kubelet asks for the BE container: cpu_shares=2, no quota, no memory limit"
 read -r LS_SB LS_C < <(run demo-ls LS /qoslet-test/demo/kubepods/burstable/poddemo-ls \
   '{"cpu_period":100000,"cpu_quota":100000,"cpu_shares":1024,"memory_limit_in_bytes":268435456}')
-read -r BE_SB BE_C < <(run demo-be BE /qoslet-test/demo/kubepods/besteffort/poddemo-be '{"cpu_shares":2}')
+read -r BE_SB BE_C < <(run demo-be BE /qoslet-test/demo/kubepods/besteffort/poddemo-be '{"cpu_shares":2,"cpu_period":100000}' "$BATCH")
 for x in "LS /qoslet-test/demo/kubepods/burstable/poddemo-ls/$LS_C" "BE /qoslet-test/demo/kubepods/besteffort/poddemo-be/$BE_C"; do
   set -- $x
   echo "  $1 container cgroup $2:"
   echo "    cpu.shares=$(cat /sys/fs/cgroup/cpu$2/cpu.shares) cpu.cfs_quota_us=$(cat /sys/fs/cgroup/cpu$2/cpu.cfs_quota_us) memory.limit_in_bytes=$(cat /sys/fs/cgroup/memory$2/memory.limit_in_bytes)"
+  echo "    pod cgroup cpu.idle=$(cat /sys/fs/cgroup/cpu${2%/*}/cpu.idle)"
 done
+echo "  (the BE values come from qoslet: batch-cpu 500m request -> 512 shares, 1000m limit -> 100000 us quota,"
+echo "   batch-memory 128Mi -> memory limit, and SCHED_IDLE on the BE pod's cgroup)"
 
 say "what qoslet knows: qoslet pods (its store, checkpointed to $D/state)"
 "$Q" pods --admin "unix://$ASOCK" -n default | sed 's/^/  /'

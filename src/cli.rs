@@ -60,7 +60,8 @@ pub async fn status(a: AdminArgs) -> Result<()> {
                 "counters": s.counters.as_ref().map(|c| serde_json::json!({"pods": c.pods, "containers": c.containers,
                     "callsTotal": c.calls_total, "callsPassthrough": c.calls_passthrough, "callsIntercepted": c.calls_intercepted,
                     "backendUnavailable": c.backend_unavailable, "hookErrors": c.hook_errors, "hookTimeouts": c.hook_timeouts,
-                    "hookPanics": c.hook_panics, "callsRefused": c.calls_refused, "oversizedMessages": c.oversized_messages})),
+                    "hookPanics": c.hook_panics, "callsRefused": c.calls_refused, "oversizedMessages": c.oversized_messages,
+                    "connectionsRelayed": c.connections_relayed, "connectionsTerminated": c.connections_terminated})),
             }))?
         );
         return Ok(());
@@ -90,6 +91,10 @@ pub async fn status(a: AdminArgs) -> Result<()> {
     println!(
         "hooks: {} errors, {} timeouts, {} panics",
         c.hook_errors, c.hook_timeouts, c.hook_panics
+    );
+    println!(
+        "connections: {} relayed, {} with HTTP/2 terminated",
+        c.connections_relayed, c.connections_terminated
     );
     Ok(())
 }
