@@ -159,3 +159,91 @@ pub async fn pods(a: PodsArgs) -> Result<()> {
 fn short(id: &str) -> &str {
     &id[..id.len().min(13)]
 }
+
+#[derive(clap::Args)]
+pub struct ExplainArgs {
+    #[command(flatten)]
+    pub admin: AdminArgs,
+    /// The pod: `namespace/name`, `name`, or a pod sandbox id (prefix).
+    pub pod: String,
+}
+
+/// Splits a stored "value (rule)" into its parts.
+fn value_and_rule(v: &str) -> (&str, &str) {
+    match v.split_once(" (") {
+        Some((val, rule)) => (val, rule.strip_suffix(')').unwrap_or(rule)),
+        None => (v, ""),
+    }
+}
+
+pub async fn explain(a: ExplainArgs) -> Result<()> {
+    let pods = connect(&a.admin.admin)
+        .await?
+        .list_pods(ListPodsRequest::default())
+        .await
+        .context("ListPods")?
+        .into_inner()
+        .pods;
+    let (ns, name) = a
+        .pod
+        .split_once('/')
+        .map(|(n, p)| (Some(n), p))
+        .unwrap_or((None, a.pod.as_str()));
+    let matches: Vec<_> = pods
+        .iter()
+        .filter(|p| {
+            (p.name == name && ns.is_none_or(|n| n == p.namespace))
+                || (a.pod.len() >= 6 && p.id.starts_with(&a.pod))
+        })
+        .collect();
+    let p = match matches.as_slice() {
+        [p] => *p,
+        [] => anyhow::bail!("no pod {:?} in qoslet's store (see `qoslet pods`)", a.pod),
+        _ => anyhow::bail!(
+            "{:?} matches {} pods; use namespace/name or the sandbox id",
+            a.pod,
+            matches.len()
+        ),
+    };
+    if a.admin.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "pod": format!("{}/{}", p.namespace, p.name), "id": p.id, "cgroupParent": p.cgroup_parent, "applied": p.applied,
+                "containers": p.containers.iter().map(|c| serde_json::json!({"name": c.name, "id": c.id, "applied": c.applied})).collect::<Vec<_>>(),
+            }))?
+        );
+        return Ok(());
+    }
+    println!(
+        "pod {}/{} ({}), cgroup parent {}",
+        p.namespace,
+        p.name,
+        short(&p.id),
+        p.cgroup_parent
+    );
+    match p.applied.get("class") {
+        Some(class) => println!("  class {class}, from {}", p.applied.get("class-source").map(String::as_str).unwrap_or("?")),
+        None => println!("  no class: qoslet leaves this pod as kubelet asked (no class label, not a kubepods cgroup, or skipped)"),
+    }
+    let show = |applied: &std::collections::HashMap<String, String>, indent: &str| {
+        let mut keys: Vec<_> = applied
+            .keys()
+            .filter(|k| *k != "class" && *k != "class-source")
+            .collect();
+        keys.sort();
+        for k in keys {
+            let (v, rule) = value_and_rule(&applied[k]);
+            println!("{indent}{k} = {v}    <- {rule}");
+        }
+    };
+    show(&p.applied, "    pod cgroup: ");
+    for c in &p.containers {
+        println!("  container {} ({}):", c.name, short(&c.id));
+        if c.applied.len() <= 1 {
+            println!("    nothing changed: runs as kubelet asked");
+        }
+        show(&c.applied, "    ");
+    }
+    Ok(())
+}

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use qoslet_cgroups::{CgroupPath, Cgroups, Features, Knob};
 use qoslet_hooks::decide::{self, ContainerDecision};
-use qoslet_hooks::{classify, QosClass};
+use qoslet_hooks::{classify, ClassSource, QosClass};
 use qoslet_proto::cri;
 use qoslet_proxy::cri::{CriRequest, CriResponse, HookPoint};
 use qoslet_proxy::pipeline::{BoxError, BoxFuture, HookContext, Stage};
@@ -58,6 +58,18 @@ fn class_of(pod: &PodRecord) -> Option<QosClass> {
         warn!(pod = %pod.name, namespace = %pod.namespace, "{w}");
     }
     d.class
+}
+
+/// Where a pod's class comes from, in words (for `qoslet explain`).
+fn class_source(pod: &PodRecord) -> String {
+    match classify(&pod.labels, &pod.cgroup_parent).source {
+        ClassSource::Label => format!("label {}", qoslet_hooks::class::LABEL_QOS_CLASS),
+        ClassSource::KubeQos(q) => {
+            format!("Kubernetes QoS {q:?} (cgroup parent {})", pod.cgroup_parent)
+        }
+        ClassSource::Skipped => format!("label {} (skipped)", qoslet_hooks::class::LABEL_SKIP),
+        ClassSource::Unknown => "none".into(),
+    }
 }
 
 fn pod_from_config(c: &cri::PodSandboxConfig) -> PodRecord {
@@ -235,6 +247,8 @@ impl Hook for Isolation {
                         return Ok(());
                     };
                     ctx.store.set_pod_applied(&pod.id, "class", class.as_str());
+                    ctx.store
+                        .set_pod_applied(&pod.id, "class-source", &class_source(&pod));
                     let d = decide::pod(class, &features);
                     let cg = match CgroupPath::parse(&pod.cgroup_parent) {
                         Ok(cg) if !cg.as_str().is_empty() => cg,

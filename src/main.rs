@@ -30,6 +30,8 @@ enum Cmd {
     Status(cli::AdminArgs),
     /// List the pods and containers a running qoslet knows.
     Pods(cli::PodsArgs),
+    /// Explain what qoslet applied to a pod and why (class, its source, each setting and its rule).
+    Explain(cli::ExplainArgs),
 }
 
 #[derive(clap::Args)]
@@ -71,6 +73,7 @@ fn main() -> std::process::ExitCode {
             Cmd::Proxy(a) => run_proxy(a).await,
             Cmd::Status(a) => cli::status(a).await,
             Cmd::Pods(a) => cli::pods(a).await,
+            Cmd::Explain(a) => cli::explain(a).await,
         }
     });
     match r {

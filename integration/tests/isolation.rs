@@ -193,6 +193,31 @@ async fn real_be_pod_with_batch_resources_gets_its_class_settings_and_keeps_them
         "what kubelet asked for stays recorded"
     );
 
+    // `qoslet explain` says why
+    let out = std::process::Command::new(qoslet_integration::process::qoslet_bin())
+        .args([
+            "explain",
+            &format!("--admin=unix://{}", q.admin.display()),
+            &format!("qoslet-e2e/{be}"),
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("class BE, from label koordinator.sh/qosClass"),
+        "{text}"
+    );
+    assert!(
+        text.contains("cpu.cfs_quota_us = 100000    <- BE batch-cpu limit 1000m"),
+        "{text}"
+    );
+    assert!(text.contains("pod cgroup: cpu.idle = 1"), "{text}");
+
     // qoslet killed and restarted: it still knows what it applied; the files are unchanged
     qoslet_integration::eventually("checkpoint written", Duration::from_secs(5), || {
         let p = q.state_dir.join("store.json");

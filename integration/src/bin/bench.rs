@@ -241,6 +241,64 @@ async fn main() {
     setup.remove_pod(&pod).await;
     testbed::remove_cgroup_dirs(&cgp);
 
+    // the isolation hook: decision time, and CreateContainer with hooks on vs off vs direct
+    decisions();
+    let off_dir = dir.join("hooks-off");
+    std::fs::create_dir_all(&off_dir).unwrap();
+    std::fs::write(off_dir.join("qoslet.yaml"), "isolation: false\n").unwrap();
+    let q_off = QosletProcess::start_with(
+        &off_dir,
+        &tb.sock,
+        &[&format!(
+            "--config={}",
+            off_dir.join("qoslet.yaml").display()
+        )],
+    );
+    let via_off = Cri::connect(&q_off.sock).await;
+    let name = unique("bench-be");
+    let cgp = tb.cgroup_parent(&name);
+    let mut be_cfg = pod_config(&name, &cgp);
+    be_cfg
+        .labels
+        .insert("koordinator.sh/qosClass".into(), "BE".into());
+    be_cfg.annotations.insert(
+        "node.koordinator.sh/extended-resource-spec".into(),
+        r#"{"containers":{"c":{"requests":{"kubernetes.io/batch-cpu":"500"},"limits":{"kubernetes.io/batch-cpu":"1000","kubernetes.io/batch-memory":"128Mi"}}}}"#.into(),
+    );
+    let mut setup = direct.clone();
+    let be_pod = setup.run_pod(&be_cfg).await.unwrap();
+    let n = if quick { 10 } else { 40 };
+    let (mut d, mut on, mut off) = (vec![], vec![], vec![]);
+    for i in 0..n {
+        for k in 0..3 {
+            let which = (i + k) % 3;
+            let mut c = [&direct, &via, &via_off][which].clone();
+            let t = Instant::now();
+            let id = c
+                .create(&be_pod, &be_cfg, container_config("c", SLEEP_LOOP, None))
+                .await
+                .unwrap();
+            [&mut d, &mut on, &mut off][which].push(t.elapsed());
+            setup
+                .rt
+                .remove_container(cri::RemoveContainerRequest { container_id: id })
+                .await
+                .unwrap();
+        }
+    }
+    let (d, on, off) = (Samples(d), Samples(on), Samples(off));
+    println!(
+        "CreateContainer (BE, batch) n={n}: direct p50 {:.0} us | qoslet hooks off p50 {:.0} us ({:.3}x) | qoslet hooks on p50 {:.0} us ({:.3}x)",
+        us(d.pct(0.5)),
+        us(off.pct(0.5)),
+        us(off.pct(0.5)) / us(d.pct(0.5)),
+        us(on.pct(0.5)),
+        us(on.pct(0.5)) / us(d.pct(0.5))
+    );
+    setup.remove_pod(&be_pod).await;
+    testbed::remove_cgroup_dirs(&cgp);
+    drop(q_off);
+
     // RSS across lifecycles through qoslet (2 at a time, like kubelet's parallel pod workers)
     println!("\nqoslet RSS across {lifecycles} pod lifecycles through qoslet:");
     println!("  after {:>5} lifecycles: {:>6} KiB", 0, q.rss_kib());
@@ -291,4 +349,39 @@ async fn byte_relay(listen: &str, backend: &str) {
             }
         });
     }
+}
+
+/// Time of one isolation decision (class + container decision), pure CPU.
+fn decisions() {
+    use std::collections::BTreeMap;
+    let labels: BTreeMap<String, String> =
+        [("koordinator.sh/qosClass".to_string(), "BE".to_string())].into();
+    let annotations: BTreeMap<String, String> = [(
+        "node.koordinator.sh/extended-resource-spec".to_string(),
+        r#"{"containers":{"c":{"requests":{"kubernetes.io/batch-cpu":"500"},"limits":{"kubernetes.io/batch-cpu":"1000","kubernetes.io/batch-memory":"128Mi"}}}}"#.to_string(),
+    )]
+    .into();
+    let features = qoslet_cgroups::Features {
+        cpu_idle: true,
+        cpu_burst: true,
+        ..Default::default()
+    };
+    let n = 100_000;
+    let t = Instant::now();
+    let mut sink = 0usize;
+    for _ in 0..n {
+        let class =
+            qoslet_hooks::classify(std::hint::black_box(&labels), "/kubepods/besteffort/pod1")
+                .class
+                .unwrap();
+        let d = qoslet_hooks::decide::container(
+            class,
+            "c",
+            std::hint::black_box(&annotations),
+            &features,
+        );
+        sink += d.rules.len();
+    }
+    let per = t.elapsed().as_secs_f64() * 1e6 / n as f64;
+    println!("isolation decision per container (class + batch annotation + decision): {per:.2} us (target < 20 us) [{sink}]");
 }
