@@ -217,14 +217,19 @@ impl Cri {
     }
 }
 
-/// A host-network pod config under `cgroup_parent`.
-pub fn pod_config(name: &str, cgroup_parent: &str) -> cri::PodSandboxConfig {
-    let ns = cri::NamespaceOption {
+/// Host network (no CNI on the test bed), own PID namespace, the pod's IPC.
+fn host_network() -> cri::NamespaceOption {
+    cri::NamespaceOption {
         network: cri::NamespaceMode::Node as i32,
         pid: cri::NamespaceMode::Container as i32,
         ipc: cri::NamespaceMode::Pod as i32,
         ..Default::default()
-    };
+    }
+}
+
+/// A host-network pod config under `cgroup_parent`.
+pub fn pod_config(name: &str, cgroup_parent: &str) -> cri::PodSandboxConfig {
+    let ns = host_network();
     cri::PodSandboxConfig {
         metadata: Some(cri::PodSandboxMetadata {
             name: name.into(),
@@ -253,12 +258,7 @@ pub fn container_config(
     script: &str,
     resources: Option<cri::LinuxContainerResources>,
 ) -> cri::ContainerConfig {
-    let ns = cri::NamespaceOption {
-        network: cri::NamespaceMode::Node as i32,
-        pid: cri::NamespaceMode::Container as i32,
-        ipc: cri::NamespaceMode::Pod as i32,
-        ..Default::default()
-    };
+    let ns = host_network();
     cri::ContainerConfig {
         metadata: Some(cri::ContainerMetadata {
             name: name.into(),
