@@ -80,7 +80,10 @@ fn resources_with(
     mut r: cri::LinuxContainerResources,
     d: &ContainerDecision,
 ) -> cri::LinuxContainerResources {
-    let p = d.patch;
+    let p = &d.patch;
+    if let Some(v) = &p.cpuset_cpus {
+        r.cpuset_cpus = v.clone();
+    }
     if let Some(v) = p.cpu_shares {
         r.cpu_shares = v;
     }

@@ -8,15 +8,19 @@ use std::collections::BTreeMap;
 use qoslet_cgroups::{Features, Knob};
 
 use crate::batch::{parse_spec, Batch, ANNOTATION_EXTENDED_RESOURCE_SPEC};
+
+/// Koordinator's scheduler writes the CPUs an LSE/LSR pod is bound to here: `{"cpuset":"0-3"}`.
+pub const ANNOTATION_RESOURCE_STATUS: &str = "scheduling.koordinator.sh/resource-status";
 use crate::class::QosClass;
 
 /// Resource fields qoslet overrides in CRI `LinuxContainerResources`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ResourcePatch {
     pub cpu_shares: Option<i64>,
     pub cpu_quota: Option<i64>,
     pub cpu_period: Option<i64>,
     pub memory_limit_in_bytes: Option<i64>,
+    pub cpuset_cpus: Option<String>,
 }
 
 impl ResourcePatch {
@@ -125,8 +129,59 @@ pub fn container(
             }
         }
     }
+    if matches!(class, QosClass::Lse | QosClass::Lsr) {
+        if let Some(a) = pod_annotations.get(ANNOTATION_RESOURCE_STATUS) {
+            match bound_cpus(a) {
+                Ok(Some(cpus)) => {
+                    d.rules.push(rule(
+                        "cpuset.cpus",
+                        &cpus,
+                        format!(
+                            "{} pod bound to CPUs {cpus} by {ANNOTATION_RESOURCE_STATUS}",
+                            class.as_str()
+                        ),
+                    ));
+                    d.patch.cpuset_cpus = Some(cpus);
+                }
+                Ok(None) => {}
+                Err(why) => d.warnings.push(format!(
+                    "{ANNOTATION_RESOURCE_STATUS}: {why}; cpuset left as kubelet asked"
+                )),
+            }
+        }
+    }
     identity(class, features, false, &mut d.cgroup, &mut d.rules);
     d
+}
+
+/// The `cpuset` of a resource-status annotation, validated (`0-3,8`).
+fn bound_cpus(annotation: &str) -> Result<Option<String>, String> {
+    #[derive(serde::Deserialize)]
+    struct Status {
+        #[serde(default)]
+        cpuset: Option<String>,
+    }
+    let v: serde_json::Value =
+        serde_json::from_str(annotation).map_err(|e| format!("not JSON: {e}"))?;
+    if !v.is_object() {
+        return Err("not a JSON object".into());
+    }
+    let s: Status = serde_json::from_value(v).map_err(|e| e.to_string())?;
+    let Some(cpus) = s
+        .cpuset
+        .map(|c| c.trim().to_string())
+        .filter(|c| !c.is_empty())
+    else {
+        return Ok(None);
+    };
+    let well_formed = cpus
+        .bytes()
+        .all(|b| b.is_ascii_digit() || b == b',' || b == b'-')
+        && qoslet_cgroups::cgroup::cpu_count(&cpus) > 0;
+    if !well_formed || cpus.len() > 1024 {
+        return Err(format!("malformed cpuset {cpus:?}"));
+    }
+    Ok(Some(cpus))
 }
 
 fn batch(b: &Batch, d: &mut ContainerDecision) {
@@ -186,7 +241,8 @@ mod tests {
                 cpu_shares: Some(512),
                 cpu_quota: Some(100_000),
                 cpu_period: Some(100_000),
-                memory_limit_in_bytes: Some(256 << 20)
+                memory_limit_in_bytes: Some(256 << 20),
+                cpuset_cpus: None,
             }
         );
         assert!(d.cgroup.is_empty(), "cpu.idle is a pod-level setting");
@@ -250,6 +306,7 @@ mod tests {
                     cpu_quota: Some(100_000),
                     cpu_period: Some(100_000),
                     memory_limit_in_bytes: Some(256 << 20),
+                    cpuset_cpus: None,
                 },
                 vec![],
                 0,
@@ -275,6 +332,45 @@ mod tests {
         let d = container(QosClass::Be, "sidecar", &ann(SPEC), &upstream());
         assert!(d.patch.is_empty());
         assert!(d.cgroup.is_empty());
+    }
+
+    #[test]
+    fn lsr_cpusets_from_the_scheduler() {
+        let a = |v: &str| -> BTreeMap<String, String> {
+            [(ANNOTATION_RESOURCE_STATUS.to_string(), v.to_string())].into()
+        };
+        let d = container(
+            QosClass::Lsr,
+            "app",
+            &a(r#"{"cpuset":"0-3,8"}"#),
+            &upstream(),
+        );
+        assert_eq!(d.patch.cpuset_cpus.as_deref(), Some("0-3,8"));
+        assert_eq!(d.rules[0].setting, "cpuset.cpus");
+        assert!(
+            container(QosClass::Ls, "app", &a(r#"{"cpuset":"1"}"#), &upstream())
+                .patch
+                .is_empty(),
+            "LS shares the pool"
+        );
+        for bad in [
+            r#"{"cpuset":"1;rm -rf /"}"#,
+            r#"{"cpuset":"x"}"#,
+            "[]",
+            "{",
+            r#"{"cpuset":"3-1"}"#,
+        ] {
+            let d = container(QosClass::Lse, "app", &a(bad), &upstream());
+            assert!(d.patch.is_empty() && d.warnings.len() == 1, "{bad}: {d:?}");
+        }
+        assert!(container(
+            QosClass::Lsr,
+            "app",
+            &a(r#"{"numaNodeResources":[]}"#),
+            &upstream()
+        )
+        .warnings
+        .is_empty());
     }
 
     #[test]

@@ -138,6 +138,53 @@ async fn real_be_pod_with_batch_resources_gets_its_class_settings_and_keeps_them
     assert_eq!(cgroup_v1("cpu", &lcg, "cpu.shares"), "1024");
     assert_eq!(cgroup_v1("cpu", &lcg, "cpu.idle"), "0");
 
+    // an LSR pod bound to CPU 1 by the scheduler
+    let lsr = unique("lsr");
+    let lsr_cgp = tb.cgroup_parent(&lsr);
+    let lsr_cfg = classed(
+        &lsr,
+        &lsr_cgp,
+        "LSR",
+        &[(
+            "scheduling.koordinator.sh/resource-status",
+            r#"{"cpuset":"1"}"#,
+        )],
+    );
+    let lsr_pod = via.run_pod(&lsr_cfg).await.unwrap();
+    let lsr_res = cri::LinuxContainerResources {
+        cpu_period: 100_000,
+        cpu_quota: 100_000,
+        cpu_shares: 1024,
+        memory_limit_in_bytes: 64 << 20,
+        ..Default::default()
+    };
+    let lsr_ctr = via
+        .create(
+            &lsr_pod,
+            &lsr_cfg,
+            container_config("app", SLEEP_LOOP, Some(lsr_res.clone())),
+        )
+        .await
+        .unwrap();
+    via.start(&lsr_ctr).await.unwrap();
+    let rcg = format!("{lsr_cgp}/{lsr_ctr}");
+    assert_eq!(cgroup_v1("cpuset", &rcg, "cpuset.cpus"), "1");
+    via.rt
+        .update_container_resources(cri::UpdateContainerResourcesRequest {
+            container_id: lsr_ctr.clone(),
+            linux: Some(lsr_res),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        cgroup_v1("cpuset", &rcg, "cpuset.cpus"),
+        "1",
+        "kept through kubelet's update"
+    );
+    via.remove_pod(&lsr_pod).await;
+    testbed::remove_cgroup_dirs(&lsr_cgp);
+
     // kubelet's periodic update does not undo the class's settings
     via.rt
         .update_container_resources(cri::UpdateContainerResourcesRequest {
