@@ -34,6 +34,16 @@ pub struct FileConfig {
     pub isolation: Option<bool>,
     /// Root of the cgroup filesystem (default /sys/fs/cgroup).
     pub cgroup_root: Option<PathBuf>,
+    /// The QoS policy, with Koordinator's NodeSLO names.
+    pub policy: Option<PolicyConfig>,
+}
+
+/// `policy:` — NodeSLO's names and defaults.
+#[derive(Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyConfig {
+    #[serde(rename = "resourceQOSStrategy", default)]
+    pub resource_qos_strategy: qoslet_hooks::policy::ResourceQosStrategy,
 }
 
 /// Defaults for every hook (the hooks themselves come with later features).
@@ -75,6 +85,11 @@ pub fn parse(text: &str) -> Result<FileConfig> {
     }
     if let Some(t) = cfg.hooks.as_ref().and_then(|h| h.timeout.as_ref()) {
         parse_duration(t).context("key hooks.timeout")?;
+    }
+    if let Some(p) = &cfg.policy {
+        p.resource_qos_strategy
+            .validate()
+            .map_err(|e| anyhow::anyhow!("key policy.{e}"))?;
     }
     if let Some(n) = cfg.max_message_bytes {
         if !(1024..=(1 << 30)).contains(&n) {
@@ -160,6 +175,24 @@ mod tests {
             c.hooks.unwrap().failure_policy,
             Some(qoslet_proxy::FailurePolicy::FailOpen)
         );
+    }
+
+    #[test]
+    fn policy_section_uses_node_slo_names() {
+        let c = parse("policy:\n  resourceQOSStrategy:\n    beClass:\n      memoryQOS:\n        enable: true\n        lowLimitPercent: 50\n").unwrap();
+        let p = c.policy.unwrap().resource_qos_strategy;
+        assert!(p.be_class.memory_qos.enable);
+        assert_eq!(p.be_class.cpu_qos.group_identity, -1, "defaults kept");
+        let e = format!("{:#}", parse("policy:\n  resourceQOSStrategy:\n    lsClass:\n      memoryQOS:\n        minLimitPercent: 300\n").unwrap_err());
+        assert!(
+            e.contains("policy.resourceQOSStrategy.lsClass.memoryQOS.minLimitPercent"),
+            "{e}"
+        );
+        let e = format!(
+            "{:#}",
+            parse("policy:\n  resourceQOSStrategy:\n    lsClass:\n      memQOS: {}\n").unwrap_err()
+        );
+        assert!(e.contains("memQOS"), "{e}");
     }
 
     #[test]

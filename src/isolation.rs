@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use qoslet_cgroups::{CgroupPath, Cgroups, Features, Knob};
 use qoslet_hooks::decide::{self, ContainerDecision};
+use qoslet_hooks::policy::ResourceQosStrategy;
 use qoslet_hooks::{classify, ClassSource, QosClass};
 use qoslet_proto::cri;
 use qoslet_proxy::cri::{CriRequest, CriResponse, HookPoint};
@@ -33,20 +34,43 @@ pub const ANNOTATION_APPLIED: &str = "qoslet.io/applied";
 
 pub struct Isolation {
     cgroups: Option<Arc<Cgroups>>,
+    shared: Arc<Shared>,
+}
+
+/// What every decision reads.
+struct Shared {
     features: Features,
+    v2: bool,
+    policy: ResourceQosStrategy,
+}
+
+impl Shared {
+    fn ctx(&self) -> decide::Context<'_> {
+        decide::Context {
+            features: &self.features,
+            v2: self.v2,
+            policy: &self.policy,
+            page_size: 4096,
+        }
+    }
 }
 
 impl Isolation {
     /// `cgroups`: the host's cgroups, or `None` when none were found (then
     /// only CRI-carried settings are applied).
-    pub fn new(cgroups: Option<Cgroups>) -> Self {
+    pub fn new(cgroups: Option<Cgroups>, policy: ResourceQosStrategy) -> Self {
         let features = cgroups
             .as_ref()
             .map(|c| c.host().features.clone())
             .unwrap_or_default();
+        let v2 = cgroups.as_ref().is_some_and(|c| c.host().is_v2());
         Self {
             cgroups: cgroups.map(Arc::new),
-            features,
+            shared: Arc::new(Shared {
+                features,
+                v2,
+                policy,
+            }),
         }
     }
 }
@@ -95,6 +119,9 @@ fn resources_with(
     }
     if let Some(v) = p.memory_limit_in_bytes {
         r.memory_limit_in_bytes = v;
+    }
+    for (k, v) in &p.unified {
+        r.unified.insert(k.clone(), v.clone());
     }
     r
 }
@@ -159,7 +186,7 @@ impl Hook for Isolation {
         ctx: HookContext,
         req: Arc<CriRequest>,
     ) -> BoxFuture<Result<Option<CriRequest>, BoxError>> {
-        let features = self.features.clone();
+        let shared = self.shared.clone();
         Box::pin(async move {
             match &*req {
                 CriRequest::CreateContainer(r) => {
@@ -178,7 +205,13 @@ impl Hook for Isolation {
                         .as_ref()
                         .map(|m| m.name.as_str())
                         .unwrap_or_default();
-                    let d = decide::container(class, name, &pod.annotations, &features);
+                    let limit = cfg
+                        .linux
+                        .as_ref()
+                        .and_then(|l| l.resources.as_ref())
+                        .map(|r| r.memory_limit_in_bytes)
+                        .unwrap_or(0);
+                    let d = decide::container(class, name, &pod.annotations, limit, &shared.ctx());
                     for w in &d.warnings {
                         warn!(pod = %pod.name, container = name, "{w}");
                     }
@@ -213,7 +246,13 @@ impl Hook for Isolation {
                     let Some(class) = class_of(&pod) else {
                         return Ok(None);
                     };
-                    let d = decide::container(class, &c.name, &pod.annotations, &features);
+                    let limit = r
+                        .linux
+                        .as_ref()
+                        .map(|l| l.memory_limit_in_bytes)
+                        .unwrap_or(0);
+                    let d =
+                        decide::container(class, &c.name, &pod.annotations, limit, &shared.ctx());
                     if d.patch.is_empty() {
                         return Ok(None);
                     }
@@ -239,7 +278,7 @@ impl Hook for Isolation {
         req: Arc<CriRequest>,
         resp: Arc<CriResponse>,
     ) -> BoxFuture<Result<(), BoxError>> {
-        let (features, cgroups) = (self.features.clone(), self.cgroups.clone());
+        let (shared, cgroups) = (self.shared.clone(), self.cgroups.clone());
         Box::pin(async move {
             match (&*req, &*resp) {
                 (CriRequest::RunPodSandbox(_), CriResponse::RunPodSandbox(o)) => {
@@ -252,7 +291,7 @@ impl Hook for Isolation {
                     ctx.store.set_pod_applied(&pod.id, "class", class.as_str());
                     ctx.store
                         .set_pod_applied(&pod.id, "class-source", &class_source(&pod));
-                    let d = decide::pod(class, &features);
+                    let d = decide::pod(class, &shared.ctx());
                     let cg = match CgroupPath::parse(&pod.cgroup_parent) {
                         Ok(cg) if !cg.as_str().is_empty() => cg,
                         Ok(_) => return Ok(()),
@@ -284,7 +323,15 @@ impl Hook for Isolation {
                         .and_then(|c| c.metadata.as_ref())
                         .map(|m| m.name.clone())
                         .unwrap_or_default();
-                    let mut d = decide::container(class, &name, &pod.annotations, &features);
+                    let limit = r
+                        .config
+                        .as_ref()
+                        .and_then(|c| c.linux.as_ref())
+                        .and_then(|l| l.resources.as_ref())
+                        .map(|r| r.memory_limit_in_bytes)
+                        .unwrap_or(0);
+                    let mut d =
+                        decide::container(class, &name, &pod.annotations, limit, &shared.ctx());
                     d.rules.retain(|r| !is_cgroup_rule(&r.setting)); // cgroup-only settings are recorded at start
                     record(&ctx.store, &o.container_id, class, &d);
                     Ok(())
@@ -299,7 +346,13 @@ impl Hook for Isolation {
                     let Some(class) = class_of(&pod) else {
                         return Ok(());
                     };
-                    let d = decide::container(class, &c.name, &pod.annotations, &features);
+                    let limit = c
+                        .requested
+                        .as_ref()
+                        .map(|r| r.memory_limit_in_bytes)
+                        .unwrap_or(0);
+                    let d =
+                        decide::container(class, &c.name, &pod.annotations, limit, &shared.ctx());
                     let cg = match CgroupPath::parse(&pod.cgroup_parent)
                         .and_then(|p| p.child(&c.id))
                     {
@@ -321,6 +374,7 @@ impl Hook for Isolation {
     }
 }
 
+/// Settings written to cgroups after start (the rest travel through CRI).
 fn is_cgroup_rule(setting: &str) -> bool {
     matches!(setting, "cpu.idle" | "cpu.bvt.warp_ns")
 }

@@ -149,8 +149,12 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
                 None
             }
         };
+        let policy = file
+            .policy
+            .map(|p| p.resource_qos_strategy)
+            .unwrap_or_default();
         let hook: std::sync::Arc<dyn qoslet_proxy::Hook> =
-            std::sync::Arc::new(isolation::Isolation::new(cgroups));
+            std::sync::Arc::new(isolation::Isolation::new(cgroups, policy));
         qoslet_proxy::Pipeline::with_hooks(vec![(hook, settings)])
     } else {
         qoslet_proxy::Pipeline::new()

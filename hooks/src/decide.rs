@@ -12,6 +12,17 @@ use crate::batch::{parse_spec, Batch, ANNOTATION_EXTENDED_RESOURCE_SPEC};
 /// Koordinator's scheduler writes the CPUs an LSE/LSR pod is bound to here: `{"cpuset":"0-3"}`.
 pub const ANNOTATION_RESOURCE_STATUS: &str = "scheduling.koordinator.sh/resource-status";
 use crate::class::QosClass;
+use crate::policy::{memory_qos, ResourceQosStrategy};
+
+/// What decisions depend on besides the pod: the host and the policy.
+#[derive(Debug, Clone, Copy)]
+pub struct Context<'a> {
+    pub features: &'a Features,
+    /// cgroup v2 (memory QoS travels in CRI `unified`) or v1 (written after start).
+    pub v2: bool,
+    pub policy: &'a ResourceQosStrategy,
+    pub page_size: u64,
+}
 
 /// Resource fields qoslet overrides in CRI `LinuxContainerResources`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -21,6 +32,8 @@ pub struct ResourcePatch {
     pub cpu_period: Option<i64>,
     pub memory_limit_in_bytes: Option<i64>,
     pub cpuset_cpus: Option<String>,
+    /// cgroup v2 keys the runtime writes (`memory.min`, `memory.low`, `memory.high`).
+    pub unified: BTreeMap<String, String>,
 }
 
 impl ResourcePatch {
@@ -75,24 +88,24 @@ fn rule(setting: &str, value: impl ToString, because: impl Into<String>) -> Rule
 /// containers yield just the same.
 fn identity(
     class: QosClass,
-    features: &Features,
+    ctx: &Context,
     pod_level: bool,
     knobs: &mut Vec<Knob>,
     rules: &mut Vec<Rule>,
 ) {
-    if features.bvt {
-        let v = match class {
-            QosClass::Lse | QosClass::Lsr | QosClass::Ls => 2,
-            QosClass::Be => -1,
-            QosClass::System => 0,
-        };
-        knobs.push(Knob::GroupIdentity(v));
+    let cpu = &ctx.policy.of(class).cpu_qos;
+    if !cpu.enable {
+        return;
+    }
+    if ctx.features.bvt {
+        knobs.push(Knob::GroupIdentity(cpu.group_identity));
         rules.push(rule(
             "cpu.bvt.warp_ns",
-            v,
-            format!("group identity of class {}", class.as_str()),
+            cpu.group_identity,
+            format!("cpuQOS.groupIdentity of class {}", class.as_str()),
         ));
-    } else if class == QosClass::Be && features.cpu_idle && pod_level {
+    } else if class == QosClass::Be && ctx.features.cpu_idle && pod_level && cpu.group_identity < 0
+    {
         knobs.push(Knob::CpuIdle(true));
         rules.push(rule(
             "cpu.idle",
@@ -103,18 +116,20 @@ fn identity(
 }
 
 /// The pod-level decision (applied to the sandbox's cgroup parent after RunPodSandbox).
-pub fn pod(class: QosClass, features: &Features) -> PodDecision {
+pub fn pod(class: QosClass, ctx: &Context) -> PodDecision {
     let mut d = PodDecision::default();
-    identity(class, features, true, &mut d.cgroup, &mut d.rules);
+    identity(class, ctx, true, &mut d.cgroup, &mut d.rules);
     d
 }
 
 /// The container-level decision.
+/// `kubelet_memory_limit`: the memory limit kubelet asked for (0 = none).
 pub fn container(
     class: QosClass,
     container_name: &str,
     pod_annotations: &BTreeMap<String, String>,
-    features: &Features,
+    kubelet_memory_limit: i64,
+    ctx: &Context,
 ) -> ContainerDecision {
     let mut d = ContainerDecision::default();
     if class == QosClass::Be {
@@ -123,6 +138,9 @@ pub fn container(
                 Ok(spec) => {
                     if let Some(b) = spec.get(container_name) {
                         batch(b, &mut d);
+                        if let Some(req) = b.memory_request {
+                            memory(class, req, b.memory_limit, ctx, &mut d);
+                        }
                     }
                 }
                 Err(e) => d.warnings.push(format!("{e}; batch resources ignored")),
@@ -150,8 +168,79 @@ pub fn container(
             }
         }
     }
-    identity(class, features, false, &mut d.cgroup, &mut d.rules);
+    // Guaranteed pods (LSR/LSE) request what they limit; other classes' memory requests are
+    // not in CRI (they need the pod spec)
+    if matches!(class, QosClass::Lse | QosClass::Lsr) && kubelet_memory_limit > 0 {
+        memory(
+            class,
+            kubelet_memory_limit as u64,
+            Some(kubelet_memory_limit as u64),
+            ctx,
+            &mut d,
+        );
+    }
+    identity(class, ctx, false, &mut d.cgroup, &mut d.rules);
     d
+}
+
+/// Memory QoS (memory.min/low/high) for a container whose request is known.
+fn memory(
+    class: QosClass,
+    request: u64,
+    limit: Option<u64>,
+    ctx: &Context,
+    d: &mut ContainerDecision,
+) {
+    let q = &ctx.policy.of(class).memory_qos;
+    if !q.enable {
+        return;
+    }
+    let (min, low, high) = memory_qos(q, request, limit, ctx.page_size);
+    let why =
+        |f: &str, p: i64| format!("{} memoryQOS.{f} {p}% of request {request}", class.as_str());
+    let mut set = vec![
+        (
+            "memory.min",
+            min.to_string(),
+            why("minLimitPercent", q.min_limit_percent),
+        ),
+        (
+            "memory.low",
+            low.to_string(),
+            why("lowLimitPercent", q.low_limit_percent),
+        ),
+    ];
+    if let Some(h) = high {
+        set.push((
+            "memory.high",
+            h.to_string(),
+            format!(
+                "{} memoryQOS.throttlingPercent {}% between request and limit",
+                class.as_str(),
+                q.throttling_percent
+            ),
+        ));
+    }
+    if ctx.v2 {
+        for (k, v, because) in set {
+            d.patch.unified.insert(k.into(), v.clone());
+            d.rules.push(rule(k, v, because));
+        }
+    } else if ctx.features.memory_qos {
+        d.cgroup.push(Knob::MemoryMin(min));
+        d.cgroup.push(Knob::MemoryLow(low));
+        if high.is_some() {
+            d.cgroup.push(Knob::MemoryHigh(high));
+        }
+        for (k, v, because) in set {
+            d.rules.push(rule(k, v, because));
+        }
+    } else {
+        d.warnings.push(
+            "memoryQOS is enabled but this kernel has no memory.min/low/high on cgroup v1; skipped"
+                .into(),
+        );
+    }
 }
 
 /// The `cpuset` of a resource-status annotation, validated (`0-3,8`).
@@ -217,6 +306,153 @@ fn batch(b: &Batch, d: &mut ContainerDecision) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::{MemoryQos, ResourceQosStrategy};
+
+    fn run(
+        class: QosClass,
+        name: &str,
+        ann: &BTreeMap<String, String>,
+        f: &Features,
+    ) -> ContainerDecision {
+        let p = ResourceQosStrategy::default();
+        container(
+            class,
+            name,
+            ann,
+            0,
+            &Context {
+                features: f,
+                v2: false,
+                policy: &p,
+                page_size: 4096,
+            },
+        )
+    }
+
+    fn run_pod(class: QosClass, f: &Features) -> PodDecision {
+        let p = ResourceQosStrategy::default();
+        pod(
+            class,
+            &Context {
+                features: f,
+                v2: false,
+                policy: &p,
+                page_size: 4096,
+            },
+        )
+    }
+
+    #[test]
+    fn memory_qos_per_host_and_policy() {
+        let mut p = ResourceQosStrategy::default();
+        let on = MemoryQos {
+            enable: true,
+            min_limit_percent: 100,
+            low_limit_percent: 100,
+            throttling_percent: 80,
+            ..Default::default()
+        };
+        p.be_class.memory_qos = on.clone();
+        p.lsr_class.memory_qos = on;
+        let spec = r#"{"containers":{"app":{"requests":{"kubernetes.io/batch-memory":"64Mi"},"limits":{"kubernetes.io/batch-memory":"128Mi"}}}}"#;
+        let a: BTreeMap<String, String> = [(
+            ANNOTATION_EXTENDED_RESOURCE_SPEC.to_string(),
+            spec.to_string(),
+        )]
+        .into();
+        let upstream = Features {
+            cpu_idle: true,
+            ..Default::default()
+        };
+        // cgroup v2: through CRI's unified map
+        let d = container(
+            QosClass::Be,
+            "app",
+            &a,
+            0,
+            &Context {
+                features: &upstream,
+                v2: true,
+                policy: &p,
+                page_size: 4096,
+            },
+        );
+        assert_eq!(
+            d.patch.unified.get("memory.min").map(String::as_str),
+            Some("67108864")
+        );
+        assert_eq!(
+            d.patch.unified.get("memory.high").map(String::as_str),
+            Some(
+                (((64u64 << 20) + (64u64 << 20) * 80 / 100) / 4096 * 4096)
+                    .to_string()
+                    .as_str()
+            )
+        );
+        // cgroup v1 without the files: a warning, nothing written
+        let d = container(
+            QosClass::Be,
+            "app",
+            &a,
+            0,
+            &Context {
+                features: &upstream,
+                v2: false,
+                policy: &p,
+                page_size: 4096,
+            },
+        );
+        assert!(d.patch.unified.is_empty() && d.warnings.len() == 1);
+        // cgroup v1 with them (Alibaba kernels): written after start
+        let ali = Features {
+            memory_qos: true,
+            ..Default::default()
+        };
+        let d = container(
+            QosClass::Be,
+            "app",
+            &a,
+            0,
+            &Context {
+                features: &ali,
+                v2: false,
+                policy: &p,
+                page_size: 4096,
+            },
+        );
+        assert!(d.cgroup.contains(&Knob::MemoryMin(64 << 20)));
+        // LSR: the request is the limit kubelet asked for
+        let d = container(
+            QosClass::Lsr,
+            "app",
+            &BTreeMap::new(),
+            1 << 30,
+            &Context {
+                features: &upstream,
+                v2: true,
+                policy: &p,
+                page_size: 4096,
+            },
+        );
+        assert_eq!(
+            d.patch.unified.get("memory.low").map(String::as_str),
+            Some("1073741824")
+        );
+        // off by default
+        let d = container(
+            QosClass::Lsr,
+            "app",
+            &BTreeMap::new(),
+            1 << 30,
+            &Context {
+                features: &upstream,
+                v2: true,
+                policy: &ResourceQosStrategy::default(),
+                page_size: 4096,
+            },
+        );
+        assert!(d.patch.unified.is_empty());
+    }
 
     const SPEC: &str = r#"{"containers":{"app":{"requests":{"kubernetes.io/batch-cpu":"500"},"limits":{"kubernetes.io/batch-cpu":"1000","kubernetes.io/batch-memory":"256Mi"}}}}"#;
 
@@ -234,7 +470,7 @@ mod tests {
 
     #[test]
     fn be_with_batch_resources_on_an_upstream_kernel() {
-        let d = container(QosClass::Be, "app", &ann(SPEC), &upstream());
+        let d = run(QosClass::Be, "app", &ann(SPEC), &upstream());
         assert_eq!(
             d.patch,
             ResourcePatch {
@@ -243,6 +479,7 @@ mod tests {
                 cpu_period: Some(100_000),
                 memory_limit_in_bytes: Some(256 << 20),
                 cpuset_cpus: None,
+                unified: BTreeMap::new(),
             }
         );
         assert!(d.cgroup.is_empty(), "cpu.idle is a pod-level setting");
@@ -307,6 +544,7 @@ mod tests {
                     cpu_period: Some(100_000),
                     memory_limit_in_bytes: Some(256 << 20),
                     cpuset_cpus: None,
+                    unified: BTreeMap::new(),
                 },
                 vec![],
                 0,
@@ -321,7 +559,7 @@ mod tests {
             ),
         ];
         for (class, a, f, patch, knobs, warnings) in table {
-            let d = container(*class, "app", &ann(a), f);
+            let d = run(*class, "app", &ann(a), f);
             assert_eq!(
                 (&d.patch, &d.cgroup, d.warnings.len()),
                 (patch, knobs, *warnings),
@@ -329,7 +567,7 @@ mod tests {
             );
         }
         // another container of the pod: no batch entry, class settings only
-        let d = container(QosClass::Be, "sidecar", &ann(SPEC), &upstream());
+        let d = run(QosClass::Be, "sidecar", &ann(SPEC), &upstream());
         assert!(d.patch.is_empty());
         assert!(d.cgroup.is_empty());
     }
@@ -339,7 +577,7 @@ mod tests {
         let a = |v: &str| -> BTreeMap<String, String> {
             [(ANNOTATION_RESOURCE_STATUS.to_string(), v.to_string())].into()
         };
-        let d = container(
+        let d = run(
             QosClass::Lsr,
             "app",
             &a(r#"{"cpuset":"0-3,8"}"#),
@@ -348,7 +586,7 @@ mod tests {
         assert_eq!(d.patch.cpuset_cpus.as_deref(), Some("0-3,8"));
         assert_eq!(d.rules[0].setting, "cpuset.cpus");
         assert!(
-            container(QosClass::Ls, "app", &a(r#"{"cpuset":"1"}"#), &upstream())
+            run(QosClass::Ls, "app", &a(r#"{"cpuset":"1"}"#), &upstream())
                 .patch
                 .is_empty(),
             "LS shares the pool"
@@ -360,10 +598,10 @@ mod tests {
             "{",
             r#"{"cpuset":"3-1"}"#,
         ] {
-            let d = container(QosClass::Lse, "app", &a(bad), &upstream());
+            let d = run(QosClass::Lse, "app", &a(bad), &upstream());
             assert!(d.patch.is_empty() && d.warnings.len() == 1, "{bad}: {d:?}");
         }
-        assert!(container(
+        assert!(run(
             QosClass::Lsr,
             "app",
             &a(r#"{"numaNodeResources":[]}"#),
@@ -376,9 +614,9 @@ mod tests {
     #[test]
     fn pod_level() {
         assert_eq!(
-            pod(QosClass::Be, &upstream()).cgroup,
+            run_pod(QosClass::Be, &upstream()).cgroup,
             vec![Knob::CpuIdle(true)]
         );
-        assert!(pod(QosClass::Ls, &upstream()).cgroup.is_empty());
+        assert!(run_pod(QosClass::Ls, &upstream()).cgroup.is_empty());
     }
 }

@@ -5,6 +5,7 @@
 //! * [`batch`]: batch resources (`kubernetes.io/batch-cpu`/`batch-memory`) from
 //!   Koordinator's `node.koordinator.sh/extended-resource-spec` annotation,
 //!   turned into CFS shares, quota and a memory limit.
+//! * [`policy`]: the policy config, with Koordinator's NodeSLO names and defaults.
 //! * [`decide`]: per pod and container, what to override in CRI resources and
 //!   which cgroup settings to write, each with the rule behind it.
 //!
@@ -15,5 +16,6 @@
 pub mod batch;
 pub mod class;
 pub mod decide;
+pub mod policy;
 
 pub use class::{classify, ClassDecision, ClassSource, KubeQos, QosClass};

@@ -366,6 +366,13 @@ fn decisions() {
         cpu_burst: true,
         ..Default::default()
     };
+    let policy = qoslet_hooks::policy::ResourceQosStrategy::default();
+    let ctx = qoslet_hooks::decide::Context {
+        features: &features,
+        v2: false,
+        policy: &policy,
+        page_size: 4096,
+    };
     let n = 100_000;
     let t = Instant::now();
     let mut sink = 0usize;
@@ -378,7 +385,8 @@ fn decisions() {
             class,
             "c",
             std::hint::black_box(&annotations),
-            &features,
+            0,
+            &ctx,
         );
         sink += d.rules.len();
     }

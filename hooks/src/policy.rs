@@ -1,0 +1,342 @@
+//! The QoS policy, with Koordinator's NodeSLO field names and defaults
+//! (`resourceQOSStrategy`), read from the `policy:` section of qoslet's YAML
+//! config. Every field is optional; a missing one takes Koordinator's default.
+
+use serde::Deserialize;
+
+use crate::class::QosClass;
+
+/// `resourceQOSStrategy`: per-class settings. Any field left out of the
+/// config keeps its class's default (Koordinator's NodeSLO defaults).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(from = "raw::Strategy")]
+pub struct ResourceQosStrategy {
+    pub lsr_class: ResourceQos,
+    pub ls_class: ResourceQos,
+    pub be_class: ResourceQos,
+    pub system_class: ResourceQos,
+}
+
+impl Default for ResourceQosStrategy {
+    fn default() -> Self {
+        Self {
+            lsr_class: ResourceQos::with(2, 100),
+            ls_class: ResourceQos::with(2, 100),
+            be_class: ResourceQos::with(-1, 30),
+            system_class: ResourceQos::with(0, 100),
+        }
+    }
+}
+
+impl ResourceQosStrategy {
+    /// The settings of a class (LSE uses LSR's, as in Koordinator).
+    pub fn of(&self, class: QosClass) -> &ResourceQos {
+        match class {
+            QosClass::Lse | QosClass::Lsr => &self.lsr_class,
+            QosClass::Ls => &self.ls_class,
+            QosClass::Be => &self.be_class,
+            QosClass::System => &self.system_class,
+        }
+    }
+
+    /// Checks ranges; the error names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, c) in [
+            ("lsrClass", &self.lsr_class),
+            ("lsClass", &self.ls_class),
+            ("beClass", &self.be_class),
+            ("systemClass", &self.system_class),
+        ] {
+            let m = &c.memory_qos;
+            for (f, v) in [
+                ("minLimitPercent", m.min_limit_percent),
+                ("lowLimitPercent", m.low_limit_percent),
+                ("throttlingPercent", m.throttling_percent),
+            ] {
+                if !(0..=100).contains(&v) {
+                    return Err(format!(
+                        "resourceQOSStrategy.{name}.memoryQOS.{f}: {v} is not a percentage (0-100)"
+                    ));
+                }
+            }
+            if !(-1..=2).contains(&c.cpu_qos.group_identity) {
+                return Err(format!(
+                    "resourceQOSStrategy.{name}.cpuQOS.groupIdentity: {} is not -1..=2",
+                    c.cpu_qos.group_identity
+                ));
+            }
+            let r = &c.resctrl_qos;
+            if r.cat_range_start_percent > r.cat_range_end_percent
+                || r.cat_range_end_percent > 100
+                || !(1..=100).contains(&r.mba_percent)
+            {
+                return Err(format!("resourceQOSStrategy.{name}.resctrlQOS: start {} / end {} / mba {} out of range", r.cat_range_start_percent, r.cat_range_end_percent, r.mba_percent));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One class's settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResourceQos {
+    pub cpu_qos: CpuQos,
+    pub memory_qos: MemoryQos,
+    pub resctrl_qos: ResctrlQos,
+}
+
+impl ResourceQos {
+    fn with(group_identity: i64, cat_end: u32) -> Self {
+        Self {
+            cpu_qos: CpuQos {
+                enable: true,
+                group_identity,
+            },
+            memory_qos: MemoryQos::default(),
+            resctrl_qos: ResctrlQos {
+                enable: false,
+                cat_range_start_percent: 0,
+                cat_range_end_percent: cat_end,
+                mba_percent: 100,
+            },
+        }
+    }
+}
+
+/// `cpuQOS`: group identity (bvt) on Anolis kernels, SCHED_IDLE for BE elsewhere.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CpuQos {
+    pub enable: bool,
+    pub group_identity: i64,
+}
+
+/// `memoryQOS` (off unless enabled; all percentages 0 by default, as Koordinator).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemoryQos {
+    pub enable: bool,
+    pub min_limit_percent: i64,
+    pub low_limit_percent: i64,
+    pub throttling_percent: i64,
+    pub wmark_ratio: i64,
+    pub wmark_scale_permill: i64,
+    pub wmark_min_adj: i64,
+}
+
+impl Default for MemoryQos {
+    fn default() -> Self {
+        Self {
+            enable: false,
+            min_limit_percent: 0,
+            low_limit_percent: 0,
+            throttling_percent: 0,
+            wmark_ratio: 95,
+            wmark_scale_permill: 20,
+            wmark_min_adj: 0,
+        }
+    }
+}
+
+/// `resctrlQOS`: LLC ways (as a percentage range of the cache) and memory bandwidth.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResctrlQos {
+    pub enable: bool,
+    pub cat_range_start_percent: u32,
+    pub cat_range_end_percent: u32,
+    pub mba_percent: u32,
+}
+
+/// The config file's shape: every field optional, merged over the class defaults.
+mod raw {
+    use serde::Deserialize;
+
+    #[derive(Deserialize, Default)]
+    #[serde(rename_all = "camelCase", deny_unknown_fields)]
+    pub struct Strategy {
+        lsr_class: Option<Class>,
+        ls_class: Option<Class>,
+        be_class: Option<Class>,
+        system_class: Option<Class>,
+    }
+
+    #[derive(Deserialize, Default)]
+    #[serde(deny_unknown_fields)]
+    struct Class {
+        #[serde(rename = "cpuQOS")]
+        cpu: Option<Cpu>,
+        #[serde(rename = "memoryQOS")]
+        memory: Option<Memory>,
+        #[serde(rename = "resctrlQOS")]
+        resctrl: Option<Resctrl>,
+    }
+
+    #[derive(Deserialize, Default)]
+    #[serde(rename_all = "camelCase", deny_unknown_fields)]
+    struct Cpu {
+        enable: Option<bool>,
+        group_identity: Option<i64>,
+    }
+
+    #[derive(Deserialize, Default)]
+    #[serde(rename_all = "camelCase", deny_unknown_fields)]
+    struct Memory {
+        enable: Option<bool>,
+        min_limit_percent: Option<i64>,
+        low_limit_percent: Option<i64>,
+        throttling_percent: Option<i64>,
+        wmark_ratio: Option<i64>,
+        wmark_scale_permill: Option<i64>,
+        wmark_min_adj: Option<i64>,
+    }
+
+    #[derive(Deserialize, Default)]
+    #[serde(rename_all = "camelCase", deny_unknown_fields)]
+    struct Resctrl {
+        enable: Option<bool>,
+        cat_range_start_percent: Option<u32>,
+        cat_range_end_percent: Option<u32>,
+        mba_percent: Option<u32>,
+    }
+
+    fn set<T>(dst: &mut T, v: Option<T>) {
+        if let Some(v) = v {
+            *dst = v;
+        }
+    }
+
+    impl Class {
+        fn over(self, mut d: super::ResourceQos) -> super::ResourceQos {
+            if let Some(c) = self.cpu {
+                set(&mut d.cpu_qos.enable, c.enable);
+                set(&mut d.cpu_qos.group_identity, c.group_identity);
+            }
+            if let Some(m) = self.memory {
+                let q = &mut d.memory_qos;
+                set(&mut q.enable, m.enable);
+                set(&mut q.min_limit_percent, m.min_limit_percent);
+                set(&mut q.low_limit_percent, m.low_limit_percent);
+                set(&mut q.throttling_percent, m.throttling_percent);
+                set(&mut q.wmark_ratio, m.wmark_ratio);
+                set(&mut q.wmark_scale_permill, m.wmark_scale_permill);
+                set(&mut q.wmark_min_adj, m.wmark_min_adj);
+            }
+            if let Some(r) = self.resctrl {
+                let q = &mut d.resctrl_qos;
+                set(&mut q.enable, r.enable);
+                set(&mut q.cat_range_start_percent, r.cat_range_start_percent);
+                set(&mut q.cat_range_end_percent, r.cat_range_end_percent);
+                set(&mut q.mba_percent, r.mba_percent);
+            }
+            d
+        }
+    }
+
+    impl From<Strategy> for super::ResourceQosStrategy {
+        fn from(r: Strategy) -> Self {
+            let d = super::ResourceQosStrategy::default();
+            Self {
+                lsr_class: r.lsr_class.unwrap_or_default().over(d.lsr_class),
+                ls_class: r.ls_class.unwrap_or_default().over(d.ls_class),
+                be_class: r.be_class.unwrap_or_default().over(d.be_class),
+                system_class: r.system_class.unwrap_or_default().over(d.system_class),
+            }
+        }
+    }
+}
+
+/// memory.min / memory.low / memory.high for a container, from Koordinator's formulas:
+/// min = request x min%, low = request x low%, high = floor((request + (limit - request) x
+/// throttling%) / page) x page (no high when throttling is 0 or there is no limit).
+pub fn memory_qos(
+    q: &MemoryQos,
+    request: u64,
+    limit: Option<u64>,
+    page: u64,
+) -> (u64, u64, Option<u64>) {
+    let pct = |v: u64, p: i64| v.saturating_mul(p.clamp(0, 100) as u64) / 100;
+    let min = pct(request, q.min_limit_percent);
+    let low = pct(request, q.low_limit_percent);
+    let high = match limit {
+        Some(l) if q.throttling_percent > 0 && l > request => {
+            let h = request + pct(l - request, q.throttling_percent);
+            Some(h / page * page)
+        }
+        _ => None,
+    };
+    (min, low, high)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_koordinators() {
+        let s = ResourceQosStrategy::default();
+        assert_eq!(s.of(QosClass::Lsr).cpu_qos.group_identity, 2);
+        assert_eq!(
+            s.of(QosClass::Lse).cpu_qos.group_identity,
+            2,
+            "LSE uses LSR's"
+        );
+        assert_eq!(s.of(QosClass::Ls).cpu_qos.group_identity, 2);
+        assert_eq!(s.of(QosClass::Be).cpu_qos.group_identity, -1);
+        assert_eq!(s.of(QosClass::Be).resctrl_qos.cat_range_end_percent, 30);
+        assert!(!s.of(QosClass::Be).memory_qos.enable);
+        assert_eq!(s.of(QosClass::Ls).memory_qos.wmark_ratio, 95);
+        s.validate().unwrap();
+    }
+
+    #[test]
+    fn node_slo_field_names_and_validation() {
+        let s: ResourceQosStrategy = serde_json::from_str(
+            r#"{"beClass":{"cpuQOS":{"enable":false},"memoryQOS":{"enable":true,"minLimitPercent":50,"lowLimitPercent":80,"throttlingPercent":80}}}"#,
+        )
+        .unwrap();
+        assert!(!s.be_class.cpu_qos.enable);
+        assert_eq!(s.be_class.memory_qos.low_limit_percent, 80);
+        assert_eq!(
+            s.ls_class,
+            ResourceQosStrategy::default().ls_class,
+            "unset classes keep their defaults"
+        );
+        assert_eq!(
+            s.be_class.cpu_qos.group_identity, -1,
+            "unset fields keep their class's default"
+        );
+        let bad: ResourceQosStrategy =
+            serde_json::from_str(r#"{"lsClass":{"memoryQOS":{"minLimitPercent":150}}}"#).unwrap();
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .contains("lsClass.memoryQOS.minLimitPercent"));
+        assert!(
+            serde_json::from_str::<ResourceQosStrategy>(r#"{"lsClass":{"memoryQoS":{}}}"#).is_err(),
+            "unknown field"
+        );
+    }
+
+    #[test]
+    fn memory_formulas() {
+        let q = MemoryQos {
+            enable: true,
+            min_limit_percent: 50,
+            low_limit_percent: 100,
+            throttling_percent: 80,
+            ..Default::default()
+        };
+        let (min, low, high) = memory_qos(&q, 1 << 30, Some(2 << 30), 4096);
+        assert_eq!((min, low), (512 << 20, 1 << 30));
+        let want = ((1u64 << 30) + (1u64 << 30) * 80 / 100) / 4096 * 4096;
+        assert_eq!(high, Some(want));
+        assert_eq!(
+            memory_qos(&q, 1 << 30, None, 4096).2,
+            None,
+            "no limit, no high"
+        );
+        assert_eq!(
+            memory_qos(&MemoryQos::default(), 1 << 30, Some(2 << 30), 4096),
+            (0, 0, None),
+            "off by default"
+        );
+    }
+}
