@@ -34,6 +34,8 @@ pub struct FileConfig {
     pub isolation: Option<bool>,
     /// Root of the cgroup filesystem (default /sys/fs/cgroup).
     pub cgroup_root: Option<PathBuf>,
+    /// Root of the resctrl filesystem (default /sys/fs/resctrl; absent = no LLC/MBA isolation).
+    pub resctrl_root: Option<PathBuf>,
     /// The QoS policy, with Koordinator's NodeSLO names.
     pub policy: Option<PolicyConfig>,
 }

@@ -16,6 +16,7 @@
 
 use std::sync::Arc;
 
+use qoslet_cgroups::resctrl::Resctrl;
 use qoslet_cgroups::{CgroupPath, Cgroups, Features, Knob};
 use qoslet_hooks::decide::{self, ContainerDecision};
 use qoslet_hooks::policy::ResourceQosStrategy;
@@ -34,6 +35,7 @@ pub const ANNOTATION_APPLIED: &str = "qoslet.io/applied";
 
 pub struct Isolation {
     cgroups: Option<Arc<Cgroups>>,
+    resctrl: Option<Arc<Resctrl>>,
     shared: Arc<Shared>,
 }
 
@@ -58,7 +60,11 @@ impl Shared {
 impl Isolation {
     /// `cgroups`: the host's cgroups, or `None` when none were found (then
     /// only CRI-carried settings are applied).
-    pub fn new(cgroups: Option<Cgroups>, policy: ResourceQosStrategy) -> Self {
+    pub fn new(
+        cgroups: Option<Cgroups>,
+        resctrl: Option<Resctrl>,
+        policy: ResourceQosStrategy,
+    ) -> Self {
         let features = cgroups
             .as_ref()
             .map(|c| c.host().features.clone())
@@ -66,6 +72,7 @@ impl Isolation {
         let v2 = cgroups.as_ref().is_some_and(|c| c.host().is_v2());
         Self {
             cgroups: cgroups.map(Arc::new),
+            resctrl: resctrl.map(Arc::new),
             shared: Arc::new(Shared {
                 features,
                 v2,
@@ -278,7 +285,11 @@ impl Hook for Isolation {
         req: Arc<CriRequest>,
         resp: Arc<CriResponse>,
     ) -> BoxFuture<Result<(), BoxError>> {
-        let (shared, cgroups) = (self.shared.clone(), self.cgroups.clone());
+        let (shared, cgroups, resctrl) = (
+            self.shared.clone(),
+            self.cgroups.clone(),
+            self.resctrl.clone(),
+        );
         Box::pin(async move {
             match (&*req, &*resp) {
                 (CriRequest::RunPodSandbox(_), CriResponse::RunPodSandbox(o)) => {
@@ -362,10 +373,50 @@ impl Hook for Isolation {
                             return Ok(());
                         }
                     };
-                    write(cgroups, cg, d.cgroup.clone()).await?;
+                    write(cgroups.clone(), cg.clone(), d.cgroup.clone()).await?;
                     let mut only_cgroup = d.clone();
                     only_cgroup.rules.retain(|r| is_cgroup_rule(&r.setting));
                     record(&ctx.store, &c.id, class, &only_cgroup);
+                    if let (Some(rdt), Some(cgroups)) = (resctrl, cgroups) {
+                        let q = shared.policy.of(class).resctrl_qos.clone();
+                        if q.enable {
+                            let (id, store) = (c.id.clone(), ctx.store.clone());
+                            let group = match class {
+                                QosClass::Lse | QosClass::Lsr => "LSR",
+                                other => other.as_str(),
+                            };
+                            let r = tokio::task::spawn_blocking(
+                                move || -> Result<String, qoslet_cgroups::CgroupError> {
+                                    let schemata = rdt.schemata(
+                                        q.cat_range_start_percent,
+                                        q.cat_range_end_percent,
+                                        q.mba_percent,
+                                    );
+                                    let dir = rdt.ensure_group(group, &schemata)?;
+                                    let pids: Vec<u32> = cgroups
+                                        .read(&cg, "cpu", "cgroup.procs")?
+                                        .split_whitespace()
+                                        .filter_map(|p| p.parse().ok())
+                                        .collect();
+                                    rdt.assign(&dir, &pids)?;
+                                    Ok(schemata.trim().replace('\n', " "))
+                                },
+                            )
+                            .await
+                            .map_err(|e| Box::new(e) as BoxError)?;
+                            match r {
+                                Ok(schemata) => store.set_container_applied(
+                                    &id,
+                                    "resctrl",
+                                    &format!(
+                                        "group {group}: {schemata} (resctrlQOS of class {})",
+                                        class.as_str()
+                                    ),
+                                ),
+                                Err(e) => return Err(Box::new(e) as BoxError),
+                            }
+                        }
+                    }
                     Ok(())
                 }
                 _ => Ok(()),
@@ -377,4 +428,160 @@ impl Hook for Isolation {
 /// Settings written to cgroups after start (the rest travel through CRI).
 fn is_cgroup_rule(setting: &str) -> bool {
     matches!(setting, "cpu.idle" | "cpu.bvt.warp_ns")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use qoslet_proxy::store::ContainerRecord;
+
+    fn tree(tag: &str, files: &[(&str, &str)]) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("qoslet-iso-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        for (p, c) in files {
+            let f = d.join(p);
+            std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+            std::fs::write(f, c).unwrap();
+        }
+        d
+    }
+
+    /// StartContainer of a BE container with resctrl enabled, on kernel-shaped trees:
+    /// the BE group gets Koordinator's schemata and the container's processes.
+    #[tokio::test]
+    async fn be_container_joins_the_be_resctrl_group() {
+        let cid = "c".repeat(64);
+        let cg = format!("cpu/kubepods/besteffort/pod1/{cid}");
+        let cgroups = tree(
+            "cg",
+            &[
+                ("cpu/cgroup.procs", ""),
+                ("cpu/cpu.idle", "0\n"),
+                (&format!("{cg}/cgroup.procs"), "123\n456\n"),
+                ("memory/cgroup.procs", ""),
+            ],
+        );
+        let rdt = tree(
+            "rdt",
+            &[
+                ("schemata", "L3:0=7ff\nMB:0=100\n"),
+                ("info/L3/cbm_mask", "7ff\n"),
+                ("info/L3/num_closids", "16\n"),
+                ("info/MB/min_bandwidth", "10\n"),
+                ("info/MB/bandwidth_gran", "10\n"),
+                // the group as the kernel creates it on mkdir
+                ("BE/schemata", "L3:0=7ff\nMB:0=100\n"),
+                ("BE/tasks", ""),
+            ],
+        );
+        let mut policy = ResourceQosStrategy::default();
+        policy.be_class.resctrl_qos.enable = true;
+        let hook = Isolation::new(
+            Some(Cgroups::detect(&cgroups).unwrap()),
+            Resctrl::detect(&rdt).unwrap(),
+            policy,
+        );
+        let store = Store::new();
+        let mut pod = PodRecord {
+            id: "p1".into(),
+            name: "batch".into(),
+            cgroup_parent: "/kubepods/besteffort/pod1".into(),
+            ..Default::default()
+        };
+        pod.labels
+            .insert("koordinator.sh/qosClass".into(), "BE".into());
+        store.upsert_pod(pod);
+        store.upsert_container(ContainerRecord {
+            id: cid.clone(),
+            pod_id: "p1".into(),
+            name: "app".into(),
+            ..Default::default()
+        });
+        let req = Arc::new(CriRequest::StartContainer(cri::StartContainerRequest {
+            container_id: cid.clone(),
+        }));
+        let resp = Arc::new(CriResponse::StartContainer(Default::default()));
+        hook.after(
+            HookContext {
+                store: store.clone(),
+            },
+            req,
+            resp,
+        )
+        .await
+        .unwrap();
+        // a plain file in the tree keeps the last single-line write of each task
+        assert_eq!(
+            std::fs::read_to_string(rdt.join("BE/tasks")).unwrap(),
+            "456"
+        );
+        assert_eq!(
+            std::fs::read_to_string(rdt.join("BE/schemata")).unwrap(),
+            "L3:0=f\n",
+            "BE: LLC 0-30% of 11 ways"
+        );
+        let applied = store.container(&cid).unwrap().applied;
+        assert!(
+            applied["resctrl"].starts_with("group BE: L3:0=f MB:0=100"),
+            "{applied:?}"
+        );
+        assert_eq!(applied["class"], "BE");
+        std::fs::remove_dir_all(&cgroups).unwrap();
+        std::fs::remove_dir_all(&rdt).unwrap();
+    }
+
+    /// Resctrl is off by default (Koordinator's default), so nothing happens without the policy.
+    #[tokio::test]
+    async fn resctrl_is_off_by_default() {
+        let rdt = tree(
+            "rdt-off",
+            &[
+                ("schemata", "L3:0=7ff\n"),
+                ("info/L3/cbm_mask", "7ff\n"),
+                ("BE/schemata", "L3:0=7ff\n"),
+                ("BE/tasks", ""),
+            ],
+        );
+        let cgroups = tree(
+            "cg-off",
+            &[
+                ("cpu/cgroup.procs", ""),
+                ("cpu/kubepods/besteffort/pod1/x/cgroup.procs", "1\n"),
+            ],
+        );
+        let hook = Isolation::new(
+            Some(Cgroups::detect(&cgroups).unwrap()),
+            Resctrl::detect(&rdt).unwrap(),
+            ResourceQosStrategy::default(),
+        );
+        let store = Store::new();
+        let mut pod = PodRecord {
+            id: "p1".into(),
+            cgroup_parent: "/kubepods/besteffort/pod1".into(),
+            ..Default::default()
+        };
+        pod.labels
+            .insert("koordinator.sh/qosClass".into(), "BE".into());
+        store.upsert_pod(pod);
+        store.upsert_container(ContainerRecord {
+            id: "x".into(),
+            pod_id: "p1".into(),
+            ..Default::default()
+        });
+        let req = Arc::new(CriRequest::StartContainer(cri::StartContainerRequest {
+            container_id: "x".into(),
+        }));
+        hook.after(
+            HookContext {
+                store: store.clone(),
+            },
+            req,
+            Arc::new(CriResponse::StartContainer(Default::default())),
+        )
+        .await
+        .unwrap();
+        assert_eq!(std::fs::read_to_string(rdt.join("BE/tasks")).unwrap(), "");
+        std::fs::remove_dir_all(&cgroups).unwrap();
+        std::fs::remove_dir_all(&rdt).unwrap();
+    }
 }

@@ -153,8 +153,19 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
             .policy
             .map(|p| p.resource_qos_strategy)
             .unwrap_or_default();
+        let resctrl_root = file
+            .resctrl_root
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("/sys/fs/resctrl"));
+        let resctrl = match qoslet_cgroups::resctrl::Resctrl::detect(&resctrl_root) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "resctrl unreadable; LLC/MBA isolation off");
+                None
+            }
+        };
         let hook: std::sync::Arc<dyn qoslet_proxy::Hook> =
-            std::sync::Arc::new(isolation::Isolation::new(cgroups, policy));
+            std::sync::Arc::new(isolation::Isolation::new(cgroups, resctrl, policy));
         qoslet_proxy::Pipeline::with_hooks(vec![(hook, settings)])
     } else {
         qoslet_proxy::Pipeline::new()

@@ -1,6 +1,7 @@
 //! The resctrl filesystem (Intel RDT / AMD PQoS): detection of the mount and
 //! its `info/` (L3 cache-bit mask, number of closids, memory-bandwidth
-//! allocation). The root is injected (`/sys/fs/resctrl` in production).
+//! allocation), one control group per QoS class with its schemata, and task
+//! assignment. The root is injected (`/sys/fs/resctrl` in production).
 
 use std::path::{Path, PathBuf};
 
@@ -16,6 +17,8 @@ pub struct Resctrl {
     pub l3_closids: Option<u32>,
     /// MB (memory bandwidth) allocation: minimum bandwidth %, granularity %.
     pub mb: Option<(u32, u32)>,
+    /// Cache/memory domain ids, from the root group's schemata (`L3:0=..;1=..`).
+    pub domains: Vec<u32>,
 }
 
 impl Resctrl {
@@ -48,11 +51,26 @@ impl Resctrl {
             (Some(min), Some(gran)) => Some((min as u32, gran as u32)),
             _ => None,
         };
+        let schemata = crate::fs::read(&root.join("schemata"))?;
+        let domains = schemata
+            .lines()
+            .find_map(|l| {
+                l.trim()
+                    .strip_prefix("L3:")
+                    .or_else(|| l.trim().strip_prefix("MB:"))
+            })
+            .map(|rest| {
+                rest.split(';')
+                    .filter_map(|d| d.split_once('=')?.0.trim().parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
         Ok(Some(Self {
             root: root.into(),
             l3_cbm_mask,
             l3_closids,
             mb,
+            domains,
         }))
     }
 
@@ -69,6 +87,89 @@ impl Resctrl {
         let hi = ((ways * e).div_ceil(100)).max(lo + 1).min(ways);
         Some(((1u64 << hi) - 1) & !((1u64 << lo) - 1))
     }
+}
+
+impl Resctrl {
+    /// The schemata of a class group: L3 ways `start..end` percent and MB `mba` percent,
+    /// on every domain (`L3:0=f;1=f` and `MB:0=100;1=100`), for what this host offers.
+    pub fn schemata(&self, start_percent: u32, end_percent: u32, mba_percent: u32) -> String {
+        let mut lines = vec![];
+        if let Some(mask) = self.l3_mask_for(start_percent, end_percent) {
+            let doms: Vec<String> = self
+                .domains
+                .iter()
+                .map(|d| format!("{d}={mask:x}"))
+                .collect();
+            lines.push(format!("L3:{}", doms.join(";")));
+        }
+        if let Some((min, gran)) = self.mb {
+            let gran = gran.max(1);
+            let v = (mba_percent.clamp(min, 100) / gran * gran).max(min);
+            let doms: Vec<String> = self.domains.iter().map(|d| format!("{d}={v}")).collect();
+            lines.push(format!("MB:{}", doms.join(";")));
+        }
+        lines.join("\n") + "\n"
+    }
+
+    /// Creates (if needed) the control group `name` and writes its schemata.
+    /// A group is a directory the kernel fills in: creating it is how resctrl works.
+    pub fn ensure_group(&self, name: &str, schemata: &str) -> Result<PathBuf, CgroupError> {
+        if name.is_empty() || name.contains('/') || name.starts_with('.') || name == "info" {
+            return Err(CgroupError::UnsafePath {
+                path: name.into(),
+                reason: "not a resctrl group name",
+            });
+        }
+        let dir = self.root.join(name);
+        if !dir.is_dir() {
+            std::fs::create_dir(&dir).map_err(|source| CgroupError::Write {
+                path: dir.clone(),
+                value: "mkdir".into(),
+                source,
+            })?;
+        }
+        // the kernel only accepts the lines it knows; write them one by one, idempotently
+        let current = crate::fs::read(&dir.join("schemata"))?;
+        for line in schemata.lines().filter(|l| !l.trim().is_empty()) {
+            if !current.lines().any(|c| same_line(c, line)) {
+                crate::fs::write(&dir.join("schemata"), &format!("{line}\n"))?;
+            }
+        }
+        Ok(dir)
+    }
+
+    /// Moves tasks (thread or process ids) into group `dir`. Tasks that exited meanwhile are skipped.
+    pub fn assign(&self, dir: &Path, tasks: &[u32]) -> Result<usize, CgroupError> {
+        let mut moved = 0;
+        for t in tasks {
+            match crate::fs::write(&dir.join("tasks"), &t.to_string()) {
+                Ok(()) => moved += 1,
+                Err(CgroupError::Write { source, .. }) if source.raw_os_error() == Some(3) => {} // ESRCH: gone
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(moved)
+    }
+}
+
+/// Whether two schemata lines mean the same (`L3:0=0f` vs `L3:0=f`).
+fn same_line(a: &str, b: &str) -> bool {
+    let norm = |l: &str| -> Option<(String, Vec<(String, String)>)> {
+        let (res, doms) = l.trim().split_once(':')?;
+        let mut v: Vec<(String, String)> = doms
+            .split(';')
+            .filter_map(|d| d.split_once('='))
+            .map(|(k, val)| {
+                (
+                    k.trim().to_string(),
+                    val.trim().trim_start_matches('0').to_lowercase(),
+                )
+            })
+            .collect();
+        v.sort();
+        Some((res.trim().to_string(), v))
+    };
+    norm(a).is_some() && norm(a) == norm(b)
 }
 
 #[cfg(test)]
@@ -98,6 +199,26 @@ mod tests {
         assert_eq!(r.l3_mask_for(0, 30), Some(0xf));
         assert_eq!(r.l3_mask_for(0, 100), Some(0x7ff));
         assert_eq!(r.l3_mask_for(0, 0), Some(0x1), "at least one way");
+        assert_eq!(r.domains, vec![0, 1]);
+        // Koordinator's BE group: LLC 0-30%, MBA 100%
+        assert_eq!(r.schemata(0, 30, 100), "L3:0=f;1=f\nMB:0=100;1=100\n");
+        // a group directory as the kernel makes it (the test tree stands in for mkdir's result)
+        std::fs::create_dir(d.join("BE")).unwrap();
+        std::fs::write(d.join("BE/schemata"), "L3:0=7ff;1=7ff\nMB:0=100;1=100\n").unwrap();
+        std::fs::write(d.join("BE/tasks"), "").unwrap();
+        let g = r.ensure_group("BE", &r.schemata(0, 30, 100)).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(g.join("schemata")).unwrap(),
+            "L3:0=f;1=f\n",
+            "only the changed line was written"
+        );
+        assert_eq!(r.assign(&g, &[42]).unwrap(), 1);
+        assert_eq!(std::fs::read_to_string(g.join("tasks")).unwrap(), "42");
+        for bad in ["", "../x", "info", ".hidden", "a/b"] {
+            assert!(r.ensure_group(bad, "").is_err(), "{bad:?}");
+        }
+        assert!(same_line("L3:1=0f;0=f", "L3:0=f;1=f"));
+        assert!(!same_line("L3:0=f", "MB:0=f"));
         std::fs::remove_dir_all(&d).unwrap();
     }
 
