@@ -224,7 +224,7 @@ pub async fn explain(a: ExplainArgs) -> Result<()> {
     );
     match p.applied.get("class") {
         Some(class) => println!("  class {class}, from {}", p.applied.get("class-source").map(String::as_str).unwrap_or("?")),
-        None => println!("  no class: qoslet leaves this pod as kubelet asked (no class label, not a kubepods cgroup, or skipped)"),
+        None => println!("  no class: qoslet leaves this pod as kubelet asked (no class label, not a kubepods cgroup, or labelled to be left alone)"),
     }
     let show = |applied: &std::collections::HashMap<String, String>, indent: &str| {
         let mut keys: Vec<_> = applied

@@ -24,7 +24,7 @@ use qoslet_hooks::{classify, ClassSource, QosClass};
 use qoslet_proto::cri;
 use qoslet_proxy::cri::{CriRequest, CriResponse, HookPoint};
 use qoslet_proxy::pipeline::{BoxError, BoxFuture, HookContext, Stage};
-use qoslet_proxy::store::{PodRecord, Store};
+use qoslet_proxy::store::{ContainerRecord, PodRecord, Store};
 use qoslet_proxy::Hook;
 use tracing::{debug, warn};
 
@@ -89,6 +89,28 @@ fn class_of(pod: &PodRecord) -> Option<QosClass> {
         warn!(pod = %pod.name, namespace = %pod.namespace, "{w}");
     }
     d.class
+}
+
+/// A stored container, its pod and its class (`None`: not qoslet's to touch).
+fn known(store: &Store, container_id: &str) -> Option<(ContainerRecord, PodRecord, QosClass)> {
+    let c = store.container(container_id)?;
+    let pod = store.pod_of(container_id)?;
+    let class = class_of(&pod)?;
+    Some((c, pod, class))
+}
+
+/// The container's name and the memory limit kubelet asked for (0: none).
+fn name_and_limit(cfg: Option<&cri::ContainerConfig>) -> (String, i64) {
+    let name = cfg
+        .and_then(|c| c.metadata.as_ref())
+        .map(|m| m.name.clone())
+        .unwrap_or_default();
+    let limit = cfg
+        .and_then(|c| c.linux.as_ref())
+        .and_then(|l| l.resources.as_ref())
+        .map(|r| r.memory_limit_in_bytes)
+        .unwrap_or(0);
+    (name, limit)
 }
 
 /// Where a pod's class comes from, in words (for `qoslet explain`).
@@ -207,20 +229,10 @@ impl Hook for Isolation {
                     let Some(class) = class_of(&pod) else {
                         return Ok(None);
                     };
-                    let name = cfg
-                        .metadata
-                        .as_ref()
-                        .map(|m| m.name.as_str())
-                        .unwrap_or_default();
-                    let limit = cfg
-                        .linux
-                        .as_ref()
-                        .and_then(|l| l.resources.as_ref())
-                        .map(|r| r.memory_limit_in_bytes)
-                        .unwrap_or(0);
-                    let d = decide::container(class, name, &pod.annotations, limit, &shared.ctx());
+                    let (name, limit) = name_and_limit(Some(cfg));
+                    let d = decide::container(class, &name, &pod.annotations, limit, &shared.ctx());
                     for w in &d.warnings {
-                        warn!(pod = %pod.name, container = name, "{w}");
+                        warn!(pod = %pod.name, container = %name, "{w}");
                     }
                     let mut annotations: std::collections::HashMap<String, String> =
                         [(ANNOTATION_CLASS.to_string(), class.as_str().to_string())].into();
@@ -244,13 +256,7 @@ impl Hook for Isolation {
                     )))
                 }
                 CriRequest::UpdateContainerResources(r) => {
-                    let (Some(c), Some(pod)) = (
-                        ctx.store.container(&r.container_id),
-                        ctx.store.pod_of(&r.container_id),
-                    ) else {
-                        return Ok(None);
-                    };
-                    let Some(class) = class_of(&pod) else {
+                    let Some((c, pod, class)) = known(&ctx.store, &r.container_id) else {
                         return Ok(None);
                     };
                     let limit = r
@@ -328,19 +334,7 @@ impl Hook for Isolation {
                     let Some(class) = class_of(&pod) else {
                         return Ok(());
                     };
-                    let name = r
-                        .config
-                        .as_ref()
-                        .and_then(|c| c.metadata.as_ref())
-                        .map(|m| m.name.clone())
-                        .unwrap_or_default();
-                    let limit = r
-                        .config
-                        .as_ref()
-                        .and_then(|c| c.linux.as_ref())
-                        .and_then(|l| l.resources.as_ref())
-                        .map(|r| r.memory_limit_in_bytes)
-                        .unwrap_or(0);
+                    let (name, limit) = name_and_limit(r.config.as_ref());
                     let mut d =
                         decide::container(class, &name, &pod.annotations, limit, &shared.ctx());
                     d.rules.retain(|r| !is_cgroup_rule(&r.setting)); // cgroup-only settings are recorded at start
@@ -348,13 +342,7 @@ impl Hook for Isolation {
                     Ok(())
                 }
                 (CriRequest::StartContainer(r), _) => {
-                    let (Some(c), Some(pod)) = (
-                        ctx.store.container(&r.container_id),
-                        ctx.store.pod_of(&r.container_id),
-                    ) else {
-                        return Ok(());
-                    };
-                    let Some(class) = class_of(&pod) else {
+                    let Some((c, pod, class)) = known(&ctx.store, &r.container_id) else {
                         return Ok(());
                     };
                     let limit = c
