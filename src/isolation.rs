@@ -44,6 +44,8 @@ struct Shared {
     features: Features,
     v2: bool,
     policy: ResourceQosStrategy,
+    /// The policy's block devices resolved on this host.
+    devices: std::collections::BTreeMap<String, qoslet_cgroups::Device>,
 }
 
 impl Shared {
@@ -53,8 +55,39 @@ impl Shared {
             v2: self.v2,
             policy: &self.policy,
             page_size: 4096,
+            devices: &self.devices,
         }
     }
+}
+
+/// Resolves every `blkioQOS` device name of the policy; a name that is not a
+/// block device here is logged once (its limits are skipped per pod, with a warning).
+fn resolve_devices(
+    policy: &ResourceQosStrategy,
+) -> std::collections::BTreeMap<String, qoslet_cgroups::Device> {
+    let mut out = std::collections::BTreeMap::new();
+    for c in [
+        &policy.lsr_class,
+        &policy.ls_class,
+        &policy.be_class,
+        &policy.system_class,
+    ] {
+        if !c.blkio_qos.enable {
+            continue;
+        }
+        for b in &c.blkio_qos.blocks {
+            if out.contains_key(&b.name) {
+                continue;
+            }
+            match qoslet_cgroups::Device::resolve(&b.name) {
+                Ok(d) => {
+                    out.insert(b.name.clone(), d);
+                }
+                Err(e) => warn!(error = %e, "blkioQOS device skipped"),
+            }
+        }
+    }
+    out
 }
 
 impl Isolation {
@@ -76,6 +109,7 @@ impl Isolation {
             shared: Arc::new(Shared {
                 features,
                 v2,
+                devices: resolve_devices(&policy),
                 policy,
             }),
         }
@@ -163,7 +197,10 @@ fn applied(d: &ContainerDecision) -> String {
         .join(",")
 }
 
-/// Writes knobs to a cgroup (blocking I/O off the async threads). Errors are logged.
+/// Writes knobs to a cgroup (blocking I/O off the async threads). Every knob
+/// is tried: one the kernel refuses does not keep the others from being
+/// applied. Each failure is logged; the first is returned (the hook's failure
+/// policy counts it).
 async fn write(
     cgroups: Option<Arc<Cgroups>>,
     cg: CgroupPath,
@@ -174,11 +211,17 @@ async fn write(
         return Ok(());
     }
     tokio::task::spawn_blocking(move || {
+        let mut first = None;
         for k in &knobs {
-            c.apply(&cg, k).map_err(|e| Box::new(e) as BoxError)?;
-            debug!(cgroup = %cg, knob = ?k, "applied");
+            match c.apply(&cg, k) {
+                Ok(_) => debug!(cgroup = %cg, knob = ?k, "applied"),
+                Err(e) => {
+                    warn!(cgroup = %cg, knob = k.name(), error = %e, "cgroup setting not applied");
+                    first.get_or_insert(e);
+                }
+            }
         }
-        Ok(())
+        first.map_or(Ok(()), |e| Err(Box::new(e) as BoxError))
     })
     .await
     .map_err(|e| Box::new(e) as BoxError)?
@@ -308,7 +351,15 @@ impl Hook for Isolation {
                     ctx.store.set_pod_applied(&pod.id, "class", class.as_str());
                     ctx.store
                         .set_pod_applied(&pod.id, "class-source", &class_source(&pod));
-                    let d = decide::pod(class, &shared.ctx());
+                    let sandbox_limit = pod
+                        .resources
+                        .as_ref()
+                        .map(|r| r.memory_limit_in_bytes)
+                        .unwrap_or(0);
+                    let d = decide::pod(class, &pod.annotations, sandbox_limit, &shared.ctx());
+                    for w in &d.warnings {
+                        warn!(pod = %pod.name, namespace = %pod.namespace, "{w}");
+                    }
                     let cg = match CgroupPath::parse(&pod.cgroup_parent) {
                         Ok(cg) if !cg.as_str().is_empty() => cg,
                         Ok(_) => return Ok(()),
@@ -317,7 +368,7 @@ impl Hook for Isolation {
                             return Ok(());
                         }
                     };
-                    write(cgroups, cg, d.cgroup).await?;
+                    let written = write(cgroups, cg, d.cgroup).await;
                     for r in &d.rules {
                         ctx.store.set_pod_applied(
                             &pod.id,
@@ -325,7 +376,10 @@ impl Hook for Isolation {
                             &format!("{} ({})", r.value, r.because),
                         );
                     }
-                    Ok(())
+                    if let Err(e) = &written {
+                        ctx.store.set_pod_applied(&pod.id, "error", &e.to_string());
+                    }
+                    written
                 }
                 (CriRequest::CreateContainer(r), CriResponse::CreateContainer(o)) => {
                     let Some(pod) = ctx.store.pod(&r.pod_sandbox_id) else {
@@ -571,5 +625,106 @@ mod tests {
         assert_eq!(std::fs::read_to_string(rdt.join("BE/tasks")).unwrap(), "");
         std::fs::remove_dir_all(&cgroups).unwrap();
         std::fs::remove_dir_all(&rdt).unwrap();
+    }
+
+    /// A BE pod with batch resources on a cgroup v2 host (kernel-shaped tree):
+    /// the pod's cgroup gets cpu.idle, its summed quota and memory limit, memory
+    /// QoS and the class's io.max; the container's memory QoS travels in CRI's
+    /// `unified` map at CreateContainer.
+    #[tokio::test]
+    async fn be_pod_on_cgroup_v2() {
+        let pod_dir = "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice";
+        let cgroups = tree(
+            "v2",
+            &[
+                ("cgroup.controllers", "cpuset cpu io memory pids\n"),
+                ("cgroup.subtree_control", "cpu io memory pids\n"),
+                ("kubepods.slice/cpu.idle", "0\n"),
+                (&format!("{pod_dir}/cpu.idle"), "0\n"),
+                (&format!("{pod_dir}/cpu.weight"), "1\n"),
+                (&format!("{pod_dir}/cpu.max"), "max 100000\n"),
+                (&format!("{pod_dir}/memory.max"), "max\n"),
+                (&format!("{pod_dir}/memory.min"), "0\n"),
+                (&format!("{pod_dir}/memory.low"), "0\n"),
+                (&format!("{pod_dir}/memory.high"), "max\n"),
+                (&format!("{pod_dir}/io.max"), ""),
+            ],
+        );
+        let policy: ResourceQosStrategy = serde_json::from_str(
+            r#"{"beClass":{"memoryQOS":{"enable":true,"minLimitPercent":50,"lowLimitPercent":100,"throttlingPercent":50},
+                "blkioQOS":{"enable":true,"blocks":[{"name":"8:16","ioCfg":{"writeBPS":1048576}}]}}}"#,
+        )
+        .unwrap();
+        policy.validate().unwrap();
+        let hook = Isolation::new(Some(Cgroups::detect(&cgroups).unwrap()), None, policy);
+        let store = Store::new();
+        let mut pod = PodRecord {
+            id: "p1".into(),
+            name: "batch".into(),
+            cgroup_parent: format!("/{pod_dir}"),
+            ..Default::default()
+        };
+        pod.labels
+            .insert("koordinator.sh/qosClass".into(), "BE".into());
+        pod.annotations.insert(
+            qoslet_hooks::batch::ANNOTATION_EXTENDED_RESOURCE_SPEC.into(),
+            r#"{"containers":{"app":{"requests":{"kubernetes.io/batch-cpu":"1000","kubernetes.io/batch-memory":"64Mi"},"limits":{"kubernetes.io/batch-cpu":"2000","kubernetes.io/batch-memory":"128Mi"}}}}"#.into(),
+        );
+        store.upsert_pod(pod.clone());
+        let hc = || HookContext {
+            store: store.clone(),
+        };
+        hook.after(
+            hc(),
+            Arc::new(CriRequest::RunPodSandbox(Default::default())),
+            Arc::new(CriResponse::RunPodSandbox(cri::RunPodSandboxResponse {
+                pod_sandbox_id: "p1".into(),
+            })),
+        )
+        .await
+        .unwrap();
+        let read = |f: &str| {
+            std::fs::read_to_string(cgroups.join(pod_dir).join(f))
+                .unwrap()
+                .trim()
+                .to_string()
+        };
+        assert_eq!(read("cpu.idle"), "1");
+        assert_eq!(read("cpu.max"), "200000 100000", "batch-cpu limit 2000m");
+        assert_eq!(read("cpu.weight"), "39", "batch-cpu request 1000m");
+        assert_eq!(read("memory.max"), (128u64 << 20).to_string());
+        assert_eq!(read("memory.min"), (32u64 << 20).to_string());
+        assert_eq!(read("memory.low"), (64u64 << 20).to_string());
+        assert_eq!(read("memory.high"), (96u64 << 20).to_string());
+        assert_eq!(read("io.max"), "8:16 rbps=max wbps=1048576 riops=max wiops=max");
+        let applied = store.pod("p1").unwrap().applied;
+        assert!(applied["io.max 8:16"].contains("BE blkioQOS for 8:16"), "{applied:?}");
+        assert!(!applied.contains_key("error"), "{applied:?}");
+
+        // CreateContainer: the container's memory QoS rides in CRI's unified map
+        let create = cri::CreateContainerRequest {
+            pod_sandbox_id: "p1".into(),
+            config: Some(cri::ContainerConfig {
+                metadata: Some(cri::ContainerMetadata {
+                    name: "app".into(),
+                    attempt: 0,
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let out = hook
+            .before(hc(), Arc::new(CriRequest::CreateContainer(create)))
+            .await
+            .unwrap();
+        let Some(CriRequest::CreateContainer(patch)) = out else {
+            panic!("no patch: {out:?}")
+        };
+        let r = patch.config.unwrap().linux.unwrap().resources.unwrap();
+        assert_eq!(r.unified["memory.min"], (32u64 << 20).to_string());
+        assert_eq!(r.unified["memory.low"], (64u64 << 20).to_string());
+        assert_eq!(r.cpu_quota, 200_000);
+        assert_eq!(r.memory_limit_in_bytes, 128 << 20);
+        std::fs::remove_dir_all(&cgroups).unwrap();
     }
 }

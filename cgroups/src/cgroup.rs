@@ -9,6 +9,7 @@
 
 use std::path::PathBuf;
 
+use crate::blkio::{Device, IoLimits};
 use crate::convert::shares_to_weight;
 use crate::detect::{Host, Layout};
 use crate::fs::Outcome;
@@ -39,6 +40,12 @@ pub enum Knob {
     MemoryHigh(Option<u64>),
     /// The CPUs a cgroup may run on (`0-3,8`).
     CpusetCpus(String),
+    /// Read/write bps and iops limits of one block device (v1 blkio throttle
+    /// files, v2 `io.max`); unset limits are removed.
+    IoLimit {
+        device: Device,
+        limits: IoLimits,
+    },
 }
 
 impl Knob {
@@ -55,6 +62,7 @@ impl Knob {
             Knob::MemoryLow(_) => "memory-low",
             Knob::MemoryHigh(_) => "memory-high",
             Knob::CpusetCpus(_) => "cpuset-cpus",
+            Knob::IoLimit { .. } => "io-limit",
         }
     }
 
@@ -90,6 +98,9 @@ pub struct FileWrite {
     pub controller: &'static str,
     pub file: &'static str,
     pub value: String,
+    /// A per-device table (`major:minor value`): compared by the line of that
+    /// device only, as the kernel lists every limited device in one file.
+    pub keyed: bool,
 }
 
 fn fw(controller: &'static str, file: &'static str, value: impl ToString) -> FileWrite {
@@ -97,6 +108,16 @@ fn fw(controller: &'static str, file: &'static str, value: impl ToString) -> Fil
         controller,
         file,
         value: value.to_string(),
+        keyed: false,
+    }
+}
+
+fn keyed(controller: &'static str, file: &'static str, value: String) -> FileWrite {
+    FileWrite {
+        controller,
+        file,
+        value,
+        keyed: true,
     }
 }
 
@@ -195,6 +216,39 @@ impl Cgroups {
                 return unsupported("empty or malformed cpu list")
             }
             Knob::CpusetCpus(s) => vec![fw("cpuset", "cpuset.cpus", s)],
+            Knob::IoLimit { .. } if !f.blkio_throttle => {
+                return unsupported("this kernel has no blkio throttling (v1) / io controller (v2)")
+            }
+            Knob::IoLimit { limits: l, .. }
+                if [l.read_bps, l.write_bps, l.read_iops, l.write_iops].contains(&Some(0)) =>
+            {
+                return unsupported(
+                    "an I/O limit of 0 would stop all I/O; leave it unset for no limit",
+                )
+            }
+            Knob::IoLimit { device, limits: l } if v2 => {
+                let m = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_else(|| "max".into());
+                vec![keyed(
+                    "io",
+                    "io.max",
+                    format!(
+                        "{device} rbps={} wbps={} riops={} wiops={}",
+                        m(l.read_bps),
+                        m(l.write_bps),
+                        m(l.read_iops),
+                        m(l.write_iops)
+                    ),
+                )]
+            }
+            Knob::IoLimit { device, limits: l } => [
+                ("blkio.throttle.read_bps_device", l.read_bps),
+                ("blkio.throttle.write_bps_device", l.write_bps),
+                ("blkio.throttle.read_iops_device", l.read_iops),
+                ("blkio.throttle.write_iops_device", l.write_iops),
+            ]
+            .into_iter()
+            .map(|(file, v)| keyed("blkio", file, format!("{device} {}", v.unwrap_or(0))))
+            .collect(),
         })
     }
 
@@ -219,7 +273,12 @@ impl Cgroups {
         let mut out = Outcome::Unchanged;
         for w in self.plan(knob)? {
             let p = self.path_of(cg, &w)?;
-            if crate::fs::write_if_changed(&p, &w.value)? == Outcome::Written {
+            let written = if w.keyed {
+                crate::fs::write_keyed_if_changed(&p, &w.value)?
+            } else {
+                crate::fs::write_if_changed(&p, &w.value)?
+            };
+            if written == Outcome::Written {
                 tracing::debug!(cgroup = %cg, file = %p.display(), value = %w.value, "cgroup written");
                 out = Outcome::Written;
             }
@@ -298,7 +357,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     fn v1(features: Features) -> Cgroups {
-        let controllers: BTreeMap<String, PathBuf> = ["cpu", "memory", "cpuset"]
+        let controllers: BTreeMap<String, PathBuf> = ["cpu", "memory", "cpuset", "blkio"]
             .iter()
             .map(|c| (c.to_string(), PathBuf::from(format!("/x/{c}"))))
             .collect();
@@ -424,6 +483,50 @@ mod tests {
             files(&a, Knob::CpusetCpus("0-1".into())),
             vec![("cpuset.cpus", s("0-1"))]
         );
+    }
+
+    fn io(read_bps: Option<u64>, write_iops: Option<u64>) -> Knob {
+        Knob::IoLimit {
+            device: Device {
+                major: 254,
+                minor: 0,
+            },
+            limits: IoLimits {
+                read_bps,
+                write_iops,
+                ..Default::default()
+            },
+        }
+    }
+
+    #[test]
+    fn io_limits_per_layout() {
+        let f = Features {
+            blkio_throttle: true,
+            ..Default::default()
+        };
+        let s = |v: &str| v.to_string();
+        assert_eq!(
+            files(&v1(f.clone()), io(Some(1 << 20), Some(100))),
+            vec![
+                ("blkio.throttle.read_bps_device", s("254:0 1048576")),
+                ("blkio.throttle.write_bps_device", s("254:0 0")),
+                ("blkio.throttle.read_iops_device", s("254:0 0")),
+                ("blkio.throttle.write_iops_device", s("254:0 100")),
+            ]
+        );
+        assert_eq!(
+            files(&v2(f.clone()), io(Some(1 << 20), None)),
+            vec![(
+                "io.max",
+                s("254:0 rbps=1048576 wbps=max riops=max wiops=max")
+            )]
+        );
+        assert!(
+            v1(f).plan(&io(Some(0), None)).is_err(),
+            "0 would stop all I/O"
+        );
+        assert!(v1(Features::default()).plan(&io(Some(1), None)).is_err());
     }
 
     #[test]
@@ -610,6 +713,54 @@ mod tests {
             Ok(())
         })();
         cleanup();
+        r.unwrap();
+    }
+
+    /// The real blkio throttle files of this machine: one device's lines are
+    /// written, compared by line (idempotent) and removed again.
+    #[test]
+    fn real_cgroup_v1_io_limits() {
+        let c = Cgroups::detect(std::path::Path::new("/sys/fs/cgroup")).unwrap();
+        let Some(blkio) = c.host().hierarchy("blkio").map(PathBuf::from) else {
+            return;
+        };
+        if c.host().is_v2() || !c.host().features.blkio_throttle {
+            return;
+        }
+        let parts = std::fs::read_to_string("/proc/partitions").unwrap();
+        let Some(device) = parts.lines().skip(2).find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            Device::parse_numbers(&format!("{}:{}", f.first()?, f.get(1)?))
+        }) else {
+            return;
+        };
+        let cg = CgroupPath::parse(&format!("/qoslet-test/io-{}", std::process::id())).unwrap();
+        std::fs::create_dir_all(cg.under(&blkio).unwrap()).unwrap();
+        let r = (|| -> Result<(), CgroupError> {
+            let lim = |r| Knob::IoLimit {
+                device,
+                limits: IoLimits {
+                    read_bps: r,
+                    write_iops: Some(500),
+                    ..Default::default()
+                },
+            };
+            assert_eq!(c.apply(&cg, &lim(Some(10 << 20)))?, Outcome::Written);
+            assert_eq!(c.apply(&cg, &lim(Some(10 << 20)))?, Outcome::Unchanged);
+            assert_eq!(
+                c.read(&cg, "blkio", "blkio.throttle.read_bps_device")?,
+                format!("{device} {}", 10 << 20)
+            );
+            assert_eq!(
+                c.read(&cg, "blkio", "blkio.throttle.write_iops_device")?,
+                format!("{device} 500")
+            );
+            assert_eq!(c.apply(&cg, &lim(None))?, Outcome::Written);
+            assert_eq!(c.read(&cg, "blkio", "blkio.throttle.read_bps_device")?, "");
+            assert_eq!(c.apply(&cg, &lim(None))?, Outcome::Unchanged);
+            Ok(())
+        })();
+        let _ = std::fs::remove_dir(cg.under(&blkio).unwrap());
         r.unwrap();
     }
 }

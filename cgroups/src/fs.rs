@@ -56,6 +56,15 @@ pub fn write_if_changed(path: &Path, value: &str) -> Result<Outcome, CgroupError
     write(path, value).map(|_| Outcome::Written)
 }
 
+/// Writes one device's line (`major:minor ...`) of a per-device table file
+/// (`blkio.throttle.*_device`, `io.max`) unless the table already holds it.
+pub fn write_keyed_if_changed(path: &Path, value: &str) -> Result<Outcome, CgroupError> {
+    if crate::blkio::keyed_same(&read(path)?, value) {
+        return Ok(Outcome::Unchanged);
+    }
+    write(path, value).map(|_| Outcome::Written)
+}
+
 /// Writes `value` to `path` (no comparison), retrying transient errors.
 pub fn write(path: &Path, value: &str) -> Result<(), CgroupError> {
     let mut attempt = 0;

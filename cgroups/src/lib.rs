@@ -11,12 +11,14 @@
 //! * [`resctrl`]: the resctrl mount and its `info/` (L3 CBM mask, closids, MB).
 //! * [`cgroup`]: QoS settings ([`Knob`]) planned per layout and applied
 //!   idempotently, ordered parent/child the way the kernel needs.
+//! * [`blkio`]: block device numbers and per-device I/O limits.
 //! * [`convert`]: cpu.shares (v1) <-> cpu.weight (v2).
 //!
 //! Nothing here decides policy; callers say what to write.
 
 #![forbid(unsafe_code)]
 
+pub mod blkio;
 pub mod cgroup;
 pub mod convert;
 pub mod detect;
@@ -57,6 +59,7 @@ pub enum CgroupError {
     Parse { path: PathBuf, content: String },
 }
 
+pub use blkio::{Device, IoLimits};
 pub use cgroup::{Cgroups, FileWrite, Knob};
 pub use detect::{Features, Host, Layout};
 pub use path::CgroupPath;

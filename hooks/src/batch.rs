@@ -166,9 +166,63 @@ impl Batch {
     }
 }
 
+/// A pod's batch resources: requests add up (a container without one adds 0);
+/// a limit exists only when every container has one (one unlimited container
+/// leaves the pod unlimited).
+pub fn pod_total(spec: &BTreeMap<String, Batch>) -> Batch {
+    let req = |f: fn(&Batch) -> Option<u64>| {
+        spec.values()
+            .filter_map(f)
+            .fold(None, |acc: Option<u64>, v| {
+                Some(acc.unwrap_or(0).saturating_add(v))
+            })
+    };
+    let lim = |f: fn(&Batch) -> Option<u64>| {
+        if spec.is_empty() {
+            return None;
+        }
+        spec.values()
+            .map(f)
+            .try_fold(0u64, |acc, v| v.map(|v| acc.saturating_add(v)))
+    };
+    Batch {
+        cpu_request_milli: req(|b| b.cpu_request_milli),
+        cpu_limit_milli: lim(|b| b.cpu_limit_milli),
+        memory_request: req(|b| b.memory_request),
+        memory_limit: lim(|b| b.memory_limit),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pod_totals() {
+        let b = |cr, cl, mr, ml| Batch {
+            cpu_request_milli: cr,
+            cpu_limit_milli: cl,
+            memory_request: mr,
+            memory_limit: ml,
+        };
+        let spec: BTreeMap<String, Batch> = [
+            (
+                "a".to_string(),
+                b(Some(500), Some(1000), Some(1 << 20), Some(2 << 20)),
+            ),
+            ("b".to_string(), b(Some(250), Some(500), None, None)),
+        ]
+        .into();
+        let t = pod_total(&spec);
+        assert_eq!(t.cpu_request_milli, Some(750));
+        assert_eq!(t.cpu_limit_milli, Some(1500));
+        assert_eq!(t.memory_request, Some(1 << 20));
+        assert_eq!(
+            t.memory_limit, None,
+            "one container without a limit: pod unlimited"
+        );
+        assert_eq!(pod_total(&BTreeMap::new()), Batch::default());
+    }
 
     #[test]
     fn koordinator_annotation_to_runtime_settings() {

@@ -5,9 +5,9 @@
 
 use std::collections::BTreeMap;
 
-use qoslet_cgroups::{Features, Knob};
+use qoslet_cgroups::{Device, Features, Knob};
 
-use crate::batch::{parse_spec, Batch, ANNOTATION_EXTENDED_RESOURCE_SPEC};
+use crate::batch::{parse_spec, pod_total, Batch, ANNOTATION_EXTENDED_RESOURCE_SPEC};
 
 /// Koordinator's scheduler writes the CPUs an LSE/LSR pod is bound to here: `{"cpuset":"0-3"}`.
 pub const ANNOTATION_RESOURCE_STATUS: &str = "scheduling.koordinator.sh/resource-status";
@@ -22,6 +22,9 @@ pub struct Context<'a> {
     pub v2: bool,
     pub policy: &'a ResourceQosStrategy,
     pub page_size: u64,
+    /// The policy's block device names resolved on this host (`/dev/vda` -> 254:0);
+    /// a name missing here could not be resolved.
+    pub devices: &'a BTreeMap<String, Device>,
 }
 
 /// Resource fields qoslet overrides in CRI `LinuxContainerResources`.
@@ -69,6 +72,8 @@ pub struct ContainerDecision {
 pub struct PodDecision {
     pub cgroup: Vec<Knob>,
     pub rules: Vec<Rule>,
+    /// Input problems, for a logged warning.
+    pub warnings: Vec<String>,
 }
 
 fn rule(setting: &str, value: impl ToString, because: impl Into<String>) -> Rule {
@@ -115,11 +120,138 @@ fn identity(
     }
 }
 
-/// The pod-level decision (applied to the sandbox's cgroup parent after RunPodSandbox).
-pub fn pod(class: QosClass, ctx: &Context) -> PodDecision {
+/// The pod-level decision, applied to the pod's own cgroup (the sandbox's
+/// cgroup parent) after RunPodSandbox: group identity; for BE pods with batch
+/// resources the pod's CFS quota, shares and memory limit (the sum of its
+/// containers'); memory QoS where the pod's memory request is known (BE batch
+/// memory, or a guaranteed pod's limit from the sandbox config); and the class's
+/// block I/O limits. `sandbox_memory_limit`: the sandbox config's memory limit (0: none).
+pub fn pod(
+    class: QosClass,
+    pod_annotations: &BTreeMap<String, String>,
+    sandbox_memory_limit: i64,
+    ctx: &Context,
+) -> PodDecision {
     let mut d = PodDecision::default();
     identity(class, ctx, true, &mut d.cgroup, &mut d.rules);
+    let mut memory_request = None;
+    if class == QosClass::Be {
+        if let Some(a) = pod_annotations.get(ANNOTATION_EXTENDED_RESOURCE_SPEC) {
+            match parse_spec(a) {
+                Ok(spec) if !spec.is_empty() => {
+                    let total = pod_total(&spec);
+                    let r = total.resources();
+                    if let Some(s) = r.cpu_shares {
+                        d.cgroup.push(Knob::CpuShares(s));
+                        d.rules.push(rule(
+                            "cpu.shares",
+                            s,
+                            format!(
+                                "BE pod: batch-cpu requests {}m in all",
+                                total.cpu_request_milli.unwrap_or(0)
+                            ),
+                        ));
+                    }
+                    if let Some(q) = r.cpu_quota {
+                        d.cgroup.push(Knob::CpuQuota {
+                            quota: Some(q),
+                            period: r.cpu_period,
+                        });
+                        d.rules.push(rule(
+                            "cpu.cfs_quota_us",
+                            q,
+                            format!(
+                                "BE pod: batch-cpu limits {}m in all",
+                                total.cpu_limit_milli.unwrap_or(0)
+                            ),
+                        ));
+                    }
+                    if let Some(m) = r.memory_limit {
+                        d.cgroup.push(Knob::MemoryLimit(Some(m)));
+                        d.rules.push(rule(
+                            "memory.limit_in_bytes",
+                            m,
+                            "BE pod: batch-memory limits in all",
+                        ));
+                    }
+                    memory_request = total.memory_request.map(|r| (r, total.memory_limit));
+                }
+                Ok(_) => {}
+                Err(e) => d.warnings.push(format!("{e}; batch resources ignored")),
+            }
+        }
+    }
+    if matches!(class, QosClass::Lse | QosClass::Lsr) && sandbox_memory_limit > 0 {
+        let l = sandbox_memory_limit as u64;
+        memory_request = Some((l, Some(l)));
+    }
+    if let Some((request, limit)) = memory_request {
+        let mut c = ContainerDecision::default();
+        memory(
+            class,
+            request,
+            limit,
+            &Context { v2: false, ..*ctx },
+            &mut c,
+        );
+        if !ctx.features.memory_qos && ctx.policy.of(class).memory_qos.enable {
+            d.warnings.push(
+                "memoryQOS is enabled but this kernel has no memory.min/low/high; pod level skipped"
+                    .into(),
+            );
+        } else {
+            // the pod's own cgroup is not the runtime's: qoslet writes it on v1 and v2 alike
+            d.cgroup.extend(c.cgroup);
+            d.rules.extend(c.rules);
+        }
+    }
+    blkio(class, ctx, &mut d);
     d
+}
+
+/// The class's block I/O limits (`blkioQOS`), per device the host has.
+fn blkio(class: QosClass, ctx: &Context, d: &mut PodDecision) {
+    let q = &ctx.policy.of(class).blkio_qos;
+    if !q.enable {
+        return;
+    }
+    if !ctx.features.blkio_throttle {
+        d.warnings.push(
+            "blkioQOS is enabled but this host has no blkio throttling / io controller; skipped"
+                .into(),
+        );
+        return;
+    }
+    for b in &q.blocks {
+        let Some(device) = ctx.devices.get(&b.name) else {
+            d.warnings.push(format!(
+                "blkioQOS device {:?} is not a block device on this host; skipped",
+                b.name
+            ));
+            continue;
+        };
+        let limits = b.limits();
+        if limits == qoslet_cgroups::IoLimits::default() {
+            continue;
+        }
+        let file = if ctx.v2 { "io.max" } else { "blkio.throttle" };
+        let show = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_else(|| "max".into());
+        d.cgroup.push(Knob::IoLimit {
+            device: *device,
+            limits,
+        });
+        d.rules.push(rule(
+            &format!("{file} {device}"),
+            format!(
+                "rbps={} wbps={} riops={} wiops={}",
+                show(limits.read_bps),
+                show(limits.write_bps),
+                show(limits.read_iops),
+                show(limits.write_iops)
+            ),
+            format!("{} blkioQOS for {}", class.as_str(), b.name),
+        ));
+    }
 }
 
 /// The container-level decision.
@@ -325,6 +457,7 @@ mod tests {
                 v2: false,
                 policy: &p,
                 page_size: 4096,
+                devices: &BTreeMap::new(),
             },
         )
     }
@@ -333,11 +466,14 @@ mod tests {
         let p = ResourceQosStrategy::default();
         pod(
             class,
+            &BTreeMap::new(),
+            0,
             &Context {
                 features: f,
                 v2: false,
                 policy: &p,
                 page_size: 4096,
+                devices: &BTreeMap::new(),
             },
         )
     }
@@ -375,6 +511,7 @@ mod tests {
                 v2: true,
                 policy: &p,
                 page_size: 4096,
+                devices: &BTreeMap::new(),
             },
         );
         assert_eq!(
@@ -400,6 +537,7 @@ mod tests {
                 v2: false,
                 policy: &p,
                 page_size: 4096,
+                devices: &BTreeMap::new(),
             },
         );
         assert!(d.patch.unified.is_empty() && d.warnings.len() == 1);
@@ -418,6 +556,7 @@ mod tests {
                 v2: false,
                 policy: &p,
                 page_size: 4096,
+                devices: &BTreeMap::new(),
             },
         );
         assert!(d.cgroup.contains(&Knob::MemoryMin(64 << 20)));
@@ -432,6 +571,7 @@ mod tests {
                 v2: true,
                 policy: &p,
                 page_size: 4096,
+                devices: &BTreeMap::new(),
             },
         );
         assert_eq!(
@@ -449,6 +589,7 @@ mod tests {
                 v2: true,
                 policy: &ResourceQosStrategy::default(),
                 page_size: 4096,
+                devices: &BTreeMap::new(),
             },
         );
         assert!(d.patch.unified.is_empty());
@@ -618,5 +759,178 @@ mod tests {
             vec![Knob::CpuIdle(true)]
         );
         assert!(run_pod(QosClass::Ls, &upstream()).cgroup.is_empty());
+    }
+
+    fn pod_with(
+        class: QosClass,
+        ann: &[(&str, &str)],
+        sandbox_limit: i64,
+        f: &Features,
+        v2: bool,
+        p: &ResourceQosStrategy,
+        devices: &BTreeMap<String, Device>,
+    ) -> PodDecision {
+        let a: BTreeMap<String, String> = ann
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        pod(
+            class,
+            &a,
+            sandbox_limit,
+            &Context {
+                features: f,
+                v2,
+                policy: p,
+                page_size: 4096,
+                devices,
+            },
+        )
+    }
+
+    #[test]
+    fn be_pod_quota_is_the_sum_of_its_containers() {
+        let spec = r#"{"containers":{"a":{"requests":{"kubernetes.io/batch-cpu":"500","kubernetes.io/batch-memory":"64Mi"},"limits":{"kubernetes.io/batch-cpu":"1000","kubernetes.io/batch-memory":"128Mi"}},"b":{"requests":{"kubernetes.io/batch-cpu":"500"},"limits":{"kubernetes.io/batch-cpu":"1000","kubernetes.io/batch-memory":"64Mi"}}}}"#;
+        let p = ResourceQosStrategy::default();
+        let none = BTreeMap::new();
+        let d = pod_with(
+            QosClass::Be,
+            &[(ANNOTATION_EXTENDED_RESOURCE_SPEC, spec)],
+            0,
+            &upstream(),
+            false,
+            &p,
+            &none,
+        );
+        assert_eq!(
+            d.cgroup,
+            vec![
+                Knob::CpuIdle(true),
+                Knob::CpuShares(1024),
+                Knob::CpuQuota {
+                    quota: Some(200_000),
+                    period: 100_000
+                },
+                Knob::MemoryLimit(Some(192 << 20)),
+            ]
+        );
+        assert!(d.rules.iter().any(|r| r.setting == "cpu.cfs_quota_us"
+            && r.value == "200000"
+            && r.because.contains("2000m")));
+        // not BE, or no spec, or a malformed one: identity only (and a warning)
+        let d = pod_with(
+            QosClass::Ls,
+            &[(ANNOTATION_EXTENDED_RESOURCE_SPEC, spec)],
+            0,
+            &upstream(),
+            false,
+            &p,
+            &none,
+        );
+        assert!(d.cgroup.is_empty());
+        let d = pod_with(
+            QosClass::Be,
+            &[(ANNOTATION_EXTENDED_RESOURCE_SPEC, "{nope")],
+            0,
+            &upstream(),
+            false,
+            &p,
+            &none,
+        );
+        assert_eq!(d.cgroup, vec![Knob::CpuIdle(true)]);
+        assert_eq!(d.warnings.len(), 1, "{d:?}");
+    }
+
+    #[test]
+    fn pod_memory_qos_where_the_request_is_known() {
+        let mut p = ResourceQosStrategy::default();
+        p.lsr_class.memory_qos = MemoryQos {
+            enable: true,
+            min_limit_percent: 100,
+            low_limit_percent: 0,
+            ..Default::default()
+        };
+        let none = BTreeMap::new();
+        let v2 = Features {
+            memory_qos: true,
+            ..Default::default()
+        };
+        let d = pod_with(QosClass::Lsr, &[], 1 << 30, &v2, true, &p, &none);
+        assert!(d.cgroup.contains(&Knob::MemoryMin(1 << 30)), "{d:?}");
+        assert!(d.cgroup.contains(&Knob::MemoryLow(0)));
+        // a guaranteed pod has no room between request and limit: no memory.high
+        assert!(!d.cgroup.iter().any(|k| matches!(k, Knob::MemoryHigh(_))));
+        // v1 without the files: a warning, nothing written
+        let d = pod_with(QosClass::Lsr, &[], 1 << 30, &upstream(), false, &p, &none);
+        assert!(d.cgroup.is_empty() && d.warnings.len() == 1, "{d:?}");
+        // off by policy (LS default): nothing
+        let d = pod_with(QosClass::Ls, &[], 1 << 30, &v2, true, &p, &none);
+        assert!(d.cgroup.is_empty() && d.warnings.is_empty());
+    }
+
+    #[test]
+    fn blkio_limits_per_class_and_device() {
+        let mut p = ResourceQosStrategy::default();
+        p.be_class.blkio_qos = crate::policy::BlkIoQos {
+            enable: true,
+            blocks: vec![
+                crate::policy::BlockCfg {
+                    name: "/dev/vda".into(),
+                    block_type: "device".into(),
+                    read_bps: 10 << 20,
+                    write_iops: 200,
+                    ..Default::default()
+                },
+                crate::policy::BlockCfg {
+                    name: "/dev/gone".into(),
+                    block_type: "device".into(),
+                    read_bps: 1,
+                    ..Default::default()
+                },
+            ],
+        };
+        let vda = Device {
+            major: 254,
+            minor: 0,
+        };
+        let devices: BTreeMap<String, Device> = [("/dev/vda".to_string(), vda)].into();
+        let f = Features {
+            blkio_throttle: true,
+            ..Default::default()
+        };
+        let d = pod_with(QosClass::Be, &[], 0, &f, false, &p, &devices);
+        assert_eq!(
+            d.cgroup,
+            vec![Knob::IoLimit {
+                device: vda,
+                limits: qoslet_cgroups::IoLimits {
+                    read_bps: Some(10 << 20),
+                    write_iops: Some(200),
+                    ..Default::default()
+                }
+            }]
+        );
+        assert_eq!(d.rules[0].setting, "blkio.throttle 254:0");
+        assert_eq!(
+            d.rules[0].value,
+            "rbps=10485760 wbps=max riops=max wiops=200"
+        );
+        assert!(d.warnings[0].contains("/dev/gone"), "{d:?}");
+        assert!(pod_with(QosClass::Ls, &[], 0, &f, false, &p, &devices)
+            .cgroup
+            .is_empty());
+        let d = pod_with(
+            QosClass::Be,
+            &[],
+            0,
+            &Features::default(),
+            false,
+            &p,
+            &devices,
+        );
+        assert!(
+            d.cgroup.is_empty() && d.warnings.len() == 1,
+            "no io controller: {d:?}"
+        );
     }
 }

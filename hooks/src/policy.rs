@@ -72,6 +72,28 @@ impl ResourceQosStrategy {
             {
                 return Err(format!("resourceQOSStrategy.{name}.resctrlQOS: start {} / end {} / mba {} out of range", r.cat_range_start_percent, r.cat_range_end_percent, r.mba_percent));
             }
+            for (i, b) in c.blkio_qos.blocks.iter().enumerate() {
+                let at = format!("resourceQOSStrategy.{name}.blkioQOS.blocks[{i}]");
+                if b.name.trim().is_empty() {
+                    return Err(format!("{at}.name: empty"));
+                }
+                if b.block_type != "device" {
+                    return Err(format!(
+                        "{at}.type: {:?} is not supported (only \"device\": CRI does not carry a pod's volumes)",
+                        b.block_type
+                    ));
+                }
+                for (f, v) in [
+                    ("readBPS", b.read_bps),
+                    ("writeBPS", b.write_bps),
+                    ("readIOPS", b.read_iops),
+                    ("writeIOPS", b.write_iops),
+                ] {
+                    if v < 0 {
+                        return Err(format!("{at}.ioCfg.{f}: {v} is negative (0 = no limit)"));
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -83,6 +105,7 @@ pub struct ResourceQos {
     pub cpu_qos: CpuQos,
     pub memory_qos: MemoryQos,
     pub resctrl_qos: ResctrlQos,
+    pub blkio_qos: BlkIoQos,
 }
 
 impl ResourceQos {
@@ -99,6 +122,7 @@ impl ResourceQos {
                 cat_range_end_percent: cat_end,
                 mba_percent: 100,
             },
+            blkio_qos: BlkIoQos::default(),
         }
     }
 }
@@ -145,6 +169,40 @@ pub struct ResctrlQos {
     pub mba_percent: u32,
 }
 
+/// `blkioQOS`: per-device read/write limits for the class's pods (off by default).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BlkIoQos {
+    pub enable: bool,
+    pub blocks: Vec<BlockCfg>,
+}
+
+/// One `blocks[]` entry: a device (`/dev/vda` or `254:0`) and its limits
+/// (bytes or operations per second; 0 = no limit, as in Koordinator).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BlockCfg {
+    pub name: String,
+    /// Koordinator's `type`: qoslet supports `device` (`podvolume` and
+    /// `volumegroup` need the pod's volume spec, which CRI does not carry).
+    pub block_type: String,
+    pub read_bps: i64,
+    pub write_bps: i64,
+    pub read_iops: i64,
+    pub write_iops: i64,
+}
+
+impl BlockCfg {
+    /// The limits as cgroup values (`None` = no limit).
+    pub fn limits(&self) -> qoslet_cgroups::IoLimits {
+        let l = |v: i64| (v > 0).then_some(v as u64);
+        qoslet_cgroups::IoLimits {
+            read_bps: l(self.read_bps),
+            write_bps: l(self.write_bps),
+            read_iops: l(self.read_iops),
+            write_iops: l(self.write_iops),
+        }
+    }
+}
+
 /// The config file's shape: every field optional, merged over the class defaults.
 mod raw {
     use serde::Deserialize;
@@ -167,6 +225,56 @@ mod raw {
         memory: Option<Memory>,
         #[serde(rename = "resctrlQOS")]
         resctrl: Option<Resctrl>,
+        #[serde(rename = "blkioQOS")]
+        blkio: Option<BlkIo>,
+    }
+
+    #[derive(Deserialize, Default)]
+    #[serde(deny_unknown_fields)]
+    struct BlkIo {
+        enable: Option<bool>,
+        blocks: Option<Vec<Block>>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Block {
+        name: String,
+        /// Koordinator's block types; qoslet supports `device`.
+        #[serde(rename = "type", default = "device")]
+        block_type: String,
+        #[serde(rename = "ioCfg", default)]
+        io: IoCfg,
+    }
+
+    fn device() -> String {
+        "device".into()
+    }
+
+    #[derive(Deserialize, Default)]
+    #[serde(deny_unknown_fields)]
+    struct IoCfg {
+        #[serde(rename = "readIOPS")]
+        read_iops: Option<i64>,
+        #[serde(rename = "writeIOPS")]
+        write_iops: Option<i64>,
+        #[serde(rename = "readBPS")]
+        read_bps: Option<i64>,
+        #[serde(rename = "writeBPS")]
+        write_bps: Option<i64>,
+    }
+
+    impl Block {
+        fn into_cfg(self) -> super::BlockCfg {
+            super::BlockCfg {
+                name: self.name,
+                block_type: self.block_type,
+                read_bps: self.io.read_bps.unwrap_or(0),
+                write_bps: self.io.write_bps.unwrap_or(0),
+                read_iops: self.io.read_iops.unwrap_or(0),
+                write_iops: self.io.write_iops.unwrap_or(0),
+            }
+        }
     }
 
     #[derive(Deserialize, Default)]
@@ -225,6 +333,12 @@ mod raw {
                 set(&mut q.cat_range_start_percent, r.cat_range_start_percent);
                 set(&mut q.cat_range_end_percent, r.cat_range_end_percent);
                 set(&mut q.mba_percent, r.mba_percent);
+            }
+            if let Some(b) = self.blkio {
+                set(&mut d.blkio_qos.enable, b.enable);
+                if let Some(blocks) = b.blocks {
+                    d.blkio_qos.blocks = blocks.into_iter().map(Block::into_cfg).collect();
+                }
             }
             d
         }
@@ -312,6 +426,45 @@ mod tests {
         assert!(
             serde_json::from_str::<ResourceQosStrategy>(r#"{"lsClass":{"memoryQoS":{}}}"#).is_err(),
             "unknown field"
+        );
+    }
+
+    #[test]
+    fn blkio_blocks_with_koordinators_names() {
+        let s: ResourceQosStrategy = serde_json::from_str(
+            r#"{"beClass":{"blkioQOS":{"enable":true,"blocks":[{"name":"/dev/vda","type":"device","ioCfg":{"readBPS":1048576,"writeIOPS":100}}]}}}"#,
+        )
+        .unwrap();
+        s.validate().unwrap();
+        let b = &s.be_class.blkio_qos;
+        assert!(b.enable && !s.ls_class.blkio_qos.enable);
+        assert_eq!(b.blocks[0].name, "/dev/vda");
+        let l = b.blocks[0].limits();
+        assert_eq!(
+            (l.read_bps, l.write_bps, l.read_iops, l.write_iops),
+            (Some(1 << 20), None, None, Some(100))
+        );
+        for (bad, key) in [
+            (r#"{"name":"vg","type":"volumegroup"}"#, "blocks[0].type"),
+            (
+                r#"{"name":"/dev/vda","ioCfg":{"readBPS":-5}}"#,
+                "ioCfg.readBPS",
+            ),
+            (r#"{"name":" "}"#, "blocks[0].name"),
+        ] {
+            let s: ResourceQosStrategy = serde_json::from_str(&format!(
+                r#"{{"beClass":{{"blkioQOS":{{"enable":true,"blocks":[{bad}]}}}}}}"#
+            ))
+            .unwrap();
+            let e = s.validate().unwrap_err();
+            assert!(e.contains("beClass.blkioQOS") && e.contains(key), "{e}");
+        }
+        assert!(
+            serde_json::from_str::<ResourceQosStrategy>(
+                r#"{"beClass":{"blkioQOS":{"blocks":[{"name":"x","ioCfg":{"readBps":1}}]}}}"#
+            )
+            .is_err(),
+            "misspelt key"
         );
     }
 

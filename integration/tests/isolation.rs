@@ -40,6 +40,22 @@ fn besteffort() -> cri::LinuxContainerResources {
     }
 }
 
+/// This machine's first disk: its device path and `major:minor`.
+fn first_disk() -> (String, String) {
+    let parts = std::fs::read_to_string("/proc/partitions").unwrap();
+    parts
+        .lines()
+        .skip(2)
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let path = format!("/dev/{}", f.get(3)?);
+            std::path::Path::new(&path)
+                .exists()
+                .then(|| (path, format!("{}:{}", f[0], f[1])))
+        })
+        .expect("a disk in /proc/partitions")
+}
+
 async fn pod(admin: &std::path::Path, id: &str) -> Pod {
     let pods = AdminClient::new(channel(admin).await)
         .list_pods(ListPodsRequest::default())
@@ -56,7 +72,20 @@ async fn pod(admin: &std::path::Path, id: &str) -> Pod {
 async fn real_be_pod_with_batch_resources_gets_its_class_settings_and_keeps_them() {
     let tb = Testbed::main();
     let dir = scratch("isolation");
-    let mut q = QosletProcess::start(&dir, &tb.sock);
+    // BE pods get a read limit on this machine's first disk
+    let disk = first_disk();
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("qoslet.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "policy:\n  resourceQOSStrategy:\n    beClass:\n      blkioQOS:\n        enable: true\n        blocks:\n          - {{name: {}, type: device, ioCfg: {{readBPS: 10485760, writeIOPS: 300}}}}\n",
+            disk.0
+        ),
+    )
+    .unwrap();
+    let mut q =
+        QosletProcess::start_with(&dir, &tb.sock, &[&format!("--config={}", config.display())]);
     let mut via = Cri::connect(&q.sock).await;
 
     // a BE pod with batch resources
@@ -104,6 +133,21 @@ async fn real_be_pod_with_batch_resources_gets_its_class_settings_and_keeps_them
             "BE pod runs SCHED_IDLE"
         );
         assert_eq!(cgroup_v1("cpu", &cg, "cpu.idle"), "0");
+        // the pod's own cgroup is bounded by the sum of its containers' batch limits
+        assert_eq!(cgroup_v1("cpu", &be_cgp, "cpu.cfs_quota_us"), "100000");
+        assert_eq!(
+            cgroup_v1("memory", &be_cgp, "memory.limit_in_bytes"),
+            (128u64 << 20).to_string()
+        );
+        // and by the class's block I/O limits
+        assert_eq!(
+            cgroup_v1("blkio", &be_cgp, "blkio.throttle.read_bps_device"),
+            format!("{} 10485760", disk.1)
+        );
+        assert_eq!(
+            cgroup_v1("blkio", &be_cgp, "blkio.throttle.write_iops_device"),
+            format!("{} 300", disk.1)
+        );
     };
     check_be();
 
@@ -137,6 +181,12 @@ async fn real_be_pod_with_batch_resources_gets_its_class_settings_and_keeps_them
     assert_eq!(cgroup_v1("cpu", &lcg, "cpu.cfs_quota_us"), "50000");
     assert_eq!(cgroup_v1("cpu", &lcg, "cpu.shares"), "1024");
     assert_eq!(cgroup_v1("cpu", &lcg, "cpu.idle"), "0");
+    assert_eq!(cgroup_v1("cpu", &ls_cgp, "cpu.cfs_quota_us"), "-1");
+    assert_eq!(
+        cgroup_v1("blkio", &ls_cgp, "blkio.throttle.read_bps_device"),
+        "",
+        "blkioQOS is BE's only"
+    );
 
     // an LSR pod bound to CPU 1 by the scheduler
     let lsr = unique("lsr");
@@ -264,6 +314,10 @@ async fn real_be_pod_with_batch_resources_gets_its_class_settings_and_keeps_them
         "{text}"
     );
     assert!(text.contains("pod cgroup: cpu.idle = 1"), "{text}");
+    assert!(
+        text.contains(&format!("blkio.throttle {} = rbps=10485760", disk.1)),
+        "{text}"
+    );
 
     // qoslet killed and restarted: it still knows what it applied; the files are unchanged
     qoslet_integration::eventually("checkpoint written", Duration::from_secs(5), || {

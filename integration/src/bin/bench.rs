@@ -372,6 +372,7 @@ fn decisions() {
         v2: false,
         policy: &policy,
         page_size: 4096,
+        devices: &BTreeMap::new(),
     };
     let n = 100_000;
     let t = Instant::now();
