@@ -1,0 +1,16 @@
+//! Metrics: what every container, pod and the node really use.
+//!
+//! * [`codec`]: values as compact integer codes (exact near zero, 0.25 % above),
+//!   delta- and run-length-coded.
+//! * [`metric`]: the kinds of series, their units and resolutions.
+//! * [`tsdb`]: the bounded in-memory time-series cache (10 minutes raw, 24 hours
+//!   of per-minute rollups) and its queries (last, avg, min, max, percentiles, trend).
+
+#![forbid(unsafe_code)]
+
+pub mod codec;
+pub mod metric;
+pub mod tsdb;
+
+pub use metric::Metric;
+pub use tsdb::{Agg, QueryError, Tsdb};
