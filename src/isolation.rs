@@ -360,7 +360,7 @@ impl Hook for Isolation {
                     for w in &d.warnings {
                         warn!(pod = %pod.name, namespace = %pod.namespace, "{w}");
                     }
-                    let cg = match CgroupPath::parse(&pod.cgroup_parent) {
+                    let cg = match CgroupPath::pod(&pod.cgroup_parent) {
                         Ok(cg) if !cg.as_str().is_empty() => cg,
                         Ok(_) => return Ok(()),
                         Err(e) => {
@@ -406,8 +406,8 @@ impl Hook for Isolation {
                         .unwrap_or(0);
                     let d =
                         decide::container(class, &c.name, &pod.annotations, limit, &shared.ctx());
-                    let cg = match CgroupPath::parse(&pod.cgroup_parent)
-                        .and_then(|p| p.child(&c.id))
+                    let cg = match CgroupPath::pod(&pod.cgroup_parent)
+                        .and_then(|p| p.container(&c.id))
                     {
                         Ok(cg) => cg,
                         Err(e) => {
@@ -696,9 +696,15 @@ mod tests {
         assert_eq!(read("memory.min"), (32u64 << 20).to_string());
         assert_eq!(read("memory.low"), (64u64 << 20).to_string());
         assert_eq!(read("memory.high"), (96u64 << 20).to_string());
-        assert_eq!(read("io.max"), "8:16 rbps=max wbps=1048576 riops=max wiops=max");
+        assert_eq!(
+            read("io.max"),
+            "8:16 rbps=max wbps=1048576 riops=max wiops=max"
+        );
         let applied = store.pod("p1").unwrap().applied;
-        assert!(applied["io.max 8:16"].contains("BE blkioQOS for 8:16"), "{applied:?}");
+        assert!(
+            applied["io.max 8:16"].contains("BE blkioQOS for 8:16"),
+            "{applied:?}"
+        );
         assert!(!applied.contains_key("error"), "{applied:?}");
 
         // CreateContainer: the container's memory QoS rides in CRI's unified map

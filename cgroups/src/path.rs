@@ -47,6 +47,45 @@ impl CgroupPath {
         Ok(Self(parts.join("/")))
     }
 
+    /// A pod's cgroup from kubelet's cgroup parent: a path with the cgroupfs
+    /// driver (`/kubepods/besteffort/pod1`), a slice name with the systemd driver
+    /// (`kubepods-besteffort-pod1.slice`, which systemd nests as
+    /// `kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice`).
+    pub fn pod(cgroup_parent: &str) -> Result<Self, CgroupError> {
+        let t = cgroup_parent.trim_start_matches('/');
+        if t.ends_with(".slice") && !t.contains('/') {
+            let name = t.trim_end_matches(".slice");
+            let mut path = Self::root();
+            let mut prefix = String::new();
+            for part in name.split('-') {
+                if part.is_empty() {
+                    return Err(CgroupError::UnsafePath {
+                        path: cgroup_parent.into(),
+                        reason: "empty systemd slice component",
+                    });
+                }
+                if !prefix.is_empty() {
+                    prefix.push('-');
+                }
+                prefix.push_str(part);
+                path = path.child(&format!("{prefix}.slice"))?;
+            }
+            return Ok(path);
+        }
+        Self::parse(cgroup_parent)
+    }
+
+    /// A container's cgroup under its pod's (as containerd names it: the
+    /// container id with the cgroupfs driver, `cri-containerd-<id>.scope` under
+    /// a systemd slice).
+    pub fn container(&self, id: &str) -> Result<Self, CgroupError> {
+        if self.0.ends_with(".slice") {
+            self.child(&format!("cri-containerd-{id}.scope"))
+        } else {
+            self.child(id)
+        }
+    }
+
     /// The root cgroup.
     pub fn root() -> Self {
         Self(String::new())
@@ -143,6 +182,28 @@ mod tests {
             assert!(CgroupPath::parse(bad).is_err(), "{bad:?}");
         }
         assert!(CgroupPath::parse(&"a/".repeat(3000)).is_err());
+    }
+
+    #[test]
+    fn systemd_slices_and_container_scopes() {
+        let p = CgroupPath::pod("kubepods-besteffort-pod1a2b.slice").unwrap();
+        assert_eq!(
+            p.as_str(),
+            "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1a2b.slice"
+        );
+        assert_eq!(
+            p.container("abc").unwrap().as_str(),
+            "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1a2b.slice/cri-containerd-abc.scope"
+        );
+        let c = CgroupPath::pod("/kubepods/besteffort/pod1").unwrap();
+        assert_eq!(c.as_str(), "kubepods/besteffort/pod1");
+        assert_eq!(
+            c.container("abc").unwrap().as_str(),
+            "kubepods/besteffort/pod1/abc"
+        );
+        assert!(CgroupPath::pod("kubepods--x.slice").is_err());
+        assert!(CgroupPath::pod("/kubepods/../x").is_err());
+        assert!(c.container("../x").is_err());
     }
 
     #[test]

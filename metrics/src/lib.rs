@@ -9,7 +9,9 @@
 #![forbid(unsafe_code)]
 
 pub mod codec;
+pub mod collect;
 pub mod metric;
+pub mod parse;
 pub mod tsdb;
 
 pub use metric::Metric;

@@ -130,7 +130,11 @@ impl Metric {
             | Metric::IoReadBytes
             | Metric::IoWriteBytes => 1.0,
             Metric::OomKills => 1.0,
-            Metric::IoReadOps | Metric::IoWriteOps | Metric::Load1 | Metric::Load5 | Metric::Load15 => 0.01,
+            Metric::IoReadOps
+            | Metric::IoWriteOps
+            | Metric::Load1
+            | Metric::Load5
+            | Metric::Load15 => 0.01,
         }
     }
 

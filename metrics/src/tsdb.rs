@@ -139,10 +139,17 @@ impl<const N: usize> Block<N> {
 }
 
 /// Decodes a payload; stops quietly at a truncated stream.
-fn decode_rows<const N: usize>(buf: &[u8], start: u32, step: u32, f: &mut dyn FnMut(u32, [u32; N])) {
+fn decode_rows<const N: usize>(
+    buf: &[u8],
+    start: u32,
+    step: u32,
+    f: &mut dyn FnMut(u32, [u32; N]),
+) {
     let (mut pos, mut ts, mut prev, mut first) = (0usize, start as i64, [0u32; N], true);
     while pos < buf.len() {
-        let Some(h) = get_varint(buf, &mut pos) else { return };
+        let Some(h) = get_varint(buf, &mut pos) else {
+            return;
+        };
         if h & 1 == 1 {
             for _ in 0..(h >> 1) {
                 ts += step as i64;
@@ -151,10 +158,16 @@ fn decode_rows<const N: usize>(buf: &[u8], start: u32, step: u32, f: &mut dyn Fn
             continue;
         }
         let gap = unzigzag(h >> 1);
-        ts = if first { start as i64 + gap } else { ts + step as i64 + gap };
+        ts = if first {
+            start as i64 + gap
+        } else {
+            ts + step as i64 + gap
+        };
         first = false;
         for p in prev.iter_mut() {
-            let Some(d) = get_varint(buf, &mut pos) else { return };
+            let Some(d) = get_varint(buf, &mut pos) else {
+                return;
+            };
             *p = (*p as i64 + unzigzag(d)).clamp(0, u32::MAX as i64) as u32;
         }
         f(ts as u32, prev);
@@ -290,7 +303,11 @@ impl Series {
         }
         self.last = v;
         self.last_ts = ts;
-        if self.raw_open.as_ref().is_some_and(|b| b.start / 60 != ts / 60) {
+        if self
+            .raw_open
+            .as_ref()
+            .is_some_and(|b| b.start / 60 != ts / 60)
+        {
             self.close_minute(unit, ts);
         }
         self.raw_open
@@ -300,7 +317,9 @@ impl Series {
 
     /// Seals the open minute: its rollup row is added, its raw block kept for 10 minutes.
     fn close_minute(&mut self, unit: f64, now: u32) {
-        let Some(block) = self.raw_open.take() else { return };
+        let Some(block) = self.raw_open.take() else {
+            return;
+        };
         let mut vals: Vec<f64> = block
             .rows_vec(1)
             .into_iter()
@@ -320,7 +339,11 @@ impl Series {
                 quantile_sorted(&vals, 0.99),
             ]
             .map(|v| encode(v, unit));
-            if self.roll_open.as_ref().is_some_and(|b| b.start / 3600 != minute / 3600) {
+            if self
+                .roll_open
+                .as_ref()
+                .is_some_and(|b| b.start / 3600 != minute / 3600)
+            {
                 if let Some(b) = self.roll_open.take() {
                     b.seal_into(&mut self.roll);
                 }
@@ -430,13 +453,10 @@ impl Tsdb {
     pub fn record(&mut self, entity: &str, ts: u32, samples: &[(Metric, f64)]) {
         let e = match self.entities.get_mut(entity) {
             Some(e) => e,
-            None => self
-                .entities
-                .entry(entity.to_string())
-                .or_insert(Entity {
-                    last_seen: ts,
-                    series: Vec::new(),
-                }),
+            None => self.entities.entry(entity.to_string()).or_insert(Entity {
+                last_seen: ts,
+                series: Vec::new(),
+            }),
         };
         e.last_seen = e.last_seen.max(ts);
         for &(m, v) in samples {
@@ -527,11 +547,10 @@ impl Tsdb {
                     v.sort_by(f64::total_cmp);
                     Ok(quantile_sorted(&v, q))
                 }
-                Agg::Trend => Ok(slope(
-                    pts.iter()
-                        .map(|(t, v)| ((*t - pts[0].0) as f64, *v, 1.0)),
-                )
-                .unwrap_or(0.0)),
+                Agg::Trend => Ok(
+                    slope(pts.iter().map(|(t, v)| ((*t - pts[0].0) as f64, *v, 1.0)))
+                        .unwrap_or(0.0),
+                ),
                 Agg::Last => unreachable!(),
             };
         }
@@ -658,7 +677,11 @@ mod tests {
         assert!(near(q(100, Agg::Quantile(0.5)), 0.495));
         assert!(near(q(100, Agg::Quantile(0.99)), 0.9801));
         assert!(near(q(10, Agg::Quantile(0.1)), 0.909));
-        assert!(near(q(50, Agg::Trend), 0.01), "rising 0.01/s: {}", q(50, Agg::Trend));
+        assert!(
+            near(q(50, Agg::Trend), 0.01),
+            "rising 0.01/s: {}",
+            q(50, Agg::Trend)
+        );
         assert_eq!(
             db.query("c", Metric::MemoryUsage, 10, Agg::Avg, now),
             Err(QueryError::NoSeries("c".into(), "memory_usage"))
@@ -703,7 +726,10 @@ mod tests {
         let p95 = q(2 * 3600, Agg::Quantile(0.95));
         assert!((p95 - 4.0).abs() < 0.05, "{p95}");
         let p90 = q(3 * 3600, Agg::Quantile(0.2));
-        assert!((p90 - 1.0).abs() < 0.05, "a third of the time at 1 core: {p90}");
+        assert!(
+            (p90 - 1.0).abs() < 0.05,
+            "a third of the time at 1 core: {p90}"
+        );
         let trend = q(3 * 3600, Agg::Trend);
         assert!(trend > 0.0, "rising: {trend}");
         // raw data older than 10 minutes is gone, rollups stay
@@ -714,11 +740,18 @@ mod tests {
 
         // a day later, the old hours are gone too
         for i in 0..120u32 {
-            db.record("n", T0 + 86_400 + 2 * 3600 + i * 60, &[(Metric::CpuUsage, 3.0)]);
+            db.record(
+                "n",
+                T0 + 86_400 + 2 * 3600 + i * 60,
+                &[(Metric::CpuUsage, 3.0)],
+            );
         }
         let s = db.series("n", Metric::CpuUsage).unwrap();
         let rows = s.rollup_rows(Metric::CpuUsage.unit(), 0);
-        assert!(rows.iter().all(|r| r.ts >= T0 + 3600), "first hours expired");
+        assert!(
+            rows.iter().all(|r| r.ts >= T0 + 3600),
+            "first hours expired"
+        );
     }
 
     #[test]
