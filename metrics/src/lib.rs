@@ -12,6 +12,7 @@ pub mod codec;
 pub mod collect;
 pub mod metric;
 pub mod parse;
+pub mod prom;
 pub mod tsdb;
 
 pub use metric::Metric;
