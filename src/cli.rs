@@ -30,7 +30,7 @@ pub struct PodsArgs {
     pub namespace: Option<String>,
 }
 
-async fn connect(endpoint: &str) -> Result<AdminClient<Channel>> {
+pub(crate) async fn connect(endpoint: &str) -> Result<AdminClient<Channel>> {
     let path = qoslet_proxy::endpoint::parse_unix(endpoint)?;
     let ch = Endpoint::from_static("http://localhost")
         .connect_timeout(Duration::from_secs(2))

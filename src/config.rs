@@ -38,6 +38,16 @@ pub struct FileConfig {
     pub resctrl_root: Option<PathBuf>,
     /// The QoS policy, with Koordinator's NodeSLO names.
     pub policy: Option<PolicyConfig>,
+    /// Collect metrics (default true).
+    pub metrics: Option<bool>,
+    /// Collection interval, 1s to 600s (default 1s).
+    pub metrics_interval: Option<String>,
+    /// Prometheus endpoint `host:port` (default 127.0.0.1:9316; empty: no HTTP endpoint).
+    pub metrics_listen: Option<String>,
+    /// Keep the metrics cache across restarts in the state dir (default true).
+    pub metrics_snapshot: Option<bool>,
+    /// Root of procfs (default /proc).
+    pub proc_root: Option<PathBuf>,
 }
 
 /// `policy:` — NodeSLO's names and defaults.
@@ -85,6 +95,13 @@ pub fn parse(text: &str) -> Result<FileConfig> {
             parse_duration(v).with_context(|| format!("key {key}"))?;
         }
     }
+    if let Some(v) = &cfg.metrics_interval {
+        metrics_interval(v).context("key metricsInterval")?;
+    }
+    if let Some(v) = cfg.metrics_listen.as_deref().filter(|v| !v.is_empty()) {
+        v.parse::<std::net::SocketAddr>()
+            .map_err(|e| anyhow::anyhow!("key metricsListen: {v:?} is not host:port ({e})"))?;
+    }
     if let Some(t) = cfg.hooks.as_ref().and_then(|h| h.timeout.as_ref()) {
         parse_duration(t).context("key hooks.timeout")?;
     }
@@ -99,6 +116,15 @@ pub fn parse(text: &str) -> Result<FileConfig> {
         }
     }
     Ok(cfg)
+}
+
+/// A metrics interval: whole seconds from 1 to 600.
+pub fn metrics_interval(s: &str) -> Result<Duration> {
+    let d = parse_duration(s)?;
+    if d.subsec_nanos() != 0 || !(1..=600).contains(&d.as_secs()) {
+        bail!("{s:?} must be whole seconds from 1s to 600s");
+    }
+    Ok(d)
 }
 
 /// Parses `500ms`, `2s`, `1m`, `1h` (a bare number is seconds).
@@ -195,6 +221,28 @@ mod tests {
             parse("policy:\n  resourceQOSStrategy:\n    lsClass:\n      memQOS: {}\n").unwrap_err()
         );
         assert!(e.contains("memQOS"), "{e}");
+    }
+
+    #[test]
+    fn metrics_keys() {
+        let c = parse("metricsInterval: 5s\nmetricsListen: 0.0.0.0:9316\nmetricsSnapshot: false\n")
+            .unwrap();
+        assert_eq!(
+            metrics_interval(c.metrics_interval.as_deref().unwrap()).unwrap(),
+            Duration::from_secs(5)
+        );
+        for bad in [
+            "metricsInterval: 0.5s\n",
+            "metricsInterval: 11m\n",
+            "metricsListen: nowhere\n",
+        ] {
+            let e = format!("{:#}", parse(bad).unwrap_err());
+            assert!(e.contains(bad.split(':').next().unwrap()), "{e}");
+        }
+        assert!(
+            parse("metricsListen: \"\"\n").is_ok(),
+            "empty: no HTTP endpoint"
+        );
     }
 
     #[test]

@@ -5,6 +5,8 @@
 mod cli;
 mod config;
 mod isolation;
+mod metrics;
+mod top;
 
 use std::path::PathBuf;
 
@@ -32,6 +34,8 @@ enum Cmd {
     Pods(cli::PodsArgs),
     /// Explain what qoslet applied to a pod and why (class, its source, each setting and its rule).
     Explain(cli::ExplainArgs),
+    /// A live view of the node and its pods (usage, class, throttling, what qoslet applied).
+    Top(top::TopArgs),
 }
 
 #[derive(clap::Args)]
@@ -54,6 +58,12 @@ struct ProxyArgs {
     /// Log filter (error, warn, info, debug, trace, or a tracing filter); env QOSLET_LOG also works.
     #[arg(long)]
     log_level: Option<String>,
+    /// Prometheus endpoint host:port ("" for none; default 127.0.0.1:9316).
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<String>,
+    /// Metrics collection interval, 1s to 600s (default 1s).
+    #[arg(long, value_name = "DURATION")]
+    metrics_interval: Option<String>,
 }
 
 fn main() -> std::process::ExitCode {
@@ -74,6 +84,7 @@ fn main() -> std::process::ExitCode {
             Cmd::Status(a) => cli::status(a).await,
             Cmd::Pods(a) => cli::pods(a).await,
             Cmd::Explain(a) => cli::explain(a).await,
+            Cmd::Top(a) => top::run(a).await,
         }
     });
     match r {
@@ -171,12 +182,103 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
         qoslet_proxy::Pipeline::new()
     };
 
-    let running = qoslet_proxy::start(cfg, pipeline).await?;
+    let cgroup_root = file
+        .cgroup_root
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup"));
+    let metrics_settings = if file.metrics.unwrap_or(true) {
+        let interval = config::metrics_interval(
+            a.metrics_interval
+                .as_deref()
+                .or(file.metrics_interval.as_deref())
+                .unwrap_or("1s"),
+        )
+        .context("--metrics-interval")?;
+        let listen = match a
+            .metrics_listen
+            .as_deref()
+            .or(file.metrics_listen.as_deref())
+            .unwrap_or("127.0.0.1:9316")
+        {
+            "" => None,
+            l => Some(
+                l.parse()
+                    .with_context(|| format!("--metrics-listen {l:?} is not host:port"))?,
+            ),
+        };
+        Some(metrics::Settings {
+            interval,
+            listen,
+            snapshot: file
+                .metrics_snapshot
+                .unwrap_or(true)
+                .then(|| cfg.state_dir.join("metrics.snapshot")),
+            proc_root: file
+                .proc_root
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("/proc")),
+            sys_root: PathBuf::from("/sys"),
+        })
+    } else {
+        None
+    };
+    // the admin API answers metrics queries through a slot filled once collection starts
+    let slot = std::sync::Arc::new(MetricsSlot::default());
+    let view: Option<std::sync::Arc<dyn qoslet_proxy::MetricsView>> = metrics_settings
+        .as_ref()
+        .map(|_| slot.clone() as std::sync::Arc<dyn qoslet_proxy::MetricsView>);
+    let running = qoslet_proxy::start_with(cfg, pipeline, view).await?;
+    let mut metric_tasks = Vec::new();
+    if let Some(s) = metrics_settings {
+        match metrics::Metrics::start(
+            s,
+            cgroup_root,
+            running.store.clone(),
+            running.shutdown_signal(),
+        )
+        .await
+        {
+            Ok(Some((m, tasks))) => {
+                let _ = slot.0.set(m);
+                metric_tasks = tasks;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                running.shutdown().await;
+                return Err(e);
+            }
+        }
+    }
     wait_for_signal().await?;
     tracing::info!("signal received; draining");
     running.shutdown().await;
+    for t in metric_tasks {
+        let _ = t.await;
+    }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The metrics side of the admin API, set once collection has started.
+#[derive(Default)]
+struct MetricsSlot(std::sync::OnceLock<std::sync::Arc<metrics::Metrics>>);
+
+impl qoslet_proxy::MetricsView for MetricsSlot {
+    fn query(
+        &self,
+        req: qoslet_proto::admin::QueryMetricsRequest,
+    ) -> Result<qoslet_proto::admin::QueryMetricsResponse, tonic::Status> {
+        match self.0.get() {
+            Some(m) => m.query(req),
+            None => Err(tonic::Status::unavailable(
+                "metrics are not collected (starting, or no cgroups on this host)",
+            )),
+        }
+    }
+
+    fn node_summary(&self) -> qoslet_proto::admin::NodeSummaryResponse {
+        self.0.get().map(|m| m.node_summary()).unwrap_or_default()
+    }
 }
 
 fn hook_settings(h: Option<&config::HooksConfig>) -> Result<qoslet_proxy::HookSettings> {

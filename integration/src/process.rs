@@ -33,6 +33,8 @@ pub struct QosletProcess {
     pub state_dir: PathBuf,
     pub log: PathBuf,
     pub backend: PathBuf,
+    /// Extra flags, kept for restarts.
+    pub extra: Vec<String>,
 }
 
 impl QosletProcess {
@@ -43,6 +45,7 @@ impl QosletProcess {
     }
 
     pub fn start_with(dir: &Path, backend: &Path, extra: &[&str]) -> Self {
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         std::fs::create_dir_all(dir).unwrap();
         let (sock, admin, state_dir, log) = (
             dir.join("qoslet.sock"),
@@ -50,8 +53,9 @@ impl QosletProcess {
             dir.join("state"),
             dir.join("qoslet.log"),
         );
-        let child = spawn(&sock, &admin, &state_dir, &log, backend, extra);
+        let child = spawn(&sock, &admin, &state_dir, &log, backend, &extra);
         let p = Self {
+            extra,
             child,
             dir: dir.into(),
             sock,
@@ -117,7 +121,7 @@ impl QosletProcess {
             &self.state_dir,
             &self.log,
             &self.backend,
-            &[],
+            &self.extra,
         );
         self.wait_ready();
     }
@@ -141,7 +145,7 @@ fn spawn(
     state: &Path,
     log: &Path,
     backend: &Path,
-    extra: &[&str],
+    extra: &[String],
 ) -> Child {
     let logf = std::fs::OpenOptions::new()
         .create(true)
@@ -154,6 +158,11 @@ fn spawn(
         .arg(format!("--admin-listen=unix://{}", admin.display()))
         .arg(format!("--runtime-endpoint=unix://{}", backend.display()))
         .arg(format!("--state-dir={}", state.display()))
+        // tests run in parallel: no fixed Prometheus port unless a test asks for one
+        .args(
+            (!extra.iter().any(|a| a.starts_with("--metrics-listen")))
+                .then_some("--metrics-listen="),
+        )
         .args(extra)
         .env(
             "QOSLET_LOG",

@@ -36,6 +36,8 @@ pub struct Target {
     pub container: String,
     /// LSE, LSR, LS, BE, SYSTEM, or empty when unknown.
     pub qos_class: String,
+    /// The pod's entity (`pod/<sandbox id>`); a pod's own entity for a pod.
+    pub pod_entity: String,
 }
 
 /// Raw counters of one cgroup, as last read (for the exporter's counters).
@@ -83,22 +85,15 @@ pub struct Tick {
     pub skipped: usize,
 }
 
-/// Whether CPI (cycles per instruction) can be measured here.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Cpi {
-    Unavailable(String),
-}
-
-/// Detects hardware perf counters: a `cpu` PMU under
-/// `/sys/bus/event_source/devices` (virtual machines often have none).
-pub fn detect_cpi(sys_root: &Path) -> Cpi {
-    let pmu = sys_root.join("bus/event_source/devices/cpu");
-    if !pmu.exists() {
-        return Cpi::Unavailable("no hardware PMU (no cpu event source): CPI unavailable".into());
+/// Whether CPI (cycles per instruction) is measured here, in words. It needs
+/// hardware perf counters: a `cpu` PMU under `/sys/bus/event_source/devices`
+/// (virtual machines often have none). qoslet reports CPI as unavailable,
+/// never as zero.
+pub fn cpi_status(sys_root: &Path) -> String {
+    if !sys_root.join("bus/event_source/devices/cpu").exists() {
+        return "unavailable: no hardware PMU (no cpu event source)".into();
     }
-    Cpi::Unavailable(
-        "hardware PMU present, but qoslet does not open perf events yet: CPI unavailable".into(),
-    )
+    "unavailable: hardware PMU present, but qoslet does not open perf events".into()
 }
 
 #[derive(Debug, Clone)]
@@ -547,6 +542,7 @@ mod tests {
                 String::new()
             },
             qos_class: class.into(),
+            pod_entity: "pod/p".into(),
         }
     }
 
@@ -755,7 +751,7 @@ mod tests {
             "sys",
             &[("bus/event_source/devices/software/type", "1\n".into())],
         );
-        assert!(matches!(detect_cpi(&d), Cpi::Unavailable(r) if r.contains("no hardware PMU")));
+        assert!(cpi_status(&d).contains("no hardware PMU"));
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -16,4 +16,4 @@ pub mod prom;
 pub mod tsdb;
 
 pub use metric::Metric;
-pub use tsdb::{Agg, QueryError, Tsdb};
+pub use tsdb::{Agg, QueryError, SnapshotError, Tsdb};

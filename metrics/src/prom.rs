@@ -360,6 +360,7 @@ mod tests {
             pod: "web \"1\"".into(),
             container: container.into(),
             qos_class: "LS".into(),
+            pod_entity: "pod/p".into(),
         };
         let raw = CgroupRaw {
             cpu_ns: 1_500_000_000,

@@ -619,6 +619,162 @@ impl Tsdb {
     }
 }
 
+/// Why a snapshot was not loaded.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SnapshotError {
+    #[error("not a qoslet metrics snapshot")]
+    Foreign,
+    #[error("snapshot is truncated or corrupt")]
+    Corrupt,
+}
+
+const MAGIC: &[u8; 8] = b"QSLTSDB1";
+
+fn fnv(data: &[u8]) -> u64 {
+    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    put_varint(out, b.len() as u64);
+    out.extend_from_slice(b);
+}
+
+fn put_block<const N: usize>(out: &mut Vec<u8>, b: &Option<Block<N>>) {
+    let Some(b) = b else {
+        out.push(0);
+        return;
+    };
+    out.push(1);
+    for v in [b.start, b.rows, b.prev_ts] {
+        put_varint(out, v.into());
+    }
+    for v in b.prev {
+        put_varint(out, v.into());
+    }
+    put_varint(out, b.run.into());
+    put_bytes(out, &b.buf);
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn varint(&mut self) -> Result<u64, SnapshotError> {
+        get_varint(self.b, &mut self.pos).ok_or(SnapshotError::Corrupt)
+    }
+    fn u32(&mut self) -> Result<u32, SnapshotError> {
+        u32::try_from(self.varint()?).map_err(|_| SnapshotError::Corrupt)
+    }
+    fn take(&mut self, n: usize) -> Result<&'a [u8], SnapshotError> {
+        let s = self
+            .b
+            .get(self.pos..self.pos.checked_add(n).ok_or(SnapshotError::Corrupt)?)
+            .ok_or(SnapshotError::Corrupt)?;
+        self.pos += n;
+        Ok(s)
+    }
+    fn bytes(&mut self) -> Result<Vec<u8>, SnapshotError> {
+        let n = self.varint()? as usize;
+        Ok(self.take(n)?.to_vec())
+    }
+    fn block<const N: usize>(&mut self) -> Result<Option<Block<N>>, SnapshotError> {
+        match self.take(1)?[0] {
+            0 => Ok(None),
+            1 => {
+                let (start, rows, prev_ts) = (self.u32()?, self.u32()?, self.u32()?);
+                let mut prev = [0u32; N];
+                for p in prev.iter_mut() {
+                    *p = self.u32()?;
+                }
+                Ok(Some(Block {
+                    start,
+                    rows,
+                    prev_ts,
+                    prev,
+                    run: self.u32()?,
+                    buf: self.bytes()?,
+                }))
+            }
+            _ => Err(SnapshotError::Corrupt),
+        }
+    }
+}
+
+impl Tsdb {
+    /// The whole cache as bytes (for `--state-dir`, so a restart does not blind the engine).
+    pub fn to_snapshot(&self) -> Vec<u8> {
+        let mut out = MAGIC.to_vec();
+        put_varint(&mut out, self.interval.into());
+        put_varint(&mut out, self.entities.len() as u64);
+        for (name, e) in &self.entities {
+            put_bytes(&mut out, name.as_bytes());
+            put_varint(&mut out, e.last_seen.into());
+            put_varint(&mut out, e.series.len() as u64);
+            for (m, s) in &e.series {
+                out.push(*m as u8);
+                out.extend_from_slice(&s.last.to_le_bytes());
+                put_varint(&mut out, s.last_ts.into());
+                put_bytes(&mut out, &s.raw);
+                put_block(&mut out, &s.raw_open);
+                put_bytes(&mut out, &s.roll);
+                put_block(&mut out, &s.roll_open);
+            }
+        }
+        let sum = fnv(&out);
+        out.extend_from_slice(&sum.to_le_bytes());
+        out
+    }
+
+    /// Loads a snapshot; a foreign, truncated or corrupt one is an error (the
+    /// caller starts empty).
+    pub fn from_snapshot(b: &[u8]) -> Result<Tsdb, SnapshotError> {
+        if b.len() < MAGIC.len() + 8 || &b[..MAGIC.len()] != MAGIC {
+            return Err(SnapshotError::Foreign);
+        }
+        let (body, sum) = b.split_at(b.len() - 8);
+        if fnv(body).to_le_bytes() != sum {
+            return Err(SnapshotError::Corrupt);
+        }
+        let mut r = Reader {
+            b: body,
+            pos: MAGIC.len(),
+        };
+        let mut db = Tsdb::new(r.u32()?);
+        let n = r.varint()?;
+        for _ in 0..n {
+            let name = String::from_utf8(r.bytes()?).map_err(|_| SnapshotError::Corrupt)?;
+            let last_seen = r.u32()?;
+            let ns = r.varint()?;
+            let mut series = Vec::new();
+            for _ in 0..ns {
+                let m = Metric::from_id(r.take(1)?[0]).ok_or(SnapshotError::Corrupt)?;
+                let last =
+                    f64::from_le_bytes(r.take(8)?.try_into().map_err(|_| SnapshotError::Corrupt)?);
+                series.push((
+                    m,
+                    Series {
+                        last,
+                        last_ts: r.u32()?,
+                        raw: r.bytes()?,
+                        raw_open: r.block()?,
+                        roll: r.bytes()?,
+                        roll_open: r.block()?,
+                    },
+                ));
+            }
+            db.entities.insert(name, Entity { last_seen, series });
+        }
+        if r.pos != body.len() {
+            return Err(SnapshotError::Corrupt);
+        }
+        Ok(db)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -775,5 +931,35 @@ mod tests {
         assert_eq!(Agg::parse("p0"), None);
         assert_eq!(Agg::parse("p101"), None);
         assert_eq!(Agg::parse("median"), None);
+    }
+
+    #[test]
+    fn snapshots_round_trip_and_refuse_garbage() {
+        let mut db = Tsdb::new(1);
+        for i in 0..200u32 {
+            db.record(
+                "pod/a",
+                T0 + i,
+                &[
+                    (Metric::CpuUsage, f64::from(i % 7)),
+                    (Metric::MemoryUsage, 1e6),
+                ],
+            );
+            db.record("node", T0 + i, &[(Metric::Load1, 0.5)]);
+        }
+        let snap = db.to_snapshot();
+        let back = Tsdb::from_snapshot(&snap).unwrap();
+        assert_eq!(back, db);
+        let now = T0 + 199;
+        assert_eq!(
+            back.query("pod/a", Metric::CpuUsage, 120, Agg::Quantile(0.9), now),
+            db.query("pod/a", Metric::CpuUsage, 120, Agg::Quantile(0.9), now)
+        );
+        assert_eq!(Tsdb::from_snapshot(b"hello"), Err(SnapshotError::Foreign));
+        let mut bad = snap.clone();
+        let mid = bad.len() / 2;
+        bad[mid] ^= 0xff;
+        assert_eq!(Tsdb::from_snapshot(&bad), Err(SnapshotError::Corrupt));
+        assert!(Tsdb::from_snapshot(&snap[..snap.len() - 3]).is_err());
     }
 }

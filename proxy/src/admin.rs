@@ -17,8 +17,17 @@ use crate::store::{ContainerRecord, PodRecord, Resources, Store};
 /// qoslet's version, as reported by GetStatus.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
+/// The metrics side of the admin API, provided by the binary (the proxy crate
+/// does not depend on the metrics crate).
+pub trait MetricsView: Send + Sync + 'static {
+    fn query(&self, req: admin::QueryMetricsRequest)
+        -> Result<admin::QueryMetricsResponse, Status>;
+    fn node_summary(&self) -> admin::NodeSummaryResponse;
+}
+
 /// The admin service implementation.
 pub struct AdminService {
+    pub(crate) metrics: Option<Arc<dyn MetricsView>>,
     pub(crate) store: Store,
     pub(crate) stats: Arc<ProxyStats>,
     pub(crate) pipeline: Pipeline,
@@ -88,6 +97,22 @@ impl Admin for AdminService {
         }))
     }
 
+    async fn query_metrics(
+        &self,
+        req: Request<admin::QueryMetricsRequest>,
+    ) -> Result<Response<admin::QueryMetricsResponse>, Status> {
+        let m = self.metrics.as_ref().ok_or_else(metrics_off)?;
+        m.query(req.into_inner()).map(Response::new)
+    }
+
+    async fn node_summary(
+        &self,
+        _: Request<admin::NodeSummaryRequest>,
+    ) -> Result<Response<admin::NodeSummaryResponse>, Status> {
+        let m = self.metrics.as_ref().ok_or_else(metrics_off)?;
+        Ok(Response::new(m.node_summary()))
+    }
+
     async fn list_pods(
         &self,
         req: Request<admin::ListPodsRequest>,
@@ -102,6 +127,10 @@ impl Admin for AdminService {
             .collect();
         Ok(Response::new(admin::ListPodsResponse { pods }))
     }
+}
+
+fn metrics_off() -> Status {
+    Status::unavailable("metrics collection is off in this qoslet (metricsInterval 0)")
 }
 
 fn res(r: &Resources) -> admin::Resources {

@@ -32,5 +32,6 @@ pub mod relay;
 pub mod server;
 pub mod store;
 
+pub use admin::MetricsView;
 pub use pipeline::{FailurePolicy, Hook, HookSettings, Pipeline};
-pub use server::{start, ProxyConfig, Running, StartError};
+pub use server::{start, start_with, ProxyConfig, Running, StartError};

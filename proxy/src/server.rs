@@ -107,6 +107,15 @@ impl Running {
 /// Starts the proxy: binds both sockets (failing fast if another qoslet holds
 /// them), rebuilds the store, and serves in background tasks.
 pub async fn start(cfg: ProxyConfig, pipeline: Pipeline) -> Result<Running, StartError> {
+    start_with(cfg, pipeline, None).await
+}
+
+/// [`start`], with the metrics side of the admin API.
+pub async fn start_with(
+    cfg: ProxyConfig,
+    pipeline: Pipeline,
+    metrics: Option<Arc<dyn crate::admin::MetricsView>>,
+) -> Result<Running, StartError> {
     let listen_path = parse_unix(&cfg.listen).map_err(StartError::Listen)?;
     let admin_path = parse_unix(&cfg.admin_listen).map_err(StartError::Admin)?;
     if listen_path == admin_path {
@@ -166,6 +175,7 @@ pub async fn start(cfg: ProxyConfig, pipeline: Pipeline) -> Result<Running, Star
         rx.clone(),
     ));
     let admin = AdminService {
+        metrics,
         store: store.clone(),
         stats: stats.clone(),
         pipeline,

@@ -368,6 +368,15 @@ impl Store {
         })
     }
 
+    /// Read access to every pod and container without copying them (`f` runs
+    /// under the store's lock: keep it short).
+    pub fn read_all<R>(
+        &self,
+        f: impl FnOnce(&HashMap<String, PodRecord>, &HashMap<String, ContainerRecord>) -> R,
+    ) -> R {
+        self.read(|s| f(&s.pods, &s.containers))
+    }
+
     /// (pods, containers)
     pub fn counts(&self) -> (usize, usize) {
         self.read(|s| (s.pods.len(), s.containers.len()))

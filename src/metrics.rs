@@ -1,0 +1,516 @@
+//! Metrics wiring: the collection loop over the store's pods and containers,
+//! the time-series cache, the Prometheus endpoint (`/metrics`, `/healthz`) and
+//! the admin API's `QueryMetrics` / `NodeSummary`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use http_body_util::Full;
+use qoslet_cgroups::{CgroupPath, Host};
+use qoslet_metrics::collect::{Collector, Kind, Target, Tick};
+use qoslet_metrics::{Agg, Metric, Tsdb};
+use qoslet_proto::admin;
+use qoslet_proxy::store::{ContainerState, PodState, Store};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tonic::Status;
+use tracing::{debug, info, warn};
+
+/// Settings from flags and the config file.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub interval: Duration,
+    /// `None`: no HTTP endpoint.
+    pub listen: Option<SocketAddr>,
+    pub snapshot: Option<PathBuf>,
+    pub proc_root: PathBuf,
+    pub sys_root: PathBuf,
+}
+
+/// What the loop shares with the exporter and the admin API.
+pub struct Metrics {
+    tsdb: Mutex<Tsdb>,
+    latest: Mutex<Option<Arc<Tick>>>,
+    collect_ns: AtomicU64,
+    skipped_total: AtomicU64,
+    last_tick: Mutex<Option<Instant>>,
+    interval: Duration,
+    cpi: String,
+    store: Store,
+}
+
+fn unix_now() -> u32 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as u32)
+        .unwrap_or(0)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The pods and containers to collect: ready pods and running containers.
+pub fn targets(store: &Store) -> Vec<Target> {
+    store.read_all(|pods, containers| {
+        let mut out = Vec::with_capacity(pods.len() + containers.len());
+        let mut classes = BTreeMap::new();
+        for p in pods.values().filter(|p| p.state == PodState::Ready) {
+            let Ok(cg) = CgroupPath::pod(&p.cgroup_parent) else {
+                continue;
+            };
+            if cg.as_str().is_empty() {
+                continue;
+            }
+            let class = qoslet_hooks::classify(&p.labels, &p.cgroup_parent)
+                .class
+                .map(|c| c.as_str().to_string())
+                .unwrap_or_default();
+            classes.insert(p.id.as_str(), (cg.clone(), class.clone(), p));
+            out.push(Target {
+                entity: format!("pod/{}", p.id),
+                kind: Kind::Pod,
+                cgroup: cg,
+                namespace: p.namespace.clone(),
+                pod: p.name.clone(),
+                container: String::new(),
+                qos_class: class,
+                pod_entity: format!("pod/{}", p.id),
+            });
+        }
+        for c in containers
+            .values()
+            .filter(|c| c.state == ContainerState::Running)
+        {
+            let Some((pcg, class, p)) = classes.get(c.pod_id.as_str()) else {
+                continue;
+            };
+            let Ok(cg) = pcg.container(&c.id) else {
+                continue;
+            };
+            out.push(Target {
+                entity: format!("container/{}", c.id),
+                kind: Kind::Container,
+                cgroup: cg,
+                namespace: p.namespace.clone(),
+                pod: p.name.clone(),
+                container: c.name.clone(),
+                qos_class: class.clone(),
+                pod_entity: format!("pod/{}", p.id),
+            });
+        }
+        out
+    })
+}
+
+/// Records a tick into the cache.
+pub fn record(db: &mut Tsdb, t: &Tick) {
+    if !t.node.is_empty() {
+        db.record("node", t.ts, &t.node);
+    }
+    if !t.system.is_empty() {
+        db.record("system", t.ts, &t.system);
+    }
+    if !t.be.is_empty() {
+        db.record("be", t.ts, &t.be);
+    }
+    for r in &t.readings {
+        db.record(&r.target.entity, t.ts, &r.samples);
+    }
+}
+
+impl Metrics {
+    /// Starts collecting (and serving `/metrics` when `listen` is set).
+    pub async fn start(
+        s: Settings,
+        cgroup_root: PathBuf,
+        store: Store,
+        shutdown: watch::Receiver<bool>,
+    ) -> Result<Option<(Arc<Metrics>, Vec<JoinHandle<()>>)>> {
+        let host = match Host::detect(&cgroup_root) {
+            Ok(h) => h,
+            Err(e) => {
+                // the proxy is what kubelet needs; metrics are not worth failing it
+                warn!(error = %e, "no cgroups to collect from; metrics collection off");
+                return Ok(None);
+            }
+        };
+        let interval_s = s.interval.as_secs() as u32;
+        let tsdb = s
+            .snapshot
+            .as_ref()
+            .and_then(|p| load_snapshot(p, interval_s))
+            .unwrap_or_else(|| Tsdb::new(interval_s));
+        let cpi = qoslet_metrics::collect::cpi_status(&s.sys_root);
+        info!(interval = ?s.interval, cpi = %cpi, "metrics collection on");
+        let m = Arc::new(Metrics {
+            tsdb: Mutex::new(tsdb),
+            latest: Mutex::new(None),
+            collect_ns: AtomicU64::new(0),
+            skipped_total: AtomicU64::new(0),
+            last_tick: Mutex::new(None),
+            interval: s.interval,
+            cpi,
+            store,
+        });
+        let mut tasks = vec![tokio::spawn(collect_loop(
+            m.clone(),
+            Collector::new(host, &s.proc_root),
+            s.snapshot.clone(),
+            shutdown.clone(),
+        ))];
+        if let Some(addr) = s.listen {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("metricsListen {addr}"))?;
+            info!(%addr, "Prometheus endpoint on http://{addr}/metrics");
+            tasks.push(tokio::spawn(serve_http(listener, m.clone(), shutdown)));
+        }
+        Ok(Some((m, tasks)))
+    }
+
+    /// The Prometheus text of the latest tick.
+    pub fn render(&self) -> String {
+        let latest = lock(&self.latest).clone();
+        let series = lock(&self.tsdb).series_count();
+        match latest {
+            Some(t) => qoslet_metrics::prom::render(
+                &t,
+                series,
+                self.collect_ns.load(Ordering::Relaxed) as f64 / 1e9,
+                self.skipped_total.load(Ordering::Relaxed),
+            ),
+            None => String::new(),
+        }
+    }
+
+    /// Healthy when a tick happened within 3 intervals (at least 10 s).
+    fn healthy(&self) -> Result<(), String> {
+        let limit = (self.interval * 3).max(Duration::from_secs(10));
+        match *lock(&self.last_tick) {
+            Some(t) if t.elapsed() <= limit => Ok(()),
+            Some(t) => Err(format!("last collection {:.0?} ago", t.elapsed())),
+            None => Err("no collection yet".into()),
+        }
+    }
+
+    /// A pod named `namespace/name` as its entity.
+    fn resolve(&self, entity: &str) -> String {
+        if entity.contains('/') && !entity.starts_with("pod/") && !entity.starts_with("container/")
+        {
+            let (ns, name) = entity.split_once('/').unwrap_or_default();
+            let id = self.store.read_all(|pods, _| {
+                pods.values()
+                    .filter(|p| p.namespace == ns && p.name == name)
+                    .max_by_key(|p| (p.state == PodState::Ready, p.created_at))
+                    .map(|p| p.id.clone())
+            });
+            if let Some(id) = id {
+                return format!("pod/{id}");
+            }
+        }
+        entity.to_string()
+    }
+}
+
+fn load_snapshot(p: &std::path::Path, interval: u32) -> Option<Tsdb> {
+    let b = match std::fs::read(p) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(e) => {
+            warn!(path = %p.display(), error = %e, "metrics snapshot unreadable; starting empty");
+            return None;
+        }
+    };
+    match Tsdb::from_snapshot(&b) {
+        Ok(db) if db.interval() == interval => {
+            info!(path = %p.display(), series = db.series_count(), "metrics snapshot loaded");
+            Some(db)
+        }
+        Ok(db) => {
+            info!(
+                old = db.interval(),
+                new = interval,
+                "metrics interval changed; snapshot not used"
+            );
+            None
+        }
+        Err(e) => {
+            warn!(path = %p.display(), error = %e, "metrics snapshot ignored; starting empty");
+            None
+        }
+    }
+}
+
+fn write_snapshot(p: &std::path::Path, db: &Tsdb) -> std::io::Result<()> {
+    use std::io::Write;
+    if let Some(d) = p.parent() {
+        std::fs::create_dir_all(d)?;
+    }
+    let tmp = p.with_extension("tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(&db.to_snapshot())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, p)
+}
+
+async fn collect_loop(
+    m: Arc<Metrics>,
+    collector: Collector,
+    snapshot: Option<PathBuf>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut collector = Some(collector);
+    let mut ticker = tokio::time::interval(m.interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let started = Instant::now();
+    let mut n = 0u64;
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = shutdown.changed() => break,
+        }
+        let targets = targets(&m.store);
+        let Some(mut c) = collector.take() else { break };
+        let t0 = Instant::now();
+        let mono = started.elapsed().as_nanos() as u64;
+        let ts = unix_now();
+        let r = tokio::task::spawn_blocking(move || {
+            let tick = c.tick(ts, mono, &targets);
+            (c, tick)
+        })
+        .await;
+        let Ok((c, tick)) = r else {
+            warn!("metrics collection panicked; collection stopped");
+            break;
+        };
+        collector = Some(c);
+        {
+            let mut db = lock(&m.tsdb);
+            record(&mut db, &tick);
+            n += 1;
+            if n.is_multiple_of(60) {
+                db.expire(ts);
+            }
+        }
+        m.collect_ns
+            .store(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        m.skipped_total
+            .fetch_add(tick.skipped as u64, Ordering::Relaxed);
+        debug!(readings = tick.readings.len(), skipped = tick.skipped, took = ?t0.elapsed(), "metrics tick");
+        *lock(&m.latest) = Some(Arc::new(tick));
+        *lock(&m.last_tick) = Some(Instant::now());
+    }
+    if let Some(p) = snapshot {
+        let db = lock(&m.tsdb).clone();
+        match tokio::task::spawn_blocking(move || write_snapshot(&p, &db).map(|_| p)).await {
+            Ok(Ok(p)) => info!(path = %p.display(), "metrics snapshot written"),
+            Ok(Err(e)) => warn!(error = %e, "metrics snapshot not written"),
+            Err(_) => {}
+        }
+    }
+}
+
+async fn serve_http(
+    listener: tokio::net::TcpListener,
+    m: Arc<Metrics>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let (stream, _) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    warn!(error = %e, "metrics accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.changed() => return,
+        };
+        let m = m.clone();
+        tokio::spawn(async move {
+            let svc =
+                hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let m = m.clone();
+                    async move { Ok::<_, std::convert::Infallible>(respond(&m, &req)) }
+                });
+            let io = hyper_util::rt::TokioIo::new(stream);
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(io, svc)
+                .await
+            {
+                debug!(error = %e, "metrics connection ended");
+            }
+        });
+    }
+}
+
+fn respond<B>(m: &Metrics, req: &hyper::Request<B>) -> hyper::Response<Full<Bytes>> {
+    let reply = |code: u16, ctype: &str, body: String| {
+        hyper::Response::builder()
+            .status(code)
+            .header("content-type", ctype)
+            .body(Full::new(Bytes::from(body)))
+            .unwrap_or_default()
+    };
+    if req.method() != hyper::Method::GET && req.method() != hyper::Method::HEAD {
+        return reply(405, "text/plain", "only GET\n".into());
+    }
+    match req.uri().path() {
+        "/metrics" => reply(200, "text/plain; version=0.0.4; charset=utf-8", m.render()),
+        "/healthz" => match m.healthy() {
+            Ok(()) => reply(200, "text/plain", "ok\n".into()),
+            Err(why) => reply(503, "text/plain", format!("unhealthy: {why}\n")),
+        },
+        _ => reply(
+            404,
+            "text/plain",
+            "not found: try /metrics or /healthz\n".into(),
+        ),
+    }
+}
+
+const AGGS: [&str; 9] = [
+    "last", "avg", "min", "max", "p50", "p90", "p95", "p99", "trend",
+];
+
+fn get(s: &[(Metric, f64)], m: Metric) -> Option<f64> {
+    s.iter().find(|(x, _)| *x == m).map(|(_, v)| *v)
+}
+
+impl qoslet_proxy::MetricsView for Metrics {
+    fn query(
+        &self,
+        req: admin::QueryMetricsRequest,
+    ) -> Result<admin::QueryMetricsResponse, Status> {
+        let db = lock(&self.tsdb);
+        if req.entity.is_empty() {
+            let mut available: Vec<String> = db
+                .entities()
+                .map(|e| {
+                    let series: Vec<&str> = db.metrics_of(e).iter().map(|m| m.name()).collect();
+                    format!("{e}: {}", series.join(","))
+                })
+                .collect();
+            available.sort();
+            return Ok(admin::QueryMetricsResponse {
+                available,
+                ..Default::default()
+            });
+        }
+        let entity = self.resolve(&req.entity);
+        let metric = Metric::from_name(&req.series).ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "unknown series {:?}; known: {}",
+                req.series,
+                Metric::ALL.map(|m| m.name()).join(", ")
+            ))
+        })?;
+        let window = if req.window_seconds == 0 {
+            60
+        } else {
+            req.window_seconds
+        };
+        let aggs: Vec<String> = if req.aggregations.is_empty() {
+            AGGS.iter().map(|s| s.to_string()).collect()
+        } else {
+            req.aggregations.clone()
+        };
+        let now = unix_now();
+        let mut values = std::collections::HashMap::new();
+        for a in &aggs {
+            let agg = Agg::parse(a).ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "unknown aggregation {a:?}; use {}",
+                    AGGS.join(", ")
+                ))
+            })?;
+            match db.query(&entity, metric, window, agg, now) {
+                Ok(v) => {
+                    values.insert(a.clone(), v);
+                }
+                Err(qoslet_metrics::QueryError::Empty) => {}
+                Err(qoslet_metrics::QueryError::BadWindow) => {
+                    return Err(Status::invalid_argument(
+                        "window_seconds must be 1 to 86400",
+                    ))
+                }
+                Err(e) => return Err(Status::not_found(e.to_string())),
+            }
+        }
+        Ok(admin::QueryMetricsResponse {
+            entity,
+            series: metric.name().into(),
+            unit: metric.unit_name().into(),
+            window_seconds: window,
+            values,
+            available: Vec::new(),
+        })
+    }
+
+    fn node_summary(&self) -> admin::NodeSummaryResponse {
+        let Some(t) = lock(&self.latest).clone() else {
+            return admin::NodeSummaryResponse {
+                interval_seconds: self.interval.as_secs() as u32,
+                cpi: self.cpi.clone(),
+                ..Default::default()
+            };
+        };
+        let g = |s: &[(Metric, f64)], m| get(s, m).unwrap_or(0.0);
+        let psi = |m| get(&t.node, m).unwrap_or(-1.0);
+        let usage = |r: &qoslet_metrics::collect::Reading| admin::Usage {
+            entity: r.target.entity.clone(),
+            namespace: r.target.namespace.clone(),
+            pod: r.target.pod.clone(),
+            container: r.target.container.clone(),
+            qos_class: r.target.qos_class.clone(),
+            cpu_usage_cores: get(&r.samples, Metric::CpuUsage).unwrap_or(-1.0),
+            cpu_throttled_ratio: g(&r.samples, Metric::CpuThrottledRatio),
+            memory_working_set_bytes: g(&r.samples, Metric::MemoryWorkingSet) as u64,
+            memory_usage_bytes: g(&r.samples, Metric::MemoryUsage) as u64,
+            oom_kills: g(&r.samples, Metric::OomKills) as u64,
+            pod_entity: r.target.pod_entity.clone(),
+        };
+        let load = t.node_raw.as_ref().map(|r| r.load).unwrap_or_default();
+        admin::NodeSummaryResponse {
+            timestamp: i64::from(t.ts),
+            interval_seconds: self.interval.as_secs() as u32,
+            cpu_capacity_cores: g(&t.node, Metric::CpuCapacity),
+            cpu_usage_cores: g(&t.node, Metric::CpuUsage),
+            system_cpu_usage_cores: g(&t.system, Metric::CpuUsage),
+            be_cpu_usage_cores: g(&t.be, Metric::CpuUsage),
+            memory_total_bytes: g(&t.node, Metric::MemoryTotal) as u64,
+            memory_used_bytes: g(&t.node, Metric::MemoryUsage) as u64,
+            system_memory_bytes: g(&t.system, Metric::MemoryWorkingSet) as u64,
+            be_memory_working_set_bytes: g(&t.be, Metric::MemoryWorkingSet) as u64,
+            load1: load[0],
+            load5: load[1],
+            load15: load[2],
+            psi_cpu_some: psi(Metric::PsiCpuSome),
+            psi_memory_some: psi(Metric::PsiMemorySome),
+            psi_io_some: psi(Metric::PsiIoSome),
+            pods: t
+                .readings
+                .iter()
+                .filter(|r| r.target.kind == Kind::Pod)
+                .map(usage)
+                .collect(),
+            containers: t
+                .readings
+                .iter()
+                .filter(|r| r.target.kind == Kind::Container)
+                .map(usage)
+                .collect(),
+            series: lock(&self.tsdb).series_count() as u64,
+            collection_seconds: self.collect_ns.load(Ordering::Relaxed) as f64 / 1e9,
+            cpi: self.cpi.clone(),
+        }
+    }
+}
