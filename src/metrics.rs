@@ -57,7 +57,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// The pods and containers to collect: ready pods and running containers.
-pub fn targets(store: &Store) -> Vec<Target> {
+pub fn targets(store: &Store) -> Vec<Arc<Target>> {
     store.read_all(|pods, containers| {
         let mut out = Vec::with_capacity(pods.len() + containers.len());
         let mut classes = BTreeMap::new();
@@ -73,7 +73,7 @@ pub fn targets(store: &Store) -> Vec<Target> {
                 .map(|c| c.as_str().to_string())
                 .unwrap_or_default();
             classes.insert(p.id.as_str(), (cg.clone(), class.clone(), p));
-            out.push(Target {
+            out.push(Arc::new(Target {
                 entity: format!("pod/{}", p.id),
                 kind: Kind::Pod,
                 cgroup: cg,
@@ -82,7 +82,7 @@ pub fn targets(store: &Store) -> Vec<Target> {
                 container: String::new(),
                 qos_class: class,
                 pod_entity: format!("pod/{}", p.id),
-            });
+            }));
         }
         for c in containers
             .values()
@@ -94,7 +94,7 @@ pub fn targets(store: &Store) -> Vec<Target> {
             let Ok(cg) = pcg.container(&c.id) else {
                 continue;
             };
-            out.push(Target {
+            out.push(Arc::new(Target {
                 entity: format!("container/{}", c.id),
                 kind: Kind::Container,
                 cgroup: cg,
@@ -103,7 +103,7 @@ pub fn targets(store: &Store) -> Vec<Target> {
                 container: c.name.clone(),
                 qos_class: class.clone(),
                 pod_entity: format!("pod/{}", p.id),
-            });
+            }));
         }
         out
     })
@@ -271,12 +271,18 @@ async fn collect_loop(
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let started = Instant::now();
     let mut n = 0u64;
+    // rebuilt only when the store changed
+    let mut cached: (u64, Arc<Vec<Arc<Target>>>) = (u64::MAX, Arc::new(Vec::new()));
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
             _ = shutdown.changed() => break,
         }
-        let targets = targets(&m.store);
+        let generation = m.store.generation();
+        if generation != cached.0 {
+            cached = (generation, Arc::new(targets(&m.store)));
+        }
+        let targets = cached.1.clone();
         let Some(mut c) = collector.take() else { break };
         let t0 = Instant::now();
         let mono = started.elapsed().as_nanos() as u64;

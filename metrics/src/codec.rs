@@ -13,30 +13,41 @@
 /// with ratio 1 + 1/LINEAR per code.
 pub const LINEAR: f64 = 200.0;
 
-fn ln_step() -> f64 {
-    (1.0 + 1.0 / LINEAR).ln()
-}
+/// The coarser scale of per-minute rollups (1 % error at most): long-window
+/// statistics do not need the raw samples' precision, and coarser codes
+/// differ less from minute to minute, so rows stay a byte per field.
+pub const ROLLUP_LINEAR: f64 = 50.0;
 
 /// The code of `v` (negative and non-finite values code as 0).
 pub fn encode(v: f64, unit: f64) -> u32 {
-    if !v.is_finite() || v <= 0.0 {
-        return 0;
-    }
-    let q = v / unit;
-    if q < LINEAR {
-        return q.round() as u32;
-    }
-    let c = LINEAR + ((q / LINEAR).ln() / ln_step()).round();
-    c.min(u32::MAX as f64) as u32
+    encode_at(v, unit, LINEAR)
 }
 
 /// The value a code stands for.
 pub fn decode(code: u32, unit: f64) -> f64 {
+    decode_at(code, unit, LINEAR)
+}
+
+/// [`encode`] on a scale linear up to `linear` units.
+pub fn encode_at(v: f64, unit: f64, linear: f64) -> u32 {
+    if !v.is_finite() || v <= 0.0 {
+        return 0;
+    }
+    let q = v / unit;
+    if q < linear {
+        return q.round() as u32;
+    }
+    let c = linear + ((q / linear).ln() / (1.0 + 1.0 / linear).ln()).round();
+    c.min(u32::MAX as f64) as u32
+}
+
+/// [`decode`] on a scale linear up to `linear` units.
+pub fn decode_at(code: u32, unit: f64, linear: f64) -> f64 {
     let c = code as f64;
-    if c < LINEAR {
+    if c < linear {
         return c * unit;
     }
-    LINEAR * ((c - LINEAR) * ln_step()).exp() * unit
+    linear * ((c - linear) * (1.0 + 1.0 / linear).ln()).exp() * unit
 }
 
 pub fn put_varint(out: &mut Vec<u8>, mut v: u64) {
@@ -93,6 +104,14 @@ mod tests {
             let c = encode(i as f64 * 1.37, 1.0);
             assert!(c >= prev);
             prev = c;
+        }
+    }
+
+    #[test]
+    fn the_rollup_scale_is_within_one_percent() {
+        for v in [0.049, 1.0, 3.7, 1e9] {
+            let back = decode_at(encode_at(v, 0.001, ROLLUP_LINEAR), 0.001, ROLLUP_LINEAR);
+            assert!(((back - v) / v).abs() <= 0.0101, "{v} -> {back}");
         }
     }
 

@@ -10,8 +10,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use qoslet_cgroups::{CgroupError, CgroupPath, Host, Layout};
+use qoslet_cgroups::{CgroupError, CgroupPath, Host};
 
 use crate::metric::Metric;
 use crate::parse::{self, CpuStat, Io, Memory, Psi};
@@ -64,7 +65,7 @@ pub struct NodeRaw {
 /// One entity's readings of a tick: derived samples (rates, gauges) and raw counters.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Reading {
-    pub target: Target,
+    pub target: Arc<Target>,
     pub samples: Vec<(Metric, f64)>,
     pub raw: CgroupRaw,
 }
@@ -96,20 +97,88 @@ pub fn cpi_status(sys_root: &Path) -> String {
     "unavailable: hardware PMU present, but qoslet does not open perf events".into()
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 struct Prev {
     mono_ns: u64,
-    raw: CgroupRaw,
+    cpu_ns: u64,
+    cpu: CpuStat,
+    /// All devices together: read/write bytes and ops.
+    io: Option<[u64; 4]>,
+    psi: [Option<Psi>; 3],
 }
 
-/// Directories of a target's cgroup, per hierarchy (resolved once: the
-/// symlink check walks every component).
-#[derive(Debug, Clone)]
-struct Dirs {
-    cpu: PathBuf,
-    cpuacct: PathBuf,
-    memory: PathBuf,
-    blkio: Option<PathBuf>,
+fn io_totals(io: &BTreeMap<String, Io>) -> Option<[u64; 4]> {
+    (!io.is_empty()).then(|| {
+        io.values().fold([0u64; 4], |a, i| {
+            [
+                a[0].saturating_add(i.read_bytes),
+                a[1].saturating_add(i.write_bytes),
+                a[2].saturating_add(i.read_ops),
+                a[3].saturating_add(i.write_ops),
+            ]
+        })
+    })
+}
+
+/// One cgroup file, with its handle kept open across ticks while the fd
+/// budget allows (a tick is then one `pread` per file instead of
+/// open/stat/read/read/close).
+#[derive(Debug)]
+struct CFile {
+    path: PathBuf,
+    fd: Option<std::fs::File>,
+}
+
+impl CFile {
+    fn new(path: PathBuf) -> Self {
+        Self { path, fd: None }
+    }
+}
+
+/// The files read for one cgroup (resolved once: the symlink check walks
+/// every component). Optional files absent at first sight are not retried.
+#[derive(Debug)]
+struct Files {
+    cpu_stat: CFile,
+    /// v1 `cpuacct.usage` (v2 has usage in cpu.stat).
+    cpu_usage: Option<CFile>,
+    mem_usage: CFile,
+    mem_stat: CFile,
+    events: Option<CFile>,
+    io: Vec<CFile>,
+    psi: [Option<CFile>; 3],
+    /// Ticks this cgroup was read.
+    reads: u64,
+    /// The OOM kill count as last read (it is read every [`SLOW_EVERY`] ticks).
+    oom_kills: Option<u64>,
+}
+
+/// Rarely-changing files (OOM kill counts) and the removed-cgroup check on
+/// file trees are read every this many ticks.
+const SLOW_EVERY: u64 = 10;
+
+impl Files {
+    fn open_fds(&self) -> usize {
+        let mut all: Vec<&CFile> = vec![&self.cpu_stat, &self.mem_usage, &self.mem_stat];
+        all.extend(self.cpu_usage.iter());
+        all.extend(self.events.iter());
+        all.extend(self.io.iter());
+        all.extend(self.psi.iter().flatten());
+        all.iter().filter(|f| f.fd.is_some()).count()
+    }
+}
+
+/// How many files may stay open (the soft RLIMIT_NOFILE minus a reserve for
+/// sockets and everything else; past it, files are opened per read).
+fn fd_budget(proc_root: &Path) -> usize {
+    let limits = std::fs::read_to_string(proc_root.join("self/limits")).unwrap_or_default();
+    let soft = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(3))
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(1024);
+    soft.saturating_sub(512)
 }
 
 /// Reads the node and cgroups and turns counters into rates.
@@ -117,10 +186,12 @@ pub struct Collector {
     host: Host,
     proc_root: PathBuf,
     prev: HashMap<String, Prev>,
-    dirs: HashMap<String, Dirs>,
+    files: HashMap<String, Files>,
     node_prev: Option<(u64, NodeRaw)>,
-    buf: String,
-    buf2: String,
+    fd_budget: usize,
+    fds_open: usize,
+    buf: Vec<u8>,
+    buf2: Vec<u8>,
 }
 
 /// Why one cgroup was not read this tick.
@@ -142,6 +213,65 @@ pub enum ReadError {
     },
 }
 
+fn io_err(path: &Path, e: std::io::Error) -> ReadError {
+    match e.raw_os_error() {
+        _ if e.kind() == std::io::ErrorKind::NotFound => ReadError::Vanished,
+        // ENODEV: a cgroup removed while its file was open
+        Some(19) => ReadError::Vanished,
+        _ => ReadError::Io {
+            path: path.into(),
+            source: e,
+        },
+    }
+}
+
+const READ_CHUNK: usize = 16 * 1024;
+
+/// Reads `f` into `buf` (replacing its content): a `pread` at offset 0 on the
+/// kept handle, or an open and read when the fd budget is spent.
+fn read_file(
+    f: &mut CFile,
+    buf: &mut Vec<u8>,
+    budget: usize,
+    open: &mut usize,
+) -> Result<(), ReadError> {
+    use std::os::unix::fs::FileExt;
+    if f.fd.is_none() {
+        let fd = std::fs::File::open(&f.path).map_err(|e| io_err(&f.path, e))?;
+        if *open < budget {
+            *open += 1;
+            f.fd = Some(fd);
+        } else {
+            buf.clear();
+            let mut fd = fd;
+            return fd
+                .read_to_end(buf)
+                .map(|_| ())
+                .map_err(|e| io_err(&f.path, e));
+        }
+    }
+    let fd = f.fd.as_ref().expect("opened above");
+    buf.clear();
+    buf.resize(READ_CHUNK, 0);
+    let mut len = 0;
+    loop {
+        let n = fd
+            .read_at(&mut buf[len..], len as u64)
+            .map_err(|e| io_err(&f.path, e))?;
+        len += n;
+        if n == 0 || len < buf.len() {
+            break;
+        }
+        buf.resize(buf.len() * 2, 0);
+    }
+    buf.truncate(len);
+    Ok(())
+}
+
+fn text(b: &[u8]) -> &str {
+    std::str::from_utf8(b).unwrap_or("")
+}
+
 impl Collector {
     /// `host`: the cgroup layout (`Host::detect`); `proc_root`: `/proc`.
     pub fn new(host: Host, proc_root: &Path) -> Self {
@@ -149,10 +279,12 @@ impl Collector {
             host,
             proc_root: proc_root.into(),
             prev: HashMap::new(),
-            dirs: HashMap::new(),
+            files: HashMap::new(),
             node_prev: None,
-            buf: String::new(),
-            buf2: String::new(),
+            fd_budget: fd_budget(Path::new("/proc")),
+            fds_open: 0,
+            buf: Vec::with_capacity(READ_CHUNK),
+            buf2: Vec::with_capacity(READ_CHUNK),
         }
     }
 
@@ -160,8 +292,13 @@ impl Collector {
         &self.host
     }
 
+    /// Files kept open across ticks (at most the fd budget).
+    pub fn open_files(&self) -> usize {
+        self.fds_open
+    }
+
     /// One tick at Unix time `ts`, monotonic `mono_ns`, over `targets`.
-    pub fn tick(&mut self, ts: u32, mono_ns: u64, targets: &[Target]) -> Tick {
+    pub fn tick(&mut self, ts: u32, mono_ns: u64, targets: &[Arc<Target>]) -> Tick {
         let mut t = Tick {
             ts,
             ..Default::default()
@@ -190,49 +327,53 @@ impl Collector {
                         tracing::debug!(entity = %target.entity, error = %e, "sample skipped");
                     }
                     self.prev.remove(&target.entity);
-                    self.dirs.remove(&target.entity);
+                    self.forget(&target.entity);
                     t.skipped += 1;
                 }
             }
         }
         self.prev.retain(|k, _| seen.contains(k.as_str()));
-        self.dirs.retain(|k, _| seen.contains(k.as_str()));
+        let gone: Vec<String> = self
+            .files
+            .keys()
+            .filter(|k| !seen.contains(k.as_str()))
+            .cloned()
+            .collect();
+        for k in gone {
+            self.forget(&k);
+        }
         aggregate(&mut t);
         t
     }
 
-    fn read_into(&mut self, path: &Path, second: bool) -> Result<(), ReadError> {
-        let buf = if second {
-            &mut self.buf2
-        } else {
-            &mut self.buf
-        };
-        buf.clear();
-        match std::fs::File::open(path).and_then(|mut f| f.read_to_string(buf)) {
-            Ok(_) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(ReadError::Vanished),
-            // ENODEV: a cgroup removed between open and read
-            Err(e) if e.raw_os_error() == Some(19) => Err(ReadError::Vanished),
-            Err(source) => Err(ReadError::Io {
-                path: path.into(),
-                source,
-            }),
+    fn forget(&mut self, entity: &str) {
+        if let Some(f) = self.files.remove(entity) {
+            self.fds_open -= f.open_fds();
         }
+    }
+
+    /// A procfs file into `self.buf` (opened per read: three files per tick).
+    fn read_proc(&mut self, path: &Path) -> Result<(), ReadError> {
+        self.buf.clear();
+        std::fs::File::open(path)
+            .and_then(|mut f| f.read_to_end(&mut self.buf))
+            .map(|_| ())
+            .map_err(|e| io_err(path, e))
     }
 
     fn read_node(&mut self) -> Result<NodeRaw, ReadError> {
         let p = self.proc_root.clone();
         let perr = |path: PathBuf| move |source| ReadError::Parse { path, source };
-        self.read_into(&p.join("stat"), false)?;
-        let cpu = parse::proc_stat(&self.buf).map_err(perr(p.join("stat")))?;
-        self.read_into(&p.join("meminfo"), false)?;
-        let memory = parse::meminfo(&self.buf).map_err(perr(p.join("meminfo")))?;
-        self.read_into(&p.join("loadavg"), false)?;
-        let load = parse::loadavg(&self.buf).map_err(perr(p.join("loadavg")))?;
+        self.read_proc(&p.join("stat"))?;
+        let cpu = parse::proc_stat(text(&self.buf)).map_err(perr(p.join("stat")))?;
+        self.read_proc(&p.join("meminfo"))?;
+        let memory = parse::meminfo(text(&self.buf)).map_err(perr(p.join("meminfo")))?;
+        self.read_proc(&p.join("loadavg"))?;
+        let load = parse::loadavg(text(&self.buf)).map_err(perr(p.join("loadavg")))?;
         let mut psi = [None; 3];
         for (i, r) in ["cpu", "memory", "io"].iter().enumerate() {
-            if self.read_into(&p.join("pressure").join(r), false).is_ok() {
-                psi[i] = parse::psi(&self.buf).ok();
+            if self.read_proc(&p.join("pressure").join(r)).is_ok() {
+                psi[i] = parse::psi(text(&self.buf)).ok();
             }
         }
         Ok(NodeRaw {
@@ -243,10 +384,7 @@ impl Collector {
         })
     }
 
-    fn dirs_of(&mut self, t: &Target) -> Result<Dirs, ReadError> {
-        if let Some(d) = self.dirs.get(&t.entity) {
-            return Ok(d.clone());
-        }
+    fn files_of(&self, t: &Target) -> Result<Files, ReadError> {
         let h = |c: &str| -> Result<PathBuf, ReadError> {
             let root = self.host.hierarchy(c).ok_or(CgroupError::Unsupported {
                 knob: "metrics",
@@ -254,67 +392,110 @@ impl Collector {
             })?;
             Ok(t.cgroup.under(root)?)
         };
-        let d = Dirs {
-            cpu: h("cpu")?,
-            cpuacct: h("cpuacct").or_else(|_| h("cpu"))?,
-            memory: h("memory")?,
-            blkio: h("blkio").ok(),
-        };
-        if !d.cpu.is_dir() {
+        let cpu = h("cpu")?;
+        if !cpu.is_dir() {
             return Err(ReadError::Vanished);
         }
-        self.dirs.insert(t.entity.clone(), d.clone());
-        Ok(d)
+        let memory = h("memory")?;
+        let some = |p: PathBuf| p.exists().then(|| CFile::new(p));
+        Ok(if self.host.is_v2() {
+            Files {
+                cpu_stat: CFile::new(cpu.join("cpu.stat")),
+                cpu_usage: None,
+                mem_usage: CFile::new(cpu.join("memory.current")),
+                mem_stat: CFile::new(cpu.join("memory.stat")),
+                events: some(cpu.join("memory.events")),
+                io: some(cpu.join("io.stat")).into_iter().collect(),
+                psi: ["cpu.pressure", "memory.pressure", "io.pressure"].map(|f| some(cpu.join(f))),
+                reads: 0,
+                oom_kills: None,
+            }
+        } else {
+            let cpuacct = h("cpuacct").unwrap_or_else(|_| cpu.clone());
+            let io = match h("blkio") {
+                Ok(b) => match (
+                    some(b.join("blkio.throttle.io_service_bytes_recursive")),
+                    some(b.join("blkio.throttle.io_serviced_recursive")),
+                ) {
+                    (Some(x), Some(y)) => vec![x, y],
+                    _ => Vec::new(),
+                },
+                Err(_) => Vec::new(),
+            };
+            Files {
+                cpu_stat: CFile::new(cpu.join("cpu.stat")),
+                cpu_usage: Some(CFile::new(cpuacct.join("cpuacct.usage"))),
+                mem_usage: CFile::new(memory.join("memory.usage_in_bytes")),
+                mem_stat: CFile::new(memory.join("memory.stat")),
+                events: some(memory.join("memory.oom_control")),
+                io,
+                psi: [None, None, None],
+                reads: 0,
+                oom_kills: None,
+            }
+        })
     }
 
     fn read_cgroup(&mut self, t: &Target) -> Result<CgroupRaw, ReadError> {
-        let d = self.dirs_of(t)?;
-        let v2 = matches!(self.host.layout, Layout::V2 { .. });
-        let perr = |path: PathBuf| move |source| ReadError::Parse { path, source };
-        let mut raw = CgroupRaw::default();
-        let f = d.cpu.join("cpu.stat");
-        self.read_into(&f, false)?;
-        raw.cpu = parse::cpu_stat(&self.buf, v2).map_err(perr(f))?;
-        if v2 {
-            raw.cpu_ns = raw.cpu.usage_ns.unwrap_or(0);
-        } else {
-            let f = d.cpuacct.join("cpuacct.usage");
-            self.read_into(&f, false)?;
-            raw.cpu_ns = parse::single(&self.buf).map_err(perr(f))?;
+        if !self.files.contains_key(&t.entity) {
+            let f = self.files_of(t)?;
+            self.files.insert(t.entity.clone(), f);
         }
-        let (usage, events) = if v2 {
-            ("memory.current", "memory.events")
-        } else {
-            ("memory.usage_in_bytes", "memory.oom_control")
+        let v2 = self.host.is_v2();
+        let (budget, open) = (self.fd_budget, &mut self.fds_open);
+        let (buf, buf2) = (&mut self.buf, &mut self.buf2);
+        let f = self.files.get_mut(&t.entity).expect("inserted above");
+        let slow = f.reads % SLOW_EVERY == 0;
+        f.reads += 1;
+        // a removed cgroup: the kernel answers ENODEV on kept handles; a
+        // directory check now and then also covers plain file trees
+        if slow && f.cpu_stat.fd.is_some() && !f.cpu_stat.path.parent().is_some_and(Path::exists) {
+            return Err(ReadError::Vanished);
+        }
+        let perr = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| ReadError::Parse { path, source }
         };
-        let f = d.memory.join(usage);
-        self.read_into(&f, false)?;
-        self.read_into(&d.memory.join("memory.stat"), true)?;
-        raw.memory = Some(parse::memory(&self.buf, &self.buf2, v2).map_err(perr(f))?);
-        if self.read_into(&d.memory.join(events), false).is_ok() {
-            raw.oom_kills = parse::oom_kills(&self.buf);
-        }
-        if v2 {
-            if self.read_into(&d.cpu.join("io.stat"), false).is_ok() {
-                raw.io = parse::io_stat_v2(&self.buf);
+        let mut raw = CgroupRaw::default();
+        read_file(&mut f.cpu_stat, buf, budget, open)?;
+        raw.cpu = parse::cpu_stat(text(buf), v2).map_err(perr(&f.cpu_stat.path))?;
+        match &mut f.cpu_usage {
+            Some(u) => {
+                read_file(u, buf, budget, open)?;
+                raw.cpu_ns = parse::single(text(buf)).map_err(perr(&u.path))?;
             }
-            for (i, r) in ["cpu.pressure", "memory.pressure", "io.pressure"]
-                .iter()
-                .enumerate()
-            {
-                if self.read_into(&d.cpu.join(r), false).is_ok() {
-                    raw.psi[i] = parse::psi(&self.buf).ok();
+            None => raw.cpu_ns = raw.cpu.usage_ns.unwrap_or(0),
+        }
+        read_file(&mut f.mem_usage, buf, budget, open)?;
+        read_file(&mut f.mem_stat, buf2, budget, open)?;
+        raw.memory =
+            Some(parse::memory(text(buf), text(buf2), v2).map_err(perr(&f.mem_stat.path))?);
+        if let (Some(e), true) = (&mut f.events, slow) {
+            if read_file(e, buf, budget, open).is_ok() {
+                f.oom_kills = parse::oom_kills(text(buf));
+            }
+        }
+        raw.oom_kills = f.oom_kills;
+        match f.io.as_mut_slice() {
+            [stat] => {
+                if read_file(stat, buf, budget, open).is_ok() {
+                    raw.io = parse::io_stat_v2(text(buf));
                 }
             }
-        } else if let Some(b) = &d.blkio {
-            if self
-                .read_into(&b.join("blkio.throttle.io_service_bytes_recursive"), false)
-                .is_ok()
-                && self
-                    .read_into(&b.join("blkio.throttle.io_serviced_recursive"), true)
-                    .is_ok()
-            {
-                raw.io = parse::blkio_v1(&self.buf, &self.buf2);
+            [bytes, ops] => {
+                if read_file(bytes, buf, budget, open).is_ok()
+                    && read_file(ops, buf2, budget, open).is_ok()
+                {
+                    raw.io = parse::blkio_v1(text(buf), text(buf2));
+                }
+            }
+            _ => {}
+        }
+        for (i, p) in f.psi.iter_mut().enumerate() {
+            if let Some(p) = p {
+                if read_file(p, buf, budget, open).is_ok() {
+                    raw.psi[i] = parse::psi(text(buf)).ok();
+                }
             }
         }
         Ok(raw)
@@ -331,19 +512,25 @@ impl Collector {
         if let Some(o) = raw.oom_kills {
             out.push((Metric::OomKills, o as f64));
         }
-        let prev = self.prev.insert(
-            entity.to_string(),
-            Prev {
-                mono_ns,
-                raw: raw.clone(),
-            },
-        );
-        let Some(prev) = prev else { return out };
+        let now = Prev {
+            mono_ns,
+            cpu_ns: raw.cpu_ns,
+            cpu: raw.cpu,
+            io: io_totals(&raw.io),
+            psi: raw.psi,
+        };
+        let prev = match self.prev.get_mut(entity) {
+            Some(p) => std::mem::replace(p, now),
+            None => {
+                self.prev.insert(entity.to_string(), now);
+                return out;
+            }
+        };
         let dt = mono_ns.saturating_sub(prev.mono_ns) as f64;
         if dt <= 0.0 {
             return out;
         }
-        let p = &prev.raw;
+        let p = &prev;
         // a counter that went backwards: the cgroup was recreated; rates restart next tick
         let reset = raw.cpu_ns < p.cpu_ns
             || raw.cpu.nr_periods < p.cpu.nr_periods
@@ -366,8 +553,10 @@ impl Collector {
             Metric::CpuThrottledTime,
             (raw.cpu.throttled_ns - p.cpu.throttled_ns) as f64 / dt,
         ));
-        if let Some(io) = io_rates(&raw.io, &p.io, dt) {
-            out.extend(io);
+        if let (Some(n), Some(b)) = (now.io, p.io) {
+            if let Some(io) = io_rates(n, b, dt) {
+                out.extend(io);
+            }
         }
         psi_rates(&raw.psi, &p.psi, dt, &mut out);
         out
@@ -408,27 +597,12 @@ impl Collector {
     }
 }
 
-/// Read/write bytes and ops per second over all devices; `None` after a reset.
-fn io_rates(
-    now: &BTreeMap<String, Io>,
-    prev: &BTreeMap<String, Io>,
-    dt_ns: f64,
-) -> Option<[(Metric, f64); 4]> {
-    if now.is_empty() {
-        return None;
-    }
+/// Read/write bytes and ops per second over all devices; `None` after a reset
+/// (a counter went backwards, or a device went away).
+fn io_rates(now: [u64; 4], prev: [u64; 4], dt_ns: f64) -> Option<[(Metric, f64); 4]> {
     let mut d = [0u64; 4];
-    for (dev, n) in now {
-        let Some(p) = prev.get(dev) else { continue };
-        let pairs = [
-            (n.read_bytes, p.read_bytes),
-            (n.write_bytes, p.write_bytes),
-            (n.read_ops, p.read_ops),
-            (n.write_ops, p.write_ops),
-        ];
-        for (i, (a, b)) in pairs.into_iter().enumerate() {
-            d[i] += a.checked_sub(b)?;
-        }
+    for i in 0..4 {
+        d[i] = now[i].checked_sub(prev[i])?;
     }
     let s = dt_ns / 1e9;
     Some([
@@ -622,9 +796,20 @@ mod tests {
             target("pod/be1", Kind::Pod, "/kubepods/be1", "BE"),
             target("container/c1", Kind::Container, "/kubepods/be1/c1", "BE"),
             target("pod/ls1", Kind::Pod, "/kubepods/ls1", "LS"),
-        ];
+            // a container whose cgroup is gone (or never was)
+            target(
+                "container/ghost",
+                Kind::Container,
+                "/kubepods/be1/ghost",
+                "BE",
+            ),
+        ]
+        .into_iter()
+        .map(Arc::new)
+        .collect::<Vec<_>>();
         let t = c.tick(1000, 0, &targets);
         assert_eq!(t.readings.len(), 3);
+        assert_eq!(t.skipped, 1, "the ghost");
         let be = &t.readings[0].samples;
         assert_eq!(get(be, Metric::MemoryUsage), Some((64u64 << 20) as f64));
         assert_eq!(
@@ -652,11 +837,9 @@ mod tests {
             "proc/pressure/cpu",
             "some avg10=0.00 avg60=0.00 avg300=0.00 total=251000\n",
         );
-        // the container vanished
-        std::fs::remove_dir_all(d.join("cg/cpu/kubepods/be1/c1")).unwrap();
         let t = c.tick(1001, 1_000_000_000, &targets);
         assert_eq!(t.skipped, 1);
-        assert_eq!(t.readings.len(), 2);
+        assert_eq!(t.readings.len(), 3);
         let be = &t.readings[0].samples;
         assert!((get(be, Metric::CpuUsage).unwrap() - 0.5).abs() < 1e-9);
         assert!((get(be, Metric::CpuThrottledRatio).unwrap() - 0.4).abs() < 1e-9);
@@ -687,7 +870,8 @@ mod tests {
         // a malformed file: that entity is skipped
         put(&d, "cg/memory/kubepods/ls1/memory.stat", "garbage");
         let t = c.tick(1002, 2_000_000_000, &targets);
-        assert_eq!(t.readings.len(), 1);
+        assert_eq!(t.readings.len(), 2, "ls1 skipped");
+        assert!(t.readings.iter().all(|r| r.target.entity != "pod/ls1"));
         assert_eq!(get(&t.readings[0].samples, Metric::CpuUsage), None);
         assert_eq!(
             get(&t.readings[0].samples, Metric::MemoryUsage),
@@ -699,6 +883,18 @@ mod tests {
         }
         let t = c.tick(1003, 3_000_000_000, &targets);
         assert!((get(&t.readings[0].samples, Metric::CpuUsage).unwrap() - 0.25).abs() < 1e-9);
+        assert!(c.open_files() > 0, "handles are kept across ticks");
+
+        // a container removed while its files are open: the kernel answers ENODEV
+        // at once; on a file tree the directory check finds it within SLOW_EVERY ticks
+        std::fs::remove_dir_all(d.join("cg/cpu/kubepods/be1/c1")).unwrap();
+        let open = c.open_files();
+        let gone = (4..4 + SLOW_EVERY as u32 + 1).any(|i| {
+            let t = c.tick(1000 + i, u64::from(i) * 1_000_000_000, &targets);
+            t.readings.iter().all(|r| r.target.entity != "container/c1")
+        });
+        assert!(gone, "the removed container is skipped");
+        assert!(c.open_files() < open, "and its handles closed");
         std::fs::remove_dir_all(&d).unwrap();
     }
 
@@ -725,7 +921,12 @@ mod tests {
         let refs: Vec<(&str, String)> = all.iter().map(|(a, b)| (a.as_str(), b.clone())).collect();
         let d = tree("v2", &refs);
         let mut c = Collector::new(Host::detect(&d.join("cg")).unwrap(), &d.join("proc"));
-        let targets = vec![target("pod/1", Kind::Pod, &format!("/{cg}"), "LS")];
+        let targets = vec![Arc::new(target(
+            "pod/1",
+            Kind::Pod,
+            &format!("/{cg}"),
+            "LS",
+        ))];
         c.tick(10, 0, &targets);
         for (p, v) in files(3_000_000, 100_000, 4096) {
             put(&d, &p, v);

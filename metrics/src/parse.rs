@@ -26,6 +26,20 @@ pub fn flat_keyed(content: &str) -> BTreeMap<&str, u64> {
         .collect()
 }
 
+/// The values of `keys` in `key value` lines, in one pass without allocating.
+pub fn keyed<const N: usize>(content: &str, keys: [&str; N]) -> [Option<u64>; N] {
+    let mut out = [None; N];
+    for l in content.lines() {
+        let Some((k, v)) = l.split_once(' ') else {
+            continue;
+        };
+        if let Some(i) = keys.iter().position(|x| *x == k) {
+            out[i] = v.trim().parse().ok();
+        }
+    }
+    out
+}
+
 /// A single number (cpuacct.usage, memory.usage_in_bytes, memory.current).
 pub fn single(content: &str) -> Result<u64, ParseError> {
     content
@@ -46,22 +60,26 @@ pub struct CpuStat {
 
 /// v1 `cpu.stat` (throttled_time in ns) or v2 `cpu.stat` (µs fields).
 pub fn cpu_stat(content: &str, v2: bool) -> Result<CpuStat, ParseError> {
-    let kv = flat_keyed(content);
-    let get = |k: &str| kv.get(k).copied();
     if v2 {
-        let usage = get("usage_usec").ok_or_else(|| bad("cpu.stat", content))?;
+        let [usage, periods, throttled, time] = keyed(
+            content,
+            ["usage_usec", "nr_periods", "nr_throttled", "throttled_usec"],
+        );
+        let usage = usage.ok_or_else(|| bad("cpu.stat", content))?;
         Ok(CpuStat {
             usage_ns: Some(usage.saturating_mul(1000)),
-            nr_periods: get("nr_periods").unwrap_or(0),
-            nr_throttled: get("nr_throttled").unwrap_or(0),
-            throttled_ns: get("throttled_usec").unwrap_or(0).saturating_mul(1000),
+            nr_periods: periods.unwrap_or(0),
+            nr_throttled: throttled.unwrap_or(0),
+            throttled_ns: time.unwrap_or(0).saturating_mul(1000),
         })
     } else {
+        let [periods, throttled, time] =
+            keyed(content, ["nr_periods", "nr_throttled", "throttled_time"]);
         Ok(CpuStat {
             usage_ns: None,
-            nr_periods: get("nr_periods").ok_or_else(|| bad("cpu.stat", content))?,
-            nr_throttled: get("nr_throttled").unwrap_or(0),
-            throttled_ns: get("throttled_time").unwrap_or(0),
+            nr_periods: periods.ok_or_else(|| bad("cpu.stat", content))?,
+            nr_throttled: throttled.unwrap_or(0),
+            throttled_ns: time.unwrap_or(0),
         })
     }
 }
@@ -80,16 +98,14 @@ pub struct Memory {
 /// Working set = usage - inactive file, as kubelet computes it.
 pub fn memory(usage: &str, stat: &str, v2: bool) -> Result<Memory, ParseError> {
     let usage = single(usage)?;
-    let kv = flat_keyed(stat);
-    let get = |k: &str| kv.get(k).copied().ok_or_else(|| bad("memory.stat", stat));
-    let (inactive_file, rss, cache) = if v2 {
-        (get("inactive_file")?, get("anon")?, get("file")?)
+    let keys = if v2 {
+        ["inactive_file", "anon", "file"]
     } else {
-        (
-            get("total_inactive_file")?,
-            get("total_rss")?,
-            get("total_cache")?,
-        )
+        ["total_inactive_file", "total_rss", "total_cache"]
+    };
+    let [inactive_file, rss, cache] = match keyed(stat, keys) {
+        [Some(a), Some(b), Some(c)] => [a, b, c],
+        _ => return Err(bad("memory.stat", stat)),
     };
     Ok(Memory {
         usage,
@@ -102,7 +118,7 @@ pub fn memory(usage: &str, stat: &str, v2: bool) -> Result<Memory, ParseError> {
 /// OOM kills from v1 `memory.oom_control` or v2 `memory.events` (`None`: an
 /// older kernel without the field).
 pub fn oom_kills(content: &str) -> Option<u64> {
-    flat_keyed(content).get("oom_kill").copied()
+    keyed(content, ["oom_kill"])[0]
 }
 
 /// I/O counters of one device.

@@ -413,12 +413,12 @@ mod tests {
             }),
             readings: vec![
                 Reading {
-                    target: target(Kind::Pod, ""),
+                    target: std::sync::Arc::new(target(Kind::Pod, "")),
                     samples: vec![(Metric::CpuUsage, 0.5)],
                     raw: raw.clone(),
                 },
                 Reading {
-                    target: target(Kind::Container, "app\\x"),
+                    target: std::sync::Arc::new(target(Kind::Container, "app\\x")),
                     samples: vec![],
                     raw,
                 },

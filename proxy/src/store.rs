@@ -249,6 +249,7 @@ struct Inner {
 pub struct Store {
     inner: Arc<RwLock<Inner>>,
     dirty: Arc<Notify>,
+    generation: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Store {
@@ -261,8 +262,15 @@ impl Store {
             let mut g = self.inner.write().unwrap_or_else(|e| e.into_inner());
             f(&mut g)
         };
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
         self.dirty.notify_one();
         r
+    }
+
+    /// A number that changes whenever the store does (to cache views of it).
+    pub fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
     }
 
     fn read<R>(&self, f: impl FnOnce(&Inner) -> R) -> R {
