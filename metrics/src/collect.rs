@@ -445,7 +445,7 @@ impl Collector {
         let (budget, open) = (self.fd_budget, &mut self.fds_open);
         let (buf, buf2) = (&mut self.buf, &mut self.buf2);
         let f = self.files.get_mut(&t.entity).expect("inserted above");
-        let slow = f.reads % SLOW_EVERY == 0;
+        let slow = f.reads.is_multiple_of(SLOW_EVERY);
         f.reads += 1;
         // a removed cgroup: the kernel answers ENODEV on kept handles; a
         // directory check now and then also covers plain file trees
@@ -476,20 +476,17 @@ impl Collector {
             }
         }
         raw.oom_kills = f.oom_kills;
-        match f.io.as_mut_slice() {
-            [stat] => {
-                if read_file(stat, buf, budget, open).is_ok() {
-                    raw.io = parse::io_stat_v2(text(buf));
-                }
-            }
-            [bytes, ops] => {
-                if read_file(bytes, buf, budget, open).is_ok()
-                    && read_file(ops, buf2, budget, open).is_ok()
-                {
-                    raw.io = parse::blkio_v1(text(buf), text(buf2));
-                }
-            }
-            _ => {}
+        let io = match f.io.as_mut_slice() {
+            [stat] => read_file(stat, buf, budget, open)
+                .ok()
+                .map(|_| parse::io_stat_v2(text(buf))),
+            [bytes, ops] => (read_file(bytes, buf, budget, open).is_ok()
+                && read_file(ops, buf2, budget, open).is_ok())
+            .then(|| parse::blkio_v1(text(buf), text(buf2))),
+            _ => None,
+        };
+        if let Some(io) = io {
+            raw.io = io;
         }
         for (i, p) in f.psi.iter_mut().enumerate() {
             if let Some(p) = p {
