@@ -7,13 +7,14 @@
 //! backwards (a cgroup recreated under the same name) restarts the rate, so
 //! there is never a bogus spike.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use qoslet_cgroups::{CgroupError, CgroupPath, Host};
 
+use crate::fasthash::FastMap;
 use crate::metric::Metric;
 use crate::parse::{self, CpuStat, Io, Memory, Psi};
 
@@ -48,7 +49,8 @@ pub struct CgroupRaw {
     pub cpu: CpuStat,
     pub memory: Option<Memory>,
     pub oom_kills: Option<u64>,
-    pub io: BTreeMap<String, Io>,
+    /// Per device (`major:minor`); shared with the collector's last read.
+    pub io: Arc<BTreeMap<String, Io>>,
     /// cpu, memory, io (v2 only).
     pub psi: [Option<Psi>; 3],
 }
@@ -151,6 +153,26 @@ struct Files {
     reads: u64,
     /// The OOM kill count as last read (it is read every [`SLOW_EVERY`] ticks).
     oom_kills: Option<u64>,
+    /// v1 cpu.stat as last read, and whether it stood still then (no CFS
+    /// quota, or not running): such a file is re-read every [`SLOW_EVERY`] ticks.
+    cpu_last: Option<CpuStat>,
+    cpu_idle: bool,
+    /// I/O counters as last read, and whether they stood still (idle I/O is
+    /// re-read every [`SLOW_EVERY`] ticks, like an unthrottled cpu.stat).
+    io_last: Option<Arc<BTreeMap<String, Io>>>,
+    io_idle: bool,
+    /// The counters of the previous tick (rates are deltas against them).
+    prev: Option<Prev>,
+    /// The tick this cgroup was last asked for.
+    seen: u64,
+}
+
+/// Counters read again after standing still: their first delta may span
+/// several ticks, so no rate is computed from it (no bogus spike).
+#[derive(Debug, Clone, Copy, Default)]
+struct Rebase {
+    cpu_stat: bool,
+    io: bool,
 }
 
 /// Rarely-changing files (OOM kill counts) and the removed-cgroup check on
@@ -185,8 +207,8 @@ fn fd_budget(proc_root: &Path) -> usize {
 pub struct Collector {
     host: Host,
     proc_root: PathBuf,
-    prev: HashMap<String, Prev>,
-    files: HashMap<String, Files>,
+    files: FastMap<String, Files>,
+    tick_no: u64,
     node_prev: Option<(u64, NodeRaw)>,
     fd_budget: usize,
     fds_open: usize,
@@ -227,32 +249,34 @@ fn io_err(path: &Path, e: std::io::Error) -> ReadError {
 
 const READ_CHUNK: usize = 16 * 1024;
 
-/// Reads `f` into `buf` (replacing its content): a `pread` at offset 0 on the
-/// kept handle, or an open and read when the fd budget is spent.
+/// Reads `f` into `buf` and returns the length read: a `pread` at offset 0 on
+/// the kept handle, or an open and read when the fd budget is spent. `buf`
+/// keeps its full length between reads (no zero-fill per read); only its
+/// first `len` bytes are the file.
 fn read_file(
     f: &mut CFile,
     buf: &mut Vec<u8>,
     budget: usize,
     open: &mut usize,
-) -> Result<(), ReadError> {
+) -> Result<usize, ReadError> {
     use std::os::unix::fs::FileExt;
-    if f.fd.is_none() {
-        let fd = std::fs::File::open(&f.path).map_err(|e| io_err(&f.path, e))?;
-        if *open < budget {
-            *open += 1;
-            f.fd = Some(fd);
-        } else {
-            buf.clear();
-            let mut fd = fd;
-            return fd
-                .read_to_end(buf)
-                .map(|_| ())
-                .map_err(|e| io_err(&f.path, e));
-        }
+    if buf.len() < READ_CHUNK {
+        buf.resize(READ_CHUNK, 0);
     }
-    let fd = f.fd.as_ref().expect("opened above");
-    buf.clear();
-    buf.resize(READ_CHUNK, 0);
+    let once;
+    let fd = match &f.fd {
+        Some(fd) => fd,
+        None => {
+            let fd = std::fs::File::open(&f.path).map_err(|e| io_err(&f.path, e))?;
+            if *open < budget {
+                *open += 1;
+                f.fd.insert(fd)
+            } else {
+                once = fd;
+                &once
+            }
+        }
+    };
     let mut len = 0;
     loop {
         let n = fd
@@ -260,12 +284,10 @@ fn read_file(
             .map_err(|e| io_err(&f.path, e))?;
         len += n;
         if n == 0 || len < buf.len() {
-            break;
+            return Ok(len);
         }
         buf.resize(buf.len() * 2, 0);
     }
-    buf.truncate(len);
-    Ok(())
 }
 
 fn text(b: &[u8]) -> &str {
@@ -278,8 +300,8 @@ impl Collector {
         Self {
             host,
             proc_root: proc_root.into(),
-            prev: HashMap::new(),
-            files: HashMap::new(),
+            files: FastMap::default(),
+            tick_no: 0,
             node_prev: None,
             fd_budget: fd_budget(Path::new("/proc")),
             fds_open: 0,
@@ -310,38 +332,32 @@ impl Collector {
             }
             Err(e) => tracing::debug!(error = %e, "node metrics unreadable this tick"),
         }
-        let mut seen = std::collections::HashSet::with_capacity(targets.len());
+        self.tick_no += 1;
         for target in targets {
-            seen.insert(target.entity.as_str());
-            match self.read_cgroup(target) {
-                Ok(raw) => {
-                    let samples = self.samples(&target.entity, mono_ns, &raw);
-                    t.readings.push(Reading {
-                        target: target.clone(),
-                        samples,
-                        raw,
-                    });
-                }
+            match self.read_cgroup(target, mono_ns) {
+                Ok((raw, samples)) => t.readings.push(Reading {
+                    target: target.clone(),
+                    samples,
+                    raw,
+                }),
                 Err(e) => {
                     if !matches!(e, ReadError::Vanished) {
                         tracing::debug!(entity = %target.entity, error = %e, "sample skipped");
                     }
-                    self.prev.remove(&target.entity);
                     self.forget(&target.entity);
                     t.skipped += 1;
                 }
             }
         }
-        self.prev.retain(|k, _| seen.contains(k.as_str()));
-        let gone: Vec<String> = self
-            .files
-            .keys()
-            .filter(|k| !seen.contains(k.as_str()))
-            .cloned()
-            .collect();
-        for k in gone {
-            self.forget(&k);
-        }
+        // cgroups no longer asked for: their handles close
+        let (tick, open) = (self.tick_no, &mut self.fds_open);
+        self.files.retain(|_, f| {
+            let keep = f.seen == tick;
+            if !keep {
+                *open -= f.open_fds();
+            }
+            keep
+        });
         aggregate(&mut t);
         t
     }
@@ -354,7 +370,7 @@ impl Collector {
 
     /// A procfs file into `self.buf` (opened per read: three files per tick).
     fn read_proc(&mut self, path: &Path) -> Result<(), ReadError> {
-        self.buf.clear();
+        self.buf.clear(); // read_to_end appends; cgroup reads resize it again
         std::fs::File::open(path)
             .and_then(|mut f| f.read_to_end(&mut self.buf))
             .map(|_| ())
@@ -409,6 +425,12 @@ impl Collector {
                 psi: ["cpu.pressure", "memory.pressure", "io.pressure"].map(|f| some(cpu.join(f))),
                 reads: 0,
                 oom_kills: None,
+                cpu_last: None,
+                cpu_idle: false,
+                io_last: None,
+                io_idle: false,
+                prev: None,
+                seen: 0,
             }
         } else {
             let cpuacct = h("cpuacct").unwrap_or_else(|_| cpu.clone());
@@ -432,11 +454,23 @@ impl Collector {
                 psi: [None, None, None],
                 reads: 0,
                 oom_kills: None,
+                cpu_last: None,
+                cpu_idle: false,
+                io_last: None,
+                io_idle: false,
+                prev: None,
+                seen: 0,
             }
         })
     }
 
-    fn read_cgroup(&mut self, t: &Target) -> Result<CgroupRaw, ReadError> {
+    /// Reads one cgroup: its raw counters and the samples derived from them.
+    #[allow(clippy::type_complexity)]
+    fn read_cgroup(
+        &mut self,
+        t: &Target,
+        mono_ns: u64,
+    ) -> Result<(CgroupRaw, Vec<(Metric, f64)>), ReadError> {
         if !self.files.contains_key(&t.entity) {
             let f = self.files_of(t)?;
             self.files.insert(t.entity.clone(), f);
@@ -445,6 +479,7 @@ impl Collector {
         let (budget, open) = (self.fd_budget, &mut self.fds_open);
         let (buf, buf2) = (&mut self.buf, &mut self.buf2);
         let f = self.files.get_mut(&t.entity).expect("inserted above");
+        f.seen = self.tick_no;
         let slow = f.reads.is_multiple_of(SLOW_EVERY);
         f.reads += 1;
         // a removed cgroup: the kernel answers ENODEV on kept handles; a
@@ -457,86 +492,114 @@ impl Collector {
             move |source| ReadError::Parse { path, source }
         };
         let mut raw = CgroupRaw::default();
-        read_file(&mut f.cpu_stat, buf, budget, open)?;
-        raw.cpu = parse::cpu_stat(text(buf), v2).map_err(perr(&f.cpu_stat.path))?;
+        let mut rebase = Rebase::default();
+        // v2's cpu.stat carries the usage: read every tick
+        if v2 || !f.cpu_idle || slow || f.cpu_last.is_none() {
+            let n = read_file(&mut f.cpu_stat, buf, budget, open)?;
+            let c = parse::cpu_stat(text(&buf[..n]), v2).map_err(perr(&f.cpu_stat.path))?;
+            let (was_idle, same) = (f.cpu_idle, f.cpu_last == Some(c));
+            rebase.cpu_stat = was_idle && !same;
+            f.cpu_idle = !v2 && same;
+            f.cpu_last = Some(c);
+        }
+        raw.cpu = f.cpu_last.unwrap_or_default();
         match &mut f.cpu_usage {
             Some(u) => {
-                read_file(u, buf, budget, open)?;
-                raw.cpu_ns = parse::single(text(buf)).map_err(perr(&u.path))?;
+                let n = read_file(u, buf, budget, open)?;
+                raw.cpu_ns = parse::single(text(&buf[..n])).map_err(perr(&u.path))?;
             }
             None => raw.cpu_ns = raw.cpu.usage_ns.unwrap_or(0),
         }
-        read_file(&mut f.mem_usage, buf, budget, open)?;
-        read_file(&mut f.mem_stat, buf2, budget, open)?;
-        raw.memory =
-            Some(parse::memory(text(buf), text(buf2), v2).map_err(perr(&f.mem_stat.path))?);
+        let n = read_file(&mut f.mem_usage, buf, budget, open)?;
+        let n2 = read_file(&mut f.mem_stat, buf2, budget, open)?;
+        raw.memory = Some(
+            parse::memory(text(&buf[..n]), text(&buf2[..n2]), v2)
+                .map_err(perr(&f.mem_stat.path))?,
+        );
         if let (Some(e), true) = (&mut f.events, slow) {
-            if read_file(e, buf, budget, open).is_ok() {
-                f.oom_kills = parse::oom_kills(text(buf));
+            if let Ok(n) = read_file(e, buf, budget, open) {
+                f.oom_kills = parse::oom_kills(text(&buf[..n]));
             }
         }
         raw.oom_kills = f.oom_kills;
-        let io = match f.io.as_mut_slice() {
-            [stat] => read_file(stat, buf, budget, open)
-                .ok()
-                .map(|_| parse::io_stat_v2(text(buf))),
-            [bytes, ops] => (read_file(bytes, buf, budget, open).is_ok()
-                && read_file(ops, buf2, budget, open).is_ok())
-            .then(|| parse::blkio_v1(text(buf), text(buf2))),
-            _ => None,
-        };
-        if let Some(io) = io {
-            raw.io = io;
-        }
-        for (i, p) in f.psi.iter_mut().enumerate() {
-            if let Some(p) = p {
-                if read_file(p, buf, budget, open).is_ok() {
-                    raw.psi[i] = parse::psi(text(buf)).ok();
+        if !f.io_idle || slow || f.io_last.is_none() {
+            let io = match f.io.as_mut_slice() {
+                [stat] => read_file(stat, buf, budget, open)
+                    .ok()
+                    .map(|n| parse::io_stat_v2(text(&buf[..n]))),
+                [bytes, ops] => match (
+                    read_file(bytes, buf, budget, open),
+                    read_file(ops, buf2, budget, open),
+                ) {
+                    (Ok(n), Ok(n2)) => Some(parse::blkio_v1(text(&buf[..n]), text(&buf2[..n2]))),
+                    _ => None,
+                },
+                _ => None,
+            };
+            if let Some(io) = io {
+                let same = f.io_last.as_deref() == Some(&io);
+                rebase.io = f.io_idle && !same;
+                f.io_idle = same;
+                if !same {
+                    f.io_last = Some(Arc::new(io));
                 }
             }
         }
-        Ok(raw)
-    }
-
-    fn samples(&mut self, entity: &str, mono_ns: u64, raw: &CgroupRaw) -> Vec<(Metric, f64)> {
-        let mut out = Vec::with_capacity(16);
-        if let Some(m) = raw.memory {
-            out.push((Metric::MemoryUsage, m.usage as f64));
-            out.push((Metric::MemoryWorkingSet, m.working_set as f64));
-            out.push((Metric::MemoryRss, m.rss as f64));
-            out.push((Metric::MemoryCache, m.cache as f64));
-        }
-        if let Some(o) = raw.oom_kills {
-            out.push((Metric::OomKills, o as f64));
-        }
-        let now = Prev {
-            mono_ns,
-            cpu_ns: raw.cpu_ns,
-            cpu: raw.cpu,
-            io: io_totals(&raw.io),
-            psi: raw.psi,
-        };
-        let prev = match self.prev.get_mut(entity) {
-            Some(p) => std::mem::replace(p, now),
-            None => {
-                self.prev.insert(entity.to_string(), now);
-                return out;
+        raw.io = f.io_last.clone().unwrap_or_default();
+        for (i, p) in f.psi.iter_mut().enumerate() {
+            if let Some(p) = p {
+                if let Ok(n) = read_file(p, buf, budget, open) {
+                    raw.psi[i] = parse::psi(text(&buf[..n])).ok();
+                }
             }
-        };
-        let dt = mono_ns.saturating_sub(prev.mono_ns) as f64;
-        if dt <= 0.0 {
-            return out;
         }
-        let p = &prev;
-        // a counter that went backwards: the cgroup was recreated; rates restart next tick
-        let reset = raw.cpu_ns < p.cpu_ns
-            || raw.cpu.nr_periods < p.cpu.nr_periods
-            || raw.cpu.nr_throttled < p.cpu.nr_throttled
-            || raw.cpu.throttled_ns < p.cpu.throttled_ns;
-        if reset {
-            return out;
-        }
-        out.push((Metric::CpuUsage, (raw.cpu_ns - p.cpu_ns) as f64 / dt));
+        let samples = samples(&mut f.prev, mono_ns, &raw, rebase);
+        Ok((raw, samples))
+    }
+}
+
+/// Samples of one cgroup: gauges, and rates against `prev` (then replaced by now).
+fn samples(
+    prev: &mut Option<Prev>,
+    mono_ns: u64,
+    raw: &CgroupRaw,
+    rebase: Rebase,
+) -> Vec<(Metric, f64)> {
+    let mut out = Vec::with_capacity(16);
+    if let Some(m) = raw.memory {
+        out.push((Metric::MemoryUsage, m.usage as f64));
+        out.push((Metric::MemoryWorkingSet, m.working_set as f64));
+        out.push((Metric::MemoryRss, m.rss as f64));
+        out.push((Metric::MemoryCache, m.cache as f64));
+    }
+    if let Some(o) = raw.oom_kills {
+        out.push((Metric::OomKills, o as f64));
+    }
+    let now = Prev {
+        mono_ns,
+        cpu_ns: raw.cpu_ns,
+        cpu: raw.cpu,
+        io: io_totals(&raw.io),
+        psi: raw.psi,
+    };
+    let Some(prev) = prev.replace(now) else {
+        return out;
+    };
+    let dt = mono_ns.saturating_sub(prev.mono_ns) as f64;
+    if dt <= 0.0 {
+        return out;
+    }
+    let p = &prev;
+    // a counter that went backwards: the cgroup was recreated; rates restart next tick
+    let reset = raw.cpu_ns < p.cpu_ns
+        || raw.cpu.nr_periods < p.cpu.nr_periods
+        || raw.cpu.nr_throttled < p.cpu.nr_throttled
+        || raw.cpu.throttled_ns < p.cpu.throttled_ns;
+    if reset {
+        return out;
+    }
+    out.push((Metric::CpuUsage, (raw.cpu_ns - p.cpu_ns) as f64 / dt));
+    if !rebase.cpu_stat {
         let periods = raw.cpu.nr_periods - p.cpu.nr_periods;
         out.push((
             Metric::CpuThrottledRatio,
@@ -550,15 +613,17 @@ impl Collector {
             Metric::CpuThrottledTime,
             (raw.cpu.throttled_ns - p.cpu.throttled_ns) as f64 / dt,
         ));
-        if let (Some(n), Some(b)) = (now.io, p.io) {
-            if let Some(io) = io_rates(n, b, dt) {
-                out.extend(io);
-            }
-        }
-        psi_rates(&raw.psi, &p.psi, dt, &mut out);
-        out
     }
+    if let (Some(n), Some(b), false) = (now.io, p.io, rebase.io) {
+        if let Some(io) = io_rates(n, b, dt) {
+            out.extend(io);
+        }
+    }
+    psi_rates(&raw.psi, &p.psi, dt, &mut out);
+    out
+}
 
+impl Collector {
     fn node_samples(&mut self, mono_ns: u64, raw: &NodeRaw) -> Vec<(Metric, f64)> {
         let used = raw.memory.total.saturating_sub(raw.memory.available) as f64;
         let mut out = vec![
@@ -892,6 +957,70 @@ mod tests {
         });
         assert!(gone, "the removed container is skipped");
         assert!(c.open_files() < open, "and its handles closed");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Counters that stand still (no quota, no I/O) are re-read every SLOW_EVERY
+    /// ticks; when they move again, the first delta (spanning several ticks)
+    /// yields no rate, so there is no spike; afterwards rates are exact.
+    #[test]
+    fn idle_counters_are_reread_slowly_without_spikes() {
+        let mut files: Vec<(String, String)> = proc_files(100, 100)
+            .into_iter()
+            .map(|(a, b)| (a.to_string(), b))
+            .collect();
+        files.extend(v1_cgroup("kubepods/idle", 0, 0, 0, 1 << 20));
+        let refs: Vec<(&str, String)> =
+            files.iter().map(|(a, b)| (a.as_str(), b.clone())).collect();
+        let d = tree("idle", &refs);
+        let mut c = Collector::new(v1_host(&d), &d.join("proc"));
+        let targets = vec![Arc::new(target("pod/i", Kind::Pod, "/kubepods/idle", "LS"))];
+        let sec = 1_000_000_000u64;
+        // cpuacct.usage moves every tick; cpu.stat and I/O stand still
+        let mut n = 0u64;
+        let mut tick = |c: &mut Collector, usage: u64| {
+            n += 1;
+            put(&d, "cg/cpuacct/kubepods/idle/cpuacct.usage", usage);
+            c.tick(1000 + n as u32, n * sec, &targets)
+        };
+        for i in 0..3 {
+            tick(&mut c, i * 1000);
+        }
+        // a quota is set and I/O starts: counters jump between slow re-reads
+        let stat = |p: u64, t: u64| {
+            format!(
+                "nr_periods {p}\nnr_throttled {t}\nthrottled_time {}\n",
+                t * 10_000_000
+            )
+        };
+        put(&d, "cg/cpu/kubepods/idle/cpu.stat", stat(1000, 500));
+        put(
+            &d,
+            "cg/blkio/kubepods/idle/blkio.throttle.io_service_bytes_recursive",
+            "254:0 Read 1000000000\n254:0 Write 0\nTotal 0\n",
+        );
+        let mut reread = false;
+        for i in 3..(3 + SLOW_EVERY + 1) {
+            let t = tick(&mut c, i * 1000);
+            let s = &t.readings[0].samples;
+            for m in [Metric::CpuThrottledTime, Metric::IoReadBytes] {
+                assert!(
+                    get(s, m).unwrap_or(0.0) <= 0.0,
+                    "no spike from {m:?}: {s:?}"
+                );
+            }
+            if t.readings[0].raw.cpu.nr_periods == 1000 {
+                reread = true;
+                break;
+            }
+        }
+        assert!(reread, "re-read within SLOW_EVERY ticks");
+        // moving now: read every tick, exact rates
+        put(&d, "cg/cpu/kubepods/idle/cpu.stat", stat(1010, 505));
+        let t = tick(&mut c, 99_000);
+        let s = &t.readings[0].samples;
+        assert_eq!(get(s, Metric::CpuThrottledRatio), Some(0.5));
+        assert!((get(s, Metric::CpuThrottledTime).unwrap() - 0.05).abs() < 1e-9);
         std::fs::remove_dir_all(&d).unwrap();
     }
 

@@ -10,6 +10,7 @@
 
 pub mod codec;
 pub mod collect;
+pub mod fasthash;
 pub mod metric;
 pub mod parse;
 pub mod prom;

@@ -212,7 +212,7 @@ pub fn render(t: &Tick, series: usize, collect_seconds: f64, skipped_total: u64)
                 &format!("{help} per block device, per {what}."),
             );
             for r in &rs {
-                for (dev, io) in &r.raw.io {
+                for (dev, io) in r.raw.io.iter() {
                     let mut l = labels(r);
                     l.push(("device", dev.clone()));
                     let refs: Vec<(&str, &str)> = l.iter().map(|(k, v)| (*k, v.as_str())).collect();
@@ -377,16 +377,18 @@ mod tests {
                 cache: 50,
             }),
             oom_kills: Some(0),
-            io: [(
-                "254:0".to_string(),
-                Io {
-                    read_bytes: 4096,
-                    write_bytes: 0,
-                    read_ops: 1,
-                    write_ops: 0,
-                },
-            )]
-            .into(),
+            io: std::sync::Arc::new(
+                [(
+                    "254:0".to_string(),
+                    Io {
+                        read_bytes: 4096,
+                        write_bytes: 0,
+                        read_ops: 1,
+                        write_ops: 0,
+                    },
+                )]
+                .into(),
+            ),
             psi: [
                 Some(Psi {
                     some_us: 2_000_000,

@@ -13,11 +13,10 @@
 //! percentile is that of the mixture of the minutes' distributions (each minute
 //! piecewise linear through its min, p50, p90, p99 and max).
 
-use std::collections::HashMap;
-
 use crate::codec::{
     decode, decode_at, encode, encode_at, get_varint, put_varint, unzigzag, zigzag, ROLLUP_LINEAR,
 };
+use crate::fasthash::FastMap;
 use crate::metric::Metric;
 
 /// Raw samples are kept this long (seconds).
@@ -531,7 +530,7 @@ struct Entity {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tsdb {
     interval: u32,
-    entities: HashMap<String, Entity>,
+    entities: FastMap<String, Entity>,
 }
 
 impl Tsdb {
@@ -539,7 +538,7 @@ impl Tsdb {
     pub fn new(interval: u32) -> Self {
         Self {
             interval: interval.clamp(1, 600),
-            entities: HashMap::new(),
+            entities: FastMap::default(),
         }
     }
 

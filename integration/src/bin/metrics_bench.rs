@@ -8,7 +8,7 @@
 //! 4. the whole agent: the real `qoslet proxy` with that cache (loaded from its
 //!    snapshot) and the 1,500 cgroups in its store, collecting every second: RSS and CPU.
 //!
-//! Run: cargo build --release --workspace --bins && target/release/metrics_bench [--hours H] [--skip-agent]
+//! Run: cargo build --release --workspace --bins && target/release/metrics_bench [--hours H] [--skip-agent] [--collect-only]
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -88,6 +88,36 @@ fn write_cgroup(root: &Path, cg: &str, n: u64, salt: u64) {
     );
     put(&root.join("blkio").join(cg).join("blkio.throttle.io_service_bytes_recursive"), &format!("254:0 Read {}\n254:0 Write {}\n254:0 Sync 0\n254:0 Async 0\n254:0 Discard 0\n254:0 Total 0\nTotal 0\n", n * 4096, n * 8192));
     put(&root.join("blkio").join(cg).join("blkio.throttle.io_serviced_recursive"), &format!("254:0 Read {n}\n254:0 Write {n}\n254:0 Sync 0\n254:0 Async 0\n254:0 Discard 0\n254:0 Total 0\nTotal 0\n"));
+}
+
+/// Ticks between re-reads of idle counters (the collector's SLOW_EVERY).
+const SLOW: u64 = 10;
+
+#[derive(Clone, Copy, PartialEq)]
+enum Mix {
+    All,
+    Realistic,
+}
+
+/// Moves the counters of the tree to tick `n` (not timed).
+fn move_counters(tree: &Tree, n: u64, mix: Mix) {
+    for (i, t) in tree.targets.iter().enumerate() {
+        let cg = t.cgroup.as_str();
+        let salt = i as u64 * 7919;
+        std::fs::write(
+            tree.root.join("cpuacct").join(cg).join("cpuacct.usage"),
+            format!("{}\n", n * (200_000_000 + salt % 400_000_000)),
+        )
+        .unwrap();
+        if mix == Mix::All || i % 4 == 0 {
+            std::fs::write(tree.root.join("cpu").join(cg).join("cpu.stat"), format!("nr_periods {}\nnr_throttled {}\nthrottled_time {}\nnr_bursts 0\nburst_time 0\n", n * 10, n * 3, n * 3_000_000)).unwrap();
+        }
+        if mix == Mix::All || i % 5 == 0 {
+            let b = tree.root.join("blkio").join(cg);
+            std::fs::write(b.join("blkio.throttle.io_service_bytes_recursive"), format!("254:0 Read {}\n254:0 Write {}\n254:0 Sync 0\n254:0 Async 0\n254:0 Discard 0\n254:0 Total 0\nTotal 0\n", n * 4096, n * 8192)).unwrap();
+            std::fs::write(b.join("blkio.throttle.io_serviced_recursive"), format!("254:0 Read {n}\n254:0 Write {n}\n254:0 Sync 0\n254:0 Async 0\n254:0 Discard 0\n254:0 Total 0\nTotal 0\n")).unwrap();
+        }
+    }
 }
 
 struct Tree {
@@ -203,43 +233,50 @@ fn main() {
         cg_root.display()
     );
 
-    // 1. collection cost
-    let mut tree = build_tree(&cg_root, 1);
-    let host = Host::detect(&tree.root).unwrap();
-    let mut c = Collector::new(host, Path::new("/proc"));
-    let t0 = now();
-    c.tick(t0, 0, &tree.targets);
-    let mut times = Vec::new();
-    for n in 2..=21u64 {
-        // counters move between ticks (not timed)
-        for t in &tree.targets {
-            let cg = t.cgroup.as_str();
-            std::fs::write(
-                tree.root.join("cpuacct").join(cg).join("cpuacct.usage"),
-                format!("{}\n", n * 300_000_000),
-            )
-            .unwrap();
+    // 1. collection cost, at the agent's pace (one tick a second: cold caches),
+    //    with every counter of every cgroup moving (worst case) and with a
+    //    realistic mix (CPU usage always; CFS throttling on the quarter with a
+    //    quota; I/O on a fifth)
+    let tree = build_tree(&cg_root, 1);
+    for (label, mix) in [
+        ("every counter moving", Mix::All),
+        ("realistic mix", Mix::Realistic),
+    ] {
+        let host = Host::detect(&tree.root).unwrap();
+        let mut c = Collector::new(host, Path::new("/proc"));
+        let t0 = now();
+        let mut times = Vec::new();
+        for n in 1..=(2 * SLOW + 2) {
+            move_counters(&tree, n, mix);
+            std::thread::sleep(Duration::from_millis(if n > 2 { 1000 } else { 0 }));
+            let s = Instant::now();
+            let tick = c.tick(t0 + n as u32, n * 1_000_000_000, &tree.targets);
+            if n > 2 {
+                times.push(s.elapsed());
+            }
+            assert_eq!(
+                tick.readings.len(),
+                tree.targets.len(),
+                "skipped {}",
+                tick.skipped
+            );
         }
-        let s = Instant::now();
-        let tick = c.tick(t0 + n as u32, n * 1_000_000_000, &tree.targets);
-        times.push(s.elapsed());
-        assert_eq!(
-            tick.readings.len(),
+        times.sort();
+        let med = times[times.len() / 2];
+        println!(
+            "collection ({label}): {} cgroups, median {:.2} ms per tick = {:.1} us per cgroup (max {:.2} ms); at 1 s interval {:.2}% of a core",
             tree.targets.len(),
-            "skipped {}",
-            tick.skipped
+            med.as_secs_f64() * 1e3,
+            med.as_secs_f64() * 1e6 / tree.targets.len() as f64,
+            times[times.len() - 1].as_secs_f64() * 1e3,
+            med.as_secs_f64() * 100.0
         );
     }
-    times.sort();
-    let med = times[times.len() / 2];
-    println!(
-        "collection: {} cgroups per tick, median {:.2} ms per tick = {:.1} us per cgroup (p90 tick {:.2} ms); at 1 s interval {:.2}% of a core",
-        tree.targets.len(),
-        med.as_secs_f64() * 1e3,
-        med.as_secs_f64() * 1e6 / tree.targets.len() as f64,
-        times[times.len() * 9 / 10].as_secs_f64() * 1e3,
-        med.as_secs_f64() * 100.0
-    );
+
+    if args.iter().any(|a| a == "--collect-only") {
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
 
     // 2. the cache at full retention
     let rss0 = rss_kib();
@@ -310,7 +347,7 @@ fn main() {
     ];
     let mut by_window: HashMap<u32, Vec<Duration>> = HashMap::new();
     let mut all = Vec::new();
-    for i in 0..6000usize {
+    for i in 0..if secs > 0 { 6000usize } else { 0 } {
         let (e, _) = &gens[(rng.next() as usize) % gens.len()];
         let w = windows[i % windows.len()];
         let a = aggs[(rng.next() as usize) % aggs.len()];
@@ -415,21 +452,14 @@ fn main() {
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mover = {
         let stop = stop.clone();
-        let root = tree.root.clone();
-        let cgs: Vec<String> = tree
-            .targets
-            .iter()
-            .map(|t| t.cgroup.as_str().to_string())
-            .collect();
+        let tree = Tree {
+            root: tree.root.clone(),
+            targets: tree.targets.clone(),
+        };
         std::thread::spawn(move || {
             let mut n = 100u64;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                for cg in &cgs {
-                    let _ = std::fs::write(
-                        root.join("cpuacct").join(cg).join("cpuacct.usage"),
-                        format!("{}\n", n * 250_000_000),
-                    );
-                }
+                move_counters(&tree, n, Mix::Realistic);
                 n += 1;
                 std::thread::sleep(Duration::from_millis(1000));
             }
@@ -444,9 +474,37 @@ fn main() {
             + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
     };
     let hz = 100.0; // USER_HZ
-    let (c0, w0) = (cpu_ticks(pid), Instant::now());
+    let threads = |pid: i32| -> HashMap<String, u64> {
+        let mut m = HashMap::new();
+        for e in std::fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let s = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+            let name = s
+                .split_once('(')
+                .and_then(|x| x.1.rsplit_once(')'))
+                .map(|x| x.0.to_string())
+                .unwrap_or_default();
+            let after = s.rsplit_once(')').map(|x| x.1).unwrap_or("");
+            let f: Vec<&str> = after.split_whitespace().collect();
+            let t = f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+                + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            *m.entry(name).or_insert(0) += t;
+        }
+        m
+    };
+    let (c0, w0, th0) = (cpu_ticks(pid), Instant::now(), threads(pid));
     std::thread::sleep(Duration::from_secs(30));
-    let (c1, w1) = (cpu_ticks(pid), w0.elapsed());
+    let (c1, w1, th1) = (cpu_ticks(pid), w0.elapsed(), threads(pid));
+    for (name, t) in &th1 {
+        let d = t - th0.get(name).copied().unwrap_or(0);
+        println!(
+            "  agent thread {name:<16} {:.2}% of a core",
+            d as f64 / hz / w1.as_secs_f64() * 100.0
+        );
+    }
     let rss = qoslet_integration::process::rss_kib(pid);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = mover.join();
@@ -455,7 +513,7 @@ fn main() {
     let log = std::fs::read_to_string(dir.join("qoslet.log")).unwrap_or_default();
     let loaded = !log.contains("snapshot ignored");
     println!(
-        "agent: qoslet proxy with {} pods / {} containers in its store, {hours} h cache loaded from a {snap_mib:.1} MiB snapshot ({}), collecting every 1 s: RSS {:.1} MiB (target 64), CPU {:.2}% of a core over {:.0} s (target < 2%)",
+        "agent: qoslet proxy with {} pods / {} containers in its store, {hours} h cache loaded from a {snap_mib:.1} MiB snapshot ({}), collecting every 1 s (realistic mix): RSS {:.1} MiB (target 64), CPU {:.2}% of a core over {:.0} s (target < 2%)",
         PODS,
         PODS * PER_POD,
         if loaded { "loaded" } else { "NOT loaded" },
@@ -463,6 +521,5 @@ fn main() {
         (c1 - c0) as f64 / hz / w1.as_secs_f64() * 100.0,
         w1.as_secs_f64()
     );
-    tree.targets.clear();
     let _ = std::fs::remove_dir_all(&dir);
 }
