@@ -127,13 +127,23 @@ fn io_totals(io: &BTreeMap<String, Io>) -> Option<[u64; 4]> {
 /// open/stat/read/read/close).
 #[derive(Debug)]
 struct CFile {
-    path: PathBuf,
+    /// The cgroup's directory (shared by its files) and the file's name.
+    dir: Arc<Path>,
+    name: &'static str,
     fd: Option<std::fs::File>,
 }
 
 impl CFile {
-    fn new(path: PathBuf) -> Self {
-        Self { path, fd: None }
+    fn new(dir: &Arc<Path>, name: &'static str) -> Self {
+        Self {
+            dir: dir.clone(),
+            name,
+            fd: None,
+        }
+    }
+
+    fn path(&self) -> PathBuf {
+        self.dir.join(self.name)
     }
 }
 
@@ -264,13 +274,15 @@ fn read_file(
         buf.resize(READ_CHUNK, 0);
     }
     let once;
-    let fd = match &f.fd {
-        Some(fd) => fd,
-        None => {
-            let fd = std::fs::File::open(&f.path).map_err(|e| io_err(&f.path, e))?;
+    let (dir, name) = (&f.dir, f.name);
+    let err = |e| io_err(&dir.join(name), e);
+    let fd = match &mut f.fd {
+        Some(fd) => &*fd,
+        slot => {
+            let fd = std::fs::File::open(dir.join(name)).map_err(err)?;
             if *open < budget {
                 *open += 1;
-                f.fd.insert(fd)
+                &*slot.insert(fd)
             } else {
                 once = fd;
                 &once
@@ -279,9 +291,7 @@ fn read_file(
     };
     let mut len = 0;
     loop {
-        let n = fd
-            .read_at(&mut buf[len..], len as u64)
-            .map_err(|e| io_err(&f.path, e))?;
+        let n = fd.read_at(&mut buf[len..], len as u64).map_err(err)?;
         len += n;
         if n == 0 || len < buf.len() {
             return Ok(len);
@@ -408,21 +418,20 @@ impl Collector {
             })?;
             Ok(t.cgroup.under(root)?)
         };
-        let cpu = h("cpu")?;
+        let cpu: Arc<Path> = h("cpu")?.into();
         if !cpu.is_dir() {
             return Err(ReadError::Vanished);
         }
-        let memory = h("memory")?;
-        let some = |p: PathBuf| p.exists().then(|| CFile::new(p));
+        let some = |d: &Arc<Path>, f: &'static str| d.join(f).exists().then(|| CFile::new(d, f));
         Ok(if self.host.is_v2() {
             Files {
-                cpu_stat: CFile::new(cpu.join("cpu.stat")),
+                cpu_stat: CFile::new(&cpu, "cpu.stat"),
                 cpu_usage: None,
-                mem_usage: CFile::new(cpu.join("memory.current")),
-                mem_stat: CFile::new(cpu.join("memory.stat")),
-                events: some(cpu.join("memory.events")),
-                io: some(cpu.join("io.stat")).into_iter().collect(),
-                psi: ["cpu.pressure", "memory.pressure", "io.pressure"].map(|f| some(cpu.join(f))),
+                mem_usage: CFile::new(&cpu, "memory.current"),
+                mem_stat: CFile::new(&cpu, "memory.stat"),
+                events: some(&cpu, "memory.events"),
+                io: some(&cpu, "io.stat").into_iter().collect(),
+                psi: ["cpu.pressure", "memory.pressure", "io.pressure"].map(|f| some(&cpu, f)),
                 reads: 0,
                 oom_kills: None,
                 cpu_last: None,
@@ -433,23 +442,30 @@ impl Collector {
                 seen: 0,
             }
         } else {
-            let cpuacct = h("cpuacct").unwrap_or_else(|_| cpu.clone());
+            let memory: Arc<Path> = h("memory")?.into();
+            let cpuacct: Arc<Path> = match h("cpuacct") {
+                Ok(d) if *d != *cpu => d.into(),
+                _ => cpu.clone(),
+            };
             let io = match h("blkio") {
-                Ok(b) => match (
-                    some(b.join("blkio.throttle.io_service_bytes_recursive")),
-                    some(b.join("blkio.throttle.io_serviced_recursive")),
-                ) {
-                    (Some(x), Some(y)) => vec![x, y],
-                    _ => Vec::new(),
-                },
+                Ok(b) => {
+                    let b: Arc<Path> = b.into();
+                    match (
+                        some(&b, "blkio.throttle.io_service_bytes_recursive"),
+                        some(&b, "blkio.throttle.io_serviced_recursive"),
+                    ) {
+                        (Some(x), Some(y)) => vec![x, y],
+                        _ => Vec::new(),
+                    }
+                }
                 Err(_) => Vec::new(),
             };
             Files {
-                cpu_stat: CFile::new(cpu.join("cpu.stat")),
-                cpu_usage: Some(CFile::new(cpuacct.join("cpuacct.usage"))),
-                mem_usage: CFile::new(memory.join("memory.usage_in_bytes")),
-                mem_stat: CFile::new(memory.join("memory.stat")),
-                events: some(memory.join("memory.oom_control")),
+                cpu_stat: CFile::new(&cpu, "cpu.stat"),
+                cpu_usage: Some(CFile::new(&cpuacct, "cpuacct.usage")),
+                mem_usage: CFile::new(&memory, "memory.usage_in_bytes"),
+                mem_stat: CFile::new(&memory, "memory.stat"),
+                events: some(&memory, "memory.oom_control"),
                 io,
                 psi: [None, None, None],
                 reads: 0,
@@ -484,7 +500,7 @@ impl Collector {
         f.reads += 1;
         // a removed cgroup: the kernel answers ENODEV on kept handles; a
         // directory check now and then also covers plain file trees
-        if slow && f.cpu_stat.fd.is_some() && !f.cpu_stat.path.parent().is_some_and(Path::exists) {
+        if slow && f.cpu_stat.fd.is_some() && !f.cpu_stat.dir.exists() {
             return Err(ReadError::Vanished);
         }
         let perr = |path: &Path| {
@@ -496,7 +512,7 @@ impl Collector {
         // v2's cpu.stat carries the usage: read every tick
         if v2 || !f.cpu_idle || slow || f.cpu_last.is_none() {
             let n = read_file(&mut f.cpu_stat, buf, budget, open)?;
-            let c = parse::cpu_stat(text(&buf[..n]), v2).map_err(perr(&f.cpu_stat.path))?;
+            let c = parse::cpu_stat(text(&buf[..n]), v2).map_err(perr(&f.cpu_stat.path()))?;
             let (was_idle, same) = (f.cpu_idle, f.cpu_last == Some(c));
             rebase.cpu_stat = was_idle && !same;
             f.cpu_idle = !v2 && same;
@@ -506,7 +522,7 @@ impl Collector {
         match &mut f.cpu_usage {
             Some(u) => {
                 let n = read_file(u, buf, budget, open)?;
-                raw.cpu_ns = parse::single(text(&buf[..n])).map_err(perr(&u.path))?;
+                raw.cpu_ns = parse::single(text(&buf[..n])).map_err(perr(&u.path()))?;
             }
             None => raw.cpu_ns = raw.cpu.usage_ns.unwrap_or(0),
         }
@@ -514,7 +530,7 @@ impl Collector {
         let n2 = read_file(&mut f.mem_stat, buf2, budget, open)?;
         raw.memory = Some(
             parse::memory(text(&buf[..n]), text(&buf2[..n2]), v2)
-                .map_err(perr(&f.mem_stat.path))?,
+                .map_err(perr(&f.mem_stat.path()))?,
         );
         if let (Some(e), true) = (&mut f.events, slow) {
             if let Ok(n) = read_file(e, buf, budget, open) {

@@ -360,6 +360,9 @@ fn main() {
         all.push(d);
     }
     let pct = |v: &mut Vec<Duration>, p: f64| {
+        if v.is_empty() {
+            return 0.0;
+        }
         v.sort();
         v[((v.len() - 1) as f64 * p) as usize].as_secs_f64() * 1e6
     };
