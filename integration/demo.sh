@@ -23,7 +23,8 @@ QSOCK=$D/qoslet.sock; ASOCK=$D/admin.sock
 pkill -f "qoslet proxy --listen unix://$QSOCK" 2>/dev/null || true; sleep 0.2
 say "starting qoslet in front of containerd (kubelet would use --container-runtime-endpoint=unix://$QSOCK)"
 "$Q" proxy --listen "unix://$QSOCK" --admin-listen "unix://$ASOCK" \
-  --runtime-endpoint "unix://$WORK/main/containerd.sock" --state-dir "$D/state" 2>"$D/qoslet.log" &
+  --runtime-endpoint "unix://$WORK/main/containerd.sock" --state-dir "$D/state" \
+  --metrics-listen 127.0.0.1:19316 2>"$D/qoslet.log" &
 QPID=$!
 for _ in $(seq 1 100); do [ -S "$ASOCK" ] && break; sleep 0.05; done
 GRPCURL=$WORK/bin/grpcurl
@@ -60,6 +61,11 @@ say "what qoslet knows: qoslet pods (its store, checkpointed to $D/state)"
 "$Q" pods --admin "unix://$ASOCK" -n default | sed 's/^/  /'
 say "qoslet status"
 "$Q" status --admin "unix://$ASOCK" | sed 's/^/  /'
+sleep 3 # a few collection ticks
+say "qoslet top --once (live view without --once): usage vs what kubelet asked, throttling, PSI"
+"$Q" top --once --admin "unix://$ASOCK" -n default | sed 's/^/  /'
+say "Prometheus endpoint http://127.0.0.1:19316/metrics (the demo's containers)"
+curl -s 127.0.0.1:19316/metrics | grep -E '^qoslet_container_(cpu_usage_cores|memory_working_set_bytes)\{namespace="default"' | sed 's/^/  /'
 
 if [ "${KEEP:-0}" = 1 ]; then
   say "KEEP=1: qoslet (pid $QPID) and both pods stay up; stop with: kill $QPID; $TB down"

@@ -141,7 +141,10 @@ pub fn pod(
                 Ok(spec) if !spec.is_empty() => {
                     let total = pod_total(&spec);
                     let r = total.resources();
-                    if let Some(s) = r.cpu_shares {
+                    // an idle (SCHED_IDLE) cgroup has no weight: the kernel refuses
+                    // shares writes on it, and its containers' shares still apply
+                    let idle = d.cgroup.contains(&Knob::CpuIdle(true));
+                    if let (Some(s), false) = (r.cpu_shares, idle) {
                         d.cgroup.push(Knob::CpuShares(s));
                         d.rules.push(rule(
                             "cpu.shares",
@@ -806,7 +809,6 @@ mod tests {
             d.cgroup,
             vec![
                 Knob::CpuIdle(true),
-                Knob::CpuShares(1024),
                 Knob::CpuQuota {
                     quota: Some(200_000),
                     period: 100_000
@@ -817,6 +819,22 @@ mod tests {
         assert!(d.rules.iter().any(|r| r.setting == "cpu.cfs_quota_us"
             && r.value == "200000"
             && r.because.contains("2000m")));
+        // without cpu.idle (bvt kernels, or cpuQOS off) the pod gets the summed shares
+        let bvt = Features {
+            bvt: true,
+            ..Default::default()
+        };
+        let d = pod_with(
+            QosClass::Be,
+            &[(ANNOTATION_EXTENDED_RESOURCE_SPEC, spec)],
+            0,
+            &bvt,
+            false,
+            &p,
+            &none,
+        );
+        assert!(d.cgroup.contains(&Knob::CpuShares(1024)), "{d:?}");
+        assert!(d.cgroup.contains(&Knob::GroupIdentity(-1)));
         // not BE, or no spec, or a malformed one: identity only (and a warning)
         let d = pod_with(
             QosClass::Ls,

@@ -33,7 +33,7 @@ alive() { [ -r "/proc/$1/stat" ] && [ "$(awk '{print $3}' "/proc/$1/stat")" != Z
 
 install() {
   local need=()
-  for p in containerd runc jq protobuf-compiler iproute2; do dpkg -s "$p" >/dev/null 2>&1 || need+=("$p"); done
+  for p in containerd runc jq protobuf-compiler iproute2 curl; do dpkg -s "$p" >/dev/null 2>&1 || need+=("$p"); done
   if [ ${#need[@]} -gt 0 ]; then
     log "apt-get install ${need[*]}"
     export DEBIAN_FRONTEND=noninteractive

@@ -276,6 +276,11 @@ async fn real_be_pod_with_batch_resources_gets_its_class_settings_and_keeps_them
     );
     let p = pod(&q.admin, &be_pod).await;
     assert_eq!(p.applied.get("class").map(String::as_str), Some("BE"));
+    assert!(
+        !p.applied.contains_key("error"),
+        "every pod-level setting applied: {:?}",
+        p.applied
+    );
     let c = p.containers.iter().find(|c| c.id == be_ctr).unwrap();
     assert_eq!(c.applied.get("class").map(String::as_str), Some("BE"));
     assert!(
