@@ -183,14 +183,22 @@ impl<const N: usize> Block<N> {
         }
     }
 
+    /// Calls `f` on each row of an open block.
+    fn each(&self, step: u32, f: &mut dyn FnMut(u32, [u32; N])) {
+        let mut last = (self.start, [0; N]);
+        decode_rows::<N>(&self.buf, self.start, step, &mut |ts, v| {
+            last = (ts, v);
+            f(ts, v)
+        });
+        for i in 1..=self.run {
+            f(last.0 + i * step, last.1);
+        }
+    }
+
     /// The rows of an open block.
     fn rows_vec(&self, step: u32) -> Vec<(u32, [u32; N])> {
         let mut out = Vec::with_capacity(self.rows as usize);
-        decode_rows::<N>(&self.buf, self.start, step, &mut |ts, v| out.push((ts, v)));
-        for _ in 0..self.run {
-            let (ts, v) = out.last().copied().unwrap_or((self.start, [0; N]));
-            out.push((ts + step, v));
-        }
+        self.each(step, &mut |ts, v| out.push((ts, v)));
         out
     }
 }
@@ -368,6 +376,8 @@ fn slope(points: impl Iterator<Item = (f64, f64, f64)>) -> Option<f64> {
 struct Series {
     last: f64,
     last_ts: u32,
+    /// The code of `last` (an unchanged value is not encoded again).
+    last_code: u32,
     /// The last sealed raw block's buffer, kept for the next minute.
     spare: Vec<u8>,
     raw: Vec<u8>,
@@ -381,6 +391,7 @@ impl Series {
         Self {
             last: f64::NAN,
             last_ts: 0,
+            last_code: 0,
             spare: Vec::new(),
             raw: Vec::new(),
             raw_open: None,
@@ -393,8 +404,14 @@ impl Series {
         if self.last_ts != 0 && ts <= self.last_ts {
             return; // out of order: ignored
         }
+        let code = if v == self.last {
+            self.last_code
+        } else {
+            encode(v, unit)
+        };
         self.last = v;
         self.last_ts = ts;
+        self.last_code = code;
         if self
             .raw_open
             .as_ref()
@@ -406,7 +423,7 @@ impl Series {
             self.raw_open = Some(Block::with_buf(ts, std::mem::take(&mut self.spare)));
         }
         if let Some(b) = self.raw_open.as_mut() {
-            b.push(ts, [encode(v, unit)], interval);
+            b.push(ts, [code], interval);
         }
     }
 
@@ -415,11 +432,16 @@ impl Series {
         let Some(block) = self.raw_open.take() else {
             return;
         };
-        let mut vals: Vec<f64> = block
-            .rows_vec(1)
-            .into_iter()
-            .map(|(_, [c])| decode(c, unit))
-            .collect();
+        // a minute holds at most 60 samples (timestamps are whole, increasing seconds)
+        let mut buf = [0f64; 64];
+        let mut n = 0usize;
+        block.each(1, &mut |_, [c]| {
+            if n < buf.len() {
+                buf[n] = decode(c, unit);
+                n += 1;
+            }
+        });
+        let vals = &mut buf[..n];
         let minute = block.start / 60 * 60;
         self.spare = block.seal_into(&mut self.raw);
         if !vals.is_empty() {
@@ -429,9 +451,9 @@ impl Series {
                 vals[0],
                 vals[vals.len() - 1],
                 avg,
-                quantile_sorted(&vals, 0.5),
-                quantile_sorted(&vals, 0.9),
-                quantile_sorted(&vals, 0.99),
+                quantile_sorted(vals, 0.5),
+                quantile_sorted(vals, 0.9),
+                quantile_sorted(vals, 0.99),
             ]
             .map(|v| encode_at(v, unit, ROLLUP_LINEAR));
             if self
@@ -871,6 +893,7 @@ impl Tsdb {
                     m,
                     Series {
                         last,
+                        last_code: encode(last, m.unit()),
                         spare: Vec::new(),
                         last_ts: r.u32()?,
                         raw: r.bytes()?,
