@@ -1,0 +1,16 @@
+//! The QoS engine: every tick, plugins turn (state, metrics, policy) into
+//! desired cgroup writes; the writes are merged into one [`plan::Plan`]
+//! (where two plugins set the same file, the strictest value wins, protecting
+//! LS pods) and handed to the cgroups executor.
+//!
+//! * [`policy`]: `resourceUsedThresholdWithBE`, with NodeSLO's names and defaults.
+//! * [`plan`]: desired writes with the rule behind each, and their merge.
+//! * [`suppress`]: CPU suppress, the BE allowance and its `cfsQuota` policy.
+//!
+//! Plugins are pure functions, table-tested without a filesystem.
+
+#![forbid(unsafe_code)]
+
+pub mod plan;
+pub mod policy;
+pub mod suppress;

@@ -1,0 +1,241 @@
+//! A plan: the cgroup writes the plugins want this tick, each with the plugin
+//! and the rule behind it, merged so that one file gets one value.
+//!
+//! Merging (two plugins set the same setting of the same cgroup): the
+//! strictest value wins, protecting LS pods. For limits that is the lower
+//! one (CFS quota, memory limit/high, burst, shares, fewer CPUs, group
+//! identity, each I/O limit); SCHED_IDLE on beats off; for protections
+//! (memory.min/low) the higher one.
+
+use qoslet_cgroups::{CgroupPath, IoLimits, Knob};
+
+/// One desired write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Write {
+    pub cgroup: CgroupPath,
+    pub knob: Knob,
+    /// The plugin that wants it (`cpu-suppress`, ...).
+    pub plugin: &'static str,
+    /// Why, in words.
+    pub rule: String,
+}
+
+/// The writes of one tick, one per (cgroup, setting).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    writes: Vec<Write>,
+}
+
+/// What identifies "the same file": the cgroup, the knob kind, and the device for I/O limits.
+fn key(w: &Write) -> (&str, &'static str, Option<qoslet_cgroups::Device>) {
+    let dev = match &w.knob {
+        Knob::IoLimit { device, .. } => Some(*device),
+        _ => None,
+    };
+    (w.cgroup.as_str(), w.knob.name(), dev)
+}
+
+fn lim(v: Option<u64>) -> u64 {
+    v.unwrap_or(u64::MAX)
+}
+
+fn min_opt(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x.min(y)),
+        (x, None) => x,
+        (None, y) => y,
+    }
+}
+
+/// The stricter of two values of the same knob kind (for I/O limits: field by field).
+pub fn strictest(a: &Knob, b: &Knob) -> Knob {
+    use Knob::*;
+    let pick_a = match (a, b) {
+        (CpuShares(x), CpuShares(y)) => x <= y,
+        (
+            CpuQuota {
+                quota: qa,
+                period: pa,
+            },
+            CpuQuota {
+                quota: qb,
+                period: pb,
+            },
+        ) => {
+            // compare as cores: quota / period (unlimited is the loosest)
+            let ca = qa.map_or(f64::INFINITY, |q| q as f64 / (*pa).max(1) as f64);
+            let cb = qb.map_or(f64::INFINITY, |q| q as f64 / (*pb).max(1) as f64);
+            ca <= cb
+        }
+        (CpuIdle(x), CpuIdle(y)) => *x || !*y,
+        (GroupIdentity(x), GroupIdentity(y)) => x <= y,
+        (CpuBurst(x), CpuBurst(y)) => x <= y,
+        (MemoryLimit(x), MemoryLimit(y)) | (MemoryHigh(x), MemoryHigh(y)) => lim(*x) <= lim(*y),
+        (MemoryMin(x), MemoryMin(y)) | (MemoryLow(x), MemoryLow(y)) => x >= y,
+        (CpusetCpus(x), CpusetCpus(y)) => {
+            qoslet_cgroups::cgroup::cpu_count(x) <= qoslet_cgroups::cgroup::cpu_count(y)
+        }
+        (IoLimit { device, limits: la }, IoLimit { limits: lb, .. }) => {
+            return IoLimit {
+                device: *device,
+                limits: IoLimits {
+                    read_bps: min_opt(la.read_bps, lb.read_bps),
+                    write_bps: min_opt(la.write_bps, lb.write_bps),
+                    read_iops: min_opt(la.read_iops, lb.read_iops),
+                    write_iops: min_opt(la.write_iops, lb.write_iops),
+                },
+            }
+        }
+        // different kinds never meet (the key includes the kind)
+        _ => true,
+    };
+    if pick_a {
+        a.clone()
+    } else {
+        b.clone()
+    }
+}
+
+impl Plan {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a write; a second write of the same setting of the same cgroup
+    /// merges into the first (strictest value, both rules kept).
+    pub fn add(&mut self, w: Write) {
+        if let Some(cur) = self.writes.iter_mut().find(|c| key(c) == key(&w)) {
+            let merged = strictest(&cur.knob, &w.knob);
+            if merged == w.knob && merged != cur.knob {
+                cur.plugin = w.plugin;
+            }
+            cur.rule = format!("{}; {} ({})", cur.rule, w.rule, w.plugin);
+            cur.knob = merged;
+            return;
+        }
+        self.writes.push(w);
+    }
+
+    pub fn writes(&self) -> &[Write] {
+        &self.writes
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.writes.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(cg: &str, knob: Knob, plugin: &'static str) -> Write {
+        Write {
+            cgroup: CgroupPath::parse(cg).unwrap(),
+            knob,
+            plugin,
+            rule: format!("{plugin} says"),
+        }
+    }
+
+    fn quota(q: Option<u64>, period: u64) -> Knob {
+        Knob::CpuQuota { quota: q, period }
+    }
+
+    #[test]
+    fn the_strictest_value_wins() {
+        let cases = [
+            (
+                quota(Some(50_000), 100_000),
+                quota(None, 100_000),
+                quota(Some(50_000), 100_000),
+            ),
+            (
+                quota(Some(60_000), 100_000),
+                quota(Some(25_000), 50_000),
+                quota(Some(25_000), 50_000),
+            ),
+            (
+                Knob::CpuIdle(false),
+                Knob::CpuIdle(true),
+                Knob::CpuIdle(true),
+            ),
+            (
+                Knob::GroupIdentity(2),
+                Knob::GroupIdentity(-1),
+                Knob::GroupIdentity(-1),
+            ),
+            (
+                Knob::MemoryHigh(None),
+                Knob::MemoryHigh(Some(1 << 30)),
+                Knob::MemoryHigh(Some(1 << 30)),
+            ),
+            (
+                Knob::MemoryMin(1 << 20),
+                Knob::MemoryMin(2 << 20),
+                Knob::MemoryMin(2 << 20),
+            ),
+            (
+                Knob::CpusetCpus("0-7".into()),
+                Knob::CpusetCpus("2,3".into()),
+                Knob::CpusetCpus("2,3".into()),
+            ),
+            (
+                Knob::CpuShares(1024),
+                Knob::CpuShares(2),
+                Knob::CpuShares(2),
+            ),
+        ];
+        for (a, b, want) in cases {
+            assert_eq!(strictest(&a, &b), want, "{a:?} vs {b:?}");
+            assert_eq!(
+                strictest(&b, &a),
+                want,
+                "{b:?} vs {a:?} (order does not matter)"
+            );
+        }
+        let dev = qoslet_cgroups::Device { major: 8, minor: 0 };
+        let io = |r, wr| Knob::IoLimit {
+            device: dev,
+            limits: IoLimits {
+                read_bps: r,
+                write_bps: wr,
+                ..Default::default()
+            },
+        };
+        assert_eq!(
+            strictest(&io(Some(10), None), &io(Some(20), Some(5))),
+            io(Some(10), Some(5))
+        );
+    }
+
+    #[test]
+    fn one_write_per_setting_per_cgroup() {
+        let mut p = Plan::new();
+        p.add(w(
+            "/kubepods/besteffort",
+            quota(Some(400_000), 100_000),
+            "cpu-suppress",
+        ));
+        p.add(w(
+            "/kubepods/besteffort",
+            quota(Some(200_000), 100_000),
+            "cpu-evict",
+        ));
+        p.add(w(
+            "/kubepods/besteffort",
+            Knob::CpuIdle(true),
+            "group-identity",
+        ));
+        p.add(w(
+            "/kubepods/burstable",
+            quota(Some(100_000), 100_000),
+            "cpu-burst",
+        ));
+        assert_eq!(p.writes().len(), 3);
+        let be = &p.writes()[0];
+        assert_eq!(be.knob, quota(Some(200_000), 100_000));
+        assert_eq!(be.plugin, "cpu-evict", "the plugin whose value won");
+        assert!(be.rule.contains("cpu-suppress says") && be.rule.contains("cpu-evict says"));
+    }
+}

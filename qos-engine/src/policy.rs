@@ -1,0 +1,132 @@
+//! `resourceUsedThresholdWithBE`, with Koordinator's NodeSLO field names and
+//! defaults; every field optional in the config.
+
+use serde::Deserialize;
+
+/// How BE CPU is suppressed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum CpuSuppressPolicy {
+    /// The BE pods get a shrinking/growing set of cores.
+    #[serde(rename = "cpuset")]
+    Cpuset,
+    /// The besteffort parent cgroup gets a CFS quota.
+    #[serde(rename = "cfsQuota")]
+    CfsQuota,
+}
+
+/// `resourceUsedThresholdWithBE`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ResourceThresholdStrategy {
+    pub enable: bool,
+    /// Share of the node's CPUs LS and BE may use together before BE is suppressed.
+    pub cpu_suppress_threshold_percent: i64,
+    pub cpu_suppress_policy: CpuSuppressPolicy,
+    pub memory_evict_threshold_percent: i64,
+    /// Default: the threshold minus 2.
+    pub memory_evict_lower_percent: Option<i64>,
+    pub cpu_evict_be_satisfaction_lower_percent: Option<i64>,
+    pub cpu_evict_be_satisfaction_upper_percent: Option<i64>,
+    pub cpu_evict_be_usage_threshold_percent: i64,
+    pub cpu_evict_time_window_seconds: Option<i64>,
+}
+
+impl Default for ResourceThresholdStrategy {
+    fn default() -> Self {
+        Self {
+            enable: true,
+            cpu_suppress_threshold_percent: 65,
+            cpu_suppress_policy: CpuSuppressPolicy::Cpuset,
+            memory_evict_threshold_percent: 70,
+            memory_evict_lower_percent: None,
+            cpu_evict_be_satisfaction_lower_percent: None,
+            cpu_evict_be_satisfaction_upper_percent: None,
+            cpu_evict_be_usage_threshold_percent: 90,
+            cpu_evict_time_window_seconds: None,
+        }
+    }
+}
+
+impl ResourceThresholdStrategy {
+    /// The memory eviction lower bound (threshold - 2 unless set).
+    pub fn memory_evict_lower(&self) -> i64 {
+        self.memory_evict_lower_percent
+            .unwrap_or(self.memory_evict_threshold_percent - 2)
+    }
+
+    /// Checks ranges; the error names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        let pct = |name: &str, v: i64| {
+            if (0..=100).contains(&v) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "resourceUsedThresholdWithBE.{name}: {v} is not a percentage (0-100)"
+                ))
+            }
+        };
+        pct(
+            "cpuSuppressThresholdPercent",
+            self.cpu_suppress_threshold_percent,
+        )?;
+        pct(
+            "memoryEvictThresholdPercent",
+            self.memory_evict_threshold_percent,
+        )?;
+        pct("memoryEvictLowerPercent", self.memory_evict_lower())?;
+        pct(
+            "cpuEvictBEUsageThresholdPercent",
+            self.cpu_evict_be_usage_threshold_percent,
+        )?;
+        if self.memory_evict_lower() > self.memory_evict_threshold_percent {
+            return Err(format!(
+                "resourceUsedThresholdWithBE.memoryEvictLowerPercent: {} is above memoryEvictThresholdPercent {}",
+                self.memory_evict_lower(),
+                self.memory_evict_threshold_percent
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_slo_names_and_defaults() {
+        let d = ResourceThresholdStrategy::default();
+        assert_eq!(d.cpu_suppress_threshold_percent, 65);
+        assert_eq!(d.cpu_suppress_policy, CpuSuppressPolicy::Cpuset);
+        assert_eq!(d.memory_evict_lower(), 68);
+        d.validate().unwrap();
+        let s: ResourceThresholdStrategy = serde_json::from_str(
+            r#"{"cpuSuppressThresholdPercent":40,"cpuSuppressPolicy":"cfsQuota","memoryEvictThresholdPercent":80}"#,
+        )
+        .unwrap();
+        assert_eq!(s.cpu_suppress_policy, CpuSuppressPolicy::CfsQuota);
+        assert_eq!(s.memory_evict_lower(), 78);
+        assert!(s.enable, "unset fields keep their defaults");
+        for (bad, field) in [
+            (
+                r#"{"cpuSuppressThresholdPercent":140}"#,
+                "cpuSuppressThresholdPercent",
+            ),
+            (
+                r#"{"memoryEvictThresholdPercent":50,"memoryEvictLowerPercent":60}"#,
+                "memoryEvictLowerPercent",
+            ),
+        ] {
+            let s: ResourceThresholdStrategy = serde_json::from_str(bad).unwrap();
+            assert!(s.validate().unwrap_err().contains(field), "{bad}");
+        }
+        assert!(serde_json::from_str::<ResourceThresholdStrategy>(
+            r#"{"cpuSuppressPolicy":"quota"}"#
+        )
+        .is_err());
+        assert!(serde_json::from_str::<ResourceThresholdStrategy>(
+            r#"{"cpuSupressThresholdPercent":1}"#
+        )
+        .is_err());
+    }
+}
