@@ -4,7 +4,7 @@
 //! and, per minute, a rollup row (min, max, avg and a quantile sketch: p50,
 //! p90, p99) for [`ROLLUP_SECS`] (24 hours). Both are stored as blocks of
 //! delta-coded rows (see [`crate::codec`]): raw samples in one block per
-//! minute, rollup rows in one block per hour, so expiring old data drops
+//! minute, rollup rows in one block per 3 hours, so expiring old data drops
 //! whole blocks from the front.
 //!
 //! Queries ([`Agg`]) over a window up to 10 minutes read the raw samples and
@@ -23,6 +23,10 @@ use crate::metric::Metric;
 pub const RAW_SECS: u32 = 600;
 /// Per-minute rollups are kept this long (seconds).
 pub const ROLLUP_SECS: u32 = 86_400;
+/// Rollup rows are stored in blocks of this span: a block costs a header and
+/// an absolute first row (about 19 bytes), and expires whole, so a series
+/// holds up to 24 h plus one block. Three hours balances the two.
+const ROLLUP_BLOCK_SECS: u32 = 3 * 3600;
 
 /// Quantile positions of a rollup row's sketch.
 const SKETCH: [f64; 5] = [0.0, 0.5, 0.9, 0.99, 1.0];
@@ -459,7 +463,7 @@ impl Series {
             if self
                 .roll_open
                 .as_ref()
-                .is_some_and(|b| b.start / 3600 != minute / 3600)
+                .is_some_and(|b| b.start / ROLLUP_BLOCK_SECS != minute / ROLLUP_BLOCK_SECS)
             {
                 if let Some(b) = self.roll_open.take() {
                     let buf = b.seal_into(&mut self.roll);

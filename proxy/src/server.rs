@@ -398,6 +398,21 @@ async fn resync(
             _ = tokio::time::sleep(wait) => {}
             _ = stopped(&mut shutdown) => return,
         }
+        // while the runtime is down, do not copy the store every retry
+        if !synced {
+            let probe = tokio::time::timeout(
+                Duration::from_secs(2),
+                backend
+                    .runtime()
+                    .version(qoslet_proto::cri::VersionRequest {
+                        version: String::new(),
+                    }),
+            )
+            .await;
+            if !matches!(probe, Ok(Ok(_))) {
+                continue;
+            }
+        }
         let before = store.snapshot();
         match tokio::time::timeout(
             Duration::from_secs(10),
