@@ -6,11 +6,13 @@
 //! * [`policy`]: `resourceUsedThresholdWithBE`, with NodeSLO's names and defaults.
 //! * [`plan`]: desired writes with the rule behind each, and their merge.
 //! * [`suppress`]: CPU suppress, the BE allowance and its `cfsQuota` policy.
+//! * [`burst`]: CPU burst and quota scaling for LS pods (`cpuBurstStrategy`).
 //!
 //! Plugins are pure functions, table-tested without a filesystem.
 
 #![forbid(unsafe_code)]
 
+pub mod burst;
 pub mod plan;
 pub mod policy;
 pub mod suppress;
