@@ -6,6 +6,7 @@
 //! * [`policy`]: `resourceUsedThresholdWithBE`, with NodeSLO's names and defaults.
 //! * [`plan`]: desired writes with the rule behind each, and their merge.
 //! * [`suppress`]: CPU suppress, the BE allowance and its `cfsQuota` policy.
+//! * [`cpuset`]: the `cpuset` suppress policy (BE cores sized to the allowance).
 //! * [`burst`]: CPU burst and quota scaling for LS pods (`cpuBurstStrategy`).
 //!
 //! Plugins are pure functions, table-tested without a filesystem.
@@ -13,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 pub mod burst;
+pub mod cpuset;
 pub mod plan;
 pub mod policy;
 pub mod suppress;
