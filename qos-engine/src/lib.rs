@@ -7,6 +7,7 @@
 //! * [`plan`]: desired writes with the rule behind each, and their merge.
 //! * [`suppress`]: CPU suppress, the BE allowance and its `cfsQuota` policy.
 //! * [`cpuset`]: the `cpuset` suppress policy (BE cores sized to the allowance).
+//! * [`engine`]: one tick (state in, merged plan out) and the executor.
 //! * [`burst`]: CPU burst and quota scaling for LS pods (`cpuBurstStrategy`).
 //!
 //! Plugins are pure functions, table-tested without a filesystem.
@@ -15,6 +16,7 @@
 
 pub mod burst;
 pub mod cpuset;
+pub mod engine;
 pub mod plan;
 pub mod policy;
 pub mod suppress;
