@@ -14,6 +14,7 @@ use bytes::Bytes;
 use http_body_util::Full;
 use qoslet_cgroups::{CgroupPath, Host};
 use qoslet_metrics::collect::{Collector, Kind, Target, Tick};
+use qoslet_metrics::metric::sample as get;
 use qoslet_metrics::{Agg, Metric, Tsdb};
 use qoslet_proto::admin;
 use qoslet_proxy::store::{ContainerState, PodState, Store};
@@ -386,10 +387,6 @@ fn respond<B>(m: &Metrics, req: &hyper::Request<B>) -> hyper::Response<Full<Byte
 const AGGS: [&str; 9] = [
     "last", "avg", "min", "max", "p50", "p90", "p95", "p99", "trend",
 ];
-
-fn get(s: &[(Metric, f64)], m: Metric) -> Option<f64> {
-    s.iter().find(|(x, _)| *x == m).map(|(_, v)| *v)
-}
 
 impl qoslet_proxy::MetricsView for Metrics {
     fn query(

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use qoslet_cgroups::{CgroupError, CgroupPath, Host};
 
 use crate::fasthash::FastMap;
-use crate::metric::Metric;
+use crate::metric::{sample as get, Metric};
 use crate::parse::{self, CpuStat, Io, Memory, Psi};
 
 /// What a series belongs to.
@@ -190,6 +190,35 @@ struct Rebase {
 const SLOW_EVERY: u64 = 10;
 
 impl Files {
+    /// A cgroup's files (`mem`: the usage file and memory.stat), nothing read yet.
+    fn new(
+        cpu_stat: CFile,
+        cpu_usage: Option<CFile>,
+        mem: [CFile; 2],
+        events: Option<CFile>,
+        io: Vec<CFile>,
+        psi: [Option<CFile>; 3],
+    ) -> Self {
+        let [mem_usage, mem_stat] = mem;
+        Self {
+            cpu_stat,
+            cpu_usage,
+            mem_usage,
+            mem_stat,
+            events,
+            io,
+            psi,
+            reads: 0,
+            oom_kills: None,
+            cpu_last: None,
+            cpu_idle: false,
+            io_last: None,
+            io_idle: false,
+            prev: None,
+            seen: 0,
+        }
+    }
+
     fn open_fds(&self) -> usize {
         let mut all: Vec<&CFile> = vec![&self.cpu_stat, &self.mem_usage, &self.mem_stat];
         all.extend(self.cpu_usage.iter());
@@ -424,23 +453,17 @@ impl Collector {
         }
         let some = |d: &Arc<Path>, f: &'static str| d.join(f).exists().then(|| CFile::new(d, f));
         Ok(if self.host.is_v2() {
-            Files {
-                cpu_stat: CFile::new(&cpu, "cpu.stat"),
-                cpu_usage: None,
-                mem_usage: CFile::new(&cpu, "memory.current"),
-                mem_stat: CFile::new(&cpu, "memory.stat"),
-                events: some(&cpu, "memory.events"),
-                io: some(&cpu, "io.stat").into_iter().collect(),
-                psi: ["cpu.pressure", "memory.pressure", "io.pressure"].map(|f| some(&cpu, f)),
-                reads: 0,
-                oom_kills: None,
-                cpu_last: None,
-                cpu_idle: false,
-                io_last: None,
-                io_idle: false,
-                prev: None,
-                seen: 0,
-            }
+            Files::new(
+                CFile::new(&cpu, "cpu.stat"),
+                None,
+                [
+                    CFile::new(&cpu, "memory.current"),
+                    CFile::new(&cpu, "memory.stat"),
+                ],
+                some(&cpu, "memory.events"),
+                some(&cpu, "io.stat").into_iter().collect(),
+                ["cpu.pressure", "memory.pressure", "io.pressure"].map(|f| some(&cpu, f)),
+            )
         } else {
             let memory: Arc<Path> = h("memory")?.into();
             let cpuacct: Arc<Path> = match h("cpuacct") {
@@ -460,23 +483,17 @@ impl Collector {
                 }
                 Err(_) => Vec::new(),
             };
-            Files {
-                cpu_stat: CFile::new(&cpu, "cpu.stat"),
-                cpu_usage: Some(CFile::new(&cpuacct, "cpuacct.usage")),
-                mem_usage: CFile::new(&memory, "memory.usage_in_bytes"),
-                mem_stat: CFile::new(&memory, "memory.stat"),
-                events: some(&memory, "memory.oom_control"),
+            Files::new(
+                CFile::new(&cpu, "cpu.stat"),
+                Some(CFile::new(&cpuacct, "cpuacct.usage")),
+                [
+                    CFile::new(&memory, "memory.usage_in_bytes"),
+                    CFile::new(&memory, "memory.stat"),
+                ],
+                some(&memory, "memory.oom_control"),
                 io,
-                psi: [None, None, None],
-                reads: 0,
-                oom_kills: None,
-                cpu_last: None,
-                cpu_idle: false,
-                io_last: None,
-                io_idle: false,
-                prev: None,
-                seen: 0,
-            }
+                [None, None, None],
+            )
         })
     }
 
@@ -719,10 +736,6 @@ fn psi_rates(
     }
 }
 
-fn get(s: &[(Metric, f64)], m: Metric) -> Option<f64> {
-    s.iter().find(|(x, _)| *x == m).map(|(_, v)| *v)
-}
-
 /// System (node minus pods) and BE aggregates from the pod readings.
 fn aggregate(t: &mut Tick) {
     let pods = t.readings.iter().filter(|r| r.target.kind == Kind::Pod);
@@ -851,10 +864,6 @@ mod tests {
             put(d, &format!("cg/{c}/cgroup.procs"), "");
         }
         Host::detect(&d.join("cg")).unwrap()
-    }
-
-    fn get(s: &[(Metric, f64)], m: Metric) -> Option<f64> {
-        super::get(s, m)
     }
 
     #[test]

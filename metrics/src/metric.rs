@@ -163,6 +163,11 @@ impl Metric {
     }
 }
 
+/// The value of `m` among one entity's samples of a tick.
+pub fn sample(samples: &[(Metric, f64)], m: Metric) -> Option<f64> {
+    samples.iter().find(|(x, _)| *x == m).map(|(_, v)| *v)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,7 +9,7 @@
 use std::fmt::Write;
 
 use crate::collect::{CgroupRaw, Kind, Reading, Tick};
-use crate::metric::Metric;
+use crate::metric::{sample as get, Metric};
 
 /// Escapes a label value (backslash, double quote, newline).
 fn esc(v: &str) -> String {
@@ -62,10 +62,6 @@ impl Out {
         }
         let _ = writeln!(self.text, " {}", num(v));
     }
-}
-
-fn get(s: &[(Metric, f64)], m: Metric) -> Option<f64> {
-    s.iter().find(|(x, _)| *x == m).map(|(_, v)| *v)
 }
 
 type RawFn = fn(&CgroupRaw) -> Option<f64>;
