@@ -188,24 +188,16 @@ pub fn pod(
         let l = sandbox_memory_limit as u64;
         memory_request = Some((l, Some(l)));
     }
-    if let Some((request, limit)) = memory_request {
-        let mut c = ContainerDecision::default();
-        memory(
-            class,
-            request,
-            limit,
-            &Context { v2: false, ..*ctx },
-            &mut c,
-        );
-        if !ctx.features.memory_qos && ctx.policy.of(class).memory_qos.enable {
-            d.warnings.push(
-                "memoryQOS is enabled but this kernel has no memory.min/low/high; pod level skipped"
-                    .into(),
-            );
+    // the pod's own cgroup is not the runtime's: qoslet writes it on v1 and v2 alike
+    if let Some((knobs, rules)) =
+        memory_request.and_then(|(req, lim)| memory_qos_settings(class, req, lim, ctx))
+    {
+        if ctx.features.memory_qos {
+            d.cgroup.extend(knobs);
+            d.rules.extend(rules);
         } else {
-            // the pod's own cgroup is not the runtime's: qoslet writes it on v1 and v2 alike
-            d.cgroup.extend(c.cgroup);
-            d.rules.extend(c.rules);
+            d.warnings
+                .push(format!("{NO_MEMORY_QOS}; pod level skipped"));
         }
     }
     blkio(class, ctx, &mut d);
@@ -318,37 +310,39 @@ pub fn container(
     d
 }
 
-/// Memory QoS (memory.min/low/high) for a container whose request is known.
-fn memory(
+/// Memory QoS (memory.min/low/high) of a cgroup whose memory request is
+/// known, as knobs with their rules; `None` when the class has it off.
+fn memory_qos_settings(
     class: QosClass,
     request: u64,
     limit: Option<u64>,
     ctx: &Context,
-    d: &mut ContainerDecision,
-) {
+) -> Option<(Vec<Knob>, Vec<Rule>)> {
     let q = &ctx.policy.of(class).memory_qos;
     if !q.enable {
-        return;
+        return None;
     }
     let (min, low, high) = memory_qos(q, request, limit, ctx.page_size);
     let why =
         |f: &str, p: i64| format!("{} memoryQOS.{f} {p}% of request {request}", class.as_str());
-    let mut set = vec![
-        (
+    let mut knobs = vec![Knob::MemoryMin(min), Knob::MemoryLow(low)];
+    let mut rules = vec![
+        rule(
             "memory.min",
-            min.to_string(),
+            min,
             why("minLimitPercent", q.min_limit_percent),
         ),
-        (
+        rule(
             "memory.low",
-            low.to_string(),
+            low,
             why("lowLimitPercent", q.low_limit_percent),
         ),
     ];
     if let Some(h) = high {
-        set.push((
+        knobs.push(Knob::MemoryHigh(high));
+        rules.push(rule(
             "memory.high",
-            h.to_string(),
+            h,
             format!(
                 "{} memoryQOS.throttlingPercent {}% between request and limit",
                 class.as_str(),
@@ -356,26 +350,36 @@ fn memory(
             ),
         ));
     }
+    Some((knobs, rules))
+}
+
+const NO_MEMORY_QOS: &str = "memoryQOS is enabled but this kernel has no memory.min/low/high";
+
+/// A container's memory QoS: through CRI's `unified` map on cgroup v2 (the
+/// runtime writes it at create), written after start on v1 kernels that have
+/// the files, a warning elsewhere.
+fn memory(
+    class: QosClass,
+    request: u64,
+    limit: Option<u64>,
+    ctx: &Context,
+    d: &mut ContainerDecision,
+) {
+    let Some((knobs, rules)) = memory_qos_settings(class, request, limit, ctx) else {
+        return;
+    };
     if ctx.v2 {
-        for (k, v, because) in set {
-            d.patch.unified.insert(k.into(), v.clone());
-            d.rules.push(rule(k, v, because));
+        for r in &rules {
+            d.patch.unified.insert(r.setting.clone(), r.value.clone());
         }
     } else if ctx.features.memory_qos {
-        d.cgroup.push(Knob::MemoryMin(min));
-        d.cgroup.push(Knob::MemoryLow(low));
-        if high.is_some() {
-            d.cgroup.push(Knob::MemoryHigh(high));
-        }
-        for (k, v, because) in set {
-            d.rules.push(rule(k, v, because));
-        }
+        d.cgroup.extend(knobs);
     } else {
-        d.warnings.push(
-            "memoryQOS is enabled but this kernel has no memory.min/low/high on cgroup v1; skipped"
-                .into(),
-        );
+        d.warnings
+            .push(format!("{NO_MEMORY_QOS} on cgroup v1; skipped"));
+        return;
     }
+    d.rules.extend(rules);
 }
 
 /// The `cpuset` of a resource-status annotation, validated (`0-3,8`).
