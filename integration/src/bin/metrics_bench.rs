@@ -40,12 +40,21 @@ impl Rng {
 }
 
 fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
+    qoslet_integration::process::rss_kib(std::process::id() as i32)
+}
+
+/// (command name, user + system CPU ticks) of a `/proc/.../stat` file.
+fn stat_ticks(path: &Path) -> (String, u64) {
+    let s = std::fs::read_to_string(path).unwrap_or_default();
+    let name = s
+        .split_once('(')
+        .and_then(|x| x.1.rsplit_once(')'))
+        .map(|x| x.0.to_string())
+        .unwrap_or_default();
+    let after = s.rsplit_once(')').map(|x| x.1).unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let t = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    (name, t(11) + t(12))
 }
 
 fn put(p: &Path, s: &str) {
@@ -469,13 +478,7 @@ fn main() {
         })
     };
     std::thread::sleep(Duration::from_secs(15));
-    let cpu_ticks = |pid: i32| -> u64 {
-        let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let after = s.rsplit_once(')').map(|x| x.1).unwrap_or("");
-        let f: Vec<&str> = after.split_whitespace().collect();
-        f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-            + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-    };
+    let cpu_ticks = |pid: i32| stat_ticks(Path::new(&format!("/proc/{pid}/stat"))).1;
     let hz = 100.0; // USER_HZ
     let threads = |pid: i32| -> HashMap<String, u64> {
         let mut m = HashMap::new();
@@ -484,16 +487,7 @@ fn main() {
             .flatten()
             .flatten()
         {
-            let s = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-            let name = s
-                .split_once('(')
-                .and_then(|x| x.1.rsplit_once(')'))
-                .map(|x| x.0.to_string())
-                .unwrap_or_default();
-            let after = s.rsplit_once(')').map(|x| x.1).unwrap_or("");
-            let f: Vec<&str> = after.split_whitespace().collect();
-            let t = f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-                + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            let (name, t) = stat_ticks(&e.path().join("stat"));
             *m.entry(name).or_insert(0) += t;
         }
         m
