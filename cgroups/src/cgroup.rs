@@ -296,15 +296,11 @@ impl Cgroups {
         crate::fs::read(&self.path_of(cg, &fw(controller, file, ""))?)
     }
 
-    /// Applies several writes of limits over a parent and its children in the
-    /// order the kernel accepts: for each knob kind, when the new value grows
+    /// The order in which the kernel accepts several writes of limits over a
+    /// parent and its children: for each knob kind, when the new value grows
     /// the limit, parents before children; when it shrinks, children first (a
-    /// child may not exceed its parent). Stops at the first error. Returns the
-    /// cgroups in the order they were written, with what each write did.
-    pub fn apply_ordered(
-        &self,
-        writes: &[(CgroupPath, Knob)],
-    ) -> Result<Vec<(CgroupPath, Outcome)>, CgroupError> {
+    /// child may not exceed its parent). Reads the current values it compares.
+    pub fn order(&self, writes: &[(CgroupPath, Knob)]) -> Vec<usize> {
         let mut idx: Vec<usize> = (0..writes.len()).collect();
         let depth = |cg: &CgroupPath| cg.as_str().split('/').filter(|s| !s.is_empty()).count();
         let grows = |i: usize| -> bool {
@@ -326,7 +322,18 @@ impl Cgroups {
             let d = depth(&writes[i].0) as i64;
             (writes[i].1.name(), if growing[i] { d } else { -d })
         });
-        idx.into_iter()
+        idx
+    }
+
+    /// Applies several writes in [`Cgroups::order`]. Stops at the first
+    /// error. Returns the cgroups in the order they were written, with what
+    /// each write did.
+    pub fn apply_ordered(
+        &self,
+        writes: &[(CgroupPath, Knob)],
+    ) -> Result<Vec<(CgroupPath, Outcome)>, CgroupError> {
+        self.order(writes)
+            .into_iter()
             .map(|i| {
                 self.apply(&writes[i].0, &writes[i].1)
                     .map(|o| (writes[i].0.clone(), o))

@@ -1,36 +1,67 @@
-//! One engine tick: the node's state in, a merged plan out; and the executor
-//! that applies a plan through the cgroups layer (idempotent writes: a
-//! steady state writes nothing).
+//! One engine tick: the node's state in, a merged plan out. The plugins run
+//! in a fixed order over the same plan:
+//!
+//! 1. reconcile: what the runtime hooks set on every pod and container (cpu
+//!    QoS, memory QoS, batch resources, CPU binding, block I/O), re-derived
+//!    from the current policy;
+//! 2. CPU suppress: the BE allowance as a CFS quota on the besteffort parent
+//!    or as a BE cpuset; the policy not in use is put back (unlimited quota,
+//!    all CPUs);
+//! 3. CPU burst: CFS burst and quota scaling for LS containers with limits.
+//!
+//! Where two plugins set the same file, the strictest value wins.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use qoslet_cgroups::{CgroupPath, Cgroups, Knob};
+use qoslet_cgroups::{CgroupPath, Cgroups, Device, Features, Knob};
+use qoslet_hooks::decide::Context;
+use qoslet_hooks::policy::ResourceQosStrategy;
+use qoslet_hooks::QosClass;
 
+use crate::burst::{self, BurstPolicy, CpuBurstStrategy, Pool};
+use crate::execute::{Executor, Report};
 use crate::plan::{Plan, Write};
 use crate::policy::{CpuSuppressPolicy, ResourceThresholdStrategy};
+use crate::reconcile::{self, Pod};
 use crate::suppress::{self, Level};
 
-/// A pod's usage as the engine sees it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PodUsage {
-    pub be: bool,
-    pub cpu_cores: f64,
+/// The whole policy, with NodeSLO's names.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Policy {
+    pub threshold: ResourceThresholdStrategy,
+    pub burst: CpuBurstStrategy,
+    pub qos: ResourceQosStrategy,
+}
+
+/// What the host offers (fixed while qoslet runs).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Env {
+    pub features: Features,
+    pub v2: bool,
+    /// The policy's block devices resolved on this host.
+    pub devices: BTreeMap<String, Device>,
+    pub page_size: u64,
 }
 
 /// What one tick reads (from the store, the metrics cache and the cgroups).
 #[derive(Debug, Clone, PartialEq)]
 pub struct NodeState {
     pub capacity_cores: f64,
+    /// All of the node's CPU use (for the share pool).
+    pub node_usage_cores: f64,
+    /// Node usage minus all pods.
     pub system_usage_cores: f64,
+    /// kubelet's system + kube reserved CPU.
     pub reserved_cores: f64,
-    pub pods: Vec<PodUsage>,
+    pub pods: Vec<Pod>,
     /// The besteffort parent cgroup (`kubepods/besteffort`, or the systemd slice).
     pub be_parent: CgroupPath,
+    /// Its quota now (`None`: unlimited) and period.
     pub be_quota_us: Option<u64>,
     pub period_us: u64,
-    /// For the cpuset policy: CPUs per NUMA node, CPUs bound to LSE/LSR, the BE cpuset now.
+    /// Online CPUs per NUMA node.
     pub numa: Vec<Vec<u32>>,
-    pub exclusive: BTreeSet<u32>,
+    /// The BE parent's cpuset now (`None`: unknown).
     pub be_cpuset: Option<BTreeSet<u32>>,
 }
 
@@ -40,18 +71,64 @@ pub struct TickResult {
     pub plan: Plan,
     pub allowance_cores: f64,
     pub level: Level,
+    pub non_be_usage_cores: f64,
+    pub be_usage_cores: f64,
+    /// The share pool's state (`None`: burst is off).
+    pub pool: Option<Pool>,
+    /// The LS containers' quotas after burst scaling, by container id.
+    pub burst_quota: HashMap<String, u64>,
+    /// Problems worth a log line (a policy the kernel cannot do here).
+    pub warnings: Vec<String>,
 }
 
-/// Runs the plugins over `state` and merges their writes.
-pub fn tick(state: &NodeState, policy: &ResourceThresholdStrategy) -> TickResult {
+fn w(cgroup: &CgroupPath, knob: Knob, plugin: &'static str, rule: String) -> Write {
+    Write {
+        cgroup: cgroup.clone(),
+        knob,
+        plugin,
+        rule,
+    }
+}
+
+/// Runs the plugins over `state` and merges their writes. `burst_quota`: the
+/// LS quotas the last tick left (by container id; missing: the limit).
+pub fn tick(
+    state: &NodeState,
+    policy: &Policy,
+    env: &Env,
+    burst_quota: &HashMap<String, u64>,
+) -> TickResult {
     let mut plan = Plan::new();
-    let (be, non_be) = state.pods.iter().fold((0.0, 0.0), |(b, n), p| {
-        if p.be {
-            (b + p.cpu_cores, n)
-        } else {
-            (b, n + p.cpu_cores)
+    let mut warnings = Vec::new();
+    let ctx = Context {
+        features: &env.features,
+        v2: env.v2,
+        policy: &policy.qos,
+        page_size: env.page_size.max(1),
+        devices: &env.devices,
+    };
+
+    // 1. reconcile
+    let mut exclusive = BTreeSet::new();
+    for p in &state.pods {
+        for cpus in reconcile::pod(p, &ctx, &mut plan) {
+            exclusive.extend(crate::cpuset::parse_cpus(&cpus).unwrap_or_default());
         }
-    });
+    }
+
+    // 2. suppress
+    let (mut be, mut non_be, mut exclusive_usage) = (0.0, 0.0, 0.0);
+    for p in &state.pods {
+        match p.class {
+            QosClass::Be => be += p.cpu_cores,
+            QosClass::Lse | QosClass::Lsr => {
+                non_be += p.cpu_cores;
+                exclusive_usage += p.cpu_cores;
+            }
+            _ => non_be += p.cpu_cores,
+        }
+    }
+    let t = &policy.threshold;
     let input = suppress::Input {
         capacity_cores: state.capacity_cores,
         non_be_pod_usage_cores: non_be,
@@ -62,140 +139,395 @@ pub fn tick(state: &NodeState, policy: &ResourceThresholdStrategy) -> TickResult
         current_quota_us: state.be_quota_us,
         period_us: state.period_us,
     };
-    let s = suppress::cfs_quota(&input, policy);
-    if policy.enable {
-        match policy.cpu_suppress_policy {
-            CpuSuppressPolicy::CfsQuota => {
-                if let Some(q) = s.quota_us {
-                    plan.add(Write {
-                        cgroup: state.be_parent.clone(),
-                        knob: Knob::CpuQuota {
-                            quota: Some(q),
-                            period: state.period_us,
-                        },
-                        plugin: "cpu-suppress",
-                        rule: s.rule.clone(),
-                    });
-                }
-            }
-            CpuSuppressPolicy::Cpuset => {
-                let c = crate::cpuset::Input {
-                    numa: state.numa.clone(),
-                    exclusive: state.exclusive.clone(),
-                    allowance_cores: s.allowance_cores,
-                    current: state.be_cpuset.clone(),
-                };
-                if let Some(cpus) = crate::cpuset::be_cpuset(&c) {
-                    plan.add(Write {
-                        cgroup: state.be_parent.clone(),
-                        knob: Knob::CpusetCpus(crate::cpuset::format_cpus(&cpus)),
-                        plugin: "cpu-suppress",
-                        rule: format!(
-                            "BE allowance {:.2} cores -> {} CPUs from the share pool",
-                            s.allowance_cores,
-                            cpus.len()
-                        ),
-                    });
-                }
+    let s = suppress::cfs_quota(&input, t);
+    let be_tree: Vec<&CgroupPath> = state
+        .pods
+        .iter()
+        .filter(|p| p.class == QosClass::Be)
+        .flat_map(|p| std::iter::once(&p.cgroup).chain(p.containers.iter().map(|c| &c.cgroup)))
+        .collect();
+    let quota_on = t.enable && t.cpu_suppress_policy == CpuSuppressPolicy::CfsQuota;
+    let cpuset_on = t.enable && t.cpu_suppress_policy == CpuSuppressPolicy::Cpuset;
+    if quota_on {
+        if let Some(q) = s.quota_us {
+            plan.add(w(
+                &state.be_parent,
+                Knob::CpuQuota {
+                    quota: Some(q),
+                    period: state.period_us,
+                },
+                "cpu-suppress",
+                s.rule.clone(),
+            ));
+        }
+        if !env.v2 {
+            cap_be_children(state, s.quota_us.or(state.be_quota_us), &mut plan);
+        }
+    } else if state.be_quota_us.is_some() {
+        let why = if t.enable {
+            "suppress policy is cpuset"
+        } else {
+            "resourceUsedThresholdWithBE disabled"
+        };
+        plan.add(w(
+            &state.be_parent,
+            Knob::CpuQuota {
+                quota: None,
+                period: state.period_us,
+            },
+            "cpu-suppress",
+            format!("{why}: the BE quota is put back to unlimited"),
+        ));
+    }
+    let all: BTreeSet<u32> = state.numa.iter().flatten().copied().collect();
+    if cpuset_on && !all.is_empty() {
+        let c = crate::cpuset::Input {
+            numa: state.numa.clone(),
+            exclusive: exclusive.clone(),
+            allowance_cores: s.allowance_cores,
+            current: state.be_cpuset.clone(),
+        };
+        let next = crate::cpuset::be_cpuset(&c);
+        if let Some(cpus) = next.or_else(|| state.be_cpuset.clone()) {
+            let list = crate::cpuset::format_cpus(&cpus);
+            let rule = format!(
+                "BE allowance {:.2} cores -> {} CPUs from the share pool ({} CPUs bound to LSE/LSR)",
+                s.allowance_cores,
+                cpus.len(),
+                exclusive.len()
+            );
+            plan.add(w(
+                &state.be_parent,
+                Knob::CpusetCpus(list.clone()),
+                "cpu-suppress",
+                rule.clone(),
+            ));
+            for cg in &be_tree {
+                plan.add(w(
+                    cg,
+                    Knob::CpusetCpus(list.clone()),
+                    "cpu-suppress",
+                    rule.clone(),
+                ));
             }
         }
+    } else if state.be_cpuset.as_ref().is_some_and(|c| *c != all) && !all.is_empty() {
+        let list = crate::cpuset::format_cpus(&all);
+        let rule = "BE cpuset not suppressed: all CPUs again".to_string();
+        plan.add(w(
+            &state.be_parent,
+            Knob::CpusetCpus(list.clone()),
+            "cpu-suppress",
+            rule.clone(),
+        ));
+        for cg in &be_tree {
+            plan.add(w(
+                cg,
+                Knob::CpusetCpus(list.clone()),
+                "cpu-suppress",
+                rule.clone(),
+            ));
+        }
     }
+
+    // 3. burst
+    let (pool, burst_quota) = burst_plugin(
+        state,
+        policy,
+        env,
+        burst_quota,
+        &exclusive,
+        exclusive_usage,
+        &mut plan,
+        &mut warnings,
+    );
+
     TickResult {
         plan,
         allowance_cores: s.allowance_cores,
-        level: s.level,
+        level: if quota_on || cpuset_on {
+            s.level
+        } else {
+            Level::None
+        },
+        non_be_usage_cores: non_be,
+        be_usage_cores: be,
+        pool,
+        burst_quota,
+        warnings,
     }
 }
 
-/// What executing a plan did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Report {
-    pub written: usize,
-    pub unchanged: usize,
-    /// Failed writes, each naming the file and value; the others still ran.
-    pub errors: Vec<String>,
-}
-
-/// Applies a plan (parents before children when limits grow, children first
-/// when they shrink); each write is idempotent.
-pub fn execute(plan: &Plan, cgroups: &Cgroups) -> Report {
-    let mut r = Report::default();
-    let writes: Vec<(CgroupPath, Knob)> = plan
-        .writes()
-        .iter()
-        .map(|w| (w.cgroup.clone(), w.knob.clone()))
-        .collect();
-    match cgroups.apply_ordered(&writes) {
-        Ok(done) => {
-            for (_, o) in done {
-                match o {
-                    qoslet_cgroups::fs::Outcome::Written => r.written += 1,
-                    qoslet_cgroups::fs::Outcome::Unchanged => r.unchanged += 1,
-                }
-            }
+/// cgroup v1 refuses a parent CFS quota below any child's (as a share of
+/// the period): BE pods and containers with their own quota are capped at
+/// the besteffort parent's, and given their own back when it grows again
+/// (the strictest-wins merge keeps the lower of the two).
+fn cap_be_children(state: &NodeState, parent_quota: Option<u64>, plan: &mut Plan) {
+    let Some(pq) = parent_quota else { return };
+    let ratio = pq as f64 / state.period_us.max(1) as f64;
+    let mut caps = Vec::new();
+    for p in state.pods.iter().filter(|p| p.class == QosClass::Be) {
+        let mut own: Vec<(&CgroupPath, Option<(u64, u64)>)> = Vec::new();
+        own.push((&p.cgroup, None));
+        for c in &p.containers {
+            let kubelet =
+                (c.cpu_quota > 0).then(|| (c.cpu_quota as u64, c.cpu_period.max(1000) as u64));
+            own.push((&c.cgroup, kubelet));
         }
-        Err(e) => {
-            // apply_ordered stops at the first error: every write is tried on its
-            // own (writes done before the error count as unchanged here)
-            r.errors.push(e.to_string());
-            for (cg, k) in &writes {
-                match cgroups.apply(cg, k) {
-                    Ok(qoslet_cgroups::fs::Outcome::Written) => r.written += 1,
-                    Ok(qoslet_cgroups::fs::Outcome::Unchanged) => r.unchanged += 1,
-                    Err(e) => r.errors.push(e.to_string()),
-                }
+        for (cg, kubelet) in own {
+            let planned = plan
+                .writes()
+                .iter()
+                .find_map(|wr| match (&wr.knob, wr.cgroup == *cg) {
+                    (
+                        Knob::CpuQuota {
+                            quota: Some(q),
+                            period,
+                        },
+                        true,
+                    ) => Some((*q, *period)),
+                    _ => None,
+                });
+            let Some((q, period)) = planned.or(kubelet) else {
+                continue;
+            };
+            let cap = ((ratio * period as f64) as u64).max(suppress::MIN_QUOTA_US);
+            if q > cap {
+                caps.push(w(cg, Knob::CpuQuota { quota: Some(cap), period }, "cpu-suppress", format!("cgroup v1: a BE cgroup's quota may not exceed the besteffort parent's ({pq} us); capped from {q} us")));
+            } else if planned.is_none() {
+                caps.push(w(
+                    cg,
+                    Knob::CpuQuota {
+                        quota: Some(q),
+                        period,
+                    },
+                    "cpu-suppress",
+                    "the kubelet quota, within the besteffort parent's".into(),
+                ));
             }
-            r.errors.sort();
-            r.errors.dedup();
         }
     }
-    r
+    for c in caps {
+        plan.add(c);
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn burst_plugin(
+    state: &NodeState,
+    policy: &Policy,
+    env: &Env,
+    last: &HashMap<String, u64>,
+    exclusive: &BTreeSet<u32>,
+    exclusive_usage: f64,
+    plan: &mut Plan,
+    warnings: &mut Vec<String>,
+) -> (Option<Pool>, HashMap<String, u64>) {
+    let b = &policy.burst;
+    let mut quotas = HashMap::new();
+    let burst_on = matches!(b.policy, BurstPolicy::CpuBurstOnly | BurstPolicy::Auto);
+    let scale_on = matches!(b.policy, BurstPolicy::CfsQuotaBurstOnly | BurstPolicy::Auto);
+    if burst_on && !env.features.cpu_burst {
+        warnings.push("cpuBurstStrategy asks for CFS burst, but this kernel has no cpu.cfs_burst_us / cpu.max.burst; only quota scaling is done".into());
+    }
+    let pool_usage = (state.node_usage_cores - exclusive_usage).max(0.0);
+    let pool_capacity = state.capacity_cores - exclusive.len() as f64;
+    let pool_state = burst::pool(pool_usage, pool_capacity, b);
+    for p in state.pods.iter().filter(|p| p.class == QosClass::Ls) {
+        let mut pod_sum = 0u64;
+        let mut pod_period = 0u64;
+        let mut all_limited = !p.containers.is_empty();
+        let mut pod_scaled = false;
+        for c in &p.containers {
+            if c.cpu_quota <= 0 {
+                all_limited = false;
+                continue;
+            }
+            let limit = c.cpu_quota as u64;
+            let period = c.cpu_period.max(1000) as u64;
+            let cur = last.get(&c.id).copied().unwrap_or(limit);
+            let d = burst::decide(
+                &burst::Container {
+                    limit_quota_us: limit,
+                    period_us: period,
+                    current_quota_us: cur,
+                    throttled_ratio: c.throttled_ratio,
+                },
+                pool_state,
+                b,
+            );
+            if let (Some(bu), true) = (d.burst_us, env.features.cpu_burst) {
+                plan.add(w(
+                    &c.cgroup,
+                    Knob::CpuBurst(bu),
+                    "cpu-burst",
+                    d.rule.clone(),
+                ));
+            }
+            let target = if scale_on {
+                d.quota_us.unwrap_or(cur)
+            } else {
+                limit
+            };
+            if scale_on || cur != limit {
+                let rule = if scale_on {
+                    d.rule.clone()
+                } else {
+                    "cfsQuotaBurst off: quota back to the limit".to_string()
+                };
+                plan.add(w(
+                    &c.cgroup,
+                    Knob::CpuQuota {
+                        quota: Some(target),
+                        period,
+                    },
+                    "cpu-burst",
+                    rule,
+                ));
+            }
+            if target != limit {
+                pod_scaled = true;
+                quotas.insert(c.id.clone(), target);
+            }
+            if pod_period == 0 {
+                pod_period = period;
+            }
+            pod_sum += (target as f64 * pod_period as f64 / period as f64) as u64;
+        }
+        // the pod's own quota (kubelet: the sum of its containers' limits) follows
+        if all_limited
+            && (scale_on || pod_scaled || p.containers.iter().any(|c| last.contains_key(&c.id)))
+        {
+            plan.add(w(
+                &p.cgroup,
+                Knob::CpuQuota {
+                    quota: Some(pod_sum),
+                    period: pod_period,
+                },
+                "cpu-burst",
+                "the pod's quota: the sum of its containers' quotas".into(),
+            ));
+        }
+    }
+    ((burst_on || scale_on).then_some(pool_state), quotas)
+}
+
+/// The engine between ticks: the executor's memory and the LS quotas burst scaled.
+#[derive(Debug)]
+pub struct Engine {
+    executor: Executor,
+    burst_quota: HashMap<String, u64>,
+}
+
+impl Engine {
+    /// `verify_every`: re-read each file qoslet owns once every this many ticks.
+    pub fn new(verify_every: u64) -> Self {
+        Self {
+            executor: Executor::new(verify_every),
+            burst_quota: HashMap::new(),
+        }
+    }
+
+    /// Plans one tick (no I/O).
+    pub fn plan(&mut self, state: &NodeState, policy: &Policy, env: &Env) -> TickResult {
+        let t = tick(state, policy, env, &self.burst_quota);
+        self.burst_quota = t.burst_quota.clone();
+        t
+    }
+
+    /// Applies a plan.
+    pub fn execute(&mut self, plan: &Plan, cgroups: &Cgroups) -> Report {
+        self.executor.execute(plan, cgroups)
+    }
+
+    pub fn known_files(&self) -> usize {
+        self.executor.known_files()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::reconcile::Container;
+
+    fn pod(id: &str, class: QosClass, parent: &str, cores: f64, quota: i64) -> Pod {
+        let cg = CgroupPath::parse(&format!("{parent}/pod{id}")).unwrap();
+        Pod {
+            id: id.into(),
+            class,
+            cgroup: cg.clone(),
+            annotations: BTreeMap::new(),
+            sandbox_memory_limit: 0,
+            cpu_cores: cores,
+            containers: vec![Container {
+                id: format!("c{id}"),
+                name: "main".into(),
+                cgroup: cg.container(&format!("c{id}")).unwrap(),
+                memory_limit: 0,
+                cpu_quota: quota,
+                cpu_period: 100_000,
+                cpu_cores: cores,
+                throttled_ratio: 0.5,
+            }],
+        }
+    }
 
     fn state(ls: f64, be: f64, quota: Option<u64>) -> NodeState {
         NodeState {
             capacity_cores: 16.0,
+            node_usage_cores: ls + be + 0.5,
             system_usage_cores: 0.5,
             reserved_cores: 1.0,
             pods: vec![
-                PodUsage {
-                    be: false,
-                    cpu_cores: ls,
-                },
-                PodUsage {
-                    be: true,
-                    cpu_cores: be,
-                },
+                pod("ls", QosClass::Ls, "/kubepods/burstable", ls, 200_000),
+                pod("be", QosClass::Be, "/kubepods/besteffort", be, -1),
             ],
             be_parent: CgroupPath::parse("/kubepods/besteffort").unwrap(),
             be_quota_us: quota,
             period_us: 100_000,
             numa: vec![(0..16).collect()],
-            exclusive: BTreeSet::new(),
             be_cpuset: None,
         }
     }
 
-    fn cfs(threshold: i64) -> ResourceThresholdStrategy {
-        ResourceThresholdStrategy {
-            cpu_suppress_threshold_percent: threshold,
-            cpu_suppress_policy: CpuSuppressPolicy::CfsQuota,
+    fn cfs(threshold: i64) -> Policy {
+        Policy {
+            threshold: ResourceThresholdStrategy {
+                cpu_suppress_threshold_percent: threshold,
+                cpu_suppress_policy: CpuSuppressPolicy::CfsQuota,
+                ..Default::default()
+            },
             ..Default::default()
         }
+    }
+
+    fn suppress_writes(t: &TickResult) -> Vec<&Write> {
+        t.plan
+            .writes()
+            .iter()
+            .filter(|w| w.plugin == "cpu-suppress")
+            .collect()
     }
 
     fn tree(tag: &str) -> std::path::PathBuf {
         let d = std::env::temp_dir().join(format!("qoslet-engine-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
-        for (f, c) in [
-            ("cpu/cgroup.procs", ""),
-            ("cpu/kubepods/besteffort/cpu.cfs_quota_us", "-1\n"),
-            ("cpu/kubepods/besteffort/cpu.cfs_period_us", "100000\n"),
+        let mut files = vec![
+            ("cpu/cgroup.procs".to_string(), ""),
+            ("cpuset/cgroup.procs".to_string(), ""),
+        ];
+        for cg in [
+            "kubepods/besteffort",
+            "kubepods/besteffort/podbe",
+            "kubepods/besteffort/podbe/cbe",
+            "kubepods/burstable/podls",
+            "kubepods/burstable/podls/cls",
         ] {
+            files.push((format!("cpu/{cg}/cpu.cfs_quota_us"), "-1\n"));
+            files.push((format!("cpu/{cg}/cpu.cfs_period_us"), "100000\n"));
+            files.push((format!("cpuset/{cg}/cpuset.cpus"), "0-15\n"));
+        }
+        for (f, c) in files {
             let p = d.join(f);
             std::fs::create_dir_all(p.parent().unwrap()).unwrap();
             std::fs::write(p, c).unwrap();
@@ -207,69 +539,172 @@ mod tests {
     fn ls_load_cuts_be_quota_and_steady_state_writes_nothing() {
         let d = tree("suppress");
         let cg = Cgroups::detect(&d).unwrap();
+        let env = Env::default();
         let p = cfs(50);
+        let mut e = Engine::new(10);
         // 16 x 50% - LS 6 - max(system 0.5, reserved 1) = 1 core for BE
-        let t = tick(&state(6.0, 4.0, None), &p);
+        let t = e.plan(&state(6.0, 4.0, None), &p, &env);
         assert_eq!(t.level, Level::Mid);
-        assert_eq!(t.plan.writes().len(), 1);
-        let r = execute(&t.plan, &cg);
+        assert_eq!(suppress_writes(&t).len(), 1);
+        let r = e.execute(&t.plan, &cg);
         assert_eq!((r.written, r.errors.len()), (1, 0), "{r:?}");
         let q =
             std::fs::read_to_string(d.join("cpu/kubepods/besteffort/cpu.cfs_quota_us")).unwrap();
         assert_eq!(q, "100000");
-        // the same again: nothing to write
-        assert_eq!(execute(&t.plan, &cg).written, 0);
-        // steady state: the plugin itself asks for nothing
-        assert!(tick(&state(6.0, 4.0, Some(100_000)), &p).plan.is_empty());
+        // steady state: the plugin asks for nothing new, the executor writes nothing
+        let t = e.plan(&state(6.0, 4.0, Some(100_000)), &p, &env);
+        assert!(suppress_writes(&t).is_empty());
+        assert_eq!(e.execute(&t.plan, &cg).written, 0);
         // LS load gone: restored stepwise (at most 1.6 cores per tick on 16 CPUs)
-        let t = tick(&state(0.0, 4.0, Some(100_000)), &p);
+        let t = e.plan(&state(0.0, 4.0, Some(100_000)), &p, &env);
         assert_eq!(
-            t.plan.writes()[0].knob,
+            suppress_writes(&t)[0].knob,
             Knob::CpuQuota {
                 quota: Some(260_000),
                 period: 100_000
             }
         );
+        // suppress disabled: the quota goes back to unlimited
+        let mut off = cfs(50);
+        off.threshold.enable = false;
+        let t = e.plan(&state(6.0, 4.0, Some(100_000)), &off, &env);
+        assert_eq!(
+            suppress_writes(&t)[0].knob,
+            Knob::CpuQuota {
+                quota: None,
+                period: 100_000
+            }
+        );
+        assert_eq!(t.level, Level::None);
         std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
-    fn a_failed_write_is_reported_and_the_others_still_run() {
-        let d = tree("errors");
+    fn v1_be_children_are_capped_under_the_parent_and_given_back_their_own() {
+        let d = tree("cap");
         let cg = Cgroups::detect(&d).unwrap();
-        let mut plan = Plan::new();
-        for (path, q) in [("/kubepods/gone", 50_000), ("/kubepods/besteffort", 70_000)] {
-            plan.add(Write {
-                cgroup: CgroupPath::parse(path).unwrap(),
-                knob: Knob::CpuQuota {
-                    quota: Some(q),
-                    period: 100_000,
-                },
-                plugin: "test",
-                rule: String::new(),
-            });
+        let mut s = state(7.0, 4.0, None);
+        s.pods[1].containers[0].cpu_quota = 300_000; // the BE container's own 3 cores
+        let mut e = Engine::new(10);
+        let t = e.plan(&s, &cfs(50), &Env::default());
+        let w = suppress_writes(&t);
+        assert_eq!(w.len(), 2, "{w:?}");
+        let r = e.execute(&t.plan, &cg);
+        assert!(r.errors.is_empty(), "{r:?}");
+        // 16 x 50% - 7 - 1 = 0 -> the floor
+        let read = |f: &str| std::fs::read_to_string(d.join(f)).unwrap();
+        assert_eq!(read("cpu/kubepods/besteffort/cpu.cfs_quota_us"), "2000");
+        assert_eq!(
+            read("cpu/kubepods/besteffort/podbe/cbe/cpu.cfs_quota_us"),
+            "2000"
+        );
+        // LS gone: the parent grows stepwise, the child gets its own 3 cores back once under it
+        s.pods[0].cpu_cores = 0.0;
+        for _ in 0..6 {
+            s.be_quota_us = Some(
+                read("cpu/kubepods/besteffort/cpu.cfs_quota_us")
+                    .parse()
+                    .unwrap(),
+            );
+            let t = e.plan(&s, &cfs(50), &Env::default());
+            let r = e.execute(&t.plan, &cg);
+            assert!(r.errors.is_empty(), "{r:?}");
+            let parent: u64 = read("cpu/kubepods/besteffort/cpu.cfs_quota_us")
+                .parse()
+                .unwrap();
+            let child: u64 = read("cpu/kubepods/besteffort/podbe/cbe/cpu.cfs_quota_us")
+                .parse()
+                .unwrap();
+            assert!(child <= parent, "child {child} under parent {parent}");
         }
-        let r = execute(&plan, &cg);
-        assert_eq!(r.written, 1, "{r:?}");
-        assert_eq!(r.errors.len(), 1, "{r:?}");
-        assert!(r.errors[0].contains("gone"), "{r:?}");
+        assert_eq!(
+            read("cpu/kubepods/besteffort/podbe/cbe/cpu.cfs_quota_us"),
+            "300000"
+        );
         std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
-    fn disabled_or_cpuset() {
-        let mut p = cfs(50);
-        p.enable = false;
-        assert!(tick(&state(6.0, 4.0, None), &p).plan.is_empty());
-        let p = ResourceThresholdStrategy {
-            cpu_suppress_threshold_percent: 50,
+    fn cpuset_policy_covers_the_be_tree_and_is_put_back_when_off() {
+        let d = tree("cpuset");
+        let cg = Cgroups::detect(&d).unwrap();
+        let p = Policy {
+            threshold: ResourceThresholdStrategy {
+                cpu_suppress_threshold_percent: 50,
+                ..Default::default()
+            },
             ..Default::default()
         };
-        let t = tick(&state(6.0, 4.0, None), &p);
+        let mut e = Engine::new(10);
+        let t = e.plan(&state(6.0, 4.0, None), &p, &Env::default());
+        let w = suppress_writes(&t);
+        assert_eq!(w.len(), 3, "parent, pod, container: {w:?}");
+        assert!(w.iter().all(|w| w.knob == Knob::CpusetCpus("14-15".into())));
+        let r = e.execute(&t.plan, &cg);
+        assert!(r.errors.is_empty(), "{r:?}");
         assert_eq!(
-            t.plan.writes()[0].knob,
-            Knob::CpusetCpus("14-15".into()),
-            "at least 2 cores"
+            std::fs::read_to_string(d.join("cpuset/kubepods/besteffort/podbe/cbe/cpuset.cpus"))
+                .unwrap(),
+            "14-15"
+        );
+        let mut s = state(6.0, 4.0, None);
+        s.be_cpuset = Some([14, 15].into());
+        let mut off = p.clone();
+        off.threshold.cpu_suppress_policy = CpuSuppressPolicy::CfsQuota;
+        let t = e.plan(&s, &off, &Env::default());
+        assert!(t
+            .plan
+            .writes()
+            .iter()
+            .any(|w| w.knob == Knob::CpusetCpus("0-15".into())));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn burst_scales_ls_quota_while_the_pool_is_idle_and_gives_it_back() {
+        let mut p = cfs(65);
+        p.burst.policy = BurstPolicy::Auto;
+        let env = Env {
+            features: Features {
+                cpu_burst: true,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let mut e = Engine::new(10);
+        let quota_of = |t: &TickResult, cg: &str| {
+            t.plan
+                .writes()
+                .iter()
+                .find_map(|w| match (&w.knob, w.cgroup.as_str() == cg) {
+                    (Knob::CpuQuota { quota, .. }, true) => *quota,
+                    _ => None,
+                })
+        };
+        // idle pool (2.5 of 16 cores), container throttled: x1.2 per tick, pod follows
+        let t = e.plan(&state(1.0, 1.0, None), &p, &env);
+        assert_eq!(quota_of(&t, "kubepods/burstable/podls/cls"), Some(240_000));
+        assert_eq!(quota_of(&t, "kubepods/burstable/podls"), Some(240_000));
+        assert!(t
+            .plan
+            .writes()
+            .iter()
+            .any(|w| w.knob == Knob::CpuBurst(2_000_000)));
+        let t = e.plan(&state(1.0, 1.0, None), &p, &env);
+        assert_eq!(quota_of(&t, "kubepods/burstable/podls/cls"), Some(288_000));
+        // overloaded pool: x0.8 back toward the limit
+        let t = e.plan(&state(10.0, 1.0, None), &p, &env);
+        assert_eq!(quota_of(&t, "kubepods/burstable/podls/cls"), Some(230_400));
+        // burst turned off: back to the limit at once
+        p.burst.policy = BurstPolicy::None;
+        let t = e.plan(&state(1.0, 1.0, None), &p, &env);
+        assert_eq!(quota_of(&t, "kubepods/burstable/podls/cls"), Some(200_000));
+        assert_eq!(quota_of(&t, "kubepods/burstable/podls"), Some(200_000));
+        let t = e.plan(&state(1.0, 1.0, None), &p, &env);
+        assert_eq!(
+            quota_of(&t, "kubepods/burstable/podls/cls"),
+            None,
+            "no longer owned"
         );
     }
 }

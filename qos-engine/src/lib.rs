@@ -7,7 +7,10 @@
 //! * [`plan`]: desired writes with the rule behind each, and their merge.
 //! * [`suppress`]: CPU suppress, the BE allowance and its `cfsQuota` policy.
 //! * [`cpuset`]: the `cpuset` suppress policy (BE cores sized to the allowance).
-//! * [`engine`]: one tick (state in, merged plan out) and the executor.
+//! * [`reconcile`]: what the runtime hooks set, re-derived from the current policy (drift, reload).
+//! * [`resctrl`]: class resctrl groups' schemata and tasks kept in sync.
+//! * [`engine`]: one tick (state in, merged plan out) and the engine's memory between ticks.
+//! * [`execute`]: the executor (ordered, idempotent, cached, with drift checks).
 //! * [`burst`]: CPU burst and quota scaling for LS pods (`cpuBurstStrategy`).
 //!
 //! Plugins are pure functions, table-tested without a filesystem.
@@ -17,6 +20,9 @@
 pub mod burst;
 pub mod cpuset;
 pub mod engine;
+pub mod execute;
 pub mod plan;
 pub mod policy;
+pub mod reconcile;
+pub mod resctrl;
 pub mod suppress;

@@ -7,6 +7,8 @@
 //! identity, each I/O limit); SCHED_IDLE on beats off; for protections
 //! (memory.min/low) the higher one.
 
+use std::collections::HashMap;
+
 use qoslet_cgroups::{CgroupPath, IoLimits, Knob};
 
 /// One desired write.
@@ -20,19 +22,31 @@ pub struct Write {
     pub rule: String,
 }
 
-/// The writes of one tick, one per (cgroup, setting).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// The writes of one tick, one per (cgroup, setting), in the order added.
+#[derive(Debug, Clone, Default)]
 pub struct Plan {
     writes: Vec<Write>,
+    index: HashMap<Key, usize>,
 }
 
+impl PartialEq for Plan {
+    fn eq(&self, other: &Self) -> bool {
+        self.writes == other.writes
+    }
+}
+
+impl Eq for Plan {}
+
 /// What identifies "the same file": the cgroup, the knob kind, and the device for I/O limits.
-fn key(w: &Write) -> (&str, &'static str, Option<qoslet_cgroups::Device>) {
+pub type Key = (CgroupPath, &'static str, Option<qoslet_cgroups::Device>);
+
+/// The key of a write.
+pub fn key(w: &Write) -> Key {
     let dev = match &w.knob {
         Knob::IoLimit { device, .. } => Some(*device),
         _ => None,
     };
-    (w.cgroup.as_str(), w.knob.name(), dev)
+    (w.cgroup.clone(), w.knob.name(), dev)
 }
 
 fn lim(v: Option<u64>) -> u64 {
@@ -104,7 +118,9 @@ impl Plan {
     /// Adds a write; a second write of the same setting of the same cgroup
     /// merges into the first (strictest value, both rules kept).
     pub fn add(&mut self, w: Write) {
-        if let Some(cur) = self.writes.iter_mut().find(|c| key(c) == key(&w)) {
+        let k = key(&w);
+        if let Some(&i) = self.index.get(&k) {
+            let cur = &mut self.writes[i];
             let merged = strictest(&cur.knob, &w.knob);
             if merged == w.knob && merged != cur.knob {
                 cur.plugin = w.plugin;
@@ -113,6 +129,7 @@ impl Plan {
             cur.knob = merged;
             return;
         }
+        self.index.insert(k, self.writes.len());
         self.writes.push(w);
     }
 
@@ -122,6 +139,15 @@ impl Plan {
 
     pub fn is_empty(&self) -> bool {
         self.writes.is_empty()
+    }
+
+    /// Whether the plan sets the file `k` names.
+    pub fn contains(&self, k: &Key) -> bool {
+        self.index.contains_key(k)
+    }
+
+    pub fn len(&self) -> usize {
+        self.writes.len()
     }
 }
 

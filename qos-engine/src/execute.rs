@@ -1,0 +1,309 @@
+//! The executor: applies a plan through the cgroups layer, tick after tick.
+//!
+//! It remembers what it last wrote (or found already right) in each file.
+//! A write whose value has not changed since is skipped without touching the
+//! file, except on the tick when that file is due for a drift check: each
+//! file is re-read once every `verify_every` ticks (spread evenly over the
+//! ticks), and a value someone else changed is put back and reported as
+//! drift. So a steady state costs almost no I/O and writes nothing, and drift
+//! is undone within `verify_every` ticks.
+
+use std::collections::HashMap;
+
+use qoslet_cgroups::fs::Outcome;
+use qoslet_cgroups::{CgroupPath, Cgroups, Knob};
+
+use crate::plan::{key, Key, Plan};
+
+/// What executing a plan did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    /// Files changed this tick.
+    pub written: usize,
+    /// Files read and found right.
+    pub unchanged: usize,
+    /// Writes skipped: the value is the one applied before and the file was not due for a check.
+    pub skipped: usize,
+    /// Files someone else had changed, put back (each line names the cgroup, the setting and the value).
+    pub drift: Vec<String>,
+    /// Failed writes, each naming the file and value; the others still ran.
+    pub errors: Vec<String>,
+}
+
+/// What a file would get (dry run): its cgroup, setting, and whether the file differs now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Preview {
+    /// The absolute file path and the value, per file the setting means on this host.
+    pub files: Vec<(String, String)>,
+    /// Whether any of them differs from the file now (`None`: unreadable).
+    pub would_change: Option<bool>,
+    /// Why the setting cannot be written here (missing kernel feature, bad path).
+    pub error: Option<String>,
+}
+
+#[derive(Debug)]
+struct Known {
+    knob: Knob,
+    /// The tick (mod verify_every) on which this file is re-read.
+    slot: u64,
+}
+
+/// Applies plans; keeps what it applied between ticks.
+#[derive(Debug)]
+pub struct Executor {
+    known: HashMap<Key, Known>,
+    tick: u64,
+    next_slot: u64,
+    verify_every: u64,
+}
+
+impl Executor {
+    /// `verify_every`: re-read each file once every this many ticks (1: every tick).
+    pub fn new(verify_every: u64) -> Self {
+        Self {
+            known: HashMap::new(),
+            tick: 0,
+            next_slot: 0,
+            verify_every: verify_every.max(1),
+        }
+    }
+
+    /// How many files the executor remembers.
+    pub fn known_files(&self) -> usize {
+        self.known.len()
+    }
+
+    /// Applies `plan` (in the order the kernel accepts, every write tried even
+    /// when one fails). Files no longer in the plan are forgotten.
+    pub fn execute(&mut self, plan: &Plan, cgroups: &Cgroups) -> Report {
+        self.tick += 1;
+        let phase = self.tick % self.verify_every;
+        let mut r = Report::default();
+        let mut todo: Vec<(CgroupPath, Knob)> = Vec::new();
+        let mut todo_keys: Vec<(Key, bool)> = Vec::new();
+        for w in plan.writes() {
+            let k = key(w);
+            match self.known.get(&k) {
+                Some(kn) if kn.knob == w.knob && kn.slot != phase => r.skipped += 1,
+                Some(kn) => {
+                    let same = kn.knob == w.knob;
+                    todo.push((w.cgroup.clone(), w.knob.clone()));
+                    todo_keys.push((k, same));
+                }
+                None => {
+                    todo.push((w.cgroup.clone(), w.knob.clone()));
+                    todo_keys.push((k, false));
+                }
+            }
+        }
+        for i in cgroups.order(&todo) {
+            let (cg, knob) = &todo[i];
+            let (k, expected) = &todo_keys[i];
+            match cgroups.apply(cg, knob) {
+                Ok(o) => {
+                    if o == Outcome::Written {
+                        r.written += 1;
+                        if *expected {
+                            r.drift.push(format!(
+                                "{cg}: {} was changed outside qoslet; put back to {knob:?}",
+                                knob.name()
+                            ));
+                        }
+                    } else {
+                        r.unchanged += 1;
+                    }
+                    let slot = match self.known.get(k) {
+                        Some(kn) => kn.slot,
+                        None => {
+                            self.next_slot += 1;
+                            self.next_slot % self.verify_every
+                        }
+                    };
+                    self.known.insert(
+                        k.clone(),
+                        Known {
+                            knob: knob.clone(),
+                            slot,
+                        },
+                    );
+                }
+                Err(e) => {
+                    self.known.remove(k);
+                    r.errors.push(e.to_string());
+                }
+            }
+        }
+        if self.known.len() > plan.len() {
+            self.known.retain(|k, _| plan.contains(k));
+        }
+        r
+    }
+
+    /// What applying `plan` would do, file by file, without writing.
+    pub fn preview(plan: &Plan, cgroups: &Cgroups) -> Vec<Preview> {
+        plan.writes()
+            .iter()
+            .map(|w| {
+                let files = cgroups
+                    .plan(&w.knob)
+                    .and_then(|fs| {
+                        fs.into_iter()
+                            .map(|f| cgroups.path_of(&w.cgroup, &f).map(|p| (p, f)))
+                            .collect::<Result<Vec<_>, _>>()
+                    })
+                    .map_err(|e| e.to_string());
+                match files {
+                    Err(e) => Preview {
+                        files: Vec::new(),
+                        would_change: None,
+                        error: Some(e),
+                    },
+                    Ok(fs) => {
+                        let mut change = Some(false);
+                        for (p, f) in &fs {
+                            match qoslet_cgroups::fs::read(p) {
+                                Ok(cur) => {
+                                    let differs = if f.keyed {
+                                        let dev = f.value.split_whitespace().next();
+                                        match cur
+                                            .lines()
+                                            .find(|l| l.split_whitespace().next() == dev)
+                                        {
+                                            Some(l) => l.trim() != f.value.trim(),
+                                            None => !f.value.ends_with(" 0"),
+                                        }
+                                    } else {
+                                        cur.trim() != f.value.trim()
+                                    };
+                                    if differs {
+                                        change = change.map(|_| true);
+                                    }
+                                }
+                                Err(_) => change = None,
+                            }
+                        }
+                        Preview {
+                            files: fs
+                                .into_iter()
+                                .map(|(p, f)| (p.display().to_string(), f.value))
+                                .collect(),
+                            would_change: change,
+                            error: None,
+                        }
+                    }
+                }
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::Write;
+
+    fn tree(tag: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("qoslet-exec-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        for (f, c) in [
+            ("cpu/cgroup.procs", ""),
+            ("cpu/kubepods/besteffort/cpu.cfs_quota_us", "-1\n"),
+            ("cpu/kubepods/besteffort/cpu.cfs_period_us", "100000\n"),
+            ("cpu/kubepods/besteffort/pod1/cpu.cfs_quota_us", "-1\n"),
+            ("cpu/kubepods/besteffort/pod1/cpu.cfs_period_us", "100000\n"),
+        ] {
+            let p = d.join(f);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, c).unwrap();
+        }
+        d
+    }
+
+    fn quota(cg: &str, q: u64) -> Write {
+        Write {
+            cgroup: CgroupPath::parse(cg).unwrap(),
+            knob: Knob::CpuQuota {
+                quota: Some(q),
+                period: 100_000,
+            },
+            plugin: "test",
+            rule: String::new(),
+        }
+    }
+
+    #[test]
+    fn steady_state_skips_and_drift_is_put_back_within_verify_every_ticks() {
+        let d = tree("drift");
+        let cg = Cgroups::detect(&d).unwrap();
+        let mut plan = Plan::new();
+        plan.add(quota("/kubepods/besteffort", 300_000));
+        plan.add(quota("/kubepods/besteffort/pod1", 200_000));
+        let mut ex = Executor::new(5);
+        let r = ex.execute(&plan, &cg);
+        assert_eq!((r.written, r.errors.len()), (2, 0), "{r:?}");
+        // steady: no writes; most ticks touch no file at all
+        let mut skipped = 0;
+        for _ in 0..5 {
+            let r = ex.execute(&plan, &cg);
+            assert_eq!(r.written, 0, "{r:?}");
+            skipped += r.skipped;
+        }
+        assert_eq!(skipped, 8, "each file read once in 5 ticks");
+        // someone changes a file: put back within 5 ticks, reported as drift
+        let f = d.join("cpu/kubepods/besteffort/pod1/cpu.cfs_quota_us");
+        std::fs::write(&f, "50000").unwrap();
+        let mut drift = Vec::new();
+        for _ in 0..5 {
+            drift.extend(ex.execute(&plan, &cg).drift);
+        }
+        assert_eq!(std::fs::read_to_string(&f).unwrap(), "200000");
+        assert_eq!(drift.len(), 1, "{drift:?}");
+        assert!(drift[0].contains("pod1"), "{drift:?}");
+        // a changed value is written at once
+        let mut plan2 = Plan::new();
+        plan2.add(quota("/kubepods/besteffort", 100_000));
+        let r = ex.execute(&plan2, &cg);
+        assert_eq!((r.written, r.drift.len()), (1, 0), "{r:?}");
+        assert_eq!(ex.known_files(), 1, "files no longer planned are forgotten");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn failures_are_reported_and_retried_and_the_others_still_run() {
+        let d = tree("errors");
+        let cg = Cgroups::detect(&d).unwrap();
+        let mut plan = Plan::new();
+        plan.add(quota("/kubepods/gone", 50_000));
+        plan.add(quota("/kubepods/besteffort", 70_000));
+        let mut ex = Executor::new(10);
+        let r = ex.execute(&plan, &cg);
+        assert_eq!(r.written, 1, "{r:?}");
+        assert_eq!(r.errors.len(), 1, "{r:?}");
+        assert!(r.errors[0].contains("gone"), "{r:?}");
+        let r = ex.execute(&plan, &cg);
+        assert_eq!(
+            (r.errors.len(), r.skipped),
+            (1, 1),
+            "failed writes are retried: {r:?}"
+        );
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn preview_names_files_and_does_not_write() {
+        let d = tree("preview");
+        let cg = Cgroups::detect(&d).unwrap();
+        let mut plan = Plan::new();
+        plan.add(quota("/kubepods/besteffort", 70_000));
+        let p = Executor::preview(&plan, &cg);
+        assert_eq!(p[0].would_change, Some(true));
+        assert_eq!(p[0].files.len(), 2);
+        assert!(p[0].files[1].0.ends_with("besteffort/cpu.cfs_quota_us"));
+        assert_eq!(p[0].files[1].1, "70000");
+        assert_eq!(
+            std::fs::read_to_string(d.join("cpu/kubepods/besteffort/cpu.cfs_quota_us")).unwrap(),
+            "-1\n"
+        );
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}

@@ -1,0 +1,215 @@
+//! Reconcile: what the runtime hooks set on a pod and its containers when
+//! they started (group identity, SCHED_IDLE, memory QoS, BE batch resources,
+//! LSR/LSE CPU binding, block I/O limits), re-derived every tick from the
+//! current policy with the hooks' own decision functions. The executor writes
+//! only what differs, so this puts back drift and applies a reloaded policy
+//! to running pods, and costs nothing at steady state.
+
+use std::collections::BTreeMap;
+
+use qoslet_cgroups::{CgroupPath, Knob};
+use qoslet_hooks::decide::{self, Context, Rule};
+use qoslet_hooks::QosClass;
+
+use crate::plan::{Plan, Write};
+
+/// A pod as the engine sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pod {
+    pub id: String,
+    pub class: QosClass,
+    pub cgroup: CgroupPath,
+    pub annotations: BTreeMap<String, String>,
+    /// The sandbox config's memory limit (0: none).
+    pub sandbox_memory_limit: i64,
+    /// CPU used, cores (from the metrics cache; 0 when unknown).
+    pub cpu_cores: f64,
+    pub containers: Vec<Container>,
+}
+
+/// A running container.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Container {
+    pub id: String,
+    pub name: String,
+    pub cgroup: CgroupPath,
+    /// What kubelet asked for: memory limit (0: none), CFS quota (≤ 0: none) and period.
+    pub memory_limit: i64,
+    pub cpu_quota: i64,
+    pub cpu_period: i64,
+    /// From the metrics cache.
+    pub cpu_cores: f64,
+    pub throttled_ratio: f64,
+}
+
+/// The plugin a setting belongs to, and the rule words that name it.
+fn owner(k: &Knob) -> (&'static str, &'static [&'static str]) {
+    match k {
+        Knob::CpuIdle(_) => ("cpu-qos", &["cpu.idle"]),
+        Knob::GroupIdentity(_) => ("cpu-qos", &["bvt"]),
+        Knob::MemoryMin(_) => ("memory-qos", &["memory.min"]),
+        Knob::MemoryLow(_) => ("memory-qos", &["memory.low"]),
+        Knob::MemoryHigh(_) => ("memory-qos", &["memory.high"]),
+        Knob::IoLimit { .. } => ("blkio", &["blkio", "io.max"]),
+        Knob::CpusetCpus(_) => ("cpuset", &["cpuset"]),
+        Knob::CpuShares(_) => ("batch-resources", &["cpu.shares", "cpu.weight"]),
+        Knob::CpuQuota { .. } => ("batch-resources", &["cfs_quota", "cpu.max"]),
+        Knob::MemoryLimit(_) => ("batch-resources", &["limit_in_bytes", "memory.max"]),
+        Knob::CpuBurst(_) => ("cpu-burst", &["burst"]),
+    }
+}
+
+fn add(plan: &mut Plan, cg: &CgroupPath, k: Knob, rules: &[Rule]) {
+    let (plugin, words) = owner(&k);
+    let rule = rules
+        .iter()
+        .find(|r| words.iter().any(|w| r.setting.contains(w)))
+        .map(|r| format!("{} = {}: {}", r.setting, r.value, r.because))
+        .unwrap_or_else(|| "set at start by the runtime hooks".into());
+    plan.add(Write {
+        cgroup: cg.clone(),
+        knob: k,
+        plugin,
+        rule,
+    });
+}
+
+/// A byte value of CRI's `unified` map (`max` = none).
+fn bytes(v: &str) -> Option<Option<u64>> {
+    match v.trim() {
+        "max" => Some(None),
+        n => n.parse().ok().map(Some),
+    }
+}
+
+/// Adds what the hooks would set on `p` and its containers now; returns the
+/// CPU lists its containers are bound to (LSE/LSR), which leave the share pool.
+pub fn pod(p: &Pod, ctx: &Context, plan: &mut Plan) -> Vec<String> {
+    let mut bound = Vec::new();
+    let d = decide::pod(p.class, &p.annotations, p.sandbox_memory_limit, ctx);
+    for k in d.cgroup {
+        add(plan, &p.cgroup, k, &d.rules);
+    }
+    for c in &p.containers {
+        let d = decide::container(p.class, &c.name, &p.annotations, c.memory_limit, ctx);
+        let mut knobs = d.cgroup.clone();
+        let pa = &d.patch;
+        if let Some(s) = pa.cpu_shares {
+            knobs.push(Knob::CpuShares(s.max(2) as u64));
+        }
+        if let Some(q) = pa.cpu_quota {
+            knobs.push(Knob::CpuQuota {
+                quota: (q > 0).then_some(q as u64),
+                period: pa.cpu_period.unwrap_or(100_000).max(1) as u64,
+            });
+        }
+        if let Some(m) = pa.memory_limit_in_bytes {
+            knobs.push(Knob::MemoryLimit((m > 0).then_some(m as u64)));
+        }
+        if let Some(cpus) = &pa.cpuset_cpus {
+            knobs.push(Knob::CpusetCpus(cpus.clone()));
+            bound.push(cpus.clone());
+        }
+        for (file, v) in &pa.unified {
+            let k = match (file.as_str(), bytes(v)) {
+                ("memory.min", Some(Some(b))) => Knob::MemoryMin(b),
+                ("memory.low", Some(Some(b))) => Knob::MemoryLow(b),
+                ("memory.high", Some(b)) => Knob::MemoryHigh(b),
+                _ => continue,
+            };
+            knobs.push(k);
+        }
+        for k in knobs {
+            add(plan, &c.cgroup, k, &d.rules);
+        }
+    }
+    bound
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use qoslet_cgroups::Features;
+    use qoslet_hooks::policy::ResourceQosStrategy;
+
+    fn be_pod() -> Pod {
+        let spec = r#"{"containers":{"work":{"requests":{"kubernetes.io/batch-cpu":"500","kubernetes.io/batch-memory":"1Gi"},"limits":{"kubernetes.io/batch-cpu":"1000","kubernetes.io/batch-memory":"2Gi"}}}}"#;
+        Pod {
+            id: "p1".into(),
+            class: QosClass::Be,
+            cgroup: CgroupPath::parse("/kubepods/besteffort/podp1").unwrap(),
+            annotations: [(
+                "node.koordinator.sh/extended-resource-spec".to_string(),
+                spec.to_string(),
+            )]
+            .into(),
+            sandbox_memory_limit: 0,
+            cpu_cores: 0.0,
+            containers: vec![Container {
+                id: "c1".into(),
+                name: "work".into(),
+                cgroup: CgroupPath::parse("/kubepods/besteffort/podp1/c1").unwrap(),
+                memory_limit: 0,
+                cpu_quota: 0,
+                cpu_period: 100_000,
+                cpu_cores: 0.0,
+                throttled_ratio: 0.0,
+            }],
+        }
+    }
+
+    #[test]
+    fn be_pod_gets_what_the_hooks_set_with_rules() {
+        let features = Features {
+            cpu_idle: true,
+            memory_qos: true,
+            ..Default::default()
+        };
+        let mut policy = ResourceQosStrategy::default();
+        policy.be_class.memory_qos.enable = true;
+        let devices = BTreeMap::new();
+        let ctx = Context {
+            features: &features,
+            v2: false,
+            policy: &policy,
+            page_size: 4096,
+            devices: &devices,
+        };
+        let mut plan = Plan::new();
+        pod(&be_pod(), &ctx, &mut plan);
+        let find = |cg: &str, name: &str| {
+            plan.writes()
+                .iter()
+                .find(|w| w.cgroup.as_str().ends_with(cg) && w.knob.name() == name)
+                .cloned()
+        };
+        let idle = find("podp1", "cpu-idle").expect("pod cpu.idle");
+        assert_eq!(idle.knob, Knob::CpuIdle(true));
+        assert_eq!(idle.plugin, "cpu-qos");
+        let q = find("c1", "cpu-quota").expect("container quota");
+        assert_eq!(
+            q.knob,
+            Knob::CpuQuota {
+                quota: Some(100_000),
+                period: 100_000
+            }
+        );
+        assert!(q.rule.contains("batch-cpu"), "{}", q.rule);
+        let m = find("c1", "memory-min").expect("container memory.min");
+        assert_eq!(m.plugin, "memory-qos");
+        assert!(
+            find("podp1", "memory-limit").is_some(),
+            "pod batch memory sum"
+        );
+        // policy reloaded with memory QoS off: no memory QoS writes
+        let mut off = policy.clone();
+        off.be_class.memory_qos.enable = false;
+        let ctx = Context {
+            policy: &off,
+            ..ctx
+        };
+        let mut plan = Plan::new();
+        pod(&be_pod(), &ctx, &mut plan);
+        assert!(!plan.writes().iter().any(|w| w.plugin == "memory-qos"));
+    }
+}
