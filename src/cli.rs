@@ -247,3 +247,126 @@ pub async fn explain(a: ExplainArgs) -> Result<()> {
     }
     Ok(())
 }
+
+#[derive(clap::Args)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    pub admin: AdminArgs,
+    /// Only this plugin's writes (cpu-suppress, cpu-burst, cpu-qos, memory-qos, batch-resources, cpuset, blkio).
+    #[arg(long)]
+    pub plugin: Option<String>,
+    /// Only writes that changed (or, in dry run, would change) a file.
+    #[arg(long)]
+    pub changes: bool,
+    /// Only cgroups whose path contains this text (a pod uid, `besteffort`).
+    #[arg(long)]
+    pub cgroup: Option<String>,
+}
+
+pub async fn plan(a: PlanArgs) -> Result<()> {
+    let p = connect(&a.admin.admin)
+        .await?
+        .get_plan(qoslet_proto::admin::GetPlanRequest {
+            plugin: a.plugin.unwrap_or_default(),
+            changes_only: a.changes,
+            cgroup: a.cgroup.unwrap_or_default(),
+        })
+        .await
+        .context("GetPlan")?
+        .into_inner();
+    if a.admin.json {
+        let writes: Vec<_> = p
+            .writes
+            .iter()
+            .map(|w| {
+                serde_json::json!({"cgroup": w.cgroup, "setting": w.setting, "plugin": w.plugin, "rule": w.rule, "state": w.state,
+                "files": w.files.iter().map(|f| serde_json::json!({"path": f.path, "value": f.value})).collect::<Vec<_>>()})
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "tick": p.tick, "timestamp": p.timestamp, "dryRun": p.dry_run, "suppressPolicy": p.suppress_policy,
+                "capacityCores": p.capacity_cores, "nonBeUsageCores": p.non_be_usage_cores, "beUsageCores": p.be_usage_cores,
+                "systemUsageCores": p.system_usage_cores, "reservedCores": p.reserved_cores, "allowanceCores": p.allowance_cores,
+                "level": p.level, "sharePool": p.share_pool, "beParent": p.be_parent, "beQuotaUs": p.be_quota_us,
+                "written": p.written, "unchanged": p.unchanged, "skipped": p.skipped, "drift": p.drift, "errors": p.errors,
+                "warnings": p.warnings, "tickSeconds": p.tick_seconds, "policyError": p.policy_error,
+                "resctrlMoved": p.resctrl_moved, "writes": writes,
+            }))?
+        );
+        return Ok(());
+    }
+    if p.tick == 0 {
+        println!("the QoS engine has not ticked yet (it waits for the first metrics)");
+    } else {
+        println!(
+            "tick {} ({}), {:.2} ms{}",
+            p.tick,
+            p.timestamp,
+            p.tick_seconds * 1e3,
+            if p.dry_run {
+                ", DRY RUN: nothing is written"
+            } else {
+                ""
+            }
+        );
+        println!(
+            "CPU: {:.2} cores; LS and others use {:.2}, BE {:.2}, system {:.2} (reserved {:.2})",
+            p.capacity_cores,
+            p.non_be_usage_cores,
+            p.be_usage_cores,
+            p.system_usage_cores,
+            p.reserved_cores
+        );
+        println!(
+            "BE suppress ({}): allowance {:.2} cores, level {}; {} quota {}{}",
+            p.suppress_policy,
+            p.allowance_cores,
+            p.level,
+            p.be_parent,
+            if p.be_quota_us < 0 {
+                "unlimited".to_string()
+            } else {
+                format!("{} us", p.be_quota_us)
+            },
+            if p.share_pool.is_empty() {
+                String::new()
+            } else {
+                format!("; share pool {}", p.share_pool)
+            }
+        );
+        println!(
+            "files: {} written, {} unchanged, {} not re-read (applied before)",
+            p.written, p.unchanged, p.skipped
+        );
+    }
+    if !p.policy_error.is_empty() {
+        println!(
+            "CONFIG INVALID (the last good policy is in force): {}",
+            p.policy_error
+        );
+    }
+    for d in &p.drift {
+        println!("drift put back: {d}");
+    }
+    for e in &p.errors {
+        println!("error: {e}");
+    }
+    for w in &p.warnings {
+        println!("warning: {w}");
+    }
+    for w in &p.writes {
+        let files: Vec<String> = w
+            .files
+            .iter()
+            .map(|f| format!("{} = {}", f.path, f.value))
+            .collect();
+        println!("[{}] {} {}: {}", w.state, w.plugin, w.cgroup, w.setting);
+        for f in files {
+            println!("    {f}");
+        }
+        println!("    because: {}", w.rule);
+    }
+    Ok(())
+}

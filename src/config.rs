@@ -13,7 +13,7 @@ use serde::Deserialize;
 pub const DEFAULT_CONFIG: &str = "/etc/qoslet/qoslet.yaml";
 
 /// The file's shape. Keys are camelCase, like Kubernetes config.
-#[derive(Debug, Default, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FileConfig {
     pub listen: Option<String>,
@@ -48,18 +48,54 @@ pub struct FileConfig {
     pub metrics_snapshot: Option<bool>,
     /// Root of procfs (default /proc).
     pub proc_root: Option<PathBuf>,
+    /// The QoS engine's loop.
+    pub qos_engine: Option<EngineConfig>,
+}
+
+/// `qosEngine:` — the 1 s loop that keeps BE pods from hurting LS pods.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EngineConfig {
+    /// Run the engine (default true; it needs metrics).
+    pub enable: Option<bool>,
+    /// Tick interval, 1s to 600s (default 1s).
+    pub interval: Option<String>,
+    /// Plan and show, never write (default false).
+    pub dry_run: Option<bool>,
+    /// The besteffort parent cgroup (default: `kubepods/besteffort`, or the
+    /// systemd driver's `kubepods.slice/kubepods-besteffort.slice`, whichever exists).
+    pub be_parent: Option<String>,
+    /// CPU kubelet reserves for the system and kube daemons, in cores (default 0).
+    pub reserved_cpus: Option<f64>,
+    /// How often each file qoslet owns is re-read for drift (default 10s).
+    pub drift_check_interval: Option<String>,
 }
 
 /// `policy:` — NodeSLO's names and defaults.
-#[derive(Debug, Default, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct PolicyConfig {
     #[serde(rename = "resourceQOSStrategy", default)]
     pub resource_qos_strategy: qoslet_hooks::policy::ResourceQosStrategy,
+    #[serde(rename = "resourceUsedThresholdWithBE", default)]
+    pub resource_used_threshold_with_be: qoslet_qos_engine::policy::ResourceThresholdStrategy,
+    #[serde(rename = "cpuBurstStrategy", default)]
+    pub cpu_burst_strategy: qoslet_qos_engine::burst::CpuBurstStrategy,
+}
+
+impl PolicyConfig {
+    /// The engine's view of the policy.
+    pub fn engine(&self) -> qoslet_qos_engine::engine::Policy {
+        qoslet_qos_engine::engine::Policy {
+            threshold: self.resource_used_threshold_with_be.clone(),
+            burst: self.cpu_burst_strategy.clone(),
+            qos: self.resource_qos_strategy.clone(),
+        }
+    }
 }
 
 /// Defaults for every hook (the hooks themselves come with later features).
-#[derive(Debug, Default, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HooksConfig {
     /// e.g. `2s`, `500ms`.
@@ -108,7 +144,26 @@ pub fn parse(text: &str) -> Result<FileConfig> {
     if let Some(p) = &cfg.policy {
         p.resource_qos_strategy
             .validate()
+            .and_then(|_| p.resource_used_threshold_with_be.validate())
+            .and_then(|_| p.cpu_burst_strategy.validate())
             .map_err(|e| anyhow::anyhow!("key policy.{e}"))?;
+    }
+    if let Some(e) = &cfg.qos_engine {
+        if let Some(v) = &e.interval {
+            metrics_interval(v).context("key qosEngine.interval")?;
+        }
+        if let Some(v) = &e.drift_check_interval {
+            metrics_interval(v).context("key qosEngine.driftCheckInterval")?;
+        }
+        if let Some(v) = e.reserved_cpus {
+            if !(0.0..=4096.0).contains(&v) {
+                bail!("key qosEngine.reservedCpus: {v} is not 0-4096 cores");
+            }
+        }
+        if let Some(v) = &e.be_parent {
+            qoslet_cgroups::CgroupPath::parse(v)
+                .map_err(|err| anyhow::anyhow!("key qosEngine.beParent: {err}"))?;
+        }
     }
     if let Some(n) = cfg.max_message_bytes {
         if !(1024..=(1 << 30)).contains(&n) {
@@ -221,6 +276,44 @@ mod tests {
             parse("policy:\n  resourceQOSStrategy:\n    lsClass:\n      memQOS: {}\n").unwrap_err()
         );
         assert!(e.contains("memQOS"), "{e}");
+    }
+
+    #[test]
+    fn engine_policy_and_settings() {
+        let c = parse(
+            "policy:\n  resourceUsedThresholdWithBE:\n    cpuSuppressThresholdPercent: 40\n    cpuSuppressPolicy: cfsQuota\n  cpuBurstStrategy:\n    policy: auto\n\
+             qosEngine:\n  interval: 2s\n  dryRun: true\n  beParent: /kubepods/besteffort\n  reservedCpus: 1.5\n",
+        )
+        .unwrap();
+        let p = c.policy.unwrap().engine();
+        assert_eq!(p.threshold.cpu_suppress_threshold_percent, 40);
+        assert_eq!(
+            p.threshold.memory_evict_threshold_percent, 70,
+            "defaults kept"
+        );
+        assert_eq!(p.burst.policy, qoslet_qos_engine::burst::BurstPolicy::Auto);
+        assert_eq!(c.qos_engine.unwrap().reserved_cpus, Some(1.5));
+        for (bad, key) in [
+            (
+                "policy:\n  resourceUsedThresholdWithBE:\n    cpuSuppressThresholdPercent: 140\n",
+                "cpuSuppressThresholdPercent",
+            ),
+            (
+                "policy:\n  resourceUsedThresholdWithBE:\n    cpuSuppressPolicy: fast\n",
+                "fast",
+            ),
+            (
+                "policy:\n  cpuBurstStrategy:\n    cfsQuotaBurstPercent: 50\n",
+                "cfsQuotaBurstPercent",
+            ),
+            ("qosEngine:\n  interval: 0s\n", "qosEngine.interval"),
+            ("qosEngine:\n  beParent: ../../etc\n", "qosEngine.beParent"),
+            ("qosEngine:\n  reservedCpus: -1\n", "reservedCpus"),
+            ("qosEngine:\n  dryrun: true\n", "dryrun"),
+        ] {
+            let e = format!("{:#}", parse(bad).unwrap_err());
+            assert!(e.contains(key), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -36,7 +36,35 @@ pub const ANNOTATION_APPLIED: &str = "qoslet.io/applied";
 pub struct Isolation {
     cgroups: Option<Arc<Cgroups>>,
     resctrl: Option<Arc<Resctrl>>,
-    shared: Arc<Shared>,
+    shared: PolicyHandle,
+}
+
+/// The policy the hooks read, swapped whole when the config file is reloaded
+/// (each call reads one consistent policy).
+#[derive(Clone)]
+pub struct PolicyHandle(Arc<std::sync::RwLock<Arc<Shared>>>);
+
+impl PolicyHandle {
+    fn get(&self) -> Arc<Shared> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Puts `policy` in force for the next calls (block devices resolved again).
+    pub fn set(&self, policy: ResourceQosStrategy) {
+        let cur = self.get();
+        let next = Arc::new(Shared {
+            features: cur.features.clone(),
+            v2: cur.v2,
+            devices: resolve_devices(&policy),
+            policy,
+        });
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = next;
+    }
+
+    /// The policy in force and its devices.
+    pub fn devices(&self) -> std::collections::BTreeMap<String, qoslet_cgroups::Device> {
+        self.get().devices.clone()
+    }
 }
 
 /// What every decision reads.
@@ -62,7 +90,7 @@ impl Shared {
 
 /// Resolves every `blkioQOS` device name of the policy; a name that is not a
 /// block device here is logged once (its limits are skipped per pod, with a warning).
-fn resolve_devices(
+pub(crate) fn resolve_devices(
     policy: &ResourceQosStrategy,
 ) -> std::collections::BTreeMap<String, qoslet_cgroups::Device> {
     let mut out = std::collections::BTreeMap::new();
@@ -106,13 +134,18 @@ impl Isolation {
         Self {
             cgroups: cgroups.map(Arc::new),
             resctrl: resctrl.map(Arc::new),
-            shared: Arc::new(Shared {
+            shared: PolicyHandle(Arc::new(std::sync::RwLock::new(Arc::new(Shared {
                 features,
                 v2,
                 devices: resolve_devices(&policy),
                 policy,
-            }),
+            })))),
         }
+    }
+
+    /// The handle that swaps the policy the hooks read.
+    pub fn policy_handle(&self) -> PolicyHandle {
+        self.shared.clone()
     }
 }
 
@@ -258,7 +291,7 @@ impl Hook for Isolation {
         ctx: HookContext,
         req: Arc<CriRequest>,
     ) -> BoxFuture<Result<Option<CriRequest>, BoxError>> {
-        let shared = self.shared.clone();
+        let shared = self.shared.get();
         Box::pin(async move {
             match &*req {
                 CriRequest::CreateContainer(r) => {
@@ -335,7 +368,7 @@ impl Hook for Isolation {
         resp: Arc<CriResponse>,
     ) -> BoxFuture<Result<(), BoxError>> {
         let (shared, cgroups, resctrl) = (
-            self.shared.clone(),
+            self.shared.get(),
             self.cgroups.clone(),
             self.resctrl.clone(),
         );

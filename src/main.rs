@@ -4,6 +4,7 @@
 
 mod cli;
 mod config;
+mod engine;
 mod isolation;
 mod metrics;
 mod top;
@@ -36,6 +37,8 @@ enum Cmd {
     Explain(cli::ExplainArgs),
     /// A live view of the node and its pods (usage, class, throttling, what qoslet applied).
     Top(top::TopArgs),
+    /// The QoS engine's latest plan, file by file, with the rule behind each line.
+    Plan(cli::PlanArgs),
 }
 
 #[derive(clap::Args)]
@@ -64,6 +67,10 @@ struct ProxyArgs {
     /// Metrics collection interval, 1s to 600s (default 1s).
     #[arg(long, value_name = "DURATION")]
     metrics_interval: Option<String>,
+    /// The QoS engine plans and shows (`qoslet plan`, the log) but never writes;
+    /// the runtime hooks still apply.
+    #[arg(long)]
+    dry_run: bool,
 }
 
 fn main() -> std::process::ExitCode {
@@ -85,6 +92,7 @@ fn main() -> std::process::ExitCode {
             Cmd::Pods(a) => cli::pods(a).await,
             Cmd::Explain(a) => cli::explain(a).await,
             Cmd::Top(a) => top::run(a).await,
+            Cmd::Plan(a) => cli::plan(a).await,
         }
     });
     match r {
@@ -148,6 +156,8 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
         cfg.resync_interval = config::parse_duration(v)?;
     }
     let settings = hook_settings(file.hooks.as_ref())?;
+    let policy_cfg = file.policy.clone().unwrap_or_default();
+    let mut policy_handle = None;
     let pipeline = if file.isolation.unwrap_or(true) {
         let root = file
             .cgroup_root
@@ -160,10 +170,7 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
                 None
             }
         };
-        let policy = file
-            .policy
-            .map(|p| p.resource_qos_strategy)
-            .unwrap_or_default();
+        let policy = policy_cfg.resource_qos_strategy.clone();
         let resctrl_root = file
             .resctrl_root
             .clone()
@@ -175,8 +182,9 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
                 None
             }
         };
-        let hook: std::sync::Arc<dyn qoslet_proxy::Hook> =
-            std::sync::Arc::new(isolation::Isolation::new(cgroups, resctrl, policy));
+        let iso = isolation::Isolation::new(cgroups, resctrl, policy);
+        policy_handle = Some(iso.policy_handle());
+        let hook: std::sync::Arc<dyn qoslet_proxy::Hook> = std::sync::Arc::new(iso);
         qoslet_proxy::Pipeline::with_hooks(vec![(hook, settings)])
     } else {
         qoslet_proxy::Pipeline::new()
@@ -224,23 +232,89 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
     };
     // the admin API answers metrics queries through a slot filled once collection starts
     let slot = std::sync::Arc::new(MetricsSlot::default());
-    let view: Option<std::sync::Arc<dyn qoslet_proxy::MetricsView>> = metrics_settings
+    let view: Option<std::sync::Arc<dyn qoslet_proxy::AgentView>> = metrics_settings
         .as_ref()
-        .map(|_| slot.clone() as std::sync::Arc<dyn qoslet_proxy::MetricsView>);
+        .map(|_| slot.clone() as std::sync::Arc<dyn qoslet_proxy::AgentView>);
+    let engine_cfg = file.qos_engine.clone().unwrap_or_default();
+    let engine_settings = engine::Settings {
+        interval: config::metrics_interval(engine_cfg.interval.as_deref().unwrap_or("1s"))
+            .context("qosEngine.interval")?,
+        dry_run: a.dry_run || engine_cfg.dry_run.unwrap_or(false),
+        be_parent: engine_cfg
+            .be_parent
+            .as_deref()
+            .map(qoslet_cgroups::CgroupPath::parse)
+            .transpose()
+            .context("qosEngine.beParent")?,
+        reserved_cores: engine_cfg.reserved_cpus.unwrap_or(0.0),
+        verify_every: 0,
+        config: Some(path.clone()),
+        sys_root: PathBuf::from("/sys"),
+    };
+    let drift_every =
+        config::metrics_interval(engine_cfg.drift_check_interval.as_deref().unwrap_or("10s"))
+            .context("qosEngine.driftCheckInterval")?;
+    let engine_settings = engine::Settings {
+        verify_every: (drift_every.as_secs() / engine_settings.interval.as_secs()).max(1),
+        ..engine_settings
+    };
+    let resctrl_root = file
+        .resctrl_root
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("/sys/fs/resctrl"));
     let running = qoslet_proxy::start_with(cfg, pipeline, view).await?;
     let mut metric_tasks = Vec::new();
     if let Some(s) = metrics_settings {
         match metrics::Metrics::start(
             s,
-            cgroup_root,
+            cgroup_root.clone(),
             running.store.clone(),
             running.shutdown_signal(),
         )
         .await
         {
             Ok(Some((m, tasks))) => {
-                let _ = slot.0.set(m);
+                let _ = slot.0.set(m.clone());
                 metric_tasks = tasks;
+                if engine_cfg.enable.unwrap_or(true) {
+                    match qoslet_cgroups::Cgroups::detect(&cgroup_root) {
+                        Ok(cg) => {
+                            let env = qoslet_qos_engine::engine::Env {
+                                features: cg.host().features.clone(),
+                                v2: cg.host().is_v2(),
+                                devices: policy_handle
+                                    .as_ref()
+                                    .map(|h| h.devices())
+                                    .unwrap_or_else(|| {
+                                        isolation::resolve_devices(
+                                            &policy_cfg.resource_qos_strategy,
+                                        )
+                                    }),
+                                page_size: 4096,
+                            };
+                            let rdt = qoslet_cgroups::resctrl::Resctrl::detect(&resctrl_root)
+                                .ok()
+                                .flatten();
+                            let shared = engine::Shared::new(cg, engine_settings.dry_run);
+                            let render = shared.clone();
+                            m.set_extra(std::sync::Arc::new(move |out: &mut String| {
+                                render.render(out)
+                            }));
+                            let _ = slot.1.set(shared.clone());
+                            metric_tasks.push(shared.start(
+                                engine_settings,
+                                policy_cfg.engine(),
+                                env,
+                                policy_handle.clone(),
+                                rdt,
+                                m,
+                                running.store.clone(),
+                                running.shutdown_signal(),
+                            ));
+                        }
+                        Err(e) => tracing::warn!(error = %e, "no cgroups; QoS engine off"),
+                    }
+                }
             }
             Ok(None) => {}
             Err(e) => {
@@ -259,11 +333,14 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
     Ok(())
 }
 
-/// The metrics side of the admin API, set once collection has started.
+/// The metrics and engine side of the admin API, set once they have started.
 #[derive(Default)]
-struct MetricsSlot(std::sync::OnceLock<std::sync::Arc<metrics::Metrics>>);
+struct MetricsSlot(
+    std::sync::OnceLock<std::sync::Arc<metrics::Metrics>>,
+    std::sync::OnceLock<std::sync::Arc<engine::Shared>>,
+);
 
-impl qoslet_proxy::MetricsView for MetricsSlot {
+impl qoslet_proxy::AgentView for MetricsSlot {
     fn query(
         &self,
         req: qoslet_proto::admin::QueryMetricsRequest,
@@ -278,6 +355,18 @@ impl qoslet_proxy::MetricsView for MetricsSlot {
 
     fn node_summary(&self) -> qoslet_proto::admin::NodeSummaryResponse {
         self.0.get().map(|m| m.node_summary()).unwrap_or_default()
+    }
+
+    fn plan(
+        &self,
+        req: qoslet_proto::admin::GetPlanRequest,
+    ) -> Result<qoslet_proto::admin::GetPlanResponse, tonic::Status> {
+        match self.1.get() {
+            Some(e) => Ok(e.plan(&req)),
+            None => Err(tonic::Status::unavailable(
+                "the QoS engine is not running (qosEngine.enable false, metrics off, or no cgroups)",
+            )),
+        }
     }
 }
 

@@ -34,6 +34,9 @@ pub struct Settings {
     pub sys_root: PathBuf,
 }
 
+/// More Prometheus lines, appended to every scrape.
+pub type Extra = Arc<dyn Fn(&mut String) + Send + Sync>;
+
 /// What the loop shares with the exporter and the admin API.
 pub struct Metrics {
     tsdb: Mutex<Tsdb>,
@@ -44,6 +47,10 @@ pub struct Metrics {
     interval: Duration,
     cpi: String,
     store: Store,
+    /// Woken after every tick.
+    ticked: tokio::sync::Notify,
+    /// More Prometheus lines (the QoS engine's), appended to every scrape.
+    extra: std::sync::OnceLock<Extra>,
 }
 
 fn unix_now() -> u32 {
@@ -159,6 +166,8 @@ impl Metrics {
             interval: s.interval,
             cpi,
             store,
+            ticked: tokio::sync::Notify::new(),
+            extra: std::sync::OnceLock::new(),
         });
         let mut tasks = vec![tokio::spawn(collect_loop(
             m.clone(),
@@ -176,11 +185,26 @@ impl Metrics {
         Ok(Some((m, tasks)))
     }
 
+    /// The latest tick.
+    pub fn latest(&self) -> Option<Arc<Tick>> {
+        lock(&self.latest).clone()
+    }
+
+    /// Resolves after the next tick.
+    pub async fn ticked(&self) {
+        self.ticked.notified().await
+    }
+
+    /// Adds lines to every scrape (set once).
+    pub fn set_extra(&self, f: Extra) {
+        let _ = self.extra.set(f);
+    }
+
     /// The Prometheus text of the latest tick.
     pub fn render(&self) -> String {
         let latest = lock(&self.latest).clone();
         let series = lock(&self.tsdb).series_count();
-        match latest {
+        let mut out = match latest {
             Some(t) => qoslet_metrics::prom::render(
                 &t,
                 series,
@@ -188,7 +212,11 @@ impl Metrics {
                 self.skipped_total.load(Ordering::Relaxed),
             ),
             None => String::new(),
+        };
+        if let Some(f) = self.extra.get() {
+            f(&mut out);
         }
+        out
     }
 
     /// Healthy when a tick happened within 3 intervals (at least 10 s).
@@ -313,6 +341,7 @@ async fn collect_loop(
         debug!(readings = tick.readings.len(), skipped = tick.skipped, took = ?t0.elapsed(), "metrics tick");
         *lock(&m.latest) = Some(Arc::new(tick));
         *lock(&m.last_tick) = Some(Instant::now());
+        m.ticked.notify_waiters();
     }
     if let Some(p) = snapshot {
         let db = lock(&m.tsdb).clone();
@@ -388,7 +417,7 @@ const AGGS: [&str; 9] = [
     "last", "avg", "min", "max", "p50", "p90", "p95", "p99", "trend",
 ];
 
-impl qoslet_proxy::MetricsView for Metrics {
+impl qoslet_proxy::AgentView for Metrics {
     fn query(
         &self,
         req: admin::QueryMetricsRequest,

@@ -17,17 +17,21 @@ use crate::store::{ContainerRecord, PodRecord, Resources, Store};
 /// qoslet's version, as reported by GetStatus.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
-/// The metrics side of the admin API, provided by the binary (the proxy crate
-/// does not depend on the metrics crate).
-pub trait MetricsView: Send + Sync + 'static {
+/// What the agent's loops show the admin API (the metrics cache, the QoS
+/// engine's plan), provided by the binary: the proxy crate depends on neither.
+pub trait AgentView: Send + Sync + 'static {
     fn query(&self, req: admin::QueryMetricsRequest)
         -> Result<admin::QueryMetricsResponse, Status>;
     fn node_summary(&self) -> admin::NodeSummaryResponse;
+    /// The QoS engine's latest tick.
+    fn plan(&self, _req: admin::GetPlanRequest) -> Result<admin::GetPlanResponse, Status> {
+        Err(Status::unavailable("the QoS engine is off in this qoslet"))
+    }
 }
 
 /// The admin service implementation.
 pub struct AdminService {
-    pub(crate) metrics: Option<Arc<dyn MetricsView>>,
+    pub(crate) metrics: Option<Arc<dyn AgentView>>,
     pub(crate) store: Store,
     pub(crate) stats: Arc<ProxyStats>,
     pub(crate) pipeline: Pipeline,
@@ -111,6 +115,16 @@ impl Admin for AdminService {
     ) -> Result<Response<admin::NodeSummaryResponse>, Status> {
         let m = self.metrics.as_ref().ok_or_else(metrics_off)?;
         Ok(Response::new(m.node_summary()))
+    }
+
+    async fn get_plan(
+        &self,
+        req: Request<admin::GetPlanRequest>,
+    ) -> Result<Response<admin::GetPlanResponse>, Status> {
+        let m = self.metrics.as_ref().ok_or_else(|| {
+            Status::unavailable("the QoS engine needs metrics, and metrics are off in this qoslet")
+        })?;
+        m.plan(req.into_inner()).map(Response::new)
     }
 
     async fn list_pods(

@@ -32,6 +32,6 @@ pub mod relay;
 pub mod server;
 pub mod store;
 
-pub use admin::MetricsView;
+pub use admin::AgentView;
 pub use pipeline::{FailurePolicy, Hook, HookSettings, Pipeline};
 pub use server::{start, start_with, ProxyConfig, Running, StartError};

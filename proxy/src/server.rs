@@ -114,7 +114,7 @@ pub async fn start(cfg: ProxyConfig, pipeline: Pipeline) -> Result<Running, Star
 pub async fn start_with(
     cfg: ProxyConfig,
     pipeline: Pipeline,
-    metrics: Option<Arc<dyn crate::admin::MetricsView>>,
+    metrics: Option<Arc<dyn crate::admin::AgentView>>,
 ) -> Result<Running, StartError> {
     let listen_path = parse_unix(&cfg.listen).map_err(StartError::Listen)?;
     let admin_path = parse_unix(&cfg.admin_listen).map_err(StartError::Admin)?;

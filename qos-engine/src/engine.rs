@@ -493,6 +493,7 @@ mod tests {
     fn cfs(threshold: i64) -> Policy {
         Policy {
             threshold: ResourceThresholdStrategy {
+                enable: true,
                 cpu_suppress_threshold_percent: threshold,
                 cpu_suppress_policy: CpuSuppressPolicy::CfsQuota,
                 ..Default::default()
@@ -630,6 +631,7 @@ mod tests {
         let cg = Cgroups::detect(&d).unwrap();
         let p = Policy {
             threshold: ResourceThresholdStrategy {
+                enable: true,
                 cpu_suppress_threshold_percent: 50,
                 ..Default::default()
             },

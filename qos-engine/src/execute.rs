@@ -28,6 +28,30 @@ pub struct Report {
     pub drift: Vec<String>,
     /// Failed writes, each naming the file and value; the others still ran.
     pub errors: Vec<String>,
+    /// What happened to each write of the plan, in the plan's order.
+    pub states: Vec<WriteState>,
+}
+
+/// What happened to one write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriteState {
+    Written,
+    /// Read and found right.
+    Unchanged,
+    /// Applied before and not due for a drift check: not read.
+    Skipped,
+    Error(String),
+}
+
+impl WriteState {
+    pub fn as_str(&self) -> std::borrow::Cow<'_, str> {
+        match self {
+            WriteState::Written => "written".into(),
+            WriteState::Unchanged => "unchanged".into(),
+            WriteState::Skipped => "skipped".into(),
+            WriteState::Error(e) => format!("error: {e}").into(),
+        }
+    }
 }
 
 /// What a file would get (dry run): its cgroup, setting, and whether the file differs now.
@@ -78,29 +102,37 @@ impl Executor {
     pub fn execute(&mut self, plan: &Plan, cgroups: &Cgroups) -> Report {
         self.tick += 1;
         let phase = self.tick % self.verify_every;
-        let mut r = Report::default();
+        let mut r = Report {
+            states: vec![WriteState::Skipped; plan.len()],
+            ..Default::default()
+        };
         let mut todo: Vec<(CgroupPath, Knob)> = Vec::new();
-        let mut todo_keys: Vec<(Key, bool)> = Vec::new();
-        for w in plan.writes() {
+        let mut todo_keys: Vec<(Key, bool, usize)> = Vec::new();
+        for (at, w) in plan.writes().iter().enumerate() {
             let k = key(w);
             match self.known.get(&k) {
                 Some(kn) if kn.knob == w.knob && kn.slot != phase => r.skipped += 1,
                 Some(kn) => {
                     let same = kn.knob == w.knob;
                     todo.push((w.cgroup.clone(), w.knob.clone()));
-                    todo_keys.push((k, same));
+                    todo_keys.push((k, same, at));
                 }
                 None => {
                     todo.push((w.cgroup.clone(), w.knob.clone()));
-                    todo_keys.push((k, false));
+                    todo_keys.push((k, false, at));
                 }
             }
         }
         for i in cgroups.order(&todo) {
             let (cg, knob) = &todo[i];
-            let (k, expected) = &todo_keys[i];
+            let (k, expected, at) = &todo_keys[i];
             match cgroups.apply(cg, knob) {
                 Ok(o) => {
+                    r.states[*at] = if o == Outcome::Written {
+                        WriteState::Written
+                    } else {
+                        WriteState::Unchanged
+                    };
                     if o == Outcome::Written {
                         r.written += 1;
                         if *expected {
@@ -129,6 +161,7 @@ impl Executor {
                 }
                 Err(e) => {
                     self.known.remove(k);
+                    r.states[*at] = WriteState::Error(e.to_string());
                     r.errors.push(e.to_string());
                 }
             }

@@ -18,6 +18,7 @@ pub enum CpuSuppressPolicy {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct ResourceThresholdStrategy {
+    /// Off by default (Koordinator's NodeSLO default): BE is only suppressed when asked.
     pub enable: bool,
     /// Share of the node's CPUs LS and BE may use together before BE is suppressed.
     pub cpu_suppress_threshold_percent: i64,
@@ -34,7 +35,7 @@ pub struct ResourceThresholdStrategy {
 impl Default for ResourceThresholdStrategy {
     fn default() -> Self {
         Self {
-            enable: true,
+            enable: false,
             cpu_suppress_threshold_percent: 65,
             cpu_suppress_policy: CpuSuppressPolicy::Cpuset,
             memory_evict_threshold_percent: 70,
@@ -106,7 +107,11 @@ mod tests {
         .unwrap();
         assert_eq!(s.cpu_suppress_policy, CpuSuppressPolicy::CfsQuota);
         assert_eq!(s.memory_evict_lower(), 78);
-        assert!(s.enable, "unset fields keep their defaults");
+        assert!(!s.enable, "off unless enabled, as in Koordinator");
+        assert_eq!(
+            s.cpu_evict_be_usage_threshold_percent, 90,
+            "unset fields keep their defaults"
+        );
         for (bad, field) in [
             (
                 r#"{"cpuSuppressThresholdPercent":140}"#,

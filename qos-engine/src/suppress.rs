@@ -147,6 +147,7 @@ mod tests {
 
     fn p(threshold: i64) -> ResourceThresholdStrategy {
         ResourceThresholdStrategy {
+            enable: true,
             cpu_suppress_threshold_percent: threshold,
             ..Default::default()
         }

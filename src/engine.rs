@@ -1,0 +1,670 @@
+//! The QoS engine's loop: every tick (1 s by default, right after a fresh
+//! metrics tick) it reads the store, the latest metrics and the policy, plans
+//! with `qoslet-qos-engine`, and applies the plan (or, in dry-run mode, only
+//! shows it). The config file is watched: a changed `policy:` section is put
+//! in force for the engine and the runtime hooks alike; an invalid file keeps
+//! the last good policy and the error is logged and shown by `qoslet plan`.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use qoslet_cgroups::resctrl::Resctrl;
+use qoslet_cgroups::{CgroupPath, Cgroups};
+use qoslet_metrics::collect::Tick;
+use qoslet_metrics::metric::sample;
+use qoslet_metrics::Metric;
+use qoslet_proto::admin;
+use qoslet_proxy::store::{ContainerState, PodState, Store};
+use qoslet_qos_engine::engine::{Engine, Env, NodeState, Policy, TickResult};
+use qoslet_qos_engine::execute::Executor;
+use qoslet_qos_engine::policy::CpuSuppressPolicy;
+use qoslet_qos_engine::reconcile::{Container, Pod};
+use tokio::sync::watch;
+use tracing::{debug, error, info, warn};
+
+use crate::isolation::PolicyHandle;
+use crate::metrics::Metrics;
+
+/// Settings from flags and the config file.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub interval: Duration,
+    pub dry_run: bool,
+    /// `None`: found at run time (`kubepods/besteffort` or the systemd slice).
+    pub be_parent: Option<CgroupPath>,
+    pub reserved_cores: f64,
+    /// Re-read each owned file once every this many ticks.
+    pub verify_every: u64,
+    /// The config file to watch for policy changes (`None`: none).
+    pub config: Option<PathBuf>,
+    pub sys_root: PathBuf,
+}
+
+/// One tick as the admin API shows it.
+struct Last {
+    seq: u64,
+    ts: u32,
+    state: NodeState,
+    result: TickResult,
+    /// Per write, in plan order.
+    states: Vec<String>,
+    drift: Vec<String>,
+    errors: Vec<String>,
+    counts: (u32, u32, u32),
+    took: Duration,
+    policy: &'static str,
+    resctrl_moved: u32,
+}
+
+/// What the loop shares with the admin API and the Prometheus endpoint.
+pub struct Shared {
+    cgroups: Cgroups,
+    dry_run: bool,
+    last: Mutex<Option<Arc<Last>>>,
+    policy_error: Mutex<String>,
+    ticks: AtomicU64,
+    writes: AtomicU64,
+    drift: AtomicU64,
+    errors: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Watches the config file: (modified, length) changes trigger a re-parse.
+struct Reloader {
+    path: PathBuf,
+    seen: Option<(std::time::SystemTime, u64)>,
+    current: crate::config::FileConfig,
+}
+
+impl Reloader {
+    fn stamp(path: &Path) -> Option<(std::time::SystemTime, u64)> {
+        let m = std::fs::metadata(path).ok()?;
+        Some((m.modified().ok()?, m.len()))
+    }
+
+    fn new(path: PathBuf) -> Self {
+        let current = crate::config::load(&path, false).unwrap_or_default();
+        Self {
+            seen: Self::stamp(&path),
+            path,
+            current,
+        }
+    }
+
+    /// `Some(Ok(policy))` when the file changed and its policy with it;
+    /// `Some(Err(why))` when the changed file is invalid.
+    fn poll(&mut self) -> Option<Result<crate::config::PolicyConfig, String>> {
+        let stamp = Self::stamp(&self.path);
+        if stamp == self.seen {
+            return None;
+        }
+        self.seen = stamp;
+        let next = match crate::config::load(&self.path, false) {
+            Ok(c) => c,
+            Err(e) => return Some(Err(format!("{e:#}"))),
+        };
+        let policy_changed = next.policy != self.current.policy;
+        let others_changed = crate::config::FileConfig {
+            policy: None,
+            ..next.clone()
+        } != crate::config::FileConfig {
+            policy: None,
+            ..self.current.clone()
+        };
+        if others_changed {
+            warn!(path = %self.path.display(), "config keys other than policy changed; they take effect at the next restart");
+        }
+        self.current = next;
+        policy_changed.then(|| Ok(self.current.policy.clone().unwrap_or_default()))
+    }
+}
+
+/// The CPUs of each NUMA node (`/sys/devices/system/node/node*/cpulist`),
+/// else all online CPUs as one node, else `0..capacity`.
+fn numa(sys_root: &Path, capacity: f64) -> Vec<Vec<u32>> {
+    let parse = |p: &Path| -> Option<Vec<u32>> {
+        let s = std::fs::read_to_string(p).ok()?;
+        qoslet_qos_engine::cpuset::parse_cpus(&s).map(|c| c.into_iter().collect())
+    };
+    let mut nodes: Vec<(u32, Vec<u32>)> = std::fs::read_dir(sys_root.join("devices/system/node"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().to_string();
+            let n: u32 = name.strip_prefix("node")?.parse().ok()?;
+            parse(&e.path().join("cpulist")).map(|c| (n, c))
+        })
+        .filter(|(_, c)| !c.is_empty())
+        .collect();
+    nodes.sort();
+    if !nodes.is_empty() {
+        return nodes.into_iter().map(|(_, c)| c).collect();
+    }
+    if let Some(c) = parse(&sys_root.join("devices/system/cpu/online")).filter(|c| !c.is_empty()) {
+        return vec![c];
+    }
+    vec![(0..capacity.max(1.0) as u32).collect()]
+}
+
+/// The besteffort parent: as configured, else the first of the cgroupfs and
+/// systemd drivers' names that exists.
+fn find_be_parent(cgroups: &Cgroups, configured: Option<&CgroupPath>) -> Option<CgroupPath> {
+    if let Some(c) = configured {
+        return Some(c.clone());
+    }
+    [
+        "kubepods/besteffort",
+        "kubepods.slice/kubepods-besteffort.slice",
+    ]
+    .into_iter()
+    .filter_map(|p| CgroupPath::parse(p).ok())
+    .find(|cg| cgroups.read(cg, "cpu", "cgroup.procs").is_ok())
+}
+
+/// The besteffort parent's CFS quota and period (`None`: unlimited).
+fn read_quota(cgroups: &Cgroups, cg: &CgroupPath) -> Option<(Option<u64>, u64)> {
+    if cgroups.host().is_v2() {
+        let s = cgroups.read(cg, "cpu", "cpu.max").ok()?;
+        let mut it = s.split_whitespace();
+        let q = it.next()?;
+        let period = it.next().and_then(|p| p.parse().ok()).unwrap_or(100_000);
+        return Some((q.parse().ok(), period));
+    }
+    let q: i64 = cgroups
+        .read(cg, "cpu", "cpu.cfs_quota_us")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let period = cgroups
+        .read(cg, "cpu", "cpu.cfs_period_us")
+        .ok()
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or(100_000);
+    Some(((q > 0).then_some(q as u64), period))
+}
+
+/// Builds what the tick reads from the store and the latest metrics.
+fn node_state(
+    t: &Tick,
+    store: &Store,
+    be_parent: &CgroupPath,
+    be_quota: Option<(Option<u64>, u64)>,
+    be_cpuset: Option<BTreeSet<u32>>,
+    numa: &[Vec<u32>],
+    reserved: f64,
+) -> NodeState {
+    let readings: HashMap<&str, &qoslet_metrics::collect::Reading> = t
+        .readings
+        .iter()
+        .map(|r| (r.target.entity.as_str(), r))
+        .collect();
+    let usage = |entity: &str, m: Metric| {
+        readings
+            .get(entity)
+            .and_then(|r| sample(&r.samples, m))
+            .unwrap_or(0.0)
+    };
+    let pods = store.read_all(|pods, containers| {
+        let mut by_pod: HashMap<&str, Vec<Container>> = HashMap::new();
+        let mut out = Vec::new();
+        let mut cgs: HashMap<&str, CgroupPath> = HashMap::new();
+        for p in pods.values().filter(|p| p.state == PodState::Ready) {
+            if let Ok(cg) = CgroupPath::pod(&p.cgroup_parent) {
+                if !cg.as_str().is_empty() {
+                    cgs.insert(p.id.as_str(), cg);
+                }
+            }
+        }
+        for c in containers
+            .values()
+            .filter(|c| c.state == ContainerState::Running)
+        {
+            let Some(pcg) = cgs.get(c.pod_id.as_str()) else {
+                continue;
+            };
+            let Ok(cg) = pcg.container(&c.id) else {
+                continue;
+            };
+            let r = c.requested.clone().unwrap_or_default();
+            let entity = format!("container/{}", c.id);
+            by_pod
+                .entry(c.pod_id.as_str())
+                .or_default()
+                .push(Container {
+                    id: c.id.clone(),
+                    name: c.name.clone(),
+                    cgroup: cg,
+                    memory_limit: r.memory_limit_in_bytes,
+                    cpu_quota: r.cpu_quota,
+                    cpu_period: if r.cpu_period > 0 {
+                        r.cpu_period
+                    } else {
+                        100_000
+                    },
+                    cpu_cores: usage(&entity, Metric::CpuUsage),
+                    throttled_ratio: usage(&entity, Metric::CpuThrottledRatio),
+                });
+        }
+        for p in pods.values().filter(|p| p.state == PodState::Ready) {
+            let Some(cg) = cgs.get(p.id.as_str()) else {
+                continue;
+            };
+            let Some(class) = qoslet_hooks::classify(&p.labels, &p.cgroup_parent).class else {
+                continue;
+            };
+            let mut containers = by_pod.remove(p.id.as_str()).unwrap_or_default();
+            containers.sort_by(|a, b| a.id.cmp(&b.id));
+            out.push(Pod {
+                id: p.id.clone(),
+                class,
+                cgroup: cg.clone(),
+                annotations: p.annotations.clone(),
+                sandbox_memory_limit: p
+                    .resources
+                    .as_ref()
+                    .map(|r| r.memory_limit_in_bytes)
+                    .unwrap_or(0),
+                cpu_cores: usage(&format!("pod/{}", p.id), Metric::CpuUsage),
+                containers,
+            });
+        }
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out
+    });
+    let g = |s: &[(Metric, f64)], m| sample(s, m).unwrap_or(0.0);
+    let (be_quota_us, period_us) = be_quota.unwrap_or((None, 100_000));
+    NodeState {
+        capacity_cores: g(&t.node, Metric::CpuCapacity),
+        node_usage_cores: g(&t.node, Metric::CpuUsage),
+        system_usage_cores: g(&t.system, Metric::CpuUsage),
+        reserved_cores: reserved,
+        pods,
+        be_parent: be_parent.clone(),
+        be_quota_us,
+        period_us,
+        numa: numa.to_vec(),
+        be_cpuset,
+    }
+}
+
+impl Shared {
+    pub fn new(cgroups: Cgroups, dry_run: bool) -> Arc<Self> {
+        Arc::new(Self {
+            cgroups,
+            dry_run,
+            last: Mutex::new(None),
+            policy_error: Mutex::new(String::new()),
+            ticks: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+            drift: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+        })
+    }
+
+    /// Starts the loop.
+    #[allow(clippy::too_many_arguments)]
+    pub fn start(
+        self: &Arc<Self>,
+        s: Settings,
+        policy: Policy,
+        env: Env,
+        hooks: Option<PolicyHandle>,
+        rdt: Option<Resctrl>,
+        metrics: Arc<Metrics>,
+        store: Store,
+        shutdown: watch::Receiver<bool>,
+    ) -> tokio::task::JoinHandle<()> {
+        let me = self.clone();
+        tokio::spawn(async move {
+            me.run(s, policy, env, hooks, rdt, metrics, store, shutdown)
+                .await
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn run(
+        self: Arc<Self>,
+        s: Settings,
+        mut policy: Policy,
+        mut env: Env,
+        hooks: Option<PolicyHandle>,
+        rdt: Option<Resctrl>,
+        metrics: Arc<Metrics>,
+        store: Store,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        info!(interval = ?s.interval, dry_run = s.dry_run, "QoS engine on");
+        let mut engine = Engine::new(s.verify_every);
+        let mut reloader = s.config.clone().map(Reloader::new);
+        let mut ticker = tokio::time::interval(s.interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut last_ts = 0u32;
+        let mut numa_cache: Option<Vec<Vec<u32>>> = None;
+        let mut be_parent: Option<CgroupPath> = None;
+        let mut logged: HashSet<String> = HashSet::new();
+        let mut level = qoslet_qos_engine::suppress::Level::None;
+        let mut seq = 0u64;
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {}
+                _ = shutdown.changed() => break,
+            }
+            // fresh metrics: wait (at most one interval) for a tick newer than the last one used
+            if metrics.latest().map(|t| t.ts) == Some(last_ts) || metrics.latest().is_none() {
+                tokio::select! {
+                    _ = tokio::time::timeout(s.interval, metrics.ticked()) => {}
+                    _ = shutdown.changed() => break,
+                }
+            }
+            if let Some(r) = reloader.as_mut() {
+                match r.poll() {
+                    Some(Ok(p)) => {
+                        policy = p.engine();
+                        if let Some(h) = &hooks {
+                            h.set(p.resource_qos_strategy.clone());
+                            env.devices = h.devices();
+                        }
+                        lock(&self.policy_error).clear();
+                        info!(path = %r.path.display(), "policy reloaded");
+                    }
+                    Some(Err(e)) => {
+                        error!(error = %e, "config file invalid; the last good policy stays in force");
+                        *lock(&self.policy_error) = e;
+                    }
+                    None => {}
+                }
+            }
+            let Some(t) = metrics.latest() else {
+                debug!("QoS engine: no metrics yet");
+                continue;
+            };
+            if t.ts == last_ts {
+                debug!("QoS engine: no fresh metrics this tick; skipped");
+                continue;
+            }
+            last_ts = t.ts;
+            let t0 = Instant::now();
+            let cg = &self.cgroups;
+            if be_parent.is_none() {
+                be_parent = find_be_parent(cg, s.be_parent.as_ref());
+            }
+            let capacity = sample(&t.node, Metric::CpuCapacity).unwrap_or(1.0);
+            let numa = numa_cache.get_or_insert_with(|| numa(&s.sys_root, capacity));
+            let mut pol = policy.clone();
+            let (bp, quota, cpuset) = match &be_parent {
+                Some(bp) => (
+                    bp.clone(),
+                    read_quota(cg, bp),
+                    cg.read(bp, "cpuset", "cpuset.cpus")
+                        .ok()
+                        .and_then(|c| qoslet_qos_engine::cpuset::parse_cpus(&c))
+                        .filter(|c| !c.is_empty()),
+                ),
+                None => {
+                    if pol.threshold.enable && logged.insert("no-be-parent".into()) {
+                        warn!("no besteffort parent cgroup found (set qosEngine.beParent); CPU suppress is off until it appears");
+                    }
+                    pol.threshold.enable = false;
+                    (CgroupPath::root(), None, None)
+                }
+            };
+            let state = node_state(&t, &store, &bp, quota, cpuset, numa, s.reserved_cores);
+            let result = engine.plan(&state, &pol, &env);
+            let (states, report, moved) = if s.dry_run {
+                let states = Executor::preview(&result.plan, cg)
+                    .into_iter()
+                    .map(|p| match (p.error, p.would_change) {
+                        (Some(e), _) => format!("error: {e}"),
+                        (None, Some(false)) => "would-keep".into(),
+                        (None, _) => "would-write".into(),
+                    })
+                    .collect();
+                (states, None, 0)
+            } else {
+                let r = engine.execute(&result.plan, cg);
+                let mut moved = 0;
+                if let Some(rdt) = &rdt {
+                    let groups = qoslet_qos_engine::resctrl::desired(&state.pods, &pol.qos, rdt);
+                    if !groups.is_empty() {
+                        let sr = qoslet_qos_engine::resctrl::sync(&groups, rdt, cg);
+                        moved = sr.moved;
+                        for e in sr.errors {
+                            if logged.insert(e.clone()) {
+                                warn!(error = %e, "resctrl reconcile");
+                            }
+                        }
+                    }
+                }
+                (
+                    r.states.iter().map(|s| s.as_str().into_owned()).collect(),
+                    Some(r),
+                    moved,
+                )
+            };
+            if result.level != level {
+                info!(
+                    from = level.as_str(),
+                    to = result.level.as_str(),
+                    allowance_cores = format!("{:.2}", result.allowance_cores),
+                    "BE CPU suppress level changed"
+                );
+                level = result.level;
+            }
+            for w in &result.warnings {
+                if logged.insert(w.clone()) {
+                    warn!("{w}");
+                }
+            }
+            let (drift, errors, counts) = match report {
+                Some(r) => {
+                    for d in &r.drift {
+                        warn!(drift = %d, "cgroup drift put back");
+                    }
+                    for e in &r.errors {
+                        if logged.insert(e.clone()) {
+                            warn!(error = %e, "QoS engine write failed (retried every tick; logged once)");
+                        }
+                    }
+                    self.writes.fetch_add(r.written as u64, Ordering::Relaxed);
+                    self.drift
+                        .fetch_add(r.drift.len() as u64, Ordering::Relaxed);
+                    self.errors
+                        .fetch_add(r.errors.len() as u64, Ordering::Relaxed);
+                    (
+                        r.drift,
+                        r.errors,
+                        (r.written as u32, r.unchanged as u32, r.skipped as u32),
+                    )
+                }
+                None => (Vec::new(), Vec::new(), (0, 0, 0)),
+            };
+            if logged.len() > 10_000 {
+                logged.clear();
+            }
+            seq += 1;
+            self.ticks.fetch_add(1, Ordering::Relaxed);
+            let took = t0.elapsed();
+            debug!(writes = result.plan.len(), written = counts.0, took = ?took, "QoS engine tick");
+            let policy_name = match (pol.threshold.enable, pol.threshold.cpu_suppress_policy) {
+                (false, _) => "disabled",
+                (true, CpuSuppressPolicy::CfsQuota) => "cfsQuota",
+                (true, CpuSuppressPolicy::Cpuset) => "cpuset",
+            };
+            *lock(&self.last) = Some(Arc::new(Last {
+                seq,
+                ts: t.ts,
+                state,
+                result,
+                states,
+                drift,
+                errors,
+                counts,
+                took,
+                policy: policy_name,
+                resctrl_moved: moved as u32,
+            }));
+        }
+        info!("QoS engine stopped");
+    }
+
+    /// The latest tick for the admin API.
+    pub fn plan(&self, req: &admin::GetPlanRequest) -> admin::GetPlanResponse {
+        let Some(l) = lock(&self.last).clone() else {
+            return admin::GetPlanResponse {
+                dry_run: self.dry_run,
+                policy_error: lock(&self.policy_error).clone(),
+                ..Default::default()
+            };
+        };
+        let r = &l.result;
+        let writes = r
+            .plan
+            .writes()
+            .iter()
+            .zip(&l.states)
+            .filter(|(w, _)| req.plugin.is_empty() || w.plugin == req.plugin)
+            .filter(|(w, _)| req.cgroup.is_empty() || w.cgroup.as_str().contains(&req.cgroup))
+            .filter(|(_, st)| {
+                !req.changes_only
+                    || *st == "written"
+                    || *st == "would-write"
+                    || st.starts_with("error")
+            })
+            .map(|(w, st)| admin::PlanWrite {
+                cgroup: w.cgroup.as_str().to_string(),
+                setting: w.knob.name().into(),
+                files: self
+                    .cgroups
+                    .plan(&w.knob)
+                    .map(|fs| {
+                        fs.into_iter()
+                            .map(|f| admin::PlanFile {
+                                path: self
+                                    .cgroups
+                                    .path_of(&w.cgroup, &f)
+                                    .map(|p| p.display().to_string())
+                                    .unwrap_or_else(|e| format!("({e})")),
+                                value: f.value,
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                plugin: w.plugin.into(),
+                rule: w.rule.clone(),
+                state: st.clone(),
+            })
+            .collect();
+        admin::GetPlanResponse {
+            tick: l.seq,
+            timestamp: i64::from(l.ts),
+            dry_run: self.dry_run,
+            suppress_policy: l.policy.into(),
+            capacity_cores: l.state.capacity_cores,
+            non_be_usage_cores: r.non_be_usage_cores,
+            be_usage_cores: r.be_usage_cores,
+            system_usage_cores: l.state.system_usage_cores,
+            reserved_cores: l.state.reserved_cores,
+            allowance_cores: r.allowance_cores,
+            level: r.level.as_str().into(),
+            share_pool: r
+                .pool
+                .map(|p| format!("{p:?}").to_lowercase())
+                .unwrap_or_default(),
+            be_parent: l.state.be_parent.as_str().into(),
+            be_quota_us: l.state.be_quota_us.map(|q| q as i64).unwrap_or(-1),
+            writes,
+            written: l.counts.0,
+            unchanged: l.counts.1,
+            skipped: l.counts.2,
+            drift: l.drift.clone(),
+            errors: l.errors.clone(),
+            warnings: r.warnings.clone(),
+            tick_seconds: l.took.as_secs_f64(),
+            policy_error: lock(&self.policy_error).clone(),
+            resctrl_moved: l.resctrl_moved,
+        }
+    }
+
+    /// The engine's Prometheus lines.
+    pub fn render(&self, out: &mut String) {
+        use std::fmt::Write;
+        let last = lock(&self.last).clone();
+        let mut g = |name: &str, kind: &str, help: &str, v: f64| {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+            );
+        };
+        if let Some(l) = &last {
+            g(
+                "qoslet_be_suppress_level",
+                "gauge",
+                "BE CPU suppress pressure: 0 none, 1 mid (BE held below what it wants), 2 high (BE at the floor).",
+                f64::from(l.result.level.value()),
+            );
+            g(
+                "qoslet_be_cpu_allowance_cores",
+                "gauge",
+                "CPU the BE pods may use now, in cores.",
+                l.result.allowance_cores,
+            );
+            g(
+                "qoslet_engine_tick_seconds",
+                "gauge",
+                "Time the QoS engine's last tick took.",
+                l.took.as_secs_f64(),
+            );
+            g(
+                "qoslet_engine_plan_writes",
+                "gauge",
+                "Settings in the QoS engine's last plan.",
+                l.result.plan.len() as f64,
+            );
+        }
+        g(
+            "qoslet_engine_dry_run",
+            "gauge",
+            "1 when the QoS engine only plans and never writes.",
+            f64::from(u8::from(self.dry_run)),
+        );
+        for (name, help, v) in [
+            (
+                "qoslet_engine_ticks_total",
+                "QoS engine ticks.",
+                &self.ticks,
+            ),
+            (
+                "qoslet_engine_writes_total",
+                "cgroup files the QoS engine changed.",
+                &self.writes,
+            ),
+            (
+                "qoslet_engine_drift_total",
+                "Files someone else changed that the QoS engine put back.",
+                &self.drift,
+            ),
+            (
+                "qoslet_engine_errors_total",
+                "Failed QoS engine writes.",
+                &self.errors,
+            ),
+        ] {
+            g(name, "counter", help, v.load(Ordering::Relaxed) as f64);
+        }
+        let failed = u8::from(!lock(&self.policy_error).is_empty());
+        g(
+            "qoslet_policy_reload_failed",
+            "gauge",
+            "1 when the config file's last change was invalid (the last good policy is in force).",
+            f64::from(failed),
+        );
+    }
+}
