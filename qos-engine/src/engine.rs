@@ -149,7 +149,8 @@ pub fn tick(
     let quota_on = t.enable && t.cpu_suppress_policy == CpuSuppressPolicy::CfsQuota;
     let cpuset_on = t.enable && t.cpu_suppress_policy == CpuSuppressPolicy::Cpuset;
     if quota_on {
-        if let Some(q) = s.quota_us {
+        // unchanged (within the dead band) stays in the plan, so the plan always shows the rule
+        if let Some(q) = s.quota_us.or(state.be_quota_us) {
             plan.add(w(
                 &state.be_parent,
                 Knob::CpuQuota {
@@ -552,9 +553,16 @@ mod tests {
         let q =
             std::fs::read_to_string(d.join("cpu/kubepods/besteffort/cpu.cfs_quota_us")).unwrap();
         assert_eq!(q, "100000");
-        // steady state: the plugin asks for nothing new, the executor writes nothing
+        // steady state: the plugin keeps the quota, the executor writes nothing
         let t = e.plan(&state(6.0, 4.0, Some(100_000)), &p, &env);
-        assert!(suppress_writes(&t).is_empty());
+        assert_eq!(
+            suppress_writes(&t)[0].knob,
+            Knob::CpuQuota {
+                quota: Some(100_000),
+                period: 100_000
+            }
+        );
+        assert!(suppress_writes(&t)[0].rule.contains("unchanged"));
         assert_eq!(e.execute(&t.plan, &cg).written, 0);
         // LS load gone: restored stepwise (at most 1.6 cores per tick on 16 CPUs)
         let t = e.plan(&state(0.0, 4.0, Some(100_000)), &p, &env);
