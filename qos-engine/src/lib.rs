@@ -13,6 +13,9 @@
 //! * [`execute`]: the executor (ordered, idempotent, cached, with drift checks).
 //! * [`burst`]: CPU burst and quota scaling for LS pods (`cpuBurstStrategy`).
 //!
+//! * [`sim`]: the seed scenario (1,024 cores, an LS burst) driving the real engine.
+//! * [`synth`]: a synthetic node (kernel-shaped cgroup tree and pods) for the bench and the simulation.
+//!
 //! Plugins are pure functions, table-tested without a filesystem.
 
 #![forbid(unsafe_code)]
@@ -25,4 +28,6 @@ pub mod plan;
 pub mod policy;
 pub mod reconcile;
 pub mod resctrl;
+pub mod sim;
 pub mod suppress;
+pub mod synth;

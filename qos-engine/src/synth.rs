@@ -1,0 +1,132 @@
+//! A synthetic node for the benchmark and the simulation: a cgroup v1 tree
+//! shaped like the kernel's (the files the engine reads and writes, with the
+//! kernel's defaults) and the pods in it, as the engine sees them.
+
+use std::io;
+use std::path::Path;
+
+use qoslet_cgroups::CgroupPath;
+use qoslet_hooks::QosClass;
+
+use crate::reconcile::{Container, Pod};
+
+/// What to build.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    pub ls_pods: usize,
+    pub be_pods: usize,
+    pub containers_per_pod: usize,
+    /// Each LS container's CPU limit, in cores (0: none).
+    pub ls_limit_cores: f64,
+    pub cpus: u32,
+}
+
+/// One cgroup's files in each controller's hierarchy (`root/<controller>/<cg>/<file>`).
+fn cgroup_files(root: &Path, cg: &str, cpus: u32) -> io::Result<()> {
+    for (f, v) in [
+        ("cpu/cpu.cfs_quota_us", "-1\n".to_string()),
+        ("cpu/cpu.cfs_period_us", "100000\n".into()),
+        ("cpu/cpu.shares", "1024\n".into()),
+        ("cpu/cpu.idle", "0\n".into()),
+        ("cpu/cpu.cfs_burst_us", "0\n".into()),
+        ("cpu/tasks", String::new()),
+        ("cpu/cgroup.procs", String::new()),
+        ("cpuset/cpuset.cpus", format!("0-{}\n", cpus - 1)),
+        ("cpuset/cgroup.procs", String::new()),
+        (
+            "memory/memory.limit_in_bytes",
+            "9223372036854771712\n".into(),
+        ),
+        ("memory/cgroup.procs", String::new()),
+    ] {
+        let (controller, file) = f.split_once('/').unwrap_or_default();
+        let d = root.join(controller).join(cg);
+        std::fs::create_dir_all(&d)?;
+        std::fs::write(d.join(file), v)?;
+    }
+    Ok(())
+}
+
+/// Builds the tree under `root` (v1: `root/cpu/...`, `root/cpuset/...`,
+/// `root/memory/...`) and returns the pods in it.
+pub fn build(root: &Path, s: &Shape) -> io::Result<Vec<Pod>> {
+    let _ = std::fs::remove_dir_all(root);
+    let mut pods = Vec::new();
+    let mut all = vec![
+        String::new(),
+        "kubepods".into(),
+        "kubepods/besteffort".into(),
+        "kubepods/burstable".into(),
+    ];
+    let mut add = |class: QosClass, parent: &str, n: usize, pods: &mut Vec<Pod>| {
+        for i in 0..n {
+            let id = format!("{}{i:05}", if class == QosClass::Be { "be" } else { "ls" });
+            let pcg = format!("{parent}/pod{id}");
+            all.push(pcg.clone());
+            let containers = (0..s.containers_per_pod)
+                .map(|c| {
+                    let cid = format!("{id}c{c}");
+                    all.push(format!("{pcg}/{cid}"));
+                    let limited = class == QosClass::Ls && s.ls_limit_cores > 0.0;
+                    Container {
+                        id: cid.clone(),
+                        name: format!("c{c}"),
+                        cgroup: CgroupPath::parse(&format!("{pcg}/{cid}")).expect("synthetic path"),
+                        memory_limit: 0,
+                        cpu_quota: if limited {
+                            (s.ls_limit_cores * 100_000.0) as i64
+                        } else {
+                            0
+                        },
+                        cpu_period: 100_000,
+                        cpu_cores: 0.0,
+                        throttled_ratio: 0.0,
+                    }
+                })
+                .collect();
+            pods.push(Pod {
+                id,
+                class,
+                cgroup: CgroupPath::parse(&pcg).expect("synthetic path"),
+                annotations: Default::default(),
+                sandbox_memory_limit: 0,
+                cpu_cores: 0.0,
+                containers,
+            });
+        }
+    };
+    add(QosClass::Ls, "kubepods/burstable", s.ls_pods, &mut pods);
+    add(QosClass::Be, "kubepods/besteffort", s.be_pods, &mut pods);
+    for cg in &all {
+        cgroup_files(root, cg, s.cpus)?;
+    }
+    Ok(pods)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tree_the_cgroups_layer_recognises() {
+        let d = std::env::temp_dir().join(format!("qoslet-synth-{}", std::process::id()));
+        let pods = build(
+            &d,
+            &Shape {
+                ls_pods: 2,
+                be_pods: 1,
+                containers_per_pod: 2,
+                ls_limit_cores: 2.0,
+                cpus: 8,
+            },
+        )
+        .unwrap();
+        assert_eq!(pods.len(), 3);
+        assert_eq!(pods[0].containers[1].cpu_quota, 200_000);
+        let cg = qoslet_cgroups::Cgroups::detect(&d).unwrap();
+        assert!(cg.host().features.cpu_idle && cg.host().features.cpu_burst);
+        let be = CgroupPath::parse("kubepods/besteffort/podbe00000/be00000c1").unwrap();
+        assert_eq!(cg.read(&be, "cpuset", "cpuset.cpus").unwrap().trim(), "0-7");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}
