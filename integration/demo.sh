@@ -21,10 +21,21 @@ Q="${CARGO_TARGET_DIR:-target}/debug/qoslet"
 D=$WORK/demo; mkdir -p "$D"
 QSOCK=$D/qoslet.sock; ASOCK=$D/admin.sock
 pkill -f "qoslet proxy --listen unix://$QSOCK" 2>/dev/null || true; sleep 0.2
+# the QoS engine: BE may use 65% of the node minus what LS and the system use (a CFS quota on the
+# demo's besteffort parent); Koordinator's NodeSLO names, hot-reloaded when this file changes
+cat > "$D/qoslet.yaml" <<YAML
+policy:
+  resourceUsedThresholdWithBE:
+    enable: true
+    cpuSuppressPolicy: cfsQuota
+    cpuSuppressThresholdPercent: 65
+qosEngine:
+  beParent: /qoslet-test/demo/kubepods/besteffort
+YAML
 say "starting qoslet in front of containerd (kubelet would use --container-runtime-endpoint=unix://$QSOCK)"
 "$Q" proxy --listen "unix://$QSOCK" --admin-listen "unix://$ASOCK" \
   --runtime-endpoint "unix://$WORK/main/containerd.sock" --state-dir "$D/state" \
-  --metrics-listen 127.0.0.1:19316 2>"$D/qoslet.log" &
+  --metrics-listen 127.0.0.1:19316 --config "$D/qoslet.yaml" 2>"$D/qoslet.log" &
 QPID=$!
 for _ in $(seq 1 100); do [ -S "$ASOCK" ] && break; sleep 0.05; done
 GRPCURL=$WORK/bin/grpcurl
@@ -66,6 +77,11 @@ say "qoslet top --once (live view without --once): usage vs what kubelet asked, 
 "$Q" top --once --admin "unix://$ASOCK" -n default | sed 's/^/  /'
 say "Prometheus endpoint http://127.0.0.1:19316/metrics (the demo's containers)"
 curl -s 127.0.0.1:19316/metrics | grep -E '^qoslet_container_(cpu_usage_cores|memory_working_set_bytes)\{namespace="default"' | sed 's/^/  /'
+say "qoslet plan --plugin cpu-suppress: the QoS engine's last tick (every second), the rule behind each file"
+"$Q" plan --admin "unix://$ASOCK" --plugin cpu-suppress | sed 's/^/  /'
+say "qoslet plan --cgroup poddemo-be: what the engine keeps in place on the BE pod (drift is put back)"
+"$Q" plan --admin "unix://$ASOCK" --cgroup poddemo-be | grep -E '^\[|because' | sed 's/^/  /'
+curl -s 127.0.0.1:19316/metrics | grep -E '^qoslet_(be_suppress_level|be_cpu_allowance_cores|engine_writes_total) ' | sed 's/^/  /'
 
 if [ "${KEEP:-0}" = 1 ]; then
   say "KEEP=1: qoslet (pid $QPID) and both pods stay up; stop with: kill $QPID; $TB down"
