@@ -8,7 +8,7 @@ use std::path::{Component, Path, PathBuf};
 use crate::CgroupError;
 
 /// A validated cgroup path, relative to a hierarchy root (`kubepods/burstable/pod1/ctr`).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct CgroupPath(String);
 
 impl CgroupPath {

@@ -116,6 +116,8 @@ pub fn tick(
         }
     }
 
+    memory_protection_up_the_tree(state, &mut plan);
+
     // 2. suppress
     let (mut be, mut non_be, mut exclusive_usage) = (0.0, 0.0, 0.0);
     for p in &state.pods {
@@ -256,6 +258,49 @@ pub fn tick(
         pool,
         burst_quota,
         warnings,
+    }
+}
+
+/// A cgroup's memory.min/low protects it only up to what its ancestors
+/// protect: the QoS dir above each pod (`kubepods/burstable`) and the one
+/// above that (`kubepods`) get the sum of their pods' protections (or more,
+/// when something else already asks for more: the higher value wins).
+fn memory_protection_up_the_tree(state: &NodeState, plan: &mut Plan) {
+    let mut sums: BTreeMap<(CgroupPath, &'static str), u64> = BTreeMap::new();
+    for p in &state.pods {
+        for (name, v) in ["memory-min", "memory-low"].into_iter().filter_map(|n| {
+            match plan.get(&(p.cgroup.clone(), n, None)).map(|w| &w.knob) {
+                Some(Knob::MemoryMin(v)) | Some(Knob::MemoryLow(v)) => Some((n, *v)),
+                _ => None,
+            }
+        }) {
+            let mut up = p.cgroup.parent();
+            for _ in 0..2 {
+                match up {
+                    Some(a) if !a.as_str().is_empty() => {
+                        *sums.entry((a.clone(), name)).or_default() += v;
+                        up = a.parent();
+                    }
+                    _ => break,
+                }
+            }
+        }
+    }
+    for ((cg, name), v) in sums {
+        let knob = if name == "memory-min" {
+            Knob::MemoryMin(v)
+        } else {
+            Knob::MemoryLow(v)
+        };
+        plan.add(w(
+            &cg,
+            knob,
+            "memory-qos",
+            format!(
+                "the sum of its pods' {} (a child is protected only up to its parent's)",
+                name.replace('-', ".")
+            ),
+        ));
     }
 }
 
@@ -668,6 +713,46 @@ mod tests {
             .iter()
             .any(|w| w.knob == Knob::CpusetCpus("0-15".into())));
         std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn memory_protection_is_summed_up_to_the_qos_dir_and_kubepods() {
+        let spec = r#"{"containers":{"main":{"requests":{"kubernetes.io/batch-memory":"1Gi"},"limits":{"kubernetes.io/batch-memory":"2Gi"}}}}"#;
+        let mut s = state(1.0, 1.0, None);
+        let mut second = s.pods[1].clone();
+        second.id = "be2".into();
+        second.cgroup = CgroupPath::parse("/kubepods/besteffort/podbe2").unwrap();
+        second.containers[0].cgroup = second.cgroup.container("cbe2").unwrap();
+        s.pods.push(second);
+        for p in s.pods.iter_mut().filter(|p| p.class == QosClass::Be) {
+            p.annotations.insert(
+                "node.koordinator.sh/extended-resource-spec".into(),
+                spec.into(),
+            );
+        }
+        let mut p = cfs(50);
+        p.qos.be_class.memory_qos.enable = true;
+        p.qos.be_class.memory_qos.min_limit_percent = 50;
+        let env = Env {
+            features: Features {
+                memory_qos: true,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let t = tick(&s, &p, &env, &HashMap::new());
+        let min = |cg: &str| {
+            t.plan
+                .get(&(CgroupPath::parse(cg).unwrap(), "memory-min", None))
+                .map(|w| w.knob.clone())
+        };
+        assert_eq!(
+            min("kubepods/besteffort/podbe"),
+            Some(Knob::MemoryMin(512 << 20))
+        );
+        assert_eq!(min("kubepods/besteffort"), Some(Knob::MemoryMin(1 << 30)));
+        assert_eq!(min("kubepods"), Some(Knob::MemoryMin(1 << 30)));
+        assert_eq!(min("kubepods/burstable"), None, "no LS protection asked");
     }
 
     #[test]

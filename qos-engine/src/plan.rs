@@ -141,6 +141,11 @@ impl Plan {
         self.writes.is_empty()
     }
 
+    /// The write of the file `k` names.
+    pub fn get(&self, k: &Key) -> Option<&Write> {
+        self.index.get(k).map(|&i| &self.writes[i])
+    }
+
     /// Whether the plan sets the file `k` names.
     pub fn contains(&self, k: &Key) -> bool {
         self.index.contains_key(k)
