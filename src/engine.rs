@@ -368,9 +368,15 @@ impl Shared {
                 match r.poll() {
                     Some(Ok(p)) => {
                         policy = p.engine();
-                        if let Some(h) = &hooks {
-                            h.set(p.resource_qos_strategy.clone());
-                            env.devices = h.devices();
+                        match &hooks {
+                            Some(h) => {
+                                h.set(p.resource_qos_strategy.clone());
+                                env.devices = h.devices();
+                            }
+                            None => {
+                                env.devices =
+                                    crate::isolation::resolve_devices(&p.resource_qos_strategy)
+                            }
                         }
                         lock(&self.policy_error).clear();
                         info!(path = %r.path.display(), "policy reloaded");
@@ -666,5 +672,100 @@ impl Shared {
             "1 when the config file's last change was invalid (the last good policy is in force).",
             f64::from(failed),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(tag: &str) -> PathBuf {
+        let d =
+            std::env::temp_dir().join(format!("qoslet-bin-engine-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn reloader_reports_policy_changes_and_invalid_files() {
+        let d = scratch("reload");
+        let f = d.join("qoslet.yaml");
+        std::fs::write(
+            &f,
+            "policy:\n  resourceUsedThresholdWithBE:\n    enable: true\n",
+        )
+        .unwrap();
+        let mut r = Reloader::new(f.clone());
+        assert!(r.poll().is_none(), "unchanged");
+        // a different length is a change whatever the clock's resolution
+        std::fs::write(&f, "policy:\n  resourceUsedThresholdWithBE:\n    enable: true\n    cpuSuppressThresholdPercent: 40\n").unwrap();
+        let p = r.poll().unwrap().unwrap();
+        assert_eq!(
+            p.resource_used_threshold_with_be
+                .cpu_suppress_threshold_percent,
+            40
+        );
+        std::fs::write(
+            &f,
+            "policy:\n  resourceUsedThresholdWithBE:\n    cpuSuppressThresholdPercent: 400\n",
+        )
+        .unwrap();
+        let e = r.poll().unwrap().unwrap_err();
+        assert!(e.contains("cpuSuppressThresholdPercent"), "{e}");
+        // a change of another key only: no new policy
+        std::fs::write(&f, "logLevel: debug\npolicy:\n  resourceUsedThresholdWithBE:\n    enable: true\n    cpuSuppressThresholdPercent: 40\n").unwrap();
+        assert!(r.poll().is_none());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn numa_nodes_from_sys_with_fallbacks() {
+        let d = scratch("numa");
+        for (n, l) in [("node1", "4-7\n"), ("node0", "0-3\n")] {
+            std::fs::create_dir_all(d.join("devices/system/node").join(n)).unwrap();
+            std::fs::write(d.join("devices/system/node").join(n).join("cpulist"), l).unwrap();
+        }
+        assert_eq!(numa(&d, 8.0), vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7]]);
+        std::fs::remove_dir_all(d.join("devices/system/node")).unwrap();
+        std::fs::create_dir_all(d.join("devices/system/cpu")).unwrap();
+        std::fs::write(d.join("devices/system/cpu/online"), "0-1\n").unwrap();
+        assert_eq!(numa(&d, 8.0), vec![vec![0, 1]]);
+        assert_eq!(numa(&d.join("none"), 3.0), vec![vec![0, 1, 2]]);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn be_parent_and_its_quota_on_v1_and_v2() {
+        let d = scratch("quota");
+        for (f, c) in [
+            ("v1/cpu/cgroup.procs", ""),
+            ("v1/cpu/kubepods/besteffort/cgroup.procs", ""),
+            ("v1/cpu/kubepods/besteffort/cpu.cfs_quota_us", "-1\n"),
+            ("v1/cpu/kubepods/besteffort/cpu.cfs_period_us", "100000\n"),
+            ("v2/cgroup.controllers", "cpu memory\n"),
+            (
+                "v2/kubepods.slice/kubepods-besteffort.slice/cgroup.procs",
+                "",
+            ),
+            (
+                "v2/kubepods.slice/kubepods-besteffort.slice/cpu.max",
+                "20000 50000\n",
+            ),
+        ] {
+            std::fs::create_dir_all(d.join(f).parent().unwrap()).unwrap();
+            std::fs::write(d.join(f), c).unwrap();
+        }
+        let v1 = Cgroups::detect(&d.join("v1")).unwrap();
+        let bp = find_be_parent(&v1, None).unwrap();
+        assert_eq!(bp.as_str(), "kubepods/besteffort");
+        assert_eq!(read_quota(&v1, &bp), Some((None, 100_000)));
+        let v2 = Cgroups::detect(&d.join("v2")).unwrap();
+        let bp = find_be_parent(&v2, None).unwrap();
+        assert_eq!(bp.as_str(), "kubepods.slice/kubepods-besteffort.slice");
+        assert_eq!(read_quota(&v2, &bp), Some((Some(20_000), 50_000)));
+        let other = CgroupPath::parse("/custom/be").unwrap();
+        assert_eq!(find_be_parent(&v2, Some(&other)), Some(other));
+        std::fs::remove_dir_all(&d).unwrap();
     }
 }
