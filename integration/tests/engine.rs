@@ -12,7 +12,7 @@ use qoslet_integration::process::QosletProcess;
 use qoslet_integration::testbed::{
     cgroup_v1, container_config, pod_config, remove_cgroup_dirs, Cri, Testbed,
 };
-use qoslet_integration::{channel, eventually, scratch, unique};
+use qoslet_integration::{channel, eventually, free_port, http_get, scratch, unique};
 use qoslet_proto::admin::{admin_client::AdminClient, GetPlanRequest, GetPlanResponse};
 
 fn classed(name: &str, cgroup_parent: &str, class: &str) -> cri::PodSandboxConfig {
@@ -139,8 +139,15 @@ async fn real_ls_load_cuts_be_quota_and_it_comes_back_stepwise() {
     let be_parent = format!("{root}/besteffort");
     let config = dir.join("qoslet.yaml");
     std::fs::write(&config, policy(&be_parent, "")).unwrap();
-    let mut q =
-        QosletProcess::start_with(&dir, &tb.sock, &[&format!("--config={}", config.display())]);
+    let port = free_port();
+    let mut q = QosletProcess::start_with(
+        &dir,
+        &tb.sock,
+        &[
+            &format!("--config={}", config.display()),
+            &format!("--metrics-listen=127.0.0.1:{port}"),
+        ],
+    );
     let mut via = Cri::connect(&q.sock).await;
     let mut cleanup = Cleanup {
         sock: tb.sock.clone(),
@@ -244,6 +251,8 @@ async fn real_ls_load_cuts_be_quota_and_it_comes_back_stepwise() {
         (quota(&be_parent) == 2000 && p.level == "high").then_some(p)
     })
     .await;
+    let (_, text) = http_get(port, "/metrics");
+    assert!(text.contains("\nqoslet_be_suppress_level 2\n"), "{text}");
     let (thr0, ns0, t0) = (throttled(&be_parent), cpu_ns(&be_parent), Instant::now());
     // steady: three ticks in a row write nothing at all
     let mut tick = p.tick;

@@ -2,40 +2,14 @@
 //! what qoslet reports matches what the containers really use and what the
 //! kernel files say (needs root and the test bed).
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::time::Duration;
 
 use k8s_cri::v1 as cri;
 use qoslet_integration::process::QosletProcess;
 use qoslet_integration::testbed::{self, cgroup_v1, container_config, pod_config, Cri, Testbed};
-use qoslet_integration::{channel, eventually, scratch, unique};
+use qoslet_integration::{channel, eventually, free_port, http_get, scratch, unique};
 use qoslet_proto::admin::{admin_client::AdminClient, NodeSummaryRequest, QueryMetricsRequest};
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// GET over plain HTTP/1.1: (status line, body).
-fn http_get(port: u16, path: &str) -> (String, String) {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
-    (
-        head.lines().next().unwrap_or("").to_string(),
-        body.to_string(),
-    )
-}
 
 async fn query(
     admin: &std::path::Path,
