@@ -199,38 +199,12 @@ pub fn tick(
                 cpus.len(),
                 exclusive.len()
             );
-            plan.add(w(
-                &state.be_parent,
-                Knob::CpusetCpus(list.clone()),
-                "cpu-suppress",
-                rule.clone(),
-            ));
-            for cg in &be_tree {
-                plan.add(w(
-                    cg,
-                    Knob::CpusetCpus(list.clone()),
-                    "cpu-suppress",
-                    rule.clone(),
-                ));
-            }
+            be_cpuset_everywhere(state, &be_tree, &list, &rule, &mut plan);
         }
     } else if state.be_cpuset.as_ref().is_some_and(|c| *c != all) && !all.is_empty() {
         let list = crate::cpuset::format_cpus(&all);
-        let rule = "BE cpuset not suppressed: all CPUs again".to_string();
-        plan.add(w(
-            &state.be_parent,
-            Knob::CpusetCpus(list.clone()),
-            "cpu-suppress",
-            rule.clone(),
-        ));
-        for cg in &be_tree {
-            plan.add(w(
-                cg,
-                Knob::CpusetCpus(list.clone()),
-                "cpu-suppress",
-                rule.clone(),
-            ));
-        }
+        let rule = "BE cpuset not suppressed: all CPUs again";
+        be_cpuset_everywhere(state, &be_tree, &list, rule, &mut plan);
     }
 
     // 3. burst
@@ -258,6 +232,25 @@ pub fn tick(
         pool,
         burst_quota,
         warnings,
+    }
+}
+
+/// The BE cpuset on the besteffort parent and every BE pod and container
+/// (on v1 a child's CPUs must lie within its parent's; the executor orders them).
+fn be_cpuset_everywhere(
+    state: &NodeState,
+    be_tree: &[&CgroupPath],
+    list: &str,
+    rule: &str,
+    plan: &mut Plan,
+) {
+    for cg in std::iter::once(&state.be_parent).chain(be_tree.iter().copied()) {
+        plan.add(w(
+            cg,
+            Knob::CpusetCpus(list.to_string()),
+            "cpu-suppress",
+            rule.to_string(),
+        ));
     }
 }
 

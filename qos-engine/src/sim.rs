@@ -12,7 +12,6 @@
 use std::path::Path;
 
 use qoslet_cgroups::{CgroupPath, Cgroups};
-use qoslet_hooks::QosClass;
 
 use crate::engine::{Engine, Env, NodeState, Policy};
 use crate::policy::CpuSuppressPolicy;
@@ -116,17 +115,7 @@ pub fn run(threshold: i64, seconds: u32, root: &Path) -> Result<Vec<Row>, String
         };
         let (ls, be, sys) = (ls_d * share, be_d * share, SYSTEM * share);
         // the metrics the engine reads: what this second measured
-        for p in pods.iter_mut() {
-            let u = if p.class == QosClass::Be {
-                be / shape.be_pods as f64
-            } else {
-                ls / shape.ls_pods as f64
-            };
-            p.cpu_cores = u;
-            for c in &mut p.containers {
-                c.cpu_cores = u;
-            }
-        }
+        synth::set_usage(&mut pods, ls, be);
         let state = NodeState {
             capacity_cores: CAPACITY,
             node_usage_cores: ls + be + sys,

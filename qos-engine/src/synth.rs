@@ -103,6 +103,33 @@ pub fn build(root: &Path, s: &Shape) -> io::Result<Vec<Pod>> {
     Ok(pods)
 }
 
+/// Spreads usage over the pods: `ls_cores` evenly over the non-BE pods,
+/// `be_cores` over the BE pods, each pod's evenly over its containers.
+pub fn set_usage(pods: &mut [Pod], ls_cores: f64, be_cores: f64) {
+    let nbe = pods
+        .iter()
+        .filter(|p| p.class == QosClass::Be)
+        .count()
+        .max(1) as f64;
+    let nls = pods
+        .iter()
+        .filter(|p| p.class != QosClass::Be)
+        .count()
+        .max(1) as f64;
+    for p in pods.iter_mut() {
+        let u = if p.class == QosClass::Be {
+            be_cores / nbe
+        } else {
+            ls_cores / nls
+        };
+        p.cpu_cores = u;
+        let n = p.containers.len().max(1) as f64;
+        for c in &mut p.containers {
+            c.cpu_cores = u / n;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,7 +10,6 @@
 use std::time::{Duration, Instant};
 
 use qoslet_cgroups::{CgroupPath, Cgroups};
-use qoslet_hooks::QosClass;
 use qoslet_qos_engine::burst::BurstPolicy;
 use qoslet_qos_engine::engine::{Engine, Env, NodeState, Policy};
 use qoslet_qos_engine::policy::CpuSuppressPolicy;
@@ -59,21 +58,7 @@ fn main() {
     policy.threshold.enable = true;
     policy.threshold.cpu_suppress_policy = CpuSuppressPolicy::CfsQuota;
     policy.burst.policy = BurstPolicy::Auto;
-    let usage = |ls: f64, be: f64, pods: &mut Vec<qoslet_qos_engine::reconcile::Pod>| {
-        let (nls, nbe) = (shape.ls_pods.max(1) as f64, shape.be_pods.max(1) as f64);
-        for p in pods.iter_mut() {
-            let u = if p.class == QosClass::Be {
-                be / nbe
-            } else {
-                ls / nls
-            };
-            p.cpu_cores = u;
-            for c in &mut p.containers {
-                c.cpu_cores = u / per_pod as f64;
-            }
-        }
-    };
-    usage(24.0, 16.0, &mut pods_v);
+    synth::set_usage(&mut pods_v, 24.0, 16.0);
     let be_parent = CgroupPath::parse("kubepods/besteffort").unwrap();
     let state = |pods: &Vec<qoslet_qos_engine::reconcile::Pod>, cg: &Cgroups| {
         let q: i64 = cg
@@ -146,7 +131,7 @@ fn main() {
         read as f64 / ticks as f64
     );
 
-    usage(40.0, 16.0, &mut pods_v);
+    synth::set_usage(&mut pods_v, 40.0, 16.0);
     let a = Instant::now();
     let s = state(&pods_v, &cg);
     let t = engine.plan(&s, &policy, &env);
