@@ -314,19 +314,16 @@ fn cap_be_children(state: &NodeState, parent_quota: Option<u64>, plan: &mut Plan
             own.push((&c.cgroup, kubelet));
         }
         for (cg, kubelet) in own {
-            let planned = plan
-                .writes()
-                .iter()
-                .find_map(|wr| match (&wr.knob, wr.cgroup == *cg) {
-                    (
-                        Knob::CpuQuota {
-                            quota: Some(q),
-                            period,
-                        },
-                        true,
-                    ) => Some((*q, *period)),
-                    _ => None,
-                });
+            let planned = match plan
+                .get(&((*cg).clone(), "cpu-quota", None))
+                .map(|w| &w.knob)
+            {
+                Some(Knob::CpuQuota {
+                    quota: Some(q),
+                    period,
+                }) => Some((*q, *period)),
+                _ => None,
+            };
             let Some((q, period)) = planned.or(kubelet) else {
                 continue;
             };
