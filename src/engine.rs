@@ -191,94 +191,140 @@ fn read_quota(cgroups: &Cgroups, cg: &CgroupPath) -> Option<(Option<u64>, u64)> 
     Some(((q > 0).then_some(q as u64), period))
 }
 
-/// Builds what the tick reads from the store and the latest metrics.
+/// The store's ready pods and running containers as the engine sees them,
+/// rebuilt only when the store changes (paths validated, classes decided once).
+struct Skeleton {
+    generation: u64,
+    pods: Vec<Pod>,
+    /// Per pod: its metrics entity and its containers' (same order as `pods`).
+    entities: Vec<(String, Vec<String>)>,
+}
+
+impl Skeleton {
+    fn build(store: &Store) -> Self {
+        let generation = store.generation();
+        let mut pods = store.read_all(|pods, containers| {
+            let mut by_pod: HashMap<&str, Vec<Container>> = HashMap::new();
+            let mut out = Vec::new();
+            let mut cgs: HashMap<&str, CgroupPath> = HashMap::new();
+            for p in pods.values().filter(|p| p.state == PodState::Ready) {
+                if let Ok(cg) = CgroupPath::pod(&p.cgroup_parent) {
+                    if !cg.as_str().is_empty() {
+                        cgs.insert(p.id.as_str(), cg);
+                    }
+                }
+            }
+            for c in containers
+                .values()
+                .filter(|c| c.state == ContainerState::Running)
+            {
+                let Some(pcg) = cgs.get(c.pod_id.as_str()) else {
+                    continue;
+                };
+                let Ok(cg) = pcg.container(&c.id) else {
+                    continue;
+                };
+                let r = c.requested.clone().unwrap_or_default();
+                by_pod
+                    .entry(c.pod_id.as_str())
+                    .or_default()
+                    .push(Container {
+                        id: c.id.clone(),
+                        name: c.name.clone(),
+                        cgroup: cg,
+                        memory_limit: r.memory_limit_in_bytes,
+                        cpu_quota: r.cpu_quota,
+                        cpu_period: if r.cpu_period > 0 {
+                            r.cpu_period
+                        } else {
+                            100_000
+                        },
+                        cpu_cores: 0.0,
+                        throttled_ratio: 0.0,
+                    });
+            }
+            for p in pods.values().filter(|p| p.state == PodState::Ready) {
+                let Some(cg) = cgs.get(p.id.as_str()) else {
+                    continue;
+                };
+                let Some(class) = qoslet_hooks::classify(&p.labels, &p.cgroup_parent).class else {
+                    continue;
+                };
+                let mut containers = by_pod.remove(p.id.as_str()).unwrap_or_default();
+                containers.sort_by(|a, b| a.id.cmp(&b.id));
+                out.push(Pod {
+                    id: p.id.clone(),
+                    class,
+                    cgroup: cg.clone(),
+                    annotations: p.annotations.clone(),
+                    sandbox_memory_limit: p
+                        .resources
+                        .as_ref()
+                        .map(|r| r.memory_limit_in_bytes)
+                        .unwrap_or(0),
+                    cpu_cores: 0.0,
+                    containers,
+                });
+            }
+            out
+        });
+        pods.sort_by(|a, b| a.id.cmp(&b.id));
+        let entities = pods
+            .iter()
+            .map(|p| {
+                (
+                    format!("pod/{}", p.id),
+                    p.containers
+                        .iter()
+                        .map(|c| format!("container/{}", c.id))
+                        .collect(),
+                )
+            })
+            .collect();
+        Self {
+            generation,
+            pods,
+            entities,
+        }
+    }
+
+    /// The pods with this tick's usage.
+    fn with_usage(&self, t: &Tick) -> Vec<Pod> {
+        let readings: HashMap<&str, &qoslet_metrics::collect::Reading> = t
+            .readings
+            .iter()
+            .map(|r| (r.target.entity.as_str(), r))
+            .collect();
+        let usage = |entity: &str, m: Metric| {
+            readings
+                .get(entity)
+                .and_then(|r| sample(&r.samples, m))
+                .unwrap_or(0.0)
+        };
+        let mut pods = self.pods.clone();
+        for (p, (pe, ces)) in pods.iter_mut().zip(&self.entities) {
+            p.cpu_cores = usage(pe, Metric::CpuUsage);
+            for (c, ce) in p.containers.iter_mut().zip(ces) {
+                c.cpu_cores = usage(ce, Metric::CpuUsage);
+                c.throttled_ratio = usage(ce, Metric::CpuThrottledRatio);
+            }
+        }
+        pods
+    }
+}
+
+/// What the tick reads: the pods with their usage, the node's figures from the
+/// latest metrics, and the besteffort parent as read from its cgroup.
 fn node_state(
     t: &Tick,
-    store: &Store,
+    pods: Vec<Pod>,
+    generation: u64,
     be_parent: &CgroupPath,
     be_quota: Option<(Option<u64>, u64)>,
     be_cpuset: Option<BTreeSet<u32>>,
     numa: &[Vec<u32>],
     reserved: f64,
 ) -> NodeState {
-    let readings: HashMap<&str, &qoslet_metrics::collect::Reading> = t
-        .readings
-        .iter()
-        .map(|r| (r.target.entity.as_str(), r))
-        .collect();
-    let usage = |entity: &str, m: Metric| {
-        readings
-            .get(entity)
-            .and_then(|r| sample(&r.samples, m))
-            .unwrap_or(0.0)
-    };
-    let pods = store.read_all(|pods, containers| {
-        let mut by_pod: HashMap<&str, Vec<Container>> = HashMap::new();
-        let mut out = Vec::new();
-        let mut cgs: HashMap<&str, CgroupPath> = HashMap::new();
-        for p in pods.values().filter(|p| p.state == PodState::Ready) {
-            if let Ok(cg) = CgroupPath::pod(&p.cgroup_parent) {
-                if !cg.as_str().is_empty() {
-                    cgs.insert(p.id.as_str(), cg);
-                }
-            }
-        }
-        for c in containers
-            .values()
-            .filter(|c| c.state == ContainerState::Running)
-        {
-            let Some(pcg) = cgs.get(c.pod_id.as_str()) else {
-                continue;
-            };
-            let Ok(cg) = pcg.container(&c.id) else {
-                continue;
-            };
-            let r = c.requested.clone().unwrap_or_default();
-            let entity = format!("container/{}", c.id);
-            by_pod
-                .entry(c.pod_id.as_str())
-                .or_default()
-                .push(Container {
-                    id: c.id.clone(),
-                    name: c.name.clone(),
-                    cgroup: cg,
-                    memory_limit: r.memory_limit_in_bytes,
-                    cpu_quota: r.cpu_quota,
-                    cpu_period: if r.cpu_period > 0 {
-                        r.cpu_period
-                    } else {
-                        100_000
-                    },
-                    cpu_cores: usage(&entity, Metric::CpuUsage),
-                    throttled_ratio: usage(&entity, Metric::CpuThrottledRatio),
-                });
-        }
-        for p in pods.values().filter(|p| p.state == PodState::Ready) {
-            let Some(cg) = cgs.get(p.id.as_str()) else {
-                continue;
-            };
-            let Some(class) = qoslet_hooks::classify(&p.labels, &p.cgroup_parent).class else {
-                continue;
-            };
-            let mut containers = by_pod.remove(p.id.as_str()).unwrap_or_default();
-            containers.sort_by(|a, b| a.id.cmp(&b.id));
-            out.push(Pod {
-                id: p.id.clone(),
-                class,
-                cgroup: cg.clone(),
-                annotations: p.annotations.clone(),
-                sandbox_memory_limit: p
-                    .resources
-                    .as_ref()
-                    .map(|r| r.memory_limit_in_bytes)
-                    .unwrap_or(0),
-                cpu_cores: usage(&format!("pod/{}", p.id), Metric::CpuUsage),
-                containers,
-            });
-        }
-        out.sort_by(|a, b| a.id.cmp(&b.id));
-        out
-    });
     let g = |s: &[(Metric, f64)], m| sample(s, m).unwrap_or(0.0);
     let (be_quota_us, period_us) = be_quota.unwrap_or((None, 100_000));
     NodeState {
@@ -292,6 +338,7 @@ fn node_state(
         period_us,
         numa: numa.to_vec(),
         be_cpuset,
+        pods_generation: Some(generation),
     }
 }
 
@@ -352,6 +399,7 @@ impl Shared {
         let mut logged: HashSet<String> = HashSet::new();
         let mut level = qoslet_qos_engine::suppress::Level::None;
         let mut seq = 0u64;
+        let mut skeleton: Option<Skeleton> = None;
         loop {
             tokio::select! {
                 _ = ticker.tick() => {}
@@ -422,7 +470,24 @@ impl Shared {
                     (CgroupPath::root(), None, None)
                 }
             };
-            let state = node_state(&t, &store, &bp, quota, cpuset, numa, s.reserved_cores);
+            if skeleton.as_ref().map(|k| k.generation) != Some(store.generation()) {
+                skeleton = Some(Skeleton::build(&store));
+            }
+            let pods = skeleton
+                .as_ref()
+                .map(|k| k.with_usage(&t))
+                .unwrap_or_default();
+            let generation = skeleton.as_ref().map(|k| k.generation).unwrap_or(0);
+            let state = node_state(
+                &t,
+                pods,
+                generation,
+                &bp,
+                quota,
+                cpuset,
+                numa,
+                s.reserved_cores,
+            );
             let result = engine.plan(&state, &pol, &env);
             let (states, report, moved) = if s.dry_run {
                 let states = Executor::preview(&result.plan, cg)

@@ -43,6 +43,19 @@ pub struct Env {
     pub page_size: u64,
 }
 
+impl Env {
+    /// The hooks' decision context for `policy` on this host.
+    pub fn context<'a>(&'a self, policy: &'a ResourceQosStrategy) -> Context<'a> {
+        Context {
+            features: &self.features,
+            v2: self.v2,
+            policy,
+            page_size: self.page_size.max(1),
+            devices: &self.devices,
+        }
+    }
+}
+
 /// What one tick reads (from the store, the metrics cache and the cgroups).
 #[derive(Debug, Clone, PartialEq)]
 pub struct NodeState {
@@ -63,6 +76,10 @@ pub struct NodeState {
     pub numa: Vec<Vec<u32>>,
     /// The BE parent's cpuset now (`None`: unknown).
     pub be_cpuset: Option<BTreeSet<u32>>,
+    /// Names this set of pods: the same value on the next tick promises the
+    /// same pods, classes, annotations and limits (usage aside), so the
+    /// reconcile writes are reused (`None`: always recomputed).
+    pub pods_generation: Option<u64>,
 }
 
 /// A tick's result.
@@ -90,6 +107,20 @@ fn w(cgroup: &CgroupPath, knob: Knob, plugin: &'static str, rule: String) -> Wri
     }
 }
 
+/// The reconcile writes of all pods (with memory protection summed up the
+/// tree) and the CPUs bound to LSE/LSR pods.
+pub fn reconcile_all(state: &NodeState, ctx: &Context) -> (Plan, BTreeSet<u32>) {
+    let mut plan = Plan::new();
+    let mut exclusive = BTreeSet::new();
+    for p in &state.pods {
+        for cpus in reconcile::pod(p, ctx, &mut plan) {
+            exclusive.extend(crate::cpuset::parse_cpus(&cpus).unwrap_or_default());
+        }
+    }
+    memory_protection_up_the_tree(state, &mut plan);
+    (plan, exclusive)
+}
+
 /// Runs the plugins over `state` and merges their writes. `burst_quota`: the
 /// LS quotas the last tick left (by container id; missing: the limit).
 pub fn tick(
@@ -98,25 +129,24 @@ pub fn tick(
     env: &Env,
     burst_quota: &HashMap<String, u64>,
 ) -> TickResult {
-    let mut plan = Plan::new();
+    tick_with(state, policy, env, burst_quota, None)
+}
+
+/// [`tick`] with the reconcile writes and bound CPUs already known.
+fn tick_with(
+    state: &NodeState,
+    policy: &Policy,
+    env: &Env,
+    burst_quota: &HashMap<String, u64>,
+    cached: Option<&(Plan, BTreeSet<u32>)>,
+) -> TickResult {
     let mut warnings = Vec::new();
-    let ctx = Context {
-        features: &env.features,
-        v2: env.v2,
-        policy: &policy.qos,
-        page_size: env.page_size.max(1),
-        devices: &env.devices,
+
+    // 1. reconcile (reused when the pods and the policy are the last tick's)
+    let (mut plan, exclusive) = match cached {
+        Some(c) => (c.0.clone(), c.1.clone()),
+        None => reconcile_all(state, &env.context(&policy.qos)),
     };
-
-    // 1. reconcile
-    let mut exclusive = BTreeSet::new();
-    for p in &state.pods {
-        for cpus in reconcile::pod(p, &ctx, &mut plan) {
-            exclusive.extend(crate::cpuset::parse_cpus(&cpus).unwrap_or_default());
-        }
-    }
-
-    memory_protection_up_the_tree(state, &mut plan);
 
     // 2. suppress
     let (mut be, mut non_be, mut exclusive_usage) = (0.0, 0.0, 0.0);
@@ -448,11 +478,13 @@ fn burst_plugin(
     ((burst_on || scale_on).then_some(pool_state), quotas)
 }
 
-/// The engine between ticks: the executor's memory and the LS quotas burst scaled.
+/// The engine between ticks: the executor's memory, the LS quotas burst
+/// scaled, and the last reconcile (reused while the pods and policy stay).
 #[derive(Debug)]
 pub struct Engine {
     executor: Executor,
     burst_quota: HashMap<String, u64>,
+    reconciled: Option<(u64, Policy, Env, (Plan, BTreeSet<u32>))>,
 }
 
 impl Engine {
@@ -461,12 +493,24 @@ impl Engine {
         Self {
             executor: Executor::new(verify_every),
             burst_quota: HashMap::new(),
+            reconciled: None,
         }
     }
 
     /// Plans one tick (no I/O).
     pub fn plan(&mut self, state: &NodeState, policy: &Policy, env: &Env) -> TickResult {
-        let t = tick(state, policy, env, &self.burst_quota);
+        let hit = match (&self.reconciled, state.pods_generation) {
+            (Some((g, p, e, _)), Some(now)) => *g == now && p == policy && e == env,
+            _ => false,
+        };
+        if !hit {
+            self.reconciled = state.pods_generation.map(|g| {
+                let r = reconcile_all(state, &env.context(&policy.qos));
+                (g, policy.clone(), env.clone(), r)
+            });
+        }
+        let cached = self.reconciled.as_ref().map(|r| &r.3);
+        let t = tick_with(state, policy, env, &self.burst_quota, cached);
         self.burst_quota = t.burst_quota.clone();
         t
     }
@@ -523,6 +567,7 @@ mod tests {
             period_us: 100_000,
             numa: vec![(0..16).collect()],
             be_cpuset: None,
+            pods_generation: None,
         }
     }
 
@@ -743,6 +788,46 @@ mod tests {
         assert_eq!(min("kubepods/besteffort"), Some(Knob::MemoryMin(1 << 30)));
         assert_eq!(min("kubepods"), Some(Knob::MemoryMin(1 << 30)));
         assert_eq!(min("kubepods/burstable"), None, "no LS protection asked");
+    }
+
+    #[test]
+    fn reconcile_is_reused_for_the_same_pods_and_policy_only() {
+        let env = Env {
+            features: Features {
+                cpu_idle: true,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let mut s = state(1.0, 1.0, None);
+        s.pods_generation = Some(7);
+        let mut p = cfs(50);
+        let mut e = Engine::new(10);
+        let idle = |t: &TickResult| {
+            t.plan
+                .writes()
+                .iter()
+                .any(|w| w.knob == Knob::CpuIdle(true))
+        };
+        let first = e.plan(&s, &p, &env);
+        assert!(idle(&first));
+        assert_eq!(
+            e.plan(&s, &p, &env).plan,
+            first.plan,
+            "reused: the same plan"
+        );
+        p.qos.be_class.cpu_qos.enable = false;
+        assert!(
+            !idle(&e.plan(&s, &p, &env)),
+            "a new policy is reconciled at once"
+        );
+        p.qos.be_class.cpu_qos.enable = true;
+        s.pods.pop();
+        s.pods_generation = Some(8);
+        assert!(
+            !idle(&e.plan(&s, &p, &env)),
+            "new pods are reconciled at once"
+        );
     }
 
     #[test]

@@ -127,6 +127,7 @@ pub fn run(threshold: i64, seconds: u32, root: &Path) -> Result<Vec<Row>, String
             period_us: 100_000,
             numa: vec![(0..1024).collect()],
             be_cpuset: None,
+            pods_generation: Some(1),
         };
         let a = std::time::Instant::now();
         let r = engine.plan(&state, &policy, &env);

@@ -78,6 +78,7 @@ fn main() {
             period_us: 100_000,
             numa: vec![(0..64).collect()],
             be_cpuset: None,
+            pods_generation: Some(1),
         }
     };
     let mut engine = Engine::new(10);
