@@ -313,31 +313,37 @@ impl Skeleton {
     }
 }
 
+/// The besteffort parent as this tick read it.
+struct BeParent {
+    path: CgroupPath,
+    /// Quota (`None`: unlimited) and period; `None` when unreadable.
+    quota: Option<(Option<u64>, u64)>,
+    cpuset: Option<BTreeSet<u32>>,
+}
+
 /// What the tick reads: the pods with their usage, the node's figures from the
-/// latest metrics, and the besteffort parent as read from its cgroup.
+/// latest metrics, and the besteffort parent.
 fn node_state(
     t: &Tick,
     pods: Vec<Pod>,
     generation: u64,
-    be_parent: &CgroupPath,
-    be_quota: Option<(Option<u64>, u64)>,
-    be_cpuset: Option<BTreeSet<u32>>,
+    be: BeParent,
     numa: &[Vec<u32>],
     reserved: f64,
 ) -> NodeState {
     let g = |s: &[(Metric, f64)], m| sample(s, m).unwrap_or(0.0);
-    let (be_quota_us, period_us) = be_quota.unwrap_or((None, 100_000));
+    let (be_quota_us, period_us) = be.quota.unwrap_or((None, 100_000));
     NodeState {
         capacity_cores: g(&t.node, Metric::CpuCapacity),
         node_usage_cores: g(&t.node, Metric::CpuUsage),
         system_usage_cores: g(&t.system, Metric::CpuUsage),
         reserved_cores: reserved,
         pods,
-        be_parent: be_parent.clone(),
+        be_parent: be.path,
         be_quota_us,
         period_us,
         numa: numa.to_vec(),
-        be_cpuset,
+        be_cpuset: be.cpuset,
         pods_generation: Some(generation),
     }
 }
@@ -453,21 +459,26 @@ impl Shared {
             let capacity = sample(&t.node, Metric::CpuCapacity).unwrap_or(1.0);
             let numa = numa_cache.get_or_insert_with(|| numa(&s.sys_root, capacity));
             let mut pol = policy.clone();
-            let (bp, quota, cpuset) = match &be_parent {
-                Some(bp) => (
-                    bp.clone(),
-                    read_quota(cg, bp),
-                    cg.read(bp, "cpuset", "cpuset.cpus")
+            let be = match &be_parent {
+                Some(bp) => BeParent {
+                    path: bp.clone(),
+                    quota: read_quota(cg, bp),
+                    cpuset: cg
+                        .read(bp, "cpuset", "cpuset.cpus")
                         .ok()
                         .and_then(|c| qoslet_qos_engine::cpuset::parse_cpus(&c))
                         .filter(|c| !c.is_empty()),
-                ),
+                },
                 None => {
                     if pol.threshold.enable && logged.insert("no-be-parent".into()) {
                         warn!("no besteffort parent cgroup found (set qosEngine.beParent); CPU suppress is off until it appears");
                     }
                     pol.threshold.enable = false;
-                    (CgroupPath::root(), None, None)
+                    BeParent {
+                        path: CgroupPath::root(),
+                        quota: None,
+                        cpuset: None,
+                    }
                 }
             };
             if skeleton.as_ref().map(|k| k.generation) != Some(store.generation()) {
@@ -478,16 +489,7 @@ impl Shared {
                 .map(|k| k.with_usage(&t))
                 .unwrap_or_default();
             let generation = skeleton.as_ref().map(|k| k.generation).unwrap_or(0);
-            let state = node_state(
-                &t,
-                pods,
-                generation,
-                &bp,
-                quota,
-                cpuset,
-                numa,
-                s.reserved_cores,
-            );
+            let state = node_state(&t, pods, generation, be, numa, s.reserved_cores);
             let result = engine.plan(&state, &pol, &env);
             let (states, report, moved) = if s.dry_run {
                 let states = Executor::preview(&result.plan, cg)

@@ -484,7 +484,17 @@ fn burst_plugin(
 pub struct Engine {
     executor: Executor,
     burst_quota: HashMap<String, u64>,
-    reconciled: Option<(u64, Policy, Env, (Plan, BTreeSet<u32>))>,
+    reconciled: Option<Reconciled>,
+}
+
+/// The last reconcile: for which pods (generation), policy and host, and its
+/// writes and bound CPUs.
+#[derive(Debug)]
+struct Reconciled {
+    generation: u64,
+    policy: Policy,
+    env: Env,
+    out: (Plan, BTreeSet<u32>),
 }
 
 impl Engine {
@@ -500,16 +510,21 @@ impl Engine {
     /// Plans one tick (no I/O).
     pub fn plan(&mut self, state: &NodeState, policy: &Policy, env: &Env) -> TickResult {
         let hit = match (&self.reconciled, state.pods_generation) {
-            (Some((g, p, e, _)), Some(now)) => *g == now && p == policy && e == env,
+            (Some(r), Some(now)) => r.generation == now && r.policy == *policy && r.env == *env,
             _ => false,
         };
         if !hit {
             self.reconciled = state.pods_generation.map(|g| {
-                let r = reconcile_all(state, &env.context(&policy.qos));
-                (g, policy.clone(), env.clone(), r)
+                let out = reconcile_all(state, &env.context(&policy.qos));
+                Reconciled {
+                    generation: g,
+                    policy: policy.clone(),
+                    env: env.clone(),
+                    out,
+                }
             });
         }
-        let cached = self.reconciled.as_ref().map(|r| &r.3);
+        let cached = self.reconciled.as_ref().map(|r| &r.out);
         let t = tick_with(state, policy, env, &self.burst_quota, cached);
         self.burst_quota = t.burst_quota.clone();
         t
