@@ -80,6 +80,8 @@ struct Reloader {
     path: PathBuf,
     seen: Option<(std::time::SystemTime, u64)>,
     current: crate::config::FileConfig,
+    /// The last change was invalid (a valid file then counts as a change, to clear the error).
+    failed: bool,
 }
 
 impl Reloader {
@@ -94,6 +96,7 @@ impl Reloader {
             seen: Self::stamp(&path),
             path,
             current,
+            failed: false,
         }
     }
 
@@ -107,9 +110,13 @@ impl Reloader {
         self.seen = stamp;
         let next = match crate::config::load(&self.path, false) {
             Ok(c) => c,
-            Err(e) => return Some(Err(format!("{e:#}"))),
+            Err(e) => {
+                self.failed = true;
+                return Some(Err(format!("{e:#}")));
+            }
         };
-        let policy_changed = next.policy != self.current.policy;
+        let policy_changed = next.policy != self.current.policy || self.failed;
+        self.failed = false;
         let others_changed = crate::config::FileConfig {
             policy: None,
             ..next.clone()
@@ -780,6 +787,9 @@ mod tests {
         .unwrap();
         let e = r.poll().unwrap().unwrap_err();
         assert!(e.contains("cpuSuppressThresholdPercent"), "{e}");
+        // the last good file again: the error clears (the policy itself is the same)
+        std::fs::write(&f, "policy:\n  resourceUsedThresholdWithBE:\n    enable: true\n    cpuSuppressThresholdPercent: 40\n").unwrap();
+        assert!(r.poll().unwrap().is_ok());
         // a change of another key only: no new policy
         std::fs::write(&f, "logLevel: debug\npolicy:\n  resourceUsedThresholdWithBE:\n    enable: true\n    cpuSuppressThresholdPercent: 40\n").unwrap();
         assert!(r.poll().is_none());
