@@ -19,7 +19,7 @@ use qoslet_metrics::Metric;
 use qoslet_proto::admin;
 use qoslet_proxy::store::{ContainerState, PodState, Store};
 use qoslet_qos_engine::engine::{Engine, Env, NodeState, Policy, TickResult};
-use qoslet_qos_engine::execute::Executor;
+use qoslet_qos_engine::execute::{Executor, WriteState};
 use qoslet_qos_engine::policy::CpuSuppressPolicy;
 use qoslet_qos_engine::reconcile::{Container, Pod};
 use tokio::sync::watch;
@@ -50,7 +50,7 @@ struct Last {
     state: NodeState,
     result: TickResult,
     /// Per write, in plan order.
-    states: Vec<String>,
+    states: Vec<WriteState>,
     drift: Vec<String>,
     errors: Vec<String>,
     counts: (u32, u32, u32),
@@ -501,15 +501,11 @@ impl Shared {
             let (states, report, moved) = if s.dry_run {
                 let states = Executor::preview(&result.plan, cg)
                     .into_iter()
-                    .map(|p| match (p.error, p.would_change) {
-                        (Some(e), _) => format!("error: {e}"),
-                        (None, Some(false)) => "would-keep".into(),
-                        (None, _) => "would-write".into(),
-                    })
+                    .map(|p| p.state())
                     .collect();
                 (states, None, 0)
             } else {
-                let r = engine.execute(&result.plan, cg);
+                let mut r = engine.execute(&result.plan, cg);
                 let mut moved = 0;
                 if let Some(rdt) = &rdt {
                     let groups = qoslet_qos_engine::resctrl::desired(&state.pods, &pol.qos, rdt);
@@ -523,11 +519,7 @@ impl Shared {
                         }
                     }
                 }
-                (
-                    r.states.iter().map(|s| s.as_str().into_owned()).collect(),
-                    Some(r),
-                    moved,
-                )
+                (std::mem::take(&mut r.states), Some(r), moved)
             };
             if result.level != level {
                 info!(
@@ -612,12 +604,7 @@ impl Shared {
             .zip(&l.states)
             .filter(|(w, _)| req.plugin.is_empty() || w.plugin == req.plugin)
             .filter(|(w, _)| req.cgroup.is_empty() || w.cgroup.as_str().contains(&req.cgroup))
-            .filter(|(_, st)| {
-                !req.changes_only
-                    || *st == "written"
-                    || *st == "would-write"
-                    || st.starts_with("error")
-            })
+            .filter(|(_, st)| !req.changes_only || st.changes())
             .map(|(w, st)| admin::PlanWrite {
                 cgroup: w.cgroup.as_str().to_string(),
                 setting: w.knob.name().into(),
@@ -639,7 +626,7 @@ impl Shared {
                     .unwrap_or_default(),
                 plugin: w.plugin.into(),
                 rule: w.rule.clone(),
-                state: st.clone(),
+                state: st.as_str().into_owned(),
             })
             .collect();
         admin::GetPlanResponse {
@@ -675,41 +662,35 @@ impl Shared {
 
     /// The engine's Prometheus lines.
     pub fn render(&self, out: &mut String) {
-        use std::fmt::Write;
         let last = lock(&self.last).clone();
-        let mut g = |name: &str, kind: &str, help: &str, v: f64| {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
-            );
-        };
+        let mut o = qoslet_metrics::prom::Out::new(std::mem::take(out));
         if let Some(l) = &last {
-            g(
+            o.single(
                 "qoslet_be_suppress_level",
                 "gauge",
                 "BE CPU suppress pressure: 0 none, 1 mid (BE held below what it wants), 2 high (BE at the floor).",
                 f64::from(l.result.level.value()),
             );
-            g(
+            o.single(
                 "qoslet_be_cpu_allowance_cores",
                 "gauge",
                 "CPU the BE pods may use now, in cores.",
                 l.result.allowance_cores,
             );
-            g(
+            o.single(
                 "qoslet_engine_tick_seconds",
                 "gauge",
                 "Time the QoS engine's last tick took.",
                 l.took.as_secs_f64(),
             );
-            g(
+            o.single(
                 "qoslet_engine_plan_writes",
                 "gauge",
                 "Settings in the QoS engine's last plan.",
                 l.result.plan.len() as f64,
             );
         }
-        g(
+        o.single(
             "qoslet_engine_dry_run",
             "gauge",
             "1 when the QoS engine only plans and never writes.",
@@ -737,15 +718,16 @@ impl Shared {
                 &self.errors,
             ),
         ] {
-            g(name, "counter", help, v.load(Ordering::Relaxed) as f64);
+            o.single(name, "counter", help, v.load(Ordering::Relaxed) as f64);
         }
         let failed = u8::from(!lock(&self.policy_error).is_empty());
-        g(
+        o.single(
             "qoslet_policy_reload_failed",
             "gauge",
             "1 when the config file's last change was invalid (the last good policy is in force).",
             f64::from(failed),
         );
+        *out = o.into_text();
     }
 }
 

@@ -38,17 +38,28 @@ fn num(v: f64) -> String {
     }
 }
 
-struct Out {
+/// Prometheus text being written: a family's HELP and TYPE lines, then its
+/// samples (label values escaped, numbers as the format spells them).
+pub struct Out {
     text: String,
 }
 
 impl Out {
-    fn family(&mut self, name: &str, kind: &str, help: &str) {
+    /// Appends to `text`.
+    pub fn new(text: String) -> Self {
+        Self { text }
+    }
+
+    pub fn into_text(self) -> String {
+        self.text
+    }
+
+    pub fn family(&mut self, name: &str, kind: &str, help: &str) {
         let _ = writeln!(self.text, "# HELP {name} {help}");
         let _ = writeln!(self.text, "# TYPE {name} {kind}");
     }
 
-    fn sample(&mut self, name: &str, labels: &[(&str, &str)], v: f64) {
+    pub fn sample(&mut self, name: &str, labels: &[(&str, &str)], v: f64) {
         self.text.push_str(name);
         if !labels.is_empty() {
             self.text.push('{');
@@ -61,6 +72,12 @@ impl Out {
             self.text.push('}');
         }
         let _ = writeln!(self.text, " {}", num(v));
+    }
+
+    /// A family of one unlabelled sample.
+    pub fn single(&mut self, name: &str, kind: &str, help: &str, v: f64) {
+        self.family(name, kind, help);
+        self.sample(name, &[], v);
     }
 }
 
@@ -141,9 +158,7 @@ fn cgroup_families() -> Vec<(&'static str, &'static str, &'static str, Val)> {
 
 /// Renders the latest tick; `series` and `collect_seconds` describe the agent itself.
 pub fn render(t: &Tick, series: usize, collect_seconds: f64, skipped_total: u64) -> String {
-    let mut o = Out {
-        text: String::with_capacity(256 + t.readings.len() * 2048),
-    };
+    let mut o = Out::new(String::with_capacity(256 + t.readings.len() * 2048));
     node(&mut o, t);
     for (kind, prefix, what) in [
         (Kind::Pod, "qoslet_pod_", "pod"),
@@ -246,7 +261,7 @@ pub fn render(t: &Tick, series: usize, collect_seconds: f64, skipped_total: u64)
         "Samples skipped (cgroup vanished or unreadable).",
     );
     o.sample("qoslet_metrics_skipped_total", &[], skipped_total as f64);
-    o.text
+    o.into_text()
 }
 
 fn psi_samples(
@@ -320,8 +335,7 @@ fn node(o: &mut Out, t: &Tick) {
     ];
     for (name, help, v) in gauges {
         if let Some(v) = v {
-            o.family(name, "gauge", help);
-            o.sample(name, &[], v);
+            o.single(name, "gauge", help, v);
         }
     }
     if let Some(raw) = &t.node_raw {

@@ -40,15 +40,29 @@ pub enum WriteState {
     Unchanged,
     /// Applied before and not due for a drift check: not read.
     Skipped,
+    /// Dry run: the file differs (or could not be read) and would be written.
+    WouldWrite,
+    /// Dry run: the file already holds the value.
+    WouldKeep,
     Error(String),
 }
 
 impl WriteState {
+    /// Whether a file changed (or, in a dry run, would), or the write failed.
+    pub fn changes(&self) -> bool {
+        matches!(
+            self,
+            WriteState::Written | WriteState::WouldWrite | WriteState::Error(_)
+        )
+    }
+
     pub fn as_str(&self) -> std::borrow::Cow<'_, str> {
         match self {
             WriteState::Written => "written".into(),
             WriteState::Unchanged => "unchanged".into(),
             WriteState::Skipped => "skipped".into(),
+            WriteState::WouldWrite => "would-write".into(),
+            WriteState::WouldKeep => "would-keep".into(),
             WriteState::Error(e) => format!("error: {e}").into(),
         }
     }
@@ -63,6 +77,17 @@ pub struct Preview {
     pub would_change: Option<bool>,
     /// Why the setting cannot be written here (missing kernel feature, bad path).
     pub error: Option<String>,
+}
+
+impl Preview {
+    /// The dry run's answer as a write state.
+    pub fn state(&self) -> WriteState {
+        match (&self.error, self.would_change) {
+            (Some(e), _) => WriteState::Error(e.clone()),
+            (None, Some(false)) => WriteState::WouldKeep,
+            (None, _) => WriteState::WouldWrite,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -330,6 +355,7 @@ mod tests {
         plan.add(quota("/kubepods/besteffort", 70_000));
         let p = Executor::preview(&plan, &cg);
         assert_eq!(p[0].would_change, Some(true));
+        assert_eq!(p[0].state(), WriteState::WouldWrite);
         assert_eq!(p[0].files.len(), 2);
         assert!(p[0].files[1].0.ends_with("besteffort/cpu.cfs_quota_us"));
         assert_eq!(p[0].files[1].1, "70000");
