@@ -7,6 +7,7 @@
 //! orders writes over a parent and its children the way the kernel needs:
 //! parents first when a limit grows, children first when it shrinks.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use crate::blkio::{Device, IoLimits};
@@ -77,18 +78,46 @@ impl Knob {
     }
 }
 
-/// Number of CPUs in a cpuset list (`0-3,8` -> 5); malformed parts count 0.
+/// Number of CPUs in a cpuset list (`0-3,8` -> 5); a malformed list counts 0.
 pub fn cpu_count(list: &str) -> u64 {
-    list.split(',')
-        .filter(|p| !p.trim().is_empty())
-        .map(|p| match p.trim().split_once('-') {
-            Some((a, b)) => match (a.parse::<u64>(), b.parse::<u64>()) {
-                (Ok(a), Ok(b)) if b >= a => b - a + 1,
-                _ => 0,
-            },
-            None => p.trim().parse::<u64>().map(|_| 1).unwrap_or(0),
-        })
-        .sum()
+    parse_cpu_list(list).map_or(0, |c| c.len() as u64)
+}
+
+/// Parses a kernel CPU list (`0-3,8`); `None` when malformed.
+pub fn parse_cpu_list(list: &str) -> Option<BTreeSet<u32>> {
+    let mut out = BTreeSet::new();
+    for part in list.trim().split(',').filter(|p| !p.is_empty()) {
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (a.trim().parse::<u32>().ok()?, b.trim().parse::<u32>().ok()?),
+            None => {
+                let a = part.trim().parse::<u32>().ok()?;
+                (a, a)
+            }
+        };
+        if b < a || b - a > 65_536 {
+            return None;
+        }
+        out.extend(a..=b);
+    }
+    Some(out)
+}
+
+/// Formats CPUs as the kernel writes them (`0-3,8`).
+pub fn format_cpu_list(cpus: &BTreeSet<u32>) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut it = cpus.iter().copied().peekable();
+    while let Some(a) = it.next() {
+        let mut b = a;
+        while it.peek() == Some(&(b + 1)) {
+            b = it.next().unwrap_or(b);
+        }
+        out.push(if a == b {
+            a.to_string()
+        } else {
+            format!("{a}-{b}")
+        });
+    }
+    out.join(",")
 }
 
 /// One kernel file and the value for it.
@@ -567,6 +596,16 @@ mod tests {
         })
         .plan(&Knob::GroupIdentity(7))
         .is_err());
+    }
+
+    #[test]
+    fn cpu_lists_parse_and_format() {
+        assert_eq!(parse_cpu_list("0-3,8\n"), Some([0, 1, 2, 3, 8].into()));
+        assert_eq!(parse_cpu_list(""), Some(BTreeSet::new()));
+        assert_eq!(format_cpu_list(&parse_cpu_list("5,1-2").unwrap()), "1-2,5");
+        for bad in ["x", "3-1", "1-", "0-999999"] {
+            assert_eq!(parse_cpu_list(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -22,42 +22,7 @@ pub struct Input {
     pub current: Option<BTreeSet<u32>>,
 }
 
-/// Formats CPUs as the kernel writes them (`0-3,8`).
-pub fn format_cpus(cpus: &BTreeSet<u32>) -> String {
-    let mut out: Vec<String> = Vec::new();
-    let mut it = cpus.iter().copied().peekable();
-    while let Some(a) = it.next() {
-        let mut b = a;
-        while it.peek() == Some(&(b + 1)) {
-            b = it.next().unwrap_or(b);
-        }
-        out.push(if a == b {
-            a.to_string()
-        } else {
-            format!("{a}-{b}")
-        });
-    }
-    out.join(",")
-}
-
-/// Parses a kernel CPU list (`0-3,8`); `None` when malformed.
-pub fn parse_cpus(list: &str) -> Option<BTreeSet<u32>> {
-    let mut out = BTreeSet::new();
-    for part in list.trim().split(',').filter(|p| !p.is_empty()) {
-        let (a, b) = match part.split_once('-') {
-            Some((a, b)) => (a.trim().parse::<u32>().ok()?, b.trim().parse::<u32>().ok()?),
-            None => {
-                let a = part.trim().parse::<u32>().ok()?;
-                (a, a)
-            }
-        };
-        if b < a || b - a > 65_536 {
-            return None;
-        }
-        out.extend(a..=b);
-    }
-    Some(out)
-}
+pub use qoslet_cgroups::cgroup::{format_cpu_list as format_cpus, parse_cpu_list as parse_cpus};
 
 /// The BE cpuset to write (`None`: unchanged).
 pub fn be_cpuset(i: &Input) -> Option<BTreeSet<u32>> {
@@ -157,16 +122,6 @@ mod tests {
         );
         let got = be_cpuset(&input(2.0, &[], Some(&[4, 5, 6, 7, 12, 13, 14, 15]))).unwrap();
         assert_eq!(format_cpus(&got), "7,15", "shrinking is immediate");
-    }
-
-    #[test]
-    fn cpu_lists() {
-        assert_eq!(parse_cpus("0-3,8\n"), Some(set(&[0, 1, 2, 3, 8])));
-        assert_eq!(parse_cpus(""), Some(set(&[])));
-        assert_eq!(format_cpus(&parse_cpus("5,1-2").unwrap()), "1-2,5");
-        for bad in ["x", "3-1", "1-", "0-999999"] {
-            assert_eq!(parse_cpus(bad), None, "{bad}");
-        }
     }
 
     #[test]
