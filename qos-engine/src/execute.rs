@@ -148,7 +148,19 @@ impl Executor {
                 }
             }
         }
-        for i in cgroups.order(&todo) {
+        // new values go in the order the kernel accepts (which reads the files'
+        // current values); drift checks re-apply what is already known to be
+        // accepted, after them, without that extra read
+        let (new, checks): (Vec<usize>, Vec<usize>) =
+            (0..todo.len()).partition(|&i| !todo_keys[i].1);
+        let new_writes: Vec<(CgroupPath, Knob)> = new.iter().map(|&i| todo[i].clone()).collect();
+        let order: Vec<usize> = cgroups
+            .order(&new_writes)
+            .into_iter()
+            .map(|j| new[j])
+            .chain(checks)
+            .collect();
+        for i in order {
             let (cg, knob) = &todo[i];
             let (k, expected, at) = &todo_keys[i];
             match cgroups.apply(cg, knob) {
