@@ -151,6 +151,33 @@ async fn unknown_fields_survive_interception_with_and_without_a_patch(relay: boo
                 .cpu_shares,
             2
         );
+        // the client sends content-length (hyper does): whatever reaches the runtime carries
+        // none or the true one, for the intercepted call whose body grew and for a later
+        // pass-through call on the same connection (after the relay began re-encoding
+        // header blocks)
+        let later = "/runtime.v1.RuntimeService/Version";
+        let resp = c
+            .call(later, &[("x-after", "kept")], frame(b"\x0a\x02v1"))
+            .await
+            .unwrap();
+        assert_eq!(resp.grpc_status(), Some((0, String::new())));
+        for s in [&seen[0], &fake.seen_on(later)[0]] {
+            if let Some(cl) = s.headers.get("content-length") {
+                assert_eq!(
+                    cl.to_str().unwrap(),
+                    s.body.len().to_string(),
+                    "{} (patched={patched})",
+                    s.path
+                );
+            }
+        }
+        let v = &fake.seen_on(later)[0];
+        assert_eq!(v.headers.get("x-after").unwrap(), "kept");
+        assert_eq!(
+            v.headers.get("content-length").map(|c| c.to_str().unwrap()),
+            Some("9"),
+            "a pass-through call keeps its content-length"
+        );
         running.shutdown().await;
     }
 }

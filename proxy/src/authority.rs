@@ -23,9 +23,10 @@ use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::h2frame::{
-    headers_fragment, literal_block, write_header_frames, HeaderDecoder, ACK, CONTINUATION,
-    END_HEADERS, END_STREAM, FRAME_HEADER, HEADERS, PREFACE, SETTINGS,
+    headers_fragment, literal_block, write_header_frames, ACK, CONTINUATION, END_HEADERS,
+    END_STREAM, FRAME_HEADER, HEADERS, PREFACE, SETTINGS,
 };
+use crate::hpack::Decoder;
 /// A header block larger than this is not decoded (passed on for h2 to judge).
 const MAX_BLOCK: usize = 1 << 20;
 
@@ -43,8 +44,8 @@ struct Block {
 
 enum Mode {
     Preface,
-    Detect(Box<HeaderDecoder>),
-    Rewrite(Box<HeaderDecoder>),
+    Detect(Box<Decoder>),
+    Rewrite(Box<Decoder>),
     /// Frames are followed (forwarded raw) only to drop one SETTINGS ACK.
     Scan,
     Passthrough,

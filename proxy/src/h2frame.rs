@@ -117,11 +117,16 @@ pub fn put_string(out: &mut BytesMut, s: &[u8]) {
 pub fn literal_block<'a>(headers: impl IntoIterator<Item = (&'a [u8], &'a [u8])>) -> BytesMut {
     let mut block = BytesMut::new();
     for (name, value) in headers {
-        block.put_u8(0x00);
-        put_string(&mut block, name);
-        put_string(&mut block, value);
+        put_literal(&mut block, name, value);
     }
     block
+}
+
+/// One header as a literal without indexing (new name).
+pub fn put_literal(out: &mut BytesMut, name: &[u8], value: &[u8]) {
+    out.put_u8(0x00);
+    put_string(out, name);
+    put_string(out, value);
 }
 
 /// HEADERS (+ CONTINUATION) frames carrying `block`.
@@ -287,45 +292,5 @@ mod tests {
             headers_fragment(PRIORITY, &[0, 0, 0, 1, 16, b'x']),
             Some(&b"x"[..])
         );
-    }
-}
-
-/// A decoded header list.
-pub type Headers = Vec<(Vec<u8>, Vec<u8>)>;
-
-/// An HPACK decoder mirroring one peer's encoder (its dynamic table starts at
-/// the protocol default of 4096 bytes; size updates up to 1 MiB are accepted).
-/// Uses a table-driven Huffman decoder: this runs for every header block the
-/// relay sees.
-pub struct HeaderDecoder(httlib_hpack::Decoder<'static>);
-
-impl Default for HeaderDecoder {
-    fn default() -> Self {
-        let mut d = httlib_hpack::Decoder::with_dynamic_size(4096);
-        d.set_max_dynamic_size(1 << 20);
-        Self(d)
-    }
-}
-
-/// A header block that could not be decoded; the connection's HPACK state is
-/// unknown from then on.
-#[derive(Debug, thiserror::Error)]
-#[error("malformed HPACK header block")]
-pub struct BadBlock;
-
-impl HeaderDecoder {
-    /// Decodes one complete header block. Malformed input is an error, never a
-    /// panic (the decoder crate indexes without bounds checks on some inputs,
-    /// so the call is isolated with `catch_unwind`).
-    pub fn decode(&mut self, block: &[u8]) -> Result<Headers, BadBlock> {
-        let mut buf = block.to_vec();
-        let mut dst = Vec::with_capacity(16);
-        let inner = &mut self.0;
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            inner.decode(&mut buf, &mut dst)
-        })) {
-            Ok(Ok(_)) => Ok(dst.into_iter().map(|(n, v, _)| (n, v)).collect()),
-            _ => Err(BadBlock),
-        }
     }
 }

@@ -8,6 +8,7 @@
 //! * [`forward`]: the per-request logic, HTTP/2 terminated (reflection clients,
 //!   runtime down, `relay: false`), and the interception steps both paths share.
 //! * [`grpc`]: gRPC framing, status responses and size limits.
+//! * [`h2frame`], [`hpack`]: HTTP/2 frames and header blocks, for the relay.
 //! * [`cri`]: which CRI calls are intercepted, as typed values.
 //! * [`pipeline`]: hooks, their timeouts and failure policies.
 //! * [`store`], [`checkpoint`], [`rebuild`]: the pod/container store and its persistence.
@@ -26,6 +27,7 @@ pub mod endpoint;
 pub mod forward;
 pub mod grpc;
 pub mod h2frame;
+pub mod hpack;
 pub mod pipeline;
 pub mod rebuild;
 pub mod relay;

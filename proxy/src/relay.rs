@@ -32,6 +32,7 @@
 //!   headers inside DATA, both ways.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -49,16 +50,17 @@ use crate::cri::{route, CriRequest, HookPoint, Route};
 use crate::forward::{Forwarder, Prepared};
 use crate::grpc::{parse_header, too_large};
 use crate::h2frame::*;
+use crate::hpack::{Decoder, Headers};
 
 /// Held request/response bytes above this are passed through uninspected.
 const HOLD_CAP: usize = 32 * 1024;
 /// How long a new connection may take to send its first request.
 const FIRST_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-
-type Decoder = HeaderDecoder;
+/// Room made in a connection's read buffer before each read.
+const READ_CHUNK: usize = 64 * 1024;
 
 fn decoder() -> Decoder {
-    HeaderDecoder::default()
+    Decoder::default()
 }
 
 /// What to do with a new connection.
@@ -289,9 +291,36 @@ struct Stream {
     resp_started: bool,
 }
 
+/// Stream ids hashed with murmur3's 64-bit finalizer: a few instructions
+/// instead of SipHash's hundred, several times per call. Not DoS-resistant:
+/// the ids come from kubelet on a root-only socket, and must only grow.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+
+    fn write_u32(&mut self, i: u32) {
+        self.0 = u64::from(i);
+    }
+
+    fn finish(&self) -> u64 {
+        let mut k = self.0;
+        k ^= k >> 33;
+        k = k.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        k ^= k >> 33;
+        k = k.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        k ^ (k >> 33)
+    }
+}
+
 #[derive(Default)]
 struct Shared {
-    streams: HashMap<u32, Stream>,
+    streams: HashMap<u32, Stream, BuildHasherDefault<IdHasher>>,
     /// Bytes qoslet added toward the runtime, withheld from its WINDOW_UPDATEs to the client.
     debt: u64,
     max_stream: u32,
@@ -425,63 +454,86 @@ async fn upstream(
     }
     let mut block: Option<(u32, u8, BytesMut, BytesMut)> = None; // stream, first flags, fragment, raw
     let mut reencode = false;
-    let mut chunk = vec![0u8; 64 * 1024];
+    // buffers reused across reads: frames out, a block re-encoded as literals, the
+    // block's :path and content-length
+    let (mut to_backend, mut to_client) = (BytesMut::new(), BytesMut::new());
+    let (mut lit, mut path, mut cl) = (BytesMut::new(), Vec::new(), Vec::new());
     loop {
-        let mut to_backend = BytesMut::new();
-        let mut to_client = BytesMut::new();
         let mut spawn: Vec<(u32, HookPoint, Bytes, Bytes, u32)> = vec![];
         while let Some(f) = take_frame(&mut buf) {
             match f.ty {
                 SETTINGS if f.flags & ACK != 0 && !ack_dropped => ack_dropped = true, // ours
                 HEADERS | CONTINUATION => {
-                    match (&mut block, f.ty) {
-                        (None, HEADERS) => {
+                    let assembled;
+                    // a block in one frame (the usual case) is decoded where it lies
+                    let (sid, flags, frag, raw): (u32, u8, &[u8], &[u8]) =
+                        if block.is_none() && f.ty == HEADERS && f.flags & END_HEADERS != 0 {
                             let frag = headers_fragment(f.flags, f.payload()).unwrap_or_default();
-                            block = Some((
-                                f.stream,
-                                f.flags,
-                                BytesMut::from(frag),
-                                BytesMut::from(&f.raw[..]),
-                            ));
-                        }
-                        (Some((sid, _, frag, raw)), CONTINUATION) if *sid == f.stream => {
-                            frag.extend_from_slice(f.payload());
-                            raw.extend_from_slice(&f.raw);
-                        }
-                        _ => {
-                            // not a valid sequence: pass it on for the runtime to judge
-                            if let Some((_, _, _, raw)) = block.take() {
-                                to_backend.extend_from_slice(&raw);
+                            (f.stream, f.flags, frag, &f.raw)
+                        } else {
+                            match (&mut block, f.ty) {
+                                (None, HEADERS) => {
+                                    let frag =
+                                        headers_fragment(f.flags, f.payload()).unwrap_or_default();
+                                    block = Some((
+                                        f.stream,
+                                        f.flags,
+                                        BytesMut::from(frag),
+                                        BytesMut::from(&f.raw[..]),
+                                    ));
+                                }
+                                (Some((sid, _, frag, raw)), CONTINUATION) if *sid == f.stream => {
+                                    frag.extend_from_slice(f.payload());
+                                    raw.extend_from_slice(&f.raw);
+                                }
+                                _ => {
+                                    // not a valid sequence: pass it on for the runtime to judge
+                                    if let Some((_, _, _, raw)) = block.take() {
+                                        to_backend.extend_from_slice(&raw);
+                                    }
+                                    to_backend.extend_from_slice(&f.raw);
+                                    continue;
+                                }
                             }
-                            to_backend.extend_from_slice(&f.raw);
-                            continue;
+                            if f.flags & END_HEADERS == 0 {
+                                continue;
+                            }
+                            assembled = block.take().expect("block");
+                            (assembled.0, assembled.1, &assembled.2, &assembled.3)
+                        };
+                    // decoded once: the :path and content-length noted, the rest re-encoded
+                    // as literals on the side in case the block must change
+                    lit.clear();
+                    path.clear();
+                    let mut has_cl = false;
+                    let decoded = dec.decode_each(frag, |n, v| {
+                        if n == b":path" {
+                            path.extend_from_slice(v);
                         }
-                    }
-                    if f.flags & END_HEADERS == 0 {
-                        continue;
-                    }
-                    let (sid, flags, frag, raw) = block.take().expect("block");
-                    let Ok(headers) = dec.decode(&frag) else {
+                        if n == b"content-length" {
+                            has_cl = true;
+                            cl.clear();
+                            cl.extend_from_slice(v);
+                        } else {
+                            put_literal(&mut lit, n, v);
+                        }
+                    });
+                    if decoded.is_err() {
                         // not decodable: the runtime judges it (and the connection)
-                        to_backend.extend_from_slice(&raw);
+                        to_backend.extend_from_slice(raw);
                         continue;
-                    };
+                    }
                     let end = flags & END_STREAM != 0;
                     let mut intercepted = false;
                     let mut s = conn.lock();
                     if sid > s.max_stream {
                         s.max_stream = sid;
-                        let path = headers
-                            .iter()
-                            .find(|(n, _)| n == b":path")
-                            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
-                            .unwrap_or_default();
                         stats.calls_total.fetch_add(1, Ordering::Relaxed);
                         let mut st = Stream {
                             client_done: end,
                             ..Default::default()
                         };
-                        match route(&path) {
+                        match route(&String::from_utf8_lossy(&path)) {
                             Route::Intercept(p) if !end => {
                                 intercepted = true;
                                 stats.calls_intercepted.fetch_add(1, Ordering::Relaxed);
@@ -505,19 +557,16 @@ async fn upstream(
                     // whose body may grow must lose its content-length; kubelet never sends one):
                     // from then on every block is re-encoded as literals, so the runtime's HPACK
                     // table no longer depends on the client's
-                    if intercepted && headers.iter().any(|(n, _)| n == b"content-length") {
+                    if intercepted && has_cl {
                         reencode = true;
                     }
                     if reencode {
-                        let b = literal_block(
-                            headers
-                                .iter()
-                                .filter(|(n, _)| !(intercepted && n == b"content-length"))
-                                .map(|(n, v)| (n.as_slice(), v.as_slice())),
-                        );
-                        write_header_frames(&mut to_backend, sid, end, &b);
+                        if has_cl && !intercepted {
+                            put_literal(&mut lit, b"content-length", &cl);
+                        }
+                        write_header_frames(&mut to_backend, sid, end, &lit);
                     } else {
-                        to_backend.extend_from_slice(&raw);
+                        to_backend.extend_from_slice(raw);
                     }
                 }
                 DATA => {
@@ -610,15 +659,20 @@ async fn upstream(
         if !conn.w.to_backend(&to_backend).await || !conn.w.to_client(&to_client).await {
             return;
         }
+        to_backend.clear();
+        to_client.clear();
         for (id, point, payload, raw, flow) in spawn {
             let conn = conn.clone();
             tokio::spawn(
                 async move { intercept_request(conn, id, point, payload, raw, flow).await },
             );
         }
-        match cr.read(&mut chunk).await {
+        // read straight into the frame buffer (its space is reclaimed once the frames
+        // split off it are gone)
+        buf.reserve(READ_CHUNK);
+        match cr.read_buf(&mut buf).await {
             Ok(0) | Err(_) => return,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Ok(_) => {}
         }
     }
 }
@@ -684,41 +738,57 @@ async fn downstream(conn: Arc<Conn>, mut br: tokio::net::unix::OwnedReadHalf) {
     let mut dec = decoder();
     let mut buf = BytesMut::new();
     let mut block: Option<(u32, u8, BytesMut)> = None;
-    let mut chunk = vec![0u8; 64 * 1024];
+    // buffers reused across reads
+    let (mut to_client, mut to_backend, mut lit) =
+        (BytesMut::new(), BytesMut::new(), BytesMut::new());
     loop {
-        match br.read(&mut chunk).await {
+        buf.reserve(READ_CHUNK);
+        match br.read_buf(&mut buf).await {
             Ok(0) | Err(_) => return,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Ok(_) => {}
         }
-        let mut to_client = BytesMut::new();
-        let mut to_backend = BytesMut::new();
         let mut complete: Vec<(u32, Held)> = vec![];
         while let Some(f) = take_frame(&mut buf) {
             match f.ty {
                 HEADERS | CONTINUATION => {
-                    match (&mut block, f.ty) {
-                        (None, HEADERS) => {
+                    let assembled;
+                    // a block in one frame (the usual case) is decoded where it lies
+                    let (sid, flags, frag): (u32, u8, &[u8]) =
+                        if block.is_none() && f.ty == HEADERS && f.flags & END_HEADERS != 0 {
                             let frag = headers_fragment(f.flags, f.payload()).unwrap_or_default();
-                            block = Some((f.stream, f.flags, BytesMut::from(frag)));
-                        }
-                        (Some((sid, _, frag)), CONTINUATION) if *sid == f.stream => {
-                            frag.extend_from_slice(f.payload())
-                        }
-                        _ => return, // a broken runtime connection: close
-                    }
-                    if f.flags & END_HEADERS == 0 {
-                        continue;
-                    }
-                    let (sid, flags, frag) = block.take().expect("block");
-                    let Ok(headers) = dec.decode(&frag) else {
-                        return;
-                    };
+                            (f.stream, f.flags, frag)
+                        } else {
+                            match (&mut block, f.ty) {
+                                (None, HEADERS) => {
+                                    let frag =
+                                        headers_fragment(f.flags, f.payload()).unwrap_or_default();
+                                    block = Some((f.stream, f.flags, BytesMut::from(frag)));
+                                }
+                                (Some((sid, _, frag)), CONTINUATION) if *sid == f.stream => {
+                                    frag.extend_from_slice(f.payload())
+                                }
+                                _ => return, // a broken runtime connection: close
+                            }
+                            if f.flags & END_HEADERS == 0 {
+                                continue;
+                            }
+                            assembled = block.take().expect("block");
+                            (assembled.0, assembled.1, &assembled.2)
+                        };
                     let end = flags & END_STREAM != 0;
                     let mut s = conn.lock();
-                    let st = s.streams.get_mut(&sid);
-                    match st {
-                        Some(st) if st.taken => {}
+                    // every block is decoded (the table must follow the runtime's encoder);
+                    // what qoslet forwards is the block re-encoded as literals
+                    match s.streams.get_mut(&sid) {
+                        Some(st) if st.taken => {
+                            if dec.decode_each(frag, |_, _| {}).is_err() {
+                                return;
+                            }
+                        }
                         Some(st) if st.resp.is_some() => {
+                            let Ok(headers) = dec.decode(frag) else {
+                                return;
+                            };
                             st.resp.as_mut().expect("held").blocks.push((headers, end));
                             if end {
                                 st.backend_done = true;
@@ -726,14 +796,18 @@ async fn downstream(conn: Arc<Conn>, mut br: tokio::net::unix::OwnedReadHalf) {
                             }
                         }
                         other => {
+                            lit.clear();
+                            if dec
+                                .decode_each(frag, |n, v| put_literal(&mut lit, n, v))
+                                .is_err()
+                            {
+                                return;
+                            }
                             if let Some(st) = other {
                                 st.resp_started = true;
                                 st.backend_done |= end;
                             }
-                            let b = literal_block(
-                                headers.iter().map(|(n, v)| (n.as_slice(), v.as_slice())),
-                            );
-                            write_header_frames(&mut to_client, sid, end, &b);
+                            write_header_frames(&mut to_client, sid, end, &lit);
                             Conn::finish_if_done(&mut s, sid);
                         }
                     }
@@ -824,6 +898,8 @@ async fn downstream(conn: Arc<Conn>, mut br: tokio::net::unix::OwnedReadHalf) {
         if !conn.w.to_client(&to_client).await || !conn.w.to_backend(&to_backend).await {
             return;
         }
+        to_client.clear();
+        to_backend.clear();
         for (id, held) in complete {
             let conn = conn.clone();
             tokio::spawn(async move { complete_response(conn, id, held).await });
