@@ -35,7 +35,7 @@ fn report(name: &str, direct: &Samples, via: &Samples, target: f64) {
         via.pct(0.99),
     );
     println!(
-        "{name:<22} n={:<5} direct p50 {:>9.1} us  p99 {:>9.1} us | qoslet p50 {:>9.1} us  p99 {:>9.1} us | ratio p50 {:.3}x  p99 {:.3}x  (target <= {target:.2}x)",
+        "{name:<22} n={:<5} direct p50 {:>9.1} us  p99 {:>9.1} us | via p50 {:>9.1} us  p99 {:>9.1} us | ratio p50 {:.3}x  p99 {:.3}x  (target <= {target:.2}x)",
         direct.0.len(),
         us(d50),
         us(d99),
@@ -47,34 +47,74 @@ fn report(name: &str, direct: &Samples, via: &Samples, target: f64) {
 }
 
 /// Runs `f` on both clients `n` times, alternating which goes first.
-async fn interleaved<F, Fut>(n: usize, direct: &Cri, via: &Cri, mut f: F) -> (Samples, Samples)
+async fn interleaved<F, Fut>(n: usize, direct: &Cri, via: &Cri, f: F) -> (Samples, Samples)
 where
     F: FnMut(Cri) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    let (mut d, mut v) = (vec![], vec![]);
+    let mut v = rotated(n, &[direct, via], f).await.into_iter();
+    (v.next().unwrap(), v.next().unwrap())
+}
+
+/// Runs `f` on every client `n` times, each round starting one client later,
+/// so each client goes first (and last) equally often.
+async fn rotated<F, Fut>(n: usize, clients: &[&Cri], mut f: F) -> Vec<Samples>
+where
+    F: FnMut(Cri) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let m = clients.len();
+    let mut out: Vec<Vec<Duration>> = vec![Vec::with_capacity(n); m];
     for i in 0..n {
-        let order = if i % 2 == 0 {
-            [true, false]
-        } else {
-            [false, true]
-        };
-        for is_direct in order {
-            let c = if is_direct {
-                direct.clone()
-            } else {
-                via.clone()
-            };
+        for k in 0..m {
+            let which = (i + k) % m;
             let t = Instant::now();
-            f(c).await;
-            if is_direct {
-                d.push(t.elapsed())
-            } else {
-                v.push(t.elapsed())
-            }
+            f(clients[which].clone()).await;
+            out[which].push(t.elapsed());
         }
     }
-    (Samples(d), Samples(v))
+    out.into_iter().map(Samples).collect()
+}
+
+/// One small call through every path in one interleaved run: direct, the two
+/// byte relays (the floor of any out-of-process proxy here) and qoslet.
+async fn small_call<F, Fut>(name: &str, n: usize, paths: &Paths, f: F)
+where
+    F: FnMut(Cri) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let s = rotated(
+        n,
+        &[
+            &paths.direct,
+            &paths.relay_async,
+            &paths.relay_threads,
+            &paths.qoslet,
+        ],
+        f,
+    )
+    .await;
+    report(name, &s[0], &s[3], 1.10);
+    report("  byte relay (async)", &s[0], &s[1], 1.10);
+    report("  byte relay (threads)", &s[0], &s[2], 1.10);
+    let floor = if s[1].pct(0.5) <= s[2].pct(0.5) {
+        &s[1]
+    } else {
+        &s[2]
+    };
+    println!(
+        "  qoslet over the faster byte relay: p50 {:+.1} us ({:.3}x), p99 {:+.1} us",
+        us(s[3].pct(0.5)) - us(floor.pct(0.5)),
+        us(s[3].pct(0.5)) / us(floor.pct(0.5)),
+        us(s[3].pct(0.99)) - us(floor.pct(0.99)),
+    );
+}
+
+struct Paths {
+    direct: Cri,
+    relay_async: Cri,
+    relay_threads: Cri,
+    qoslet: Cri,
 }
 
 async fn lifecycle(mut c: Cri, tb: &Testbed, tag: &str) {
@@ -144,24 +184,47 @@ async fn main() {
     }
 
     if let Some(i) = args.iter().position(|a| a == "--byte-relay") {
-        return byte_relay(&args[i + 1], &args[i + 2]).await;
+        // on its own current-thread runtime, like qoslet's
+        let (listen, backend) = (args[i + 1].clone(), args[i + 2].clone());
+        return std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(byte_relay(&listen, &backend))
+        })
+        .join()
+        .unwrap();
+    }
+    if let Some(i) = args.iter().position(|a| a == "--byte-relay-threads") {
+        return byte_relay_threads(&args[i + 1], &args[i + 2]);
     }
     let tb = Testbed::main();
     let dir = scratch("bench");
-    // the floor any out-of-process proxy pays here: a byte relay (no HTTP/2 at all) in its
-    // own process, with qoslet's runtime flavour (this binary, `--byte-relay` mode)
-    let relay = dir.join("relay.sock");
-    let mut floor_proc = std::process::Command::new(std::env::current_exe().unwrap())
-        .arg("--byte-relay")
-        .arg(&relay)
-        .arg(&tb.sock)
-        .spawn()
-        .expect("spawn the byte relay");
-    for _ in 0..100 {
-        if relay.exists() {
-            break;
+    // the floor any out-of-process proxy pays here: byte relays (no HTTP/2 at all), each in its
+    // own process (this binary): one on a current-thread async runtime like qoslet's, one with
+    // a blocking thread per direction (no event loop at all)
+    let relays: Vec<(std::path::PathBuf, std::process::Child)> =
+        ["--byte-relay", "--byte-relay-threads"]
+            .iter()
+            .map(|mode| {
+                let sock = dir.join(format!("{}.sock", &mode[2..]));
+                let child = std::process::Command::new(std::env::current_exe().unwrap())
+                    .arg(mode)
+                    .arg(&sock)
+                    .arg(&tb.sock)
+                    .spawn()
+                    .expect("spawn a byte relay");
+                (sock, child)
+            })
+            .collect();
+    for (sock, _) in &relays {
+        for _ in 0..100 {
+            if sock.exists() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let q = QosletProcess::start(&dir, &tb.sock);
     let direct = Cri::connect(&tb.sock).await;
@@ -205,33 +268,49 @@ async fn main() {
     let idle_rss = q.rss_kib();
     println!("setup: {n_ctr} containers on the node; qoslet RSS idle {idle_rss} KiB\n");
 
-    let (d, v) = interleaved(2000 / scale, &direct, &via, |mut c| async move {
+    let paths = Paths {
+        direct: direct.clone(),
+        relay_async: Cri::connect(&relays[0].0).await,
+        relay_threads: Cri::connect(&relays[1].0).await,
+        qoslet: via.clone(),
+    };
+    // warm every path (connections, caches) before timing
+    rotated(
+        100,
+        &[
+            &paths.direct,
+            &paths.relay_async,
+            &paths.relay_threads,
+            &paths.qoslet,
+        ],
+        |mut c| async move {
+            c.rt.version(cri::VersionRequest::default()).await.unwrap();
+        },
+    )
+    .await;
+    small_call("Version", 2000 / scale, &paths, |mut c| async move {
         c.rt.version(cri::VersionRequest::default()).await.unwrap();
     })
     .await;
-    report("Version", &d, &v, 1.10);
-    let floor = Cri::connect(&relay).await;
-    let (d, r) = interleaved(2000 / scale, &direct, &floor, |mut c| async move {
-        c.rt.version(cri::VersionRequest::default()).await.unwrap();
-    })
+    small_call(
+        &format!("ListContainers ({n_ctr})"),
+        500 / scale,
+        &paths,
+        |mut c| async move {
+            c.rt.list_containers(cri::ListContainersRequest::default())
+                .await
+                .unwrap();
+        },
+    )
     .await;
-    report("Version, byte relay", &d, &r, 1.10);
-    let (d, v) = interleaved(500 / scale, &direct, &via, |mut c| async move {
-        c.rt.list_containers(cri::ListContainersRequest::default())
-            .await
-            .unwrap();
-    })
-    .await;
-    report(&format!("ListContainers ({n_ctr})"), &d, &v, 1.10);
     let id = first.clone();
-    let (d, v) = interleaved(1000 / scale, &direct, &via, move |mut c| {
+    small_call("ContainerStatus", 1000 / scale, &paths, move |mut c| {
         let id = id.clone();
         async move {
             c.status(&id).await.unwrap();
         }
     })
     .await;
-    report("ContainerStatus", &d, &v, 1.10);
     let tbr = &tb;
     let (d, v) = interleaved(if quick { 6 } else { 30 }, &direct, &via, |c| async move {
         lifecycle(c, tbr, "bench-lc").await
@@ -328,8 +407,10 @@ async fn main() {
             t0.elapsed().as_secs_f64()
         );
     }
-    let _ = floor_proc.kill();
-    let _ = floor_proc.wait();
+    for (_, mut child) in relays {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
     let st = qoslet_integration::process::rss_kib(q.pid());
     println!(
         "\nRSS idle {idle_rss} KiB -> {st} KiB after {lifecycles} lifecycles ({:+.1}%)",
@@ -348,6 +429,31 @@ async fn byte_relay(listen: &str, backend: &str) {
                 let _ = tokio::io::copy_bidirectional(&mut a, &mut b).await;
             }
         });
+    }
+}
+
+/// `--byte-relay-threads LISTEN BACKEND`: the same with a blocking thread per
+/// direction and connection (no event loop).
+fn byte_relay_threads(listen: &str, backend: &str) {
+    use std::io::{Read, Write};
+    use std::os::unix::net::{UnixListener, UnixStream};
+    fn pump(mut from: UnixStream, mut to: UnixStream) {
+        let mut buf = vec![0u8; 64 * 1024];
+        while let Ok(n @ 1..) = from.read(&mut buf) {
+            if to.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown(std::net::Shutdown::Write);
+    }
+    let listener = UnixListener::bind(listen).unwrap();
+    for a in listener.incoming().flatten() {
+        let Ok(b) = UnixStream::connect(backend) else {
+            continue;
+        };
+        let (a2, b2) = (a.try_clone().unwrap(), b.try_clone().unwrap());
+        std::thread::spawn(move || pump(a, b));
+        std::thread::spawn(move || pump(b2, a2));
     }
 }
 
