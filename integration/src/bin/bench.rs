@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use k8s_cri::v1 as cri;
 use qoslet_integration::process::QosletProcess;
+use qoslet_proto::admin::{admin_client::AdminClient, QueryMetricsRequest};
 use qoslet_integration::testbed::{self, container_config, pod_config, Cri, Testbed, SLEEP_LOOP};
 use qoslet_integration::{scratch, unique};
 
@@ -378,44 +379,80 @@ async fn main() {
     testbed::remove_cgroup_dirs(&cgp);
     drop(q_off);
 
-    // RSS across lifecycles through qoslet (2 at a time, like kubelet's parallel pod workers)
-    println!("\nqoslet RSS across {lifecycles} pod lifecycles through qoslet:");
-    println!("  after {:>5} lifecycles: {:>6} KiB", 0, q.rss_kib());
+    // RSS across lifecycles (2 at a time, like kubelet's parallel pod workers), through the
+    // whole agent and through a proxy-only qoslet (`metrics: false`, so no engine either): the
+    // agent keeps a removed container's series for the cache's raw window (10 minutes), the
+    // proxy path (relay, hooks, store, checkpoint) keeps nothing of a removed pod
+    let lean_dir = dir.join("proxy-only");
+    std::fs::create_dir_all(&lean_dir).unwrap();
+    std::fs::write(lean_dir.join("qoslet.yaml"), "metrics: false\n").unwrap();
+    let q_lean = QosletProcess::start_with(
+        &lean_dir,
+        &tb.sock,
+        &[&format!("--config={}", lean_dir.join("qoslet.yaml").display())],
+    );
+    let via_lean = Cri::connect(&q_lean.sock).await;
+    // warm the proxy-only path like the agent's was, so both start from a served state
+    for _ in 0..10 {
+        lifecycle(via_lean.clone(), &tb, "bench-rss").await;
+    }
+    let lean_idle = q_lean.rss_kib();
+    println!("\nRSS across {lifecycles} pod lifecycles through each:");
+    let row = |done: usize, t: f64, agent: u64, lean: u64, entities: usize| {
+        println!(
+            "  after {done:>5} lifecycles: agent {agent:>6} KiB ({entities:>4} entities in the metrics cache) | proxy only {lean:>6} KiB  ({t:.0} s)"
+        )
+    };
+    row(0, 0.0, q.rss_kib(), lean_idle, cache_entities(&q).await);
     let step = (lifecycles / 4).max(1);
     let mut done = 0;
     let t0 = Instant::now();
     while done < lifecycles {
         let batch = step.min(lifecycles - done);
         let mut tasks = vec![];
-        for w in 0..2 {
-            let (c, tb) = (via.clone(), tb.clone());
-            let n = batch / 2 + if w == 0 { batch % 2 } else { 0 };
-            tasks.push(tokio::spawn(async move {
-                for _ in 0..n {
-                    lifecycle(c.clone(), &tb, "bench-rss").await;
-                }
-            }));
+        for client in [&via, &via_lean] {
+            for w in 0..2 {
+                let (c, tb) = (client.clone(), tb.clone());
+                let n = batch / 2 + if w == 0 { batch % 2 } else { 0 };
+                tasks.push(tokio::spawn(async move {
+                    for _ in 0..n {
+                        lifecycle(c.clone(), &tb, "bench-rss").await;
+                    }
+                }));
+            }
         }
         for t in tasks {
             t.await.unwrap();
         }
         done += batch;
-        println!(
-            "  after {:>5} lifecycles: {:>6} KiB  ({:.0} s)",
+        row(
             done,
+            t0.elapsed().as_secs_f64(),
             q.rss_kib(),
-            t0.elapsed().as_secs_f64()
+            q_lean.rss_kib(),
+            cache_entities(&q).await,
         );
     }
     for (_, mut child) in relays {
         let _ = child.kill();
         let _ = child.wait();
     }
-    let st = qoslet_integration::process::rss_kib(q.pid());
+    let (st, lean) = (q.rss_kib(), q_lean.rss_kib());
     println!(
-        "\nRSS idle {idle_rss} KiB -> {st} KiB after {lifecycles} lifecycles ({:+.1}%)",
-        (st as f64 / idle_rss as f64 - 1.0) * 100.0
+        "\nRSS idle -> after {lifecycles} lifecycles: agent {idle_rss} -> {st} KiB ({:+.1}%), proxy only {lean_idle} -> {lean} KiB ({:+.1}%)",
+        (st as f64 / idle_rss as f64 - 1.0) * 100.0,
+        (lean as f64 / lean_idle as f64 - 1.0) * 100.0
     );
+}
+
+/// Entities (node, pods, containers) the agent's metrics cache holds.
+async fn cache_entities(q: &QosletProcess) -> usize {
+    let mut admin = AdminClient::new(qoslet_integration::channel(&q.admin).await);
+    admin
+        .query_metrics(QueryMetricsRequest::default())
+        .await
+        .map(|r| r.into_inner().available.len())
+        .unwrap_or(0)
 }
 
 /// `--byte-relay LISTEN BACKEND`: copies bytes between each client and a new
