@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use k8s_cri::v1 as cri;
 use qoslet_integration::process::QosletProcess;
-use qoslet_proto::admin::{admin_client::AdminClient, QueryMetricsRequest};
 use qoslet_integration::testbed::{self, container_config, pod_config, Cri, Testbed, SLEEP_LOOP};
 use qoslet_integration::{scratch, unique};
+use qoslet_proto::admin::{admin_client::AdminClient, QueryMetricsRequest};
 
 struct Samples(Vec<Duration>);
 
@@ -323,17 +323,7 @@ async fn main() {
 
     // the isolation hook: decision time, and CreateContainer with hooks on vs off vs direct
     decisions();
-    let off_dir = dir.join("hooks-off");
-    std::fs::create_dir_all(&off_dir).unwrap();
-    std::fs::write(off_dir.join("qoslet.yaml"), "isolation: false\n").unwrap();
-    let q_off = QosletProcess::start_with(
-        &off_dir,
-        &tb.sock,
-        &[&format!(
-            "--config={}",
-            off_dir.join("qoslet.yaml").display()
-        )],
-    );
+    let q_off = with_config(&dir.join("hooks-off"), &tb.sock, "isolation: false\n");
     let via_off = Cri::connect(&q_off.sock).await;
     let name = unique("bench-be");
     let cgp = tb.cgroup_parent(&name);
@@ -383,14 +373,7 @@ async fn main() {
     // whole agent and through a proxy-only qoslet (`metrics: false`, so no engine either): the
     // agent keeps a removed container's series for the cache's raw window (10 minutes), the
     // proxy path (relay, hooks, store, checkpoint) keeps nothing of a removed pod
-    let lean_dir = dir.join("proxy-only");
-    std::fs::create_dir_all(&lean_dir).unwrap();
-    std::fs::write(lean_dir.join("qoslet.yaml"), "metrics: false\n").unwrap();
-    let q_lean = QosletProcess::start_with(
-        &lean_dir,
-        &tb.sock,
-        &[&format!("--config={}", lean_dir.join("qoslet.yaml").display())],
-    );
+    let q_lean = with_config(&dir.join("proxy-only"), &tb.sock, "metrics: false\n");
     let via_lean = Cri::connect(&q_lean.sock).await;
     // warm the proxy-only path like the agent's was, so both start from a served state
     for _ in 0..10 {
@@ -443,6 +426,14 @@ async fn main() {
         (st as f64 / idle_rss as f64 - 1.0) * 100.0,
         (lean as f64 / lean_idle as f64 - 1.0) * 100.0
     );
+}
+
+/// A second qoslet in `dir` with this config file.
+fn with_config(dir: &std::path::Path, backend: &std::path::Path, yaml: &str) -> QosletProcess {
+    std::fs::create_dir_all(dir).unwrap();
+    let file = dir.join("qoslet.yaml");
+    std::fs::write(&file, yaml).unwrap();
+    QosletProcess::start_with(dir, backend, &[&format!("--config={}", file.display())])
 }
 
 /// Entities (node, pods, containers) the agent's metrics cache holds.
