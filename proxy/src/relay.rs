@@ -505,9 +505,11 @@ async fn upstream(
                     // as literals on the side in case the block must change
                     lit.clear();
                     path.clear();
-                    let mut has_cl = false;
+                    let (mut has_path, mut has_cl) = (false, false);
                     let decoded = dec.decode_each(frag, |n, v| {
-                        if n == b":path" {
+                        // the first :path, as before (a second one is the runtime's to refuse)
+                        if n == b":path" && !has_path {
+                            has_path = true;
                             path.extend_from_slice(v);
                         }
                         if n == b"content-length" {
