@@ -607,8 +607,6 @@ mod tests {
     }
 
     fn tree(tag: &str) -> std::path::PathBuf {
-        let d = std::env::temp_dir().join(format!("qoslet-engine-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
         let mut files = vec![
             ("cpu/cgroup.procs".to_string(), ""),
             ("cpuset/cgroup.procs".to_string(), ""),
@@ -624,12 +622,7 @@ mod tests {
             files.push((format!("cpu/{cg}/cpu.cfs_period_us"), "100000\n"));
             files.push((format!("cpuset/{cg}/cpuset.cpus"), "0-15\n"));
         }
-        for (f, c) in files {
-            let p = d.join(f);
-            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-            std::fs::write(p, c).unwrap();
-        }
-        d
+        crate::testing::tree(&format!("engine-{tag}"), &files)
     }
 
     #[test]

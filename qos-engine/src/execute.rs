@@ -273,20 +273,16 @@ mod tests {
     use crate::plan::Write;
 
     fn tree(tag: &str) -> std::path::PathBuf {
-        let d = std::env::temp_dir().join(format!("qoslet-exec-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        for (f, c) in [
-            ("cpu/cgroup.procs", ""),
-            ("cpu/kubepods/besteffort/cpu.cfs_quota_us", "-1\n"),
-            ("cpu/kubepods/besteffort/cpu.cfs_period_us", "100000\n"),
-            ("cpu/kubepods/besteffort/pod1/cpu.cfs_quota_us", "-1\n"),
-            ("cpu/kubepods/besteffort/pod1/cpu.cfs_period_us", "100000\n"),
-        ] {
-            let p = d.join(f);
-            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-            std::fs::write(p, c).unwrap();
-        }
-        d
+        crate::testing::tree(
+            &format!("exec-{tag}"),
+            &[
+                ("cpu/cgroup.procs", ""),
+                ("cpu/kubepods/besteffort/cpu.cfs_quota_us", "-1\n"),
+                ("cpu/kubepods/besteffort/cpu.cfs_period_us", "100000\n"),
+                ("cpu/kubepods/besteffort/pod1/cpu.cfs_quota_us", "-1\n"),
+                ("cpu/kubepods/besteffort/pod1/cpu.cfs_period_us", "100000\n"),
+            ],
+        )
     }
 
     fn quota(cg: &str, q: u64) -> Write {

@@ -132,14 +132,7 @@ mod tests {
     use crate::reconcile::Container;
 
     fn tree(tag: &str, files: &[(&str, &str)]) -> std::path::PathBuf {
-        let d = std::env::temp_dir().join(format!("qoslet-rdt-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        for (f, c) in files {
-            let p = d.join(f);
-            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-            std::fs::write(p, c).unwrap();
-        }
-        d
+        crate::testing::tree(&format!("rdt-{tag}"), files)
     }
 
     #[test]
