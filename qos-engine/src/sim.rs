@@ -11,9 +11,9 @@
 
 use std::path::Path;
 
-use qoslet_cgroups::{CgroupPath, Cgroups};
+use qoslet_cgroups::Cgroups;
 
-use crate::engine::{Engine, Env, NodeState, Policy};
+use crate::engine::{Engine, Env, Policy};
 use crate::policy::CpuSuppressPolicy;
 use crate::synth::{self, Shape};
 
@@ -93,18 +93,12 @@ pub fn run(threshold: i64, seconds: u32, root: &Path) -> Result<Vec<Row>, String
     policy.threshold.enable = true;
     policy.threshold.cpu_suppress_policy = CpuSuppressPolicy::CfsQuota;
     policy.threshold.cpu_suppress_threshold_percent = threshold;
-    let be_parent = CgroupPath::parse("kubepods/besteffort").map_err(|e| e.to_string())?;
     let mut engine = Engine::new(10);
     let mut rows = Vec::new();
     for t in 0..seconds {
         // the kernel, this second: BE capped by the quota in the tree
-        let q: i64 = cg
-            .read(&be_parent, "cpu", "cpu.cfs_quota_us")
-            .map_err(|e| e.to_string())?
-            .trim()
-            .parse()
-            .map_err(|e| format!("quota: {e}"))?;
-        let quota_cores = (q > 0).then(|| q as f64 / 100_000.0);
+        let q = synth::be_quota(&cg)?;
+        let quota_cores = q.map(|q| q as f64 / 100_000.0);
         let ls_d = ls_demand(t);
         let be_d = BE_DEMAND.min(quota_cores.unwrap_or(f64::INFINITY));
         let total = ls_d + be_d + SYSTEM;
@@ -116,19 +110,7 @@ pub fn run(threshold: i64, seconds: u32, root: &Path) -> Result<Vec<Row>, String
         let (ls, be, sys) = (ls_d * share, be_d * share, SYSTEM * share);
         // the metrics the engine reads: what this second measured
         synth::set_usage(&mut pods, ls, be);
-        let state = NodeState {
-            capacity_cores: CAPACITY,
-            node_usage_cores: ls + be + sys,
-            system_usage_cores: sys,
-            reserved_cores: 0.0,
-            pods: pods.clone(),
-            be_parent: be_parent.clone(),
-            be_quota_us: (q > 0).then_some(q as u64),
-            period_us: 100_000,
-            numa: vec![(0..1024).collect()],
-            be_cpuset: None,
-            pods_generation: Some(1),
-        };
+        let state = synth::node_state(CAPACITY as u32, ls + be + sys, sys, &pods, q);
         let a = std::time::Instant::now();
         let r = engine.plan(&state, &policy, &env);
         let x = engine.execute(&r.plan, &cg);

@@ -5,10 +5,60 @@
 use std::io;
 use std::path::Path;
 
-use qoslet_cgroups::CgroupPath;
+use qoslet_cgroups::{CgroupPath, Cgroups};
 use qoslet_hooks::QosClass;
 
+use crate::engine::NodeState;
 use crate::reconcile::{Container, Pod};
+
+/// `--name VALUE` from a bench binary's arguments, or `default`.
+pub fn flag<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> T {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The besteffort parent every synthetic node has.
+pub fn be_parent() -> CgroupPath {
+    CgroupPath::parse("kubepods/besteffort").expect("a valid cgroup path")
+}
+
+/// The besteffort parent's CFS quota as the tree says (None: unlimited).
+pub fn be_quota(cg: &Cgroups) -> Result<Option<u64>, String> {
+    let q: i64 = cg
+        .read(&be_parent(), "cpu", "cpu.cfs_quota_us")
+        .map_err(|e| e.to_string())?
+        .trim()
+        .parse()
+        .map_err(|e| format!("quota: {e}"))?;
+    Ok((q > 0).then_some(q as u64))
+}
+
+/// What the engine reads of a synthetic node with `cpus` CPUs (one NUMA node,
+/// no reserved CPUs), its usage in cores and its besteffort quota.
+pub fn node_state(
+    cpus: u32,
+    node_usage_cores: f64,
+    system_usage_cores: f64,
+    pods: &[Pod],
+    be_quota_us: Option<u64>,
+) -> NodeState {
+    NodeState {
+        capacity_cores: f64::from(cpus),
+        node_usage_cores,
+        system_usage_cores,
+        reserved_cores: 0.0,
+        pods: pods.to_vec(),
+        be_parent: be_parent(),
+        be_quota_us,
+        period_us: 100_000,
+        numa: vec![(0..cpus).collect()],
+        be_cpuset: None,
+        pods_generation: Some(1),
+    }
+}
 
 /// What to build.
 #[derive(Debug, Clone, Copy)]

@@ -9,19 +9,11 @@
 
 use std::time::{Duration, Instant};
 
-use qoslet_cgroups::{CgroupPath, Cgroups};
+use qoslet_cgroups::Cgroups;
 use qoslet_qos_engine::burst::BurstPolicy;
-use qoslet_qos_engine::engine::{Engine, Env, NodeState, Policy};
+use qoslet_qos_engine::engine::{Engine, Env, Policy};
 use qoslet_qos_engine::policy::CpuSuppressPolicy;
 use qoslet_qos_engine::synth::{self, Shape};
-
-fn arg(args: &[String], name: &str, default: usize) -> usize {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn pct(v: &mut [Duration], p: f64) -> Duration {
     v.sort();
@@ -30,9 +22,9 @@ fn pct(v: &mut [Duration], p: f64) -> Duration {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let pods = arg(&args, "--pods", 500);
-    let per_pod = arg(&args, "--containers-per-pod", 2);
-    let ticks = arg(&args, "--ticks", 300);
+    let pods = synth::flag::<usize>(&args, "--pods", 500);
+    let per_pod = synth::flag::<usize>(&args, "--containers-per-pod", 2);
+    let ticks = synth::flag::<usize>(&args, "--ticks", 300);
     let base = if std::path::Path::new("/dev/shm").is_dir() {
         std::path::PathBuf::from("/dev/shm")
     } else {
@@ -59,27 +51,9 @@ fn main() {
     policy.threshold.cpu_suppress_policy = CpuSuppressPolicy::CfsQuota;
     policy.burst.policy = BurstPolicy::Auto;
     synth::set_usage(&mut pods_v, 24.0, 16.0);
-    let be_parent = CgroupPath::parse("kubepods/besteffort").unwrap();
     let state = |pods: &Vec<qoslet_qos_engine::reconcile::Pod>, cg: &Cgroups| {
-        let q: i64 = cg
-            .read(&be_parent, "cpu", "cpu.cfs_quota_us")
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
-        NodeState {
-            capacity_cores: 64.0,
-            node_usage_cores: pods.iter().map(|p| p.cpu_cores).sum::<f64>() + 1.0,
-            system_usage_cores: 1.0,
-            reserved_cores: 0.0,
-            pods: pods.clone(),
-            be_parent: be_parent.clone(),
-            be_quota_us: (q > 0).then_some(q as u64),
-            period_us: 100_000,
-            numa: vec![(0..64).collect()],
-            be_cpuset: None,
-            pods_generation: Some(1),
-        }
+        let usage = pods.iter().map(|p| p.cpu_cores).sum::<f64>() + 1.0;
+        synth::node_state(64, usage, 1.0, pods, synth::be_quota(cg).unwrap())
     };
     let mut engine = Engine::new(10);
     let containers: usize = pods_v.iter().map(|p| p.containers.len()).sum();

@@ -6,19 +6,12 @@
 use std::io::Write;
 
 use qoslet_qos_engine::sim::{self, Row};
-
-fn arg(args: &[String], name: &str, default: u32) -> u32 {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+use qoslet_qos_engine::synth;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let threshold = arg(&args, "--threshold", 98);
-    let seconds = arg(&args, "--seconds", 90);
+    let threshold = synth::flag::<u32>(&args, "--threshold", 98);
+    let seconds = synth::flag::<u32>(&args, "--seconds", 90);
     let root = std::env::temp_dir().join(format!("qoslet-sim-{}", std::process::id()));
     let rows = match sim::run(i64::from(threshold), seconds, &root) {
         Ok(r) => r,
