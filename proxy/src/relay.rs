@@ -455,9 +455,9 @@ async fn upstream(
     let mut block: Option<(u32, u8, BytesMut, BytesMut)> = None; // stream, first flags, fragment, raw
     let mut reencode = false;
     // buffers reused across reads: frames out, a block re-encoded as literals, the
-    // block's :path and content-length
+    // block's content-length
     let (mut to_backend, mut to_client) = (BytesMut::new(), BytesMut::new());
-    let (mut lit, mut path, mut cl) = (BytesMut::new(), Vec::new(), Vec::new());
+    let (mut lit, mut cl) = (BytesMut::new(), Vec::new());
     loop {
         let mut spawn: Vec<(u32, HookPoint, Bytes, Bytes, u32)> = vec![];
         while let Some(f) = take_frame(&mut buf) {
@@ -501,22 +501,24 @@ async fn upstream(
                             assembled = block.take().expect("block");
                             (assembled.0, assembled.1, &assembled.2, &assembled.3)
                         };
-                    // decoded once: the :path and content-length noted, the rest re-encoded
-                    // as literals on the side in case the block must change
+                    // decoded once: the route and content-length noted, and the block re-encoded
+                    // as literals on the side when it may have to change (re-encoding already on,
+                    // or an intercepted call: pseudo-headers come first, so :path is known before
+                    // any regular header)
                     lit.clear();
-                    path.clear();
-                    let (mut has_path, mut has_cl) = (false, false);
+                    let (mut routed, mut has_cl, mut want_lit) = (None, false, true);
                     let decoded = dec.decode_each(frag, |n, v| {
-                        // the first :path, as before (a second one is the runtime's to refuse)
-                        if n == b":path" && !has_path {
-                            has_path = true;
-                            path.extend_from_slice(v);
+                        // the first :path decides (a second one is the runtime's to refuse)
+                        if n == b":path" && routed.is_none() {
+                            let r = route(&String::from_utf8_lossy(v));
+                            want_lit = reencode || matches!(r, Route::Intercept(_));
+                            routed = Some(r);
                         }
                         if n == b"content-length" {
                             has_cl = true;
                             cl.clear();
                             cl.extend_from_slice(v);
-                        } else {
+                        } else if want_lit {
                             put_literal(&mut lit, n, v);
                         }
                     });
@@ -535,7 +537,7 @@ async fn upstream(
                             client_done: end,
                             ..Default::default()
                         };
-                        match route(&String::from_utf8_lossy(&path)) {
+                        match routed.unwrap_or(Route::Passthrough) {
                             Route::Intercept(p) if !end => {
                                 intercepted = true;
                                 stats.calls_intercepted.fetch_add(1, Ordering::Relaxed);
