@@ -50,6 +50,12 @@ pub struct FileConfig {
     pub proc_root: Option<PathBuf>,
     /// The QoS engine's loop.
     pub qos_engine: Option<EngineConfig>,
+    /// Whom qoslet trusts with class labels, the skip label and the scheduler's
+    /// cpuset annotation (default: nobody; pod authors are not trusted).
+    pub trust: Option<qoslet_hooks::Trust>,
+    /// The CPUs kubelet reserves for the system (`--reserved-cpus`, a CPU list
+    /// such as `0-1`): never given to a pod by qoslet.
+    pub reserved_cpuset: Option<String>,
 }
 
 /// `qosEngine:` — the 1 s loop that keeps BE pods from hurting LS pods.
@@ -163,6 +169,11 @@ pub fn parse(text: &str) -> Result<FileConfig> {
         if let Some(v) = &e.be_parent {
             qoslet_cgroups::CgroupPath::parse(v)
                 .map_err(|err| anyhow::anyhow!("key qosEngine.beParent: {err}"))?;
+        }
+    }
+    if let Some(v) = &cfg.reserved_cpuset {
+        if qoslet_cgroups::cgroup::parse_cpu_list(v).is_none() {
+            bail!("key reservedCpuset: {v:?} is not a CPU list (e.g. 0-1,4)");
         }
     }
     if let Some(n) = cfg.max_message_bytes {

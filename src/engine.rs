@@ -41,6 +41,8 @@ pub struct Settings {
     /// The config file to watch for policy changes (`None`: none).
     pub config: Option<PathBuf>,
     pub sys_root: PathBuf,
+    /// Whose class labels and scheduler annotations are taken as they are.
+    pub trust: qoslet_hooks::Trust,
 }
 
 /// One tick as the admin API shows it.
@@ -208,7 +210,7 @@ struct Skeleton {
 }
 
 impl Skeleton {
-    fn build(store: &Store) -> Self {
+    fn build(store: &Store, trust: &qoslet_hooks::Trust) -> Self {
         let generation = store.generation();
         let mut pods = store.read_all(|pods, containers| {
             let mut by_pod: HashMap<&str, Vec<Container>> = HashMap::new();
@@ -240,6 +242,7 @@ impl Skeleton {
                         name: c.name.clone(),
                         cgroup: cg,
                         memory_limit: r.memory_limit_in_bytes,
+                        cpuset_cpus: r.cpuset_cpus.clone(),
                         cpu_quota: r.cpu_quota,
                         cpu_period: if r.cpu_period > 0 {
                             r.cpu_period
@@ -254,14 +257,19 @@ impl Skeleton {
                 let Some(cg) = cgs.get(p.id.as_str()) else {
                     continue;
                 };
-                let Some(class) = qoslet_hooks::classify(&p.labels, &p.cgroup_parent).class else {
+                let Some(pc) =
+                    qoslet_hooks::classify(&p.labels, &p.namespace, &p.cgroup_parent, trust)
+                        .pod_class()
+                else {
                     continue;
                 };
                 let mut containers = by_pod.remove(p.id.as_str()).unwrap_or_default();
                 containers.sort_by(|a, b| a.id.cmp(&b.id));
                 out.push(Pod {
                     id: p.id.clone(),
-                    class,
+                    class: pc.class,
+                    by_label: pc.by_label,
+                    trusted: pc.trusted,
                     cgroup: cg.clone(),
                     annotations: p.annotations.clone(),
                     sandbox_memory_limit: p
@@ -489,7 +497,7 @@ impl Shared {
                 }
             };
             if skeleton.as_ref().map(|k| k.generation) != Some(store.generation()) {
-                skeleton = Some(Skeleton::build(&store));
+                skeleton = Some(Skeleton::build(&store, &s.trust));
             }
             let pods = skeleton
                 .as_ref()

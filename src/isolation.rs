@@ -18,9 +18,9 @@ use std::sync::Arc;
 
 use qoslet_cgroups::resctrl::Resctrl;
 use qoslet_cgroups::{CgroupPath, Cgroups, Features, Knob};
-use qoslet_hooks::decide::{self, ContainerDecision};
+use qoslet_hooks::decide::{self, ContainerDecision, NodeFacts, Requested};
 use qoslet_hooks::policy::ResourceQosStrategy;
-use qoslet_hooks::{classify, ClassSource, QosClass};
+use qoslet_hooks::{classify, ClassSource, PodClass, QosClass, Trust};
 use qoslet_proto::cri;
 use qoslet_proxy::cri::{CriRequest, CriResponse, HookPoint};
 use qoslet_proxy::pipeline::{BoxError, BoxFuture, HookContext, Stage};
@@ -55,6 +55,9 @@ impl PolicyHandle {
         let next = Arc::new(Shared {
             features: cur.features.clone(),
             v2: cur.v2,
+            page_size: cur.page_size,
+            node: cur.node.clone(),
+            trust: cur.trust.clone(),
             devices: resolve_devices(&policy),
             policy,
         });
@@ -71,6 +74,11 @@ impl PolicyHandle {
 struct Shared {
     features: Features,
     v2: bool,
+    page_size: u64,
+    /// Online and reserved CPUs, capacity.
+    node: NodeFacts,
+    /// Whose labels and scheduler annotations are taken as they are.
+    trust: Trust,
     policy: ResourceQosStrategy,
     /// The policy's block devices resolved on this host.
     devices: std::collections::BTreeMap<String, qoslet_cgroups::Device>,
@@ -82,9 +90,45 @@ impl Shared {
             features: &self.features,
             v2: self.v2,
             policy: &self.policy,
-            page_size: 4096,
+            page_size: self.page_size,
+            node: &self.node,
             devices: &self.devices,
         }
+    }
+}
+
+/// The node's online CPUs, memory and reserved CPUs, read once at start
+/// (`sys_root`/`proc_root`: `/sys` and `/proc` in production). What cannot be
+/// read is left unknown, with a warning: then no annotation's cpuset is
+/// honoured and batch resources are not capped by capacity.
+pub fn node_facts(
+    sys_root: &std::path::Path,
+    proc_root: &std::path::Path,
+    reserved: Option<&str>,
+) -> NodeFacts {
+    use qoslet_cgroups::cgroup::parse_cpu_list;
+    let online_path = sys_root.join("devices/system/cpu/online");
+    let online = std::fs::read_to_string(&online_path)
+        .ok()
+        .and_then(|s| parse_cpu_list(&s))
+        .unwrap_or_else(|| {
+            warn!(path = %online_path.display(), "online CPUs unknown; cpuset annotations will not be honoured");
+            Default::default()
+        });
+    let memory = std::fs::read_to_string(proc_root.join("meminfo"))
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map(|kb| kb.saturating_mul(1024))
+        .unwrap_or(0);
+    NodeFacts {
+        milli_cpus: online.len() as u64 * 1000,
+        online_cpus: online,
+        reserved_cpus: reserved.and_then(parse_cpu_list).unwrap_or_default(),
+        memory_bytes: memory,
     }
 }
 
@@ -125,6 +169,8 @@ impl Isolation {
         cgroups: Option<Cgroups>,
         resctrl: Option<Resctrl>,
         policy: ResourceQosStrategy,
+        node: NodeFacts,
+        trust: Trust,
     ) -> Self {
         let features = cgroups
             .as_ref()
@@ -137,6 +183,9 @@ impl Isolation {
             shared: PolicyHandle(Arc::new(std::sync::RwLock::new(Arc::new(Shared {
                 features,
                 v2,
+                page_size: qoslet_cgroups::cgroup::page_size(),
+                node,
+                trust,
                 devices: resolve_devices(&policy),
                 policy,
             })))),
@@ -150,39 +199,54 @@ impl Isolation {
 }
 
 /// The class of a pod, logging input problems.
-fn class_of(pod: &PodRecord) -> Option<QosClass> {
-    let d = classify(&pod.labels, &pod.cgroup_parent);
+fn class_of(pod: &PodRecord, trust: &Trust) -> Option<PodClass> {
+    let d = classify(&pod.labels, &pod.namespace, &pod.cgroup_parent, trust);
     for w in &d.warnings {
         warn!(pod = %pod.name, namespace = %pod.namespace, "{w}");
     }
-    d.class
+    d.pod_class()
 }
 
 /// A stored container, its pod and its class (`None`: not qoslet's to touch).
-fn known(store: &Store, container_id: &str) -> Option<(ContainerRecord, PodRecord, QosClass)> {
+fn known(
+    store: &Store,
+    container_id: &str,
+    trust: &Trust,
+) -> Option<(ContainerRecord, PodRecord, PodClass)> {
     let c = store.container(container_id)?;
     let pod = store.pod_of(container_id)?;
-    let class = class_of(&pod)?;
+    let class = class_of(&pod, trust)?;
     Some((c, pod, class))
 }
 
-/// The container's name and the memory limit kubelet asked for (0: none).
-fn name_and_limit(cfg: Option<&cri::ContainerConfig>) -> (String, i64) {
+/// What kubelet asked for a container's resources, as decisions take it.
+fn requested(r: Option<&cri::LinuxContainerResources>) -> Requested<'_> {
+    r.map(|r| Requested {
+        memory_limit: r.memory_limit_in_bytes,
+        cpu_quota: r.cpu_quota,
+        cpu_period: r.cpu_period,
+        cpuset_cpus: &r.cpuset_cpus,
+    })
+    .unwrap_or_default()
+}
+
+/// The container's name and the resources kubelet asked for.
+fn name_and_resources(
+    cfg: Option<&cri::ContainerConfig>,
+) -> (String, Option<&cri::LinuxContainerResources>) {
     let name = cfg
         .and_then(|c| c.metadata.as_ref())
         .map(|m| m.name.clone())
         .unwrap_or_default();
-    let limit = cfg
+    let r = cfg
         .and_then(|c| c.linux.as_ref())
-        .and_then(|l| l.resources.as_ref())
-        .map(|r| r.memory_limit_in_bytes)
-        .unwrap_or(0);
-    (name, limit)
+        .and_then(|l| l.resources.as_ref());
+    (name, r)
 }
 
 /// Where a pod's class comes from, in words (for `qoslet explain`).
-fn class_source(pod: &PodRecord) -> String {
-    match classify(&pod.labels, &pod.cgroup_parent).source {
+fn class_source(pod: &PodRecord, trust: &Trust) -> String {
+    match classify(&pod.labels, &pod.namespace, &pod.cgroup_parent, trust).source {
         ClassSource::Label => format!("label {}", qoslet_hooks::class::LABEL_QOS_CLASS),
         ClassSource::KubeQos(q) => {
             format!("Kubernetes QoS {q:?} (cgroup parent {})", pod.cgroup_parent)
@@ -302,16 +366,25 @@ impl Hook for Isolation {
                     let (Some(pod), Some(cfg)) = (pod, r.config.as_ref()) else {
                         return Ok(None);
                     };
-                    let Some(class) = class_of(&pod) else {
+                    let Some(class) = class_of(&pod, &shared.trust) else {
                         return Ok(None);
                     };
-                    let (name, limit) = name_and_limit(Some(cfg));
-                    let d = decide::container(class, &name, &pod.annotations, limit, &shared.ctx());
+                    let (name, res) = name_and_resources(Some(cfg));
+                    let d = decide::container(
+                        class,
+                        &name,
+                        &pod.annotations,
+                        &requested(res),
+                        &shared.ctx(),
+                    );
                     for w in &d.warnings {
                         warn!(pod = %pod.name, container = %name, "{w}");
                     }
-                    let mut annotations: std::collections::HashMap<String, String> =
-                        [(ANNOTATION_CLASS.to_string(), class.as_str().to_string())].into();
+                    let mut annotations: std::collections::HashMap<String, String> = [(
+                        ANNOTATION_CLASS.to_string(),
+                        class.class.as_str().to_string(),
+                    )]
+                    .into();
                     if !d.rules.is_empty() {
                         annotations.insert(ANNOTATION_APPLIED.into(), applied(&d));
                     }
@@ -332,16 +405,35 @@ impl Hook for Isolation {
                     )))
                 }
                 CriRequest::UpdateContainerResources(r) => {
-                    let Some((c, pod, class)) = known(&ctx.store, &r.container_id) else {
+                    let Some((c, pod, class)) = known(&ctx.store, &r.container_id, &shared.trust)
+                    else {
                         return Ok(None);
                     };
-                    let limit = r
-                        .linux
-                        .as_ref()
-                        .map(|l| l.memory_limit_in_bytes)
-                        .unwrap_or(0);
-                    let d =
-                        decide::container(class, &c.name, &pod.annotations, limit, &shared.ctx());
+                    // kubelet may send a partial update (cpuset only): what it left out stands
+                    let stored = c.requested.clone().unwrap_or_default();
+                    let upd = r.linux.clone().unwrap_or_default();
+                    let pick = |u: i64, s: i64| if u != 0 { u } else { s };
+                    let merged = cri::LinuxContainerResources {
+                        memory_limit_in_bytes: pick(
+                            upd.memory_limit_in_bytes,
+                            stored.memory_limit_in_bytes,
+                        ),
+                        cpu_quota: pick(upd.cpu_quota, stored.cpu_quota),
+                        cpu_period: pick(upd.cpu_period, stored.cpu_period),
+                        cpuset_cpus: if upd.cpuset_cpus.is_empty() {
+                            stored.cpuset_cpus.clone()
+                        } else {
+                            upd.cpuset_cpus.clone()
+                        },
+                        ..Default::default()
+                    };
+                    let d = decide::container(
+                        class,
+                        &c.name,
+                        &pod.annotations,
+                        &requested(Some(&merged)),
+                        &shared.ctx(),
+                    );
                     if d.patch.is_empty() {
                         return Ok(None);
                     }
@@ -378,18 +470,23 @@ impl Hook for Isolation {
                     let Some(pod) = ctx.store.pod(&o.pod_sandbox_id) else {
                         return Ok(());
                     };
-                    let Some(class) = class_of(&pod) else {
+                    let Some(class) = class_of(&pod, &shared.trust) else {
                         return Ok(());
                     };
-                    ctx.store.set_pod_applied(&pod.id, "class", class.as_str());
                     ctx.store
-                        .set_pod_applied(&pod.id, "class-source", &class_source(&pod));
+                        .set_pod_applied(&pod.id, "class", class.class.as_str());
+                    ctx.store.set_pod_applied(
+                        &pod.id,
+                        "class-source",
+                        &class_source(&pod, &shared.trust),
+                    );
                     let sandbox_limit = pod
                         .resources
                         .as_ref()
                         .map(|r| r.memory_limit_in_bytes)
                         .unwrap_or(0);
-                    let d = decide::pod(class, &pod.annotations, sandbox_limit, &shared.ctx());
+                    let d =
+                        decide::pod(class.class, &pod.annotations, sandbox_limit, &shared.ctx());
                     for w in &d.warnings {
                         warn!(pod = %pod.name, namespace = %pod.namespace, "{w}");
                     }
@@ -418,27 +515,39 @@ impl Hook for Isolation {
                     let Some(pod) = ctx.store.pod(&r.pod_sandbox_id) else {
                         return Ok(());
                     };
-                    let Some(class) = class_of(&pod) else {
+                    let Some(class) = class_of(&pod, &shared.trust) else {
                         return Ok(());
                     };
-                    let (name, limit) = name_and_limit(r.config.as_ref());
-                    let mut d =
-                        decide::container(class, &name, &pod.annotations, limit, &shared.ctx());
+                    let (name, res) = name_and_resources(r.config.as_ref());
+                    let mut d = decide::container(
+                        class,
+                        &name,
+                        &pod.annotations,
+                        &requested(res),
+                        &shared.ctx(),
+                    );
                     d.rules.retain(|r| !is_cgroup_rule(&r.setting)); // cgroup-only settings are recorded at start
-                    record(&ctx.store, &o.container_id, class, &d);
+                    record(&ctx.store, &o.container_id, class.class, &d);
                     Ok(())
                 }
                 (CriRequest::StartContainer(r), _) => {
-                    let Some((c, pod, class)) = known(&ctx.store, &r.container_id) else {
+                    let Some((c, pod, class)) = known(&ctx.store, &r.container_id, &shared.trust)
+                    else {
                         return Ok(());
                     };
-                    let limit = c
-                        .requested
-                        .as_ref()
-                        .map(|r| r.memory_limit_in_bytes)
-                        .unwrap_or(0);
-                    let d =
-                        decide::container(class, &c.name, &pod.annotations, limit, &shared.ctx());
+                    let stored = c.requested.clone().unwrap_or_default();
+                    let d = decide::container(
+                        class,
+                        &c.name,
+                        &pod.annotations,
+                        &Requested {
+                            memory_limit: stored.memory_limit_in_bytes,
+                            cpu_quota: stored.cpu_quota,
+                            cpu_period: stored.cpu_period,
+                            cpuset_cpus: &stored.cpuset_cpus,
+                        },
+                        &shared.ctx(),
+                    );
                     let cg = match CgroupPath::pod(&pod.cgroup_parent)
                         .and_then(|p| p.container(&c.id))
                     {
@@ -451,7 +560,8 @@ impl Hook for Isolation {
                     write(cgroups.clone(), cg.clone(), d.cgroup.clone()).await?;
                     let mut only_cgroup = d.clone();
                     only_cgroup.rules.retain(|r| is_cgroup_rule(&r.setting));
-                    record(&ctx.store, &c.id, class, &only_cgroup);
+                    record(&ctx.store, &c.id, class.class, &only_cgroup);
+                    let class = class.class;
                     if let (Some(rdt), Some(cgroups)) = (resctrl, cgroups) {
                         let q = shared.policy.of(class).resctrl_qos.clone();
                         if q.enable {
@@ -555,6 +665,8 @@ mod tests {
             Some(Cgroups::detect(&cgroups).unwrap()),
             Resctrl::detect(&rdt).unwrap(),
             policy,
+            NodeFacts::default(),
+            Trust::default(),
         );
         let store = Store::new();
         let mut pod = PodRecord {
@@ -628,6 +740,8 @@ mod tests {
             Some(Cgroups::detect(&cgroups).unwrap()),
             Resctrl::detect(&rdt).unwrap(),
             ResourceQosStrategy::default(),
+            NodeFacts::default(),
+            Trust::default(),
         );
         let store = Store::new();
         let mut pod = PodRecord {
@@ -689,7 +803,13 @@ mod tests {
         )
         .unwrap();
         policy.validate().unwrap();
-        let hook = Isolation::new(Some(Cgroups::detect(&cgroups).unwrap()), None, policy);
+        let hook = Isolation::new(
+            Some(Cgroups::detect(&cgroups).unwrap()),
+            None,
+            policy,
+            NodeFacts::default(),
+            Trust::default(),
+        );
         let store = Store::new();
         let mut pod = PodRecord {
             id: "p1".into(),

@@ -95,6 +95,8 @@ fn main() -> std::process::ExitCode {
             Cmd::Plan(a) => cli::plan(a).await,
         }
     });
+    // a hook stuck in the kernel (a write in D state) must not keep qoslet from exiting
+    rt.shutdown_timeout(std::time::Duration::from_secs(2));
     match r {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
@@ -156,6 +158,19 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
         cfg.resync_interval = config::parse_duration(v)?;
     }
     let settings = hook_settings(file.hooks.as_ref())?;
+    let trust = file.trust.clone().unwrap_or_default();
+    if trust != qoslet_hooks::Trust::default() {
+        tracing::info!(namespaces = ?trust.namespaces, control_plane = trust.control_plane, "trusted sources of class labels and scheduler annotations");
+    }
+    let proc_root = file
+        .proc_root
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("/proc"));
+    let node = isolation::node_facts(
+        std::path::Path::new("/sys"),
+        &proc_root,
+        file.reserved_cpuset.as_deref(),
+    );
     let policy_cfg = file.policy.clone().unwrap_or_default();
     let mut policy_handle = None;
     let pipeline = if file.isolation.unwrap_or(true) {
@@ -182,7 +197,7 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
                 None
             }
         };
-        let iso = isolation::Isolation::new(cgroups, resctrl, policy);
+        let iso = isolation::Isolation::new(cgroups, resctrl, policy, node.clone(), trust.clone());
         policy_handle = Some(iso.policy_handle());
         let hook: std::sync::Arc<dyn qoslet_proxy::Hook> = std::sync::Arc::new(iso);
         qoslet_proxy::Pipeline::with_hooks(vec![(hook, settings)])
@@ -221,11 +236,9 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
                 .metrics_snapshot
                 .unwrap_or(true)
                 .then(|| cfg.state_dir.join("metrics.snapshot")),
-            proc_root: file
-                .proc_root
-                .clone()
-                .unwrap_or_else(|| PathBuf::from("/proc")),
+            proc_root: proc_root.clone(),
             sys_root: PathBuf::from("/sys"),
+            trust: trust.clone(),
         })
     } else {
         None
@@ -250,6 +263,7 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
         verify_every: 0,
         config: Some(path.clone()),
         sys_root: PathBuf::from("/sys"),
+        trust: trust.clone(),
     };
     let drift_every =
         config::metrics_interval(engine_cfg.drift_check_interval.as_deref().unwrap_or("10s"))
@@ -290,7 +304,8 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
                                             &policy_cfg.resource_qos_strategy,
                                         )
                                     }),
-                                page_size: 4096,
+                                page_size: qoslet_cgroups::cgroup::page_size(),
+                                node: node.clone(),
                             };
                             let rdt = qoslet_cgroups::resctrl::Resctrl::detect(&resctrl_root)
                                 .ok()

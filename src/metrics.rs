@@ -32,6 +32,8 @@ pub struct Settings {
     pub snapshot: Option<PathBuf>,
     pub proc_root: PathBuf,
     pub sys_root: PathBuf,
+    /// Whose class labels are taken as they are (the `qos_class` label of series).
+    pub trust: qoslet_hooks::Trust,
 }
 
 /// More Prometheus lines, appended to every scrape.
@@ -47,6 +49,7 @@ pub struct Metrics {
     interval: Duration,
     cpi: String,
     store: Store,
+    trust: qoslet_hooks::Trust,
     /// Woken after every tick.
     ticked: tokio::sync::Notify,
     /// More Prometheus lines (the QoS engine's), appended to every scrape.
@@ -65,7 +68,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// The pods and containers to collect: ready pods and running containers.
-pub fn targets(store: &Store) -> Vec<Arc<Target>> {
+pub fn targets(store: &Store, trust: &qoslet_hooks::Trust) -> Vec<Arc<Target>> {
     store.read_all(|pods, containers| {
         let mut out = Vec::with_capacity(pods.len() + containers.len());
         let mut classes = BTreeMap::new();
@@ -76,7 +79,7 @@ pub fn targets(store: &Store) -> Vec<Arc<Target>> {
             if cg.as_str().is_empty() {
                 continue;
             }
-            let class = qoslet_hooks::classify(&p.labels, &p.cgroup_parent)
+            let class = qoslet_hooks::classify(&p.labels, &p.namespace, &p.cgroup_parent, trust)
                 .class
                 .map(|c| c.as_str().to_string())
                 .unwrap_or_default();
@@ -166,6 +169,7 @@ impl Metrics {
             interval: s.interval,
             cpi,
             store,
+            trust: s.trust.clone(),
             ticked: tokio::sync::Notify::new(),
             extra: std::sync::OnceLock::new(),
         });
@@ -248,8 +252,11 @@ impl Metrics {
     }
 }
 
+/// A metrics snapshot larger than this is refused at load (the whole cache is a few MiB).
+const SNAPSHOT_MAX_BYTES: u64 = 256 << 20;
+
 fn load_snapshot(p: &std::path::Path, interval: u32) -> Option<Tsdb> {
-    let b = match std::fs::read(p) {
+    let b = match qoslet_proxy::statefile::read_capped(p, SNAPSHOT_MAX_BYTES) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
         Err(e) => {
@@ -277,16 +284,14 @@ fn load_snapshot(p: &std::path::Path, interval: u32) -> Option<Tsdb> {
     }
 }
 
-fn write_snapshot(p: &std::path::Path, db: &Tsdb) -> std::io::Result<()> {
-    use std::io::Write;
+/// Written like the store's checkpoint: 0600 in the 0700 state dir, atomically,
+/// never through a symlink.
+fn write_snapshot(p: &std::path::Path, db: &Tsdb) -> anyhow::Result<()> {
     if let Some(d) = p.parent() {
-        std::fs::create_dir_all(d)?;
+        qoslet_proxy::statefile::ensure_private_dir(d)?;
     }
-    let tmp = p.with_extension("tmp");
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(&db.to_snapshot())?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, p)
+    qoslet_proxy::statefile::write_atomic(p, &db.to_snapshot())?;
+    Ok(())
 }
 
 async fn collect_loop(
@@ -309,7 +314,7 @@ async fn collect_loop(
         }
         let generation = m.store.generation();
         if generation != cached.0 {
-            cached = (generation, Arc::new(targets(&m.store)));
+            cached = (generation, Arc::new(targets(&m.store, &m.trust)));
         }
         let targets = cached.1.clone();
         let Some(mut c) = collector.take() else { break };
@@ -353,11 +358,19 @@ async fn collect_loop(
     }
 }
 
+/// At most this many `/metrics` connections at once: the fd limit is shared with
+/// the CRI sockets and the cgroup files; beyond it a new connection is closed at once.
+pub const HTTP_MAX_CONNECTIONS: usize = 64;
+/// A client must send its request headers within this time (idle keep-alive included).
+pub const HTTP_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
 async fn serve_http(
     listener: tokio::net::TcpListener,
     m: Arc<Metrics>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(HTTP_MAX_CONNECTIONS));
+    let mut refused = 0u64;
     loop {
         let (stream, _) = tokio::select! {
             r = listener.accept() => match r {
@@ -370,8 +383,21 @@ async fn serve_http(
             },
             _ = shutdown.changed() => return,
         };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            refused += 1;
+            if refused.is_power_of_two() {
+                warn!(
+                    refused,
+                    max = HTTP_MAX_CONNECTIONS,
+                    "metrics endpoint at its connection cap; new connections closed"
+                );
+            }
+            drop(stream);
+            continue;
+        };
         let m = m.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             let svc =
                 hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                     let m = m.clone();
@@ -379,6 +405,9 @@ async fn serve_http(
                 });
             let io = hyper_util::rt::TokioIo::new(stream);
             if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HTTP_HEADER_TIMEOUT)
+                .max_buf_size(64 << 10)
                 .serve_connection(io, svc)
                 .await
             {

@@ -8,12 +8,12 @@
 //! parents first when a limit grows, children first when it shrinks.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::path::Path;
 
 use crate::blkio::{Device, IoLimits};
 use crate::convert::shares_to_weight;
 use crate::detect::{Host, Layout};
-use crate::fs::Outcome;
+use crate::fs::{CgFile, Outcome};
 use crate::{CgroupError, CgroupPath};
 
 /// A QoS setting, independent of the cgroup version.
@@ -78,28 +78,67 @@ impl Knob {
     }
 }
 
+/// CPU ids qoslet accepts are below this (the kernel's largest `NR_CPUS`).
+pub const MAX_CPUS: u32 = 8192;
+/// The longest CPU list accepted, in bytes (a list of every CPU fits in far less).
+pub const MAX_CPU_LIST_LEN: usize = 16 << 10;
+
 /// Number of CPUs in a cpuset list (`0-3,8` -> 5); a malformed list counts 0.
 pub fn cpu_count(list: &str) -> u64 {
     parse_cpu_list(list).map_or(0, |c| c.len() as u64)
 }
 
-/// Parses a kernel CPU list (`0-3,8`); `None` when malformed.
+/// Parses a kernel CPU list (`0-3,8`); `None` when malformed, longer than
+/// [`MAX_CPU_LIST_LEN`] or naming a CPU id at or above [`MAX_CPUS`]. The
+/// work is bounded whatever the input (the length is checked before anything
+/// is parsed, ranges fill a fixed bitmap word by word, repeats cost nothing),
+/// so a hostile annotation cannot stall the caller.
 pub fn parse_cpu_list(list: &str) -> Option<BTreeSet<u32>> {
-    let mut out = BTreeSet::new();
+    if list.len() > MAX_CPU_LIST_LEN {
+        return None;
+    }
+    let mut bits = [0u64; (MAX_CPUS / 64) as usize];
     for part in list.trim().split(',').filter(|p| !p.is_empty()) {
+        let id = |s: &str| -> Option<u32> {
+            let s = s.trim();
+            // digits only (`u32::from_str` also takes a leading '+')
+            if s.is_empty() || s.len() > 5 || !s.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            s.parse::<u32>().ok().filter(|&v| v < MAX_CPUS)
+        };
         let (a, b) = match part.split_once('-') {
-            Some((a, b)) => (a.trim().parse::<u32>().ok()?, b.trim().parse::<u32>().ok()?),
+            Some((a, b)) => (id(a)?, id(b)?),
             None => {
-                let a = part.trim().parse::<u32>().ok()?;
+                let a = id(part)?;
                 (a, a)
             }
         };
-        if b < a || b - a > 65_536 {
+        if b < a {
             return None;
         }
-        out.extend(a..=b);
+        let (wa, wb) = ((a / 64) as usize, (b / 64) as usize);
+        for (w, word) in bits.iter_mut().enumerate().take(wb + 1).skip(wa) {
+            let lo = if w == wa { a % 64 } else { 0 };
+            let hi = if w == wb { b % 64 } else { 63 };
+            *word |= (u64::MAX >> (63 - hi)) & (u64::MAX << lo);
+        }
+    }
+    let mut out = BTreeSet::new();
+    for (w, &word) in bits.iter().enumerate() {
+        let mut x = word;
+        while x != 0 {
+            out.insert(w as u32 * 64 + x.trailing_zeros());
+            x &= x - 1;
+        }
     }
     Some(out)
+}
+
+/// A CPU list in the kernel's canonical form (`3,2,1,0` -> `0-3`), as
+/// `cpuset.cpus` shows it after a write; `None` when malformed.
+pub fn canonical_cpu_list(list: &str) -> Option<String> {
+    parse_cpu_list(list).map(|c| format_cpu_list(&c))
 }
 
 /// Formats CPUs as the kernel writes them (`0-3,8`).
@@ -154,11 +193,30 @@ fn keyed(controller: &'static str, file: &'static str, value: String) -> FileWri
 #[derive(Debug, Clone)]
 pub struct Cgroups {
     host: Host,
+    page_size: u64,
+}
+
+/// This machine's page size (what the kernel rounds memory limits to).
+pub fn page_size() -> u64 {
+    rustix::param::page_size() as u64
 }
 
 impl Cgroups {
     pub fn new(host: Host) -> Self {
-        Self { host }
+        Self {
+            host,
+            page_size: page_size(),
+        }
+    }
+
+    /// The page size memory values are rounded down to, as the kernel stores them.
+    pub fn page_size(&self) -> u64 {
+        self.page_size
+    }
+
+    /// Rounds a memory value down to a whole page, as the kernel will show it.
+    fn pages(&self, bytes: u64) -> u64 {
+        bytes / self.page_size * self.page_size
     }
 
     /// Detects the host under `root` (`/sys/fs/cgroup` in production).
@@ -189,6 +247,17 @@ impl Cgroups {
             Knob::CpuQuota { quota: Some(q), .. } if *q < 1_000 => {
                 return unsupported("quota below 1000 µs")
             }
+            Knob::CpuQuota { quota: Some(q), .. } if i64::try_from(*q).is_err() => {
+                return unsupported("quota beyond the kernel's range")
+            }
+            Knob::MemoryLimit(Some(b))
+            | Knob::MemoryHigh(Some(b))
+            | Knob::MemoryMin(b)
+            | Knob::MemoryLow(b)
+                if i64::try_from(*b).is_err() =>
+            {
+                return unsupported("memory value beyond the kernel's range")
+            }
             Knob::CpuQuota { quota, period } if v2 => {
                 vec![fw(
                     "cpu",
@@ -204,7 +273,7 @@ impl Cgroups {
                 fw(
                     "cpu",
                     "cpu.cfs_quota_us",
-                    quota.map(|q| q as i64).unwrap_or(-1),
+                    quota.map(|q| q as i64).unwrap_or(-1), // checked above: fits
                 ),
             ],
             Knob::CpuIdle(_) if !f.cpu_idle => return unsupported("this kernel has no cpu.idle"),
@@ -221,30 +290,34 @@ impl Cgroups {
             }
             Knob::CpuBurst(b) if v2 => vec![fw("cpu", "cpu.max.burst", b)],
             Knob::CpuBurst(b) => vec![fw("cpu", "cpu.cfs_burst_us", b)],
+            // memory values as the kernel stores them: whole pages, rounded down
             Knob::MemoryLimit(v) if v2 => vec![fw(
                 "memory",
                 "memory.max",
-                v.map(|b| b.to_string()).unwrap_or_else(|| "max".into()),
+                v.map(|b| self.pages(b).to_string())
+                    .unwrap_or_else(|| "max".into()),
             )],
             Knob::MemoryLimit(v) => vec![fw(
                 "memory",
                 "memory.limit_in_bytes",
-                v.map(|b| b as i64).unwrap_or(-1),
+                v.map(|b| self.pages(b) as i64).unwrap_or(-1),
             )],
             Knob::MemoryMin(_) | Knob::MemoryLow(_) | Knob::MemoryHigh(_) if !f.memory_qos => {
                 return unsupported("this kernel has no memory.min/low/high")
             }
-            Knob::MemoryMin(b) => vec![fw("memory", "memory.min", b)],
-            Knob::MemoryLow(b) => vec![fw("memory", "memory.low", b)],
+            Knob::MemoryMin(b) => vec![fw("memory", "memory.min", self.pages(*b))],
+            Knob::MemoryLow(b) => vec![fw("memory", "memory.low", self.pages(*b))],
             Knob::MemoryHigh(v) => vec![fw(
                 "memory",
                 "memory.high",
-                v.map(|b| b.to_string()).unwrap_or_else(|| "max".into()),
+                v.map(|b| self.pages(b).to_string())
+                    .unwrap_or_else(|| "max".into()),
             )],
-            Knob::CpusetCpus(s) if cpu_count(s) == 0 => {
-                return unsupported("empty or malformed cpu list")
-            }
-            Knob::CpusetCpus(s) => vec![fw("cpuset", "cpuset.cpus", s)],
+            Knob::CpusetCpus(s) => match canonical_cpu_list(s).filter(|c| !c.is_empty()) {
+                // as the kernel will show it, so a steady value compares equal
+                Some(c) => vec![fw("cpuset", "cpuset.cpus", c)],
+                None => return unsupported("empty or malformed cpu list"),
+            },
             Knob::IoLimit { .. } if !f.blkio_throttle => {
                 return unsupported("this kernel has no blkio throttling (v1) / io controller (v2)")
             }
@@ -281,8 +354,8 @@ impl Cgroups {
         })
     }
 
-    /// The absolute path of `w` for cgroup `cg` (validated, no symlinks on the way).
-    pub fn path_of(&self, cg: &CgroupPath, w: &FileWrite) -> Result<PathBuf, CgroupError> {
+    /// The file of `w` for cgroup `cg`, opened beneath its hierarchy (no symlinks on the way).
+    pub fn path_of(&self, cg: &CgroupPath, w: &FileWrite) -> Result<CgFile, CgroupError> {
         let hierarchy = match &self.host.layout {
             Layout::V1 { controllers } => {
                 controllers
@@ -294,7 +367,7 @@ impl Cgroups {
             }
             Layout::V2 { root, .. } => root,
         };
-        Ok(cg.under(hierarchy)?.join(w.file))
+        CgFile::new(hierarchy, Path::new(cg.as_str()).join(w.file))
     }
 
     /// Applies `knob` to `cg`: Written if any file changed.
@@ -391,6 +464,7 @@ mod tests {
     use crate::detect::tests::tree;
     use crate::detect::Features;
     use std::collections::BTreeMap;
+    use std::path::PathBuf;
 
     fn v1(features: Features) -> Cgroups {
         let controllers: BTreeMap<String, PathBuf> = ["cpu", "memory", "cpuset", "blkio"]
@@ -401,6 +475,7 @@ mod tests {
             root: "/x".into(),
             layout: Layout::V1 { controllers },
             features,
+            cgroupfs: false,
         })
     }
 
@@ -412,6 +487,7 @@ mod tests {
                 controllers: vec!["cpu".into(), "memory".into()],
             },
             features,
+            cgroupfs: false,
         })
     }
 
@@ -521,6 +597,44 @@ mod tests {
         );
     }
 
+    /// Values planned as the kernel will show them (so a steady node reports no
+    /// drift): memory in whole pages of this machine, cpusets in canonical form;
+    /// values the kernel cannot hold are refused, never wrapped.
+    #[test]
+    fn planned_as_the_kernel_shows_them() {
+        let (a, b) = (
+            v1(Features::default()),
+            v2(Features {
+                memory_qos: true,
+                ..Default::default()
+            }),
+        );
+        let pg = page_size();
+        let g = 1_000_000_000u64; // "1G"
+        assert_eq!(
+            files(&a, Knob::MemoryLimit(Some(g))),
+            vec![("memory.limit_in_bytes", (g / pg * pg).to_string())]
+        );
+        assert_eq!(
+            files(&b, Knob::MemoryMin(g)),
+            vec![("memory.min", (g / pg * pg).to_string())]
+        );
+        assert_eq!(
+            files(&a, Knob::CpusetCpus("3,2,1,0".into())),
+            vec![("cpuset.cpus", "0-3".to_string())]
+        );
+        for k in [
+            Knob::MemoryLimit(Some(u64::MAX)),
+            Knob::CpuQuota {
+                quota: Some(u64::MAX),
+                period: 100_000,
+            },
+            Knob::CpusetCpus("0-9999".into()),
+        ] {
+            assert!(a.plan(&k).is_err(), "{k:?}");
+        }
+    }
+
     fn io(read_bps: Option<u64>, write_iops: Option<u64>) -> Knob {
         Knob::IoLimit {
             device: Device {
@@ -614,6 +728,34 @@ mod tests {
         assert_eq!(cpu_count("2"), 1);
         assert_eq!(cpu_count("3-1"), 0);
         assert_eq!(cpu_count(""), 0);
+        assert_eq!(canonical_cpu_list("3,2,1,0").as_deref(), Some("0-3"));
+        assert_eq!(canonical_cpu_list("8, 0-1 ,1").as_deref(), Some("0-1,8"));
+        assert_eq!(
+            canonical_cpu_list("63-64,127-129").as_deref(),
+            Some("63-64,127-129")
+        );
+        assert_eq!(cpu_count("0-8191"), 8192);
+        for bad in ["8192", "0-8192", "+1", "1-+2", "-1", "99999999999", "0x1"] {
+            assert_eq!(parse_cpu_list(bad), None, "{bad}");
+        }
+    }
+
+    /// The shape that stalled CreateContainer for seconds (issue 12): a long
+    /// list of overlapping full ranges. Refused past the length cap; below it,
+    /// what it builds is capped at MAX_CPUS ids (the end-to-end test checks the
+    /// CRI path stays responsive).
+    #[test]
+    fn hostile_cpu_lists_are_capped() {
+        let huge = "0-65536,".repeat(32 << 10);
+        assert_eq!(parse_cpu_list(&huge), None);
+        assert_eq!(
+            parse_cpu_list(&"0-1,".repeat(5000)),
+            None,
+            "over the length cap"
+        );
+        let under_cap = "0-8191,".repeat(MAX_CPU_LIST_LEN / 7);
+        assert!(under_cap.len() <= MAX_CPU_LIST_LEN);
+        assert_eq!(cpu_count(&under_cap), 8192);
     }
 
     fn v1_tree(tag: &str) -> (PathBuf, Cgroups) {

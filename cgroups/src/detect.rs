@@ -43,6 +43,17 @@ pub struct Host {
     pub root: PathBuf,
     pub layout: Layout,
     pub features: Features,
+    /// Every hierarchy is a real cgroup filesystem (statfs magic, checked once at
+    /// detection); false for the kernel-shaped file trees tests use.
+    pub cgroupfs: bool,
+}
+
+/// `CGROUP_SUPER_MAGIC`, `CGROUP2_SUPER_MAGIC` (linux/magic.h).
+const CGROUP_MAGICS: [u64; 2] = [0x0027_e0eb, 0x6367_7270];
+
+/// Whether `dir` lies on a cgroup filesystem.
+pub fn is_cgroupfs(dir: &Path) -> bool {
+    rustix::fs::statfs(dir).is_ok_and(|s| CGROUP_MAGICS.contains(&(s.f_type as u64)))
 }
 
 const V1_CONTROLLERS: &[&str] = &[
@@ -54,11 +65,21 @@ impl Host {
     pub fn detect(root: &Path) -> Result<Self, CgroupError> {
         let layout = detect_layout(root)?;
         let features = probe_features(&layout);
-        tracing::info!(root = %root.display(), ?layout, ?features, "cgroup host detected");
+        let dirs: Vec<&Path> = match &layout {
+            Layout::V1 { controllers } => controllers.values().map(PathBuf::as_path).collect(),
+            Layout::V2 { root, .. } => vec![root.as_path()],
+        };
+        let cgroupfs = dirs.iter().all(|d| is_cgroupfs(d));
+        if cgroupfs {
+            tracing::info!(root = %root.display(), ?layout, ?features, "cgroup host detected");
+        } else {
+            tracing::warn!(root = %root.display(), ?layout, ?features, "cgroup layout detected on a filesystem that is not cgroupfs (a test tree?)");
+        }
         Ok(Self {
             root: root.into(),
             layout,
             features,
+            cgroupfs,
         })
     }
 
@@ -265,5 +286,7 @@ pub(crate) mod tests {
             }
             Layout::V2 { .. } => assert!(Path::new("/sys/fs/cgroup/cgroup.controllers").exists()),
         }
+        assert!(h.cgroupfs, "the real hierarchies carry the cgroupfs magic");
+        assert!(!is_cgroupfs(&std::env::temp_dir()));
     }
 }

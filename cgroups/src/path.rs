@@ -51,7 +51,44 @@ impl CgroupPath {
     /// driver (`/kubepods/besteffort/pod1`), a slice name with the systemd driver
     /// (`kubepods-besteffort-pod1.slice`, which systemd nests as
     /// `kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice`).
+    ///
+    /// It must be a pod's own cgroup under the kubepods root, as kubelet names
+    /// them: below a `kubepods` (or `kubepods.slice`) component (kubelet's
+    /// `--cgroup-root` may put one above it), its last component a pod's
+    /// (`pod<uid>`, `kubepods-...-pod<uid>.slice`). The root, `/system.slice`,
+    /// `kubepods` itself or a QoS dir (`kubepods/besteffort`) are refused, so no
+    /// pod's settings can land on a shared cgroup.
     pub fn pod(cgroup_parent: &str) -> Result<Self, CgroupError> {
+        let p = Self::pod_unchecked(cgroup_parent)?;
+        let parts: Vec<&str> = p.0.split('/').collect();
+        let refuse = |reason| {
+            Err(CgroupError::UnsafePath {
+                path: cgroup_parent.to_string(),
+                reason,
+            })
+        };
+        let Some(k) = parts
+            .iter()
+            .position(|c| *c == "kubepods" || *c == "kubepods.slice")
+        else {
+            return refuse("not under the kubepods root");
+        };
+        let last = parts[parts.len() - 1];
+        let is_pod = last.starts_with("pod")
+            || (last.starts_with("kubepods-")
+                && last.ends_with(".slice")
+                && last
+                    .trim_end_matches(".slice")
+                    .rsplit('-')
+                    .next()
+                    .is_some_and(|s| s.starts_with("pod")));
+        if parts.len() <= k + 1 || !is_pod {
+            return refuse("not a pod's own cgroup (kubelet names them pod<uid>)");
+        }
+        Ok(p)
+    }
+
+    fn pod_unchecked(cgroup_parent: &str) -> Result<Self, CgroupError> {
         let t = cgroup_parent.trim_start_matches('/');
         if t.ends_with(".slice") && !t.contains('/') {
             let name = t.trim_end_matches(".slice");
@@ -204,6 +241,36 @@ mod tests {
         assert!(CgroupPath::pod("kubepods--x.slice").is_err());
         assert!(CgroupPath::pod("/kubepods/../x").is_err());
         assert!(c.container("../x").is_err());
+        assert_eq!(
+            CgroupPath::pod("kubepods-pod1.slice").unwrap().as_str(),
+            "kubepods.slice/kubepods-pod1.slice"
+        );
+        assert!(
+            CgroupPath::pod("/kubelet/kubepods/burstable/podx").is_ok(),
+            "kubelet --cgroup-root"
+        );
+    }
+
+    /// Issue 12: a pod parent that is not a pod's own cgroup under kubepods
+    /// would put one pod's settings on a shared cgroup.
+    #[test]
+    fn pod_parents_must_be_pod_cgroups_under_kubepods() {
+        for bad in [
+            "/",
+            "",
+            "/system.slice",
+            "system.slice",
+            "/system.slice/foo",
+            "/kubepods",
+            "/kubepods/besteffort",
+            "/kubepods/burstable/",
+            "kubepods.slice",
+            "kubepods-besteffort.slice",
+            "/user.slice/pod1",
+            "/kubepods/besteffort/notapod",
+        ] {
+            assert!(CgroupPath::pod(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -19,11 +19,21 @@ pub struct Resctrl {
     pub mb: Option<(u32, u32)>,
     /// Cache/memory domain ids, from the root group's schemata (`L3:0=..;1=..`).
     pub domains: Vec<u32>,
+    /// Mounted with `mba_MBps`: the MB line takes MBps, not percentages, so
+    /// qoslet's percentages are not written (the kernel's values stand).
+    pub mb_mbps: bool,
 }
 
 impl Resctrl {
     /// Detects resctrl at `root`; `Ok(None)` when it is not mounted (no RDT).
+    /// Mount options come from `/proc/self/mountinfo`.
     pub fn detect(root: &Path) -> Result<Option<Self>, CgroupError> {
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        Self::detect_with_mounts(root, &mounts)
+    }
+
+    /// [`Resctrl::detect`] with the mount table given (`mountinfo` format).
+    pub fn detect_with_mounts(root: &Path, mountinfo: &str) -> Result<Option<Self>, CgroupError> {
         if !root.join("schemata").is_file() {
             return Ok(None);
         }
@@ -65,12 +75,26 @@ impl Resctrl {
                     .collect()
             })
             .unwrap_or_default();
+        let mb_mbps = mountinfo.lines().any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let Some(sep) = f.iter().position(|x| *x == "-") else {
+                return false;
+            };
+            f.get(4).is_some_and(|m| Path::new(m) == root)
+                && f.get(sep + 1) == Some(&"resctrl")
+                && f.get(sep + 3)
+                    .is_some_and(|o| o.split(',').any(|o| o == "mba_MBps"))
+        });
+        if mb_mbps && mb.is_some() {
+            tracing::warn!(root = %root.display(), "resctrl is mounted with mba_MBps: memory bandwidth is in MBps there, so resctrlQOS.mbaPercent is not applied");
+        }
         Ok(Some(Self {
             root: root.into(),
             l3_cbm_mask,
             l3_closids,
             mb,
             domains,
+            mb_mbps,
         }))
     }
 
@@ -79,13 +103,18 @@ impl Resctrl {
     pub fn l3_mask_for(&self, start_percent: u32, end_percent: u32) -> Option<u64> {
         let full = self.l3_cbm_mask?;
         let ways = 64 - full.leading_zeros();
+        if ways == 0 {
+            return None;
+        }
         let (s, e) = (
             start_percent.min(100),
             end_percent.clamp(start_percent.min(100), 100),
         );
-        let lo = (ways * s) / 100;
+        // never an empty mask (the kernel refuses it), never a shift past 63
+        let lo = ((ways * s) / 100).min(ways - 1);
         let hi = ((ways * e).div_ceil(100)).max(lo + 1).min(ways);
-        Some(((1u64 << hi) - 1) & !((1u64 << lo) - 1))
+        let low_bits = |n: u32| if n >= 64 { u64::MAX } else { (1u64 << n) - 1 };
+        Some(low_bits(hi) & !low_bits(lo))
     }
 }
 
@@ -102,9 +131,10 @@ impl Resctrl {
                 .collect();
             lines.push(format!("L3:{}", doms.join(";")));
         }
-        if let Some((min, gran)) = self.mb {
+        if let (Some((min, gran)), false) = (self.mb, self.mb_mbps) {
             let gran = gran.max(1);
-            let v = (mba_percent.clamp(min, 100) / gran * gran).max(min);
+            // a kernel whose minimum is above 100 % cannot be written a percentage below it
+            let v = (mba_percent.max(min).min(100.max(min)) / gran * gran).max(min);
             let doms: Vec<String> = self.domains.iter().map(|d| format!("{d}={v}")).collect();
             lines.push(format!("MB:{}", doms.join(";")));
         }
@@ -219,6 +249,67 @@ mod tests {
         }
         assert!(same_line("L3:1=0f;0=f", "L3:0=f;1=f"));
         assert!(!same_line("L3:0=f", "MB:0=f"));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// The edge cases of issue 12: a range that would give an empty mask, a
+    /// 64-way CBM, a kernel minimum above 100 %, an `mba_MBps` mount.
+    #[test]
+    fn edge_cases_of_masks_and_bandwidth() {
+        let d = tree(
+            "resctrl-edge",
+            &[
+                ("schemata", "L3:0=ffffffffffffffff\nMB:0=100\n"),
+                ("info/L3/cbm_mask", "ffffffffffffffff\n"),
+                ("info/MB/min_bandwidth", "150\n"),
+                ("info/MB/bandwidth_gran", "10\n"),
+            ],
+        );
+        let r = Resctrl::detect_with_mounts(&d, "").unwrap().unwrap();
+        assert_eq!(
+            r.l3_mask_for(0, 100),
+            Some(u64::MAX),
+            "64 ways, no overflow"
+        );
+        assert_eq!(r.l3_mask_for(50, 100), Some(u64::MAX << 32));
+        assert_eq!(
+            r.l3_mask_for(100, 100),
+            Some(1u64 << 63),
+            "never an empty mask"
+        );
+        assert_eq!(r.l3_mask_for(30, 30).map(u64::count_ones), Some(1));
+        assert_eq!(
+            r.schemata(0, 100, 50),
+            "L3:0=ffffffffffffffff\nMB:0=150\n",
+            "no panic on min > 100"
+        );
+        let one = Resctrl {
+            l3_cbm_mask: Some(1),
+            ..r.clone()
+        };
+        assert_eq!(one.l3_mask_for(100, 100), Some(1));
+        let none = Resctrl {
+            l3_cbm_mask: Some(0),
+            ..r.clone()
+        };
+        assert_eq!(none.l3_mask_for(0, 100), None);
+        // mba_MBps: the MB line is in MBps there; percentages are not written
+        let mountinfo = format!(
+            "36 25 0:31 / {} rw,relatime shared:15 - resctrl resctrl rw,mba_MBps\n",
+            d.display()
+        );
+        let m = Resctrl::detect_with_mounts(&d, &mountinfo)
+            .unwrap()
+            .unwrap();
+        assert!(m.mb_mbps);
+        assert_eq!(m.schemata(0, 100, 50), "L3:0=ffffffffffffffff\n");
+        let other = "36 25 0:31 / /elsewhere rw - resctrl resctrl rw,mba_MBps\n";
+        assert!(
+            !Resctrl::detect_with_mounts(&d, other)
+                .unwrap()
+                .unwrap()
+                .mb_mbps
+        );
         std::fs::remove_dir_all(&d).unwrap();
     }
 

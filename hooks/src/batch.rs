@@ -13,12 +13,17 @@ use serde::Deserialize;
 pub const ANNOTATION_EXTENDED_RESOURCE_SPEC: &str = "node.koordinator.sh/extended-resource-spec";
 pub const BATCH_CPU: &str = "kubernetes.io/batch-cpu";
 pub const BATCH_MEMORY: &str = "kubernetes.io/batch-memory";
+/// An extended-resource-spec annotation longer than this is refused unread
+/// (one entry per container is a few hundred bytes).
+pub const MAX_ANNOTATION_BYTES: usize = 64 << 10;
 
 /// Why an annotation was not used.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum BatchError {
     #[error("{ANNOTATION_EXTENDED_RESOURCE_SPEC} is not valid JSON of the expected shape: {0}")]
     Malformed(String),
+    #[error("{ANNOTATION_EXTENDED_RESOURCE_SPEC} is {0} bytes, over the {MAX_ANNOTATION_BYTES}-byte cap; not read")]
+    TooLarge(usize),
     #[error("{resource} {value:?} of container {container} is not a valid quantity")]
     BadQuantity {
         container: String,
@@ -64,6 +69,9 @@ pub struct BatchResources {
 
 /// Parses the annotation into per-container batch resources.
 pub fn parse_spec(annotation: &str) -> Result<BTreeMap<String, Batch>, BatchError> {
+    if annotation.len() > MAX_ANNOTATION_BYTES {
+        return Err(BatchError::TooLarge(annotation.len()));
+    }
     let v: serde_json::Value =
         serde_json::from_str(annotation).map_err(|e| BatchError::Malformed(e.to_string()))?;
     if !v.is_object() {
@@ -153,7 +161,54 @@ pub fn milli_to_quota(milli: u64, period: u64) -> u64 {
     (milli.saturating_mul(period) / 1000).max(1000)
 }
 
+/// Upper bounds for batch resources: the node's capacity and, for one
+/// container, the limits kubelet set (a pod author's annotation may narrow
+/// what kubelet gave, never widen it). `None`: no bound.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Caps {
+    pub milli_cpu: Option<u64>,
+    pub memory: Option<u64>,
+}
+
 impl Batch {
+    /// Within `caps`, and requests no larger than limits; what was cut is
+    /// returned as warnings.
+    pub fn bounded(&self, caps: &Caps) -> (Batch, Vec<String>) {
+        let mut b = *self;
+        let mut warnings = vec![];
+        let mut cap = |what: &str, v: &mut Option<u64>, max: Option<u64>| {
+            if let (Some(x), Some(m)) = (*v, max) {
+                if x > m {
+                    warnings.push(format!("{what} {x} above the bound {m}; capped"));
+                    *v = Some(m);
+                }
+            }
+        };
+        cap(
+            "batch-cpu limit (milli)",
+            &mut b.cpu_limit_milli,
+            caps.milli_cpu,
+        );
+        cap(
+            "batch-cpu request (milli)",
+            &mut b.cpu_request_milli,
+            caps.milli_cpu,
+        );
+        cap("batch-memory limit", &mut b.memory_limit, caps.memory);
+        cap("batch-memory request", &mut b.memory_request, caps.memory);
+        cap(
+            "batch-cpu request (milli)",
+            &mut b.cpu_request_milli,
+            b.cpu_limit_milli,
+        );
+        cap(
+            "batch-memory request",
+            &mut b.memory_request,
+            b.memory_limit,
+        );
+        (b, warnings)
+    }
+
     /// What the runtime should apply (CFS period 100 ms, as kubelet's default).
     pub fn resources(&self) -> BatchResources {
         let period = 100_000;
@@ -270,6 +325,41 @@ mod tests {
             "overflow"
         );
         assert_eq!(parse_spec("{}").unwrap().len(), 0);
+    }
+
+    #[test]
+    fn bounded_by_capacity_kubelet_and_limits() {
+        let b = Batch {
+            cpu_request_milli: Some(8_000),
+            cpu_limit_milli: Some(4_000),
+            memory_request: Some(4 << 30),
+            memory_limit: Some(1 << 40),
+        };
+        let (x, w) = b.bounded(&Caps {
+            milli_cpu: Some(2_000),
+            memory: Some(2 << 30),
+        });
+        assert_eq!(
+            x,
+            Batch {
+                cpu_request_milli: Some(2_000),
+                cpu_limit_milli: Some(2_000),
+                memory_request: Some(2 << 30),
+                memory_limit: Some(2 << 30),
+            }
+        );
+        assert_eq!(w.len(), 4, "{w:?}");
+        // no caps: only request <= limit
+        let (x, w) = b.bounded(&Caps::default());
+        assert_eq!(x.cpu_request_milli, Some(4_000));
+        assert_eq!(x.memory_limit, Some(1 << 40));
+        assert_eq!(w.len(), 1);
+        // a huge annotation is refused before it is parsed
+        let big = format!(
+            r#"{{"containers":{{}},"x":"{}"}}"#,
+            "a".repeat(MAX_ANNOTATION_BYTES)
+        );
+        assert!(matches!(parse_spec(&big), Err(BatchError::TooLarge(_))));
     }
 
     #[test]

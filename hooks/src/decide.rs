@@ -3,16 +3,65 @@
 //! settings it writes once the container runs (what CRI cannot carry).
 //! Every setting comes with the rule that produced it (for `explain`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
+use qoslet_cgroups::cgroup::{format_cpu_list, parse_cpu_list};
 use qoslet_cgroups::{Device, Features, Knob};
 
-use crate::batch::{parse_spec, pod_total, Batch, ANNOTATION_EXTENDED_RESOURCE_SPEC};
+use crate::batch::{parse_spec, pod_total, Batch, Caps, ANNOTATION_EXTENDED_RESOURCE_SPEC};
+use crate::class::{PodClass, QosClass};
+use crate::policy::{memory_qos, ResourceQosStrategy};
 
 /// Koordinator's scheduler writes the CPUs an LSE/LSR pod is bound to here: `{"cpuset":"0-3"}`.
 pub const ANNOTATION_RESOURCE_STATUS: &str = "scheduling.koordinator.sh/resource-status";
-use crate::class::QosClass;
-use crate::policy::{memory_qos, ResourceQosStrategy};
+/// A resource-status annotation longer than this is refused unread (Koordinator's are a few
+/// hundred bytes; pod authors can write up to 256 KiB of annotations).
+pub const MAX_RESOURCE_STATUS_BYTES: usize = 16 << 10;
+
+/// What decisions need to know of the node (read once at start).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeFacts {
+    /// Online CPUs (`/sys/devices/system/cpu/online`); empty: unknown, and then
+    /// no annotation's cpuset is honoured.
+    pub online_cpus: BTreeSet<u32>,
+    /// CPUs kubelet reserves for the system (`--reserved-cpus`): never handed to a pod.
+    pub reserved_cpus: BTreeSet<u32>,
+    /// Node capacity in milli-CPUs and bytes of memory (0: unknown, no cap).
+    pub milli_cpus: u64,
+    pub memory_bytes: u64,
+}
+
+/// What kubelet asked for a container (its CRI resources), which qoslet's
+/// decisions for an untrusted pod may narrow but never widen.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Requested<'a> {
+    /// Memory limit in bytes (≤ 0: none).
+    pub memory_limit: i64,
+    /// CFS quota and period (quota ≤ 0: none).
+    pub cpu_quota: i64,
+    pub cpu_period: i64,
+    /// The cpuset kubelet gave (its CPU manager; empty: none).
+    pub cpuset_cpus: &'a str,
+}
+
+impl Requested<'_> {
+    /// The CPU limit in milli-cores, if kubelet set one.
+    fn milli_cpu(&self) -> Option<u64> {
+        (self.cpu_quota > 0 && self.cpu_period > 0)
+            .then(|| (self.cpu_quota as u64).saturating_mul(1000) / self.cpu_period as u64)
+    }
+}
+
+fn nonzero(v: u64) -> Option<u64> {
+    (v > 0).then_some(v)
+}
+
+fn min_opt(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
 
 /// What decisions depend on besides the pod: the host and the policy.
 #[derive(Debug, Clone, Copy)]
@@ -22,6 +71,7 @@ pub struct Context<'a> {
     pub v2: bool,
     pub policy: &'a ResourceQosStrategy,
     pub page_size: u64,
+    pub node: &'a NodeFacts,
     /// The policy's block device names resolved on this host (`/dev/vda` -> 254:0);
     /// a name missing here could not be resolved.
     pub devices: &'a BTreeMap<String, Device>,
@@ -139,7 +189,13 @@ pub fn pod(
         if let Some(a) = pod_annotations.get(ANNOTATION_EXTENDED_RESOURCE_SPEC) {
             match parse_spec(a) {
                 Ok(spec) if !spec.is_empty() => {
-                    let total = pod_total(&spec);
+                    let caps = Caps {
+                        milli_cpu: nonzero(ctx.node.milli_cpus),
+                        memory: nonzero(ctx.node.memory_bytes),
+                    };
+                    let (total, warnings) = pod_total(&spec).bounded(&caps);
+                    d.warnings
+                        .extend(warnings.into_iter().map(|w| format!("pod: {w}")));
                     let r = total.resources();
                     // an idle (SCHED_IDLE) cgroup has no weight: the kernel refuses
                     // shares writes on it, and its containers' shares still apply
@@ -249,22 +305,33 @@ fn blkio(class: QosClass, ctx: &Context, d: &mut PodDecision) {
     }
 }
 
-/// The container-level decision.
-/// `kubelet_memory_limit`: the memory limit kubelet asked for (0 = none).
+/// The container-level decision. `requested`: what kubelet asked for the
+/// container; qoslet narrows it (batch resources are capped by kubelet's limits
+/// and the node's capacity), never widens it.
 pub fn container(
-    class: QosClass,
+    pc: PodClass,
     container_name: &str,
     pod_annotations: &BTreeMap<String, String>,
-    kubelet_memory_limit: i64,
+    requested: &Requested,
     ctx: &Context,
 ) -> ContainerDecision {
+    let class = pc.class;
     let mut d = ContainerDecision::default();
     if class == QosClass::Be {
         if let Some(a) = pod_annotations.get(ANNOTATION_EXTENDED_RESOURCE_SPEC) {
             match parse_spec(a) {
                 Ok(spec) => {
                     if let Some(b) = spec.get(container_name) {
-                        batch(b, &mut d);
+                        let caps = Caps {
+                            milli_cpu: min_opt(nonzero(ctx.node.milli_cpus), requested.milli_cpu()),
+                            memory: min_opt(
+                                nonzero(ctx.node.memory_bytes),
+                                nonzero(requested.memory_limit.max(0) as u64),
+                            ),
+                        };
+                        let (b, warnings) = b.bounded(&caps);
+                        d.warnings.extend(warnings);
+                        batch(&b, &mut d);
                         if let Some(req) = b.memory_request {
                             memory(class, req, b.memory_limit, ctx, &mut d);
                         }
@@ -276,8 +343,8 @@ pub fn container(
     }
     if matches!(class, QosClass::Lse | QosClass::Lsr) {
         if let Some(a) = pod_annotations.get(ANNOTATION_RESOURCE_STATUS) {
-            match bound_cpus(a) {
-                Ok(Some(cpus)) => {
+            match bound_cpus(a, pc, requested.cpuset_cpus, ctx.node) {
+                Ok(Some((cpus, narrowed))) => {
                     d.rules.push(rule(
                         "cpuset.cpus",
                         &cpus,
@@ -286,6 +353,7 @@ pub fn container(
                             class.as_str()
                         ),
                     ));
+                    d.warnings.extend(narrowed);
                     d.patch.cpuset_cpus = Some(cpus);
                 }
                 Ok(None) => {}
@@ -297,14 +365,9 @@ pub fn container(
     }
     // Guaranteed pods (LSR/LSE) request what they limit; other classes' memory requests are
     // not in CRI (they need the pod spec)
-    if matches!(class, QosClass::Lse | QosClass::Lsr) && kubelet_memory_limit > 0 {
-        memory(
-            class,
-            kubelet_memory_limit as u64,
-            Some(kubelet_memory_limit as u64),
-            ctx,
-            &mut d,
-        );
+    if matches!(class, QosClass::Lse | QosClass::Lsr) && requested.memory_limit > 0 {
+        let l = requested.memory_limit as u64;
+        memory(class, l, Some(l), ctx, &mut d);
     }
     identity(class, ctx, false, &mut d.cgroup, &mut d.rules);
     d
@@ -382,12 +445,28 @@ fn memory(
     d.rules.extend(rules);
 }
 
-/// The `cpuset` of a resource-status annotation, validated (`0-3,8`).
-fn bound_cpus(annotation: &str) -> Result<Option<String>, String> {
+/// The `cpuset` of a resource-status annotation, as this pod may have it:
+/// only for a class set by label or a trusted pod (a Guaranteed pod without
+/// an LSE/LSR label keeps kubelet's cpuset), only online and unreserved CPUs,
+/// and for an untrusted pod only CPUs within kubelet's own cpuset (the static
+/// CPU manager's exclusive CPUs of other pods are outside it). Returns the
+/// canonical list and, when the annotation asked for more, a warning.
+fn bound_cpus(
+    annotation: &str,
+    pc: PodClass,
+    kubelet_cpuset: &str,
+    node: &NodeFacts,
+) -> Result<Option<(String, Option<String>)>, String> {
     #[derive(serde::Deserialize)]
     struct Status {
         #[serde(default)]
         cpuset: Option<String>,
+    }
+    if annotation.len() > MAX_RESOURCE_STATUS_BYTES {
+        return Err(format!(
+            "{} bytes, over the {MAX_RESOURCE_STATUS_BYTES}-byte cap; not read",
+            annotation.len()
+        ));
     }
     let v: serde_json::Value =
         serde_json::from_str(annotation).map_err(|e| format!("not JSON: {e}"))?;
@@ -402,14 +481,44 @@ fn bound_cpus(annotation: &str) -> Result<Option<String>, String> {
     else {
         return Ok(None);
     };
-    let well_formed = cpus
-        .bytes()
-        .all(|b| b.is_ascii_digit() || b == b',' || b == b'-')
-        && qoslet_cgroups::cgroup::cpu_count(&cpus) > 0;
-    if !well_formed || cpus.len() > 1024 {
-        return Err(format!("malformed cpuset {cpus:?}"));
+    if !pc.by_label && !pc.trusted {
+        return Err(format!(
+            "the pod's class {} is inferred from its Kubernetes QoS, not set by label, and the pod is not trusted",
+            pc.class.as_str()
+        ));
     }
-    Ok(Some(cpus))
+    let short: String = cpus.chars().take(64).collect();
+    let wanted = parse_cpu_list(&cpus)
+        .filter(|c| !c.is_empty())
+        .ok_or_else(|| format!("malformed cpuset {short:?}"))?;
+    if node.online_cpus.is_empty() {
+        return Err("this node's online CPUs are unknown".into());
+    }
+    let mut got: BTreeSet<u32> = wanted
+        .intersection(&node.online_cpus)
+        .filter(|c| !node.reserved_cpus.contains(c))
+        .copied()
+        .collect();
+    let mut within = String::new();
+    if !pc.trusted && !kubelet_cpuset.trim().is_empty() {
+        match parse_cpu_list(kubelet_cpuset) {
+            Some(k) => got.retain(|c| k.contains(c)),
+            None => return Err(format!("kubelet's cpuset {kubelet_cpuset:?} is malformed")),
+        }
+        within = format!(" and kubelet's cpuset {kubelet_cpuset}");
+    }
+    if got.is_empty() {
+        return Err(format!(
+            "none of the CPUs {short} is online and unreserved{within}"
+        ));
+    }
+    let narrowed = (got != wanted).then(|| {
+        format!(
+            "{ANNOTATION_RESOURCE_STATUS}: cpuset {short} narrowed to {} (online, unreserved{within})",
+            format_cpu_list(&got)
+        )
+    });
+    Ok(Some((format_cpu_list(&got), narrowed)))
 }
 
 fn batch(b: &Batch, d: &mut ContainerDecision) {
@@ -447,6 +556,25 @@ mod tests {
     use super::*;
     use crate::policy::{MemoryQos, ResourceQosStrategy};
 
+    /// A 16-CPU node with 64 GiB.
+    fn node() -> NodeFacts {
+        NodeFacts {
+            online_cpus: (0..16).collect(),
+            reserved_cpus: BTreeSet::new(),
+            milli_cpus: 16_000,
+            memory_bytes: 64 << 30,
+        }
+    }
+
+    /// A class set by an untrusted pod's label.
+    fn labelled(class: QosClass) -> PodClass {
+        PodClass {
+            class,
+            by_label: true,
+            trusted: false,
+        }
+    }
+
     fn run(
         class: QosClass,
         name: &str,
@@ -455,15 +583,16 @@ mod tests {
     ) -> ContainerDecision {
         let p = ResourceQosStrategy::default();
         container(
-            class,
+            labelled(class),
             name,
             ann,
-            0,
+            &Requested::default(),
             &Context {
                 features: f,
                 v2: false,
                 policy: &p,
                 page_size: 4096,
+                node: &node(),
                 devices: &BTreeMap::new(),
             },
         )
@@ -480,6 +609,7 @@ mod tests {
                 v2: false,
                 policy: &p,
                 page_size: 4096,
+                node: &node(),
                 devices: &BTreeMap::new(),
             },
         )
@@ -509,15 +639,16 @@ mod tests {
         };
         // cgroup v2: through CRI's unified map
         let d = container(
-            QosClass::Be,
+            labelled(QosClass::Be),
             "app",
             &a,
-            0,
+            &Requested::default(),
             &Context {
                 features: &upstream,
                 v2: true,
                 policy: &p,
                 page_size: 4096,
+                node: &node(),
                 devices: &BTreeMap::new(),
             },
         );
@@ -535,15 +666,16 @@ mod tests {
         );
         // cgroup v1 without the files: a warning, nothing written
         let d = container(
-            QosClass::Be,
+            labelled(QosClass::Be),
             "app",
             &a,
-            0,
+            &Requested::default(),
             &Context {
                 features: &upstream,
                 v2: false,
                 policy: &p,
                 page_size: 4096,
+                node: &node(),
                 devices: &BTreeMap::new(),
             },
         );
@@ -554,30 +686,35 @@ mod tests {
             ..Default::default()
         };
         let d = container(
-            QosClass::Be,
+            labelled(QosClass::Be),
             "app",
             &a,
-            0,
+            &Requested::default(),
             &Context {
                 features: &ali,
                 v2: false,
                 policy: &p,
                 page_size: 4096,
+                node: &node(),
                 devices: &BTreeMap::new(),
             },
         );
         assert!(d.cgroup.contains(&Knob::MemoryMin(64 << 20)));
         // LSR: the request is the limit kubelet asked for
         let d = container(
-            QosClass::Lsr,
+            labelled(QosClass::Lsr),
             "app",
             &BTreeMap::new(),
-            1 << 30,
+            &Requested {
+                memory_limit: 1 << 30,
+                ..Default::default()
+            },
             &Context {
                 features: &upstream,
                 v2: true,
                 policy: &p,
                 page_size: 4096,
+                node: &node(),
                 devices: &BTreeMap::new(),
             },
         );
@@ -587,15 +724,19 @@ mod tests {
         );
         // off by default
         let d = container(
-            QosClass::Lsr,
+            labelled(QosClass::Lsr),
             "app",
             &BTreeMap::new(),
-            1 << 30,
+            &Requested {
+                memory_limit: 1 << 30,
+                ..Default::default()
+            },
             &Context {
                 features: &upstream,
                 v2: true,
                 policy: &ResourceQosStrategy::default(),
                 page_size: 4096,
+                node: &node(),
                 devices: &BTreeMap::new(),
             },
         );
@@ -759,6 +900,231 @@ mod tests {
         .is_empty());
     }
 
+    /// Issue 12: the scheduler's cpuset annotation as a pod author could write it.
+    #[test]
+    fn resource_status_cpusets_by_trust_and_node() {
+        let mut n = node();
+        n.reserved_cpus = [0, 1].into();
+        let p = ResourceQosStrategy::default();
+        let hostile = format!(r#"{{"cpuset":"{}"}}"#, "0-65536,".repeat(32 << 10));
+        // (class, by label, trusted, kubelet's cpuset, annotation, expected cpuset, warnings)
+        type Case<'a> = (
+            QosClass,
+            bool,
+            bool,
+            &'a str,
+            &'a str,
+            Option<&'a str>,
+            usize,
+        );
+        let table: &[Case] = &[
+            // a Guaranteed pod without an LSE/LSR label keeps kubelet's cpuset
+            (
+                QosClass::Lsr,
+                false,
+                false,
+                "",
+                r#"{"cpuset":"2-3"}"#,
+                None,
+                1,
+            ),
+            (
+                QosClass::Lsr,
+                true,
+                false,
+                "",
+                r#"{"cpuset":"3,2"}"#,
+                Some("2-3"),
+                0,
+            ),
+            // never reserved CPUs, never CPUs the node does not have
+            (
+                QosClass::Lse,
+                true,
+                false,
+                "",
+                r#"{"cpuset":"0-3"}"#,
+                Some("2-3"),
+                1,
+            ),
+            (
+                QosClass::Lsr,
+                true,
+                false,
+                "",
+                r#"{"cpuset":"14-20"}"#,
+                Some("14-15"),
+                1,
+            ),
+            (
+                QosClass::Lsr,
+                true,
+                false,
+                "",
+                r#"{"cpuset":"20-30"}"#,
+                None,
+                1,
+            ),
+            (
+                QosClass::Lsr,
+                true,
+                false,
+                "",
+                r#"{"cpuset":"0-1"}"#,
+                None,
+                1,
+            ),
+            // an untrusted pod stays within kubelet's cpuset (others' exclusive CPUs are outside it)
+            (
+                QosClass::Lsr,
+                true,
+                false,
+                "4-7",
+                r#"{"cpuset":"2-5"}"#,
+                Some("4-5"),
+                1,
+            ),
+            (
+                QosClass::Lsr,
+                true,
+                false,
+                "8-9",
+                r#"{"cpuset":"2-5"}"#,
+                None,
+                1,
+            ),
+            // trusted (Koordinator's scheduler): the annotation wins over kubelet's, within the node
+            (
+                QosClass::Lsr,
+                true,
+                true,
+                "4-7",
+                r#"{"cpuset":"2-5"}"#,
+                Some("2-5"),
+                0,
+            ),
+            (
+                QosClass::Lsr,
+                false,
+                true,
+                "",
+                r#"{"cpuset":"2-3"}"#,
+                Some("2-3"),
+                0,
+            ),
+            // hostile or malformed input: a warning, kubelet's cpuset
+            (QosClass::Lsr, true, true, "", &hostile, None, 1),
+            (
+                QosClass::Lsr,
+                true,
+                true,
+                "",
+                r#"{"cpuset":"99999999999"}"#,
+                None,
+                1,
+            ),
+            (
+                QosClass::Lsr,
+                true,
+                false,
+                "x",
+                r#"{"cpuset":"2"}"#,
+                None,
+                1,
+            ),
+            // LS shares the pool
+            (QosClass::Ls, true, true, "", r#"{"cpuset":"2-3"}"#, None, 0),
+        ];
+        for (class, by_label, trusted, kubelet, a, want, warnings) in table {
+            let ann: BTreeMap<String, String> =
+                [(ANNOTATION_RESOURCE_STATUS.to_string(), a.to_string())].into();
+            let d = container(
+                PodClass {
+                    class: *class,
+                    by_label: *by_label,
+                    trusted: *trusted,
+                },
+                "app",
+                &ann,
+                &Requested {
+                    cpuset_cpus: kubelet,
+                    ..Default::default()
+                },
+                &Context {
+                    features: &upstream(),
+                    v2: false,
+                    policy: &p,
+                    page_size: 4096,
+                    node: &n,
+                    devices: &BTreeMap::new(),
+                },
+            );
+            let short: String = a.chars().take(40).collect();
+            assert_eq!(
+                (d.patch.cpuset_cpus.as_deref(), d.warnings.len()),
+                (*want, *warnings),
+                "{class:?} label={by_label} trusted={trusted} kubelet={kubelet:?} {short}: {:?}",
+                d.warnings
+            );
+            assert!(
+                d.warnings.iter().all(|w| w.len() < 400),
+                "warnings stay short"
+            );
+        }
+    }
+
+    /// Batch resources narrow what kubelet gave and stay within the node; never widen.
+    #[test]
+    fn batch_resources_are_bounded_by_kubelet_and_the_node() {
+        let p = ResourceQosStrategy::default();
+        let mut n = node();
+        n.milli_cpus = 500;
+        let d = container(
+            labelled(QosClass::Be),
+            "app",
+            &ann(SPEC),
+            &Requested {
+                memory_limit: 128 << 20,
+                ..Default::default()
+            },
+            &Context {
+                features: &upstream(),
+                v2: false,
+                policy: &p,
+                page_size: 4096,
+                node: &n,
+                devices: &BTreeMap::new(),
+            },
+        );
+        assert_eq!(
+            d.patch.memory_limit_in_bytes,
+            Some(128 << 20),
+            "kubelet's 128Mi, not 256Mi"
+        );
+        assert_eq!(d.patch.cpu_quota, Some(50_000), "the node's 500m");
+        assert_eq!(d.warnings.len(), 2, "{:?}", d.warnings);
+        // kubelet's own CPU limit bounds it too
+        let d = container(
+            labelled(QosClass::Be),
+            "app",
+            &ann(SPEC),
+            &Requested {
+                cpu_quota: 20_000,
+                cpu_period: 100_000,
+                ..Default::default()
+            },
+            &Context {
+                features: &upstream(),
+                v2: false,
+                policy: &p,
+                page_size: 4096,
+                node: &node(),
+                devices: &BTreeMap::new(),
+            },
+        );
+        assert_eq!(d.patch.cpu_quota, Some(20_000));
+    }
+
     #[test]
     fn pod_level() {
         assert_eq!(
@@ -790,6 +1156,7 @@ mod tests {
                 v2,
                 policy: p,
                 page_size: 4096,
+                node: &node(),
                 devices,
             },
         )

@@ -18,4 +18,4 @@ pub mod class;
 pub mod decide;
 pub mod policy;
 
-pub use class::{classify, ClassDecision, ClassSource, KubeQos, QosClass};
+pub use class::{classify, ClassDecision, ClassSource, KubeQos, PodClass, QosClass, Trust};

@@ -66,7 +66,9 @@ impl ResourceQosStrategy {
                 ));
             }
             let r = &c.resctrl_qos;
-            if r.cat_range_start_percent > r.cat_range_end_percent
+            // an empty range gives an empty cache mask, which the kernel refuses
+            // (Koordinator refuses end <= start too)
+            if r.cat_range_start_percent >= r.cat_range_end_percent
                 || r.cat_range_end_percent > 100
                 || !(1..=100).contains(&r.mba_percent)
             {

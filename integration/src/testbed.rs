@@ -104,7 +104,10 @@ impl Testbed {
 
     /// A fresh cgroup parent for one pod, under the test prefix.
     pub fn cgroup_parent(&self, pod: &str) -> String {
-        format!("{}/{}/{}", self.cgroup_prefix, self.instance, pod)
+        format!(
+            "{}/{}/kubepods/pod{}",
+            self.cgroup_prefix, self.instance, pod
+        )
     }
 }
 
@@ -308,5 +311,50 @@ pub fn remove_cgroup_dirs(cgroup_parent: &str) {
             let d = ss.path().join(cgroup_parent.trim_start_matches('/'));
             let _ = std::fs::remove_dir(&d);
         }
+    }
+}
+
+/// Removes the test's pods and cgroups even when the test fails (spinning
+/// pods left behind would skew every later CPU measurement).
+pub struct Cleanup {
+    pub sock: PathBuf,
+    pub pods: Vec<String>,
+    pub cgroups: Vec<String>,
+}
+
+impl Cleanup {
+    /// Removes pods through the runtime at `sock` (direct, not through qoslet).
+    pub fn new(sock: &Path) -> Self {
+        Self {
+            sock: sock.into(),
+            pods: Vec::new(),
+            cgroups: Vec::new(),
+        }
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let (sock, pods, cgroups) = (
+            self.sock.clone(),
+            std::mem::take(&mut self.pods),
+            std::mem::take(&mut self.cgroups),
+        );
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let mut direct = Cri::connect(&sock).await;
+                for p in &pods {
+                    direct.remove_pod(p).await;
+                }
+            });
+            for cg in &cgroups {
+                remove_cgroup_dirs(cg);
+            }
+        })
+        .join();
     }
 }

@@ -9,9 +9,7 @@ use std::time::{Duration, Instant};
 
 use k8s_cri::v1 as cri;
 use qoslet_integration::process::QosletProcess;
-use qoslet_integration::testbed::{
-    cgroup_v1, container_config, pod_config, remove_cgroup_dirs, Cri, Testbed,
-};
+use qoslet_integration::testbed::{cgroup_v1, container_config, pod_config, Cleanup, Cri, Testbed};
 use qoslet_integration::{channel, eventually, free_port, http_get, scratch, unique};
 use qoslet_proto::admin::{admin_client::AdminClient, GetPlanRequest, GetPlanResponse};
 
@@ -76,40 +74,6 @@ fn cpu_ns(be_parent: &str) -> u64 {
     cgroup_v1("cpuacct", be_parent, "cpuacct.usage")
         .parse()
         .unwrap()
-}
-
-/// Removes the test's pods and cgroups even when the test fails (spinning
-/// pods left behind would skew every later CPU measurement).
-struct Cleanup {
-    sock: std::path::PathBuf,
-    pods: Vec<String>,
-    cgroups: Vec<String>,
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let (sock, pods, cgroups) = (
-            self.sock.clone(),
-            std::mem::take(&mut self.pods),
-            std::mem::take(&mut self.cgroups),
-        );
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                let mut direct = Cri::connect(&sock).await;
-                for p in &pods {
-                    direct.remove_pod(p).await;
-                }
-            });
-            for cg in &cgroups {
-                remove_cgroup_dirs(cg);
-            }
-        })
-        .join();
-    }
 }
 
 async fn exec(rt: &mut Cri, id: &str, cmd: &str) {

@@ -5,7 +5,6 @@
 //! A checkpoint that cannot be read, is corrupt, or belongs to another runtime
 //! endpoint is logged and ignored: the store is then rebuilt from the runtime.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -19,6 +18,8 @@ use crate::store::{Snapshot, Store};
 pub const FORMAT: &str = "qoslet.store/v1";
 /// File name inside the state dir.
 pub const FILE_NAME: &str = "store.json";
+/// A checkpoint larger than this is refused at load (a node's store is a few MiB at most).
+pub const MAX_BYTES: u64 = 64 << 20;
 
 #[derive(Serialize, Deserialize)]
 struct File {
@@ -32,16 +33,8 @@ struct File {
 /// Errors writing a checkpoint.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
-    #[error("cannot create state dir {path}: {source}")]
-    CreateDir {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("cannot write checkpoint {path}: {source}")]
-    Write {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    #[error("cannot write checkpoint: {0}")]
+    State(#[from] crate::statefile::StateError),
     #[error("cannot encode checkpoint: {0}")]
     Encode(#[from] serde_json::Error),
 }
@@ -96,7 +89,7 @@ impl Checkpoint {
     /// Loads the checkpoint, refusing corrupt or foreign files.
     pub fn load(&self) -> Result<Snapshot, LoadError> {
         let path = self.path();
-        let bytes = match std::fs::read(&path) {
+        let bytes = match crate::statefile::read_capped(&path, MAX_BYTES) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(LoadError::Missing(path))
@@ -128,12 +121,10 @@ impl Checkpoint {
         Ok(f.snapshot)
     }
 
-    /// Writes `snap` atomically: temp file, fsync, rename over the old one, fsync the dir.
+    /// Writes `snap` atomically and privately (see [`crate::statefile`]): the
+    /// dir 0700, the file 0600, a temp file that never follows a symlink.
     pub fn save(&self, snap: Snapshot) -> Result<(), CheckpointError> {
-        std::fs::create_dir_all(&self.dir).map_err(|source| CheckpointError::CreateDir {
-            path: self.dir.clone(),
-            source,
-        })?;
+        crate::statefile::ensure_private_dir(&self.dir)?;
         let f = File {
             format: FORMAT.into(),
             runtime_endpoint: self.runtime_endpoint.clone(),
@@ -141,48 +132,30 @@ impl Checkpoint {
             snapshot: snap,
         };
         let bytes = serde_json::to_vec(&f)?;
-        let path = self.path();
-        let tmp = self.dir.join(format!(".{FILE_NAME}.tmp"));
-        let werr = |source| CheckpointError::Write {
-            path: tmp.clone(),
-            source,
-        };
-        {
-            let mut file = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&tmp)
-                .map_err(werr)?;
-            file.write_all(&bytes).map_err(werr)?;
-            file.sync_all().map_err(werr)?;
-        }
-        std::fs::rename(&tmp, &path).map_err(|source| CheckpointError::Write {
-            path: path.clone(),
-            source,
-        })?;
-        if let Ok(d) = std::fs::File::open(&self.dir) {
-            let _ = d.sync_all();
-        }
+        crate::statefile::write_atomic(&self.path(), &bytes)?;
         Ok(())
     }
 
-    /// Writes the store whenever it changes (coalescing bursts of changes, at most
-    /// one write per `min_interval`), and once more when `shutdown` fires.
+    /// Writes the store once at start (so a checkpoint of an older version is
+    /// rewritten in today's shape), then whenever it changes (coalescing bursts of
+    /// changes, at most one write per `min_interval`), and once more when
+    /// `shutdown` fires.
     pub async fn run(
         self,
         store: Store,
         mut shutdown: watch::Receiver<bool>,
         min_interval: Duration,
     ) {
+        let mut first = true;
         loop {
             // decide first, snapshot after: a change made before shutdown is always in the last write
             let already = *shutdown.borrow();
             let stop = already
-                || tokio::select! {
-                    _ = store.changed() => false,
-                    _ = shutdown.changed() => true,
-                };
+                || !std::mem::take(&mut first)
+                    && tokio::select! {
+                        _ = store.changed() => false,
+                        _ = shutdown.changed() => true,
+                    };
             if !stop {
                 tokio::time::sleep(min_interval).await; // let a burst of changes coalesce
             }

@@ -1,12 +1,16 @@
 //! Endpoints (`unix:///path`): parsing, binding the listening socket safely, and
 //! connecting to the backend runtime.
 //!
-//! Binding rules: the socket is created mode 0660, owned by root (the process
-//! owner); a stale socket file (nothing answers on it) is replaced; a live one
-//! (another qoslet) makes binding fail with a clear error; a non-socket file at
-//! the path is never removed.
+//! Binding rules: the socket is mode 0660, owned by root (the process owner),
+//! from its first instant: it is bound inside a fresh 0700 directory, narrowed,
+//! and only then renamed into place, so no umask opens a window in which anyone
+//! else can connect. A stale socket file (connecting is refused: ECONNREFUSED)
+//! is replaced; a live one (another qoslet) makes binding fail with a clear
+//! error, and so does any other connect error (EACCES, EAGAIN on a full
+//! backlog...), since it cannot tell a live socket from a stale one; a
+//! non-socket file at the path is never removed.
 
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use tokio::net::{UnixListener, UnixStream};
@@ -20,6 +24,11 @@ pub enum EndpointError {
     InUse { path: PathBuf },
     #[error("{path} exists and is not a socket; refusing to replace it")]
     NotASocket { path: PathBuf },
+    #[error("{path} may be in use: connecting to it failed with {source} (not 'connection refused'); refusing to replace it")]
+    Unknown {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot prepare {path}: {source}")]
     Io {
         path: PathBuf,
@@ -46,15 +55,23 @@ pub async fn bind_unix(path: &Path) -> Result<UnixListener, EndpointError> {
         std::fs::create_dir_all(dir).map_err(io)?;
     }
     match std::fs::symlink_metadata(path) {
-        Ok(md) if md.file_type().is_socket() => {
-            if UnixStream::connect(path).await.is_ok() {
+        Ok(md) if md.file_type().is_socket() => match UnixStream::connect(path).await {
+            Ok(_) => {
                 return Err(EndpointError::InUse {
                     path: path.to_path_buf(),
-                });
+                })
             }
-            tracing::info!(path = %path.display(), "replacing stale socket");
-            std::fs::remove_file(path).map_err(io)?;
-        }
+            Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => {
+                tracing::info!(path = %path.display(), "replacing stale socket");
+                std::fs::remove_file(path).map_err(io)?;
+            }
+            Err(source) => {
+                return Err(EndpointError::Unknown {
+                    path: path.to_path_buf(),
+                    source,
+                })
+            }
+        },
         Ok(_) => {
             return Err(EndpointError::NotASocket {
                 path: path.to_path_buf(),
@@ -63,9 +80,27 @@ pub async fn bind_unix(path: &Path) -> Result<UnixListener, EndpointError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(io(e)),
     }
-    let listener = UnixListener::bind(path).map_err(io)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(io)?;
-    Ok(listener)
+    // bind where only root can reach it, narrow the mode, then move it into place
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let private = dir.join(format!(".qoslet-bind-{}-{nonce}", std::process::id()));
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&private)
+        .map_err(io)?;
+    let staged = private.join("s");
+    let r = (|| {
+        let listener = UnixListener::bind(&staged)?;
+        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o660))?;
+        std::fs::rename(&staged, path)?;
+        Ok(listener)
+    })();
+    let _ = std::fs::remove_file(&staged);
+    let _ = std::fs::remove_dir(&private);
+    r.map_err(io)
 }
 
 #[cfg(test)]
@@ -108,7 +143,17 @@ mod tests {
         assert!(err.to_string().contains("another qoslet"));
         // stale: replace
         drop(l);
-        let _l2 = bind_unix(&path).await.unwrap();
+        let l2 = bind_unix(&path).await.unwrap();
+        // the bound socket serves at its final path, and nothing is left in the dir
+        let c = UnixStream::connect(&path).await.unwrap();
+        let (_s, _) = l2.accept().await.unwrap();
+        drop(c);
+        let names: Vec<_> = std::fs::read_dir(path.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("q.sock")]);
+        drop(l2);
         // a regular file is never removed
         let file = dir.join("file");
         std::fs::write(&file, b"keep").unwrap();

@@ -12,6 +12,7 @@
 //! * [`cri`]: which CRI calls are intercepted, as typed values.
 //! * [`pipeline`]: hooks, their timeouts and failure policies.
 //! * [`store`], [`checkpoint`], [`rebuild`]: the pod/container store and its persistence.
+//! * [`statefile`]: the private state dir (0700/0600, atomic no-follow writes, capped reads, the instance lock).
 //! * [`backend`], [`endpoint`]: connections to containerd, listening sockets.
 //! * [`authority`]: tolerance for clients that send a socket path as `:authority`.
 //! * [`admin`]: the admin gRPC API.
@@ -32,6 +33,7 @@ pub mod pipeline;
 pub mod rebuild;
 pub mod relay;
 pub mod server;
+pub mod statefile;
 pub mod store;
 
 pub use admin::AgentView;

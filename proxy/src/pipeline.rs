@@ -4,8 +4,13 @@
 //! A hook is async and may do I/O. Each registered hook has a timeout and a
 //! failure policy. A hook that errors, times out or panics has *failed*:
 //! fail-open logs it, counts it and lets the call go on unchanged; fail-closed
-//! fails the call with a clear status. A panic never takes the proxy down
-//! (every hook runs in its own task).
+//! fails the call with a clear status. A panic never takes the proxy down.
+//!
+//! Every hook run is driven on the blocking pool, never on the thread that
+//! serves kubelet: a hook that blocks (file I/O, a parse of hostile input, a
+//! bug) delays neither the other calls nor its own timeout, which fires on
+//! time; the overrunning hook finishes on its own thread and its result is
+//! dropped.
 //!
 //! A "before" hook may return a *patch*: a message of the request's type holding
 //! only the fields it overrides. The patch is encoded and appended to the
@@ -301,7 +306,10 @@ impl Pipeline {
         fut: BoxFuture<Result<T, BoxError>>,
     ) -> Result<T, HookFailure> {
         let hook = r.hook.name().to_string();
-        let mut task = tokio::spawn(fut);
+        // polled on a blocking-pool thread; the runtime's drivers keep running on
+        // the serving thread, so the hook's own I/O and timers work as usual
+        let handle = tokio::runtime::Handle::current();
+        let mut task = tokio::task::spawn_blocking(move || handle.block_on(fut));
         match tokio::time::timeout(r.settings.timeout, &mut task).await {
             Ok(Ok(Ok(v))) => Ok(v),
             Ok(Ok(Err(source))) => Err(HookFailure::Error {
@@ -367,8 +375,9 @@ mod tests {
                 match mode {
                     "error" => Err("boom".into()),
                     "panic" => panic!("hook exploded"),
-                    "sleep" => {
-                        tokio::time::sleep(Duration::from_secs(3600)).await;
+                    // a hook that blocks its thread (sync I/O, a slow parse)
+                    "block" => {
+                        std::thread::sleep(Duration::from_millis(1500));
                         Ok(None)
                     }
                     "wrong" => Ok(Some(CriRequest::StopContainer(
@@ -398,7 +407,8 @@ mod tests {
                     (
                         Arc::new(Scripted { name: m, mode: m }) as Arc<dyn Hook>,
                         HookSettings {
-                            timeout: Duration::from_millis(50),
+                            // room for a panic's backtrace to be captured in a debug build
+                            timeout: Duration::from_millis(300),
                             policy: *p,
                         },
                     )
@@ -419,12 +429,12 @@ mod tests {
         }
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn failures_under_fail_open_leave_the_call_unchanged() {
         let p = pipeline(&[
             ("error", FailurePolicy::FailOpen),
             ("panic", FailurePolicy::FailOpen),
-            ("sleep", FailurePolicy::FailOpen),
+            ("block", FailurePolicy::FailOpen),
             ("wrong", FailurePolicy::FailOpen),
         ]);
         let b = p.before(&ctx(), start("c")).await.unwrap();
@@ -441,18 +451,48 @@ mod tests {
         );
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn failures_under_fail_closed_fail_the_call() {
         for (mode, code) in [
             ("error", tonic::Code::Internal),
             ("panic", tonic::Code::Internal),
-            ("sleep", tonic::Code::DeadlineExceeded),
+            ("block", tonic::Code::DeadlineExceeded),
         ] {
             let p = pipeline(&[(mode, FailurePolicy::FailClosed)]);
             let err = p.before(&ctx(), start("c")).await.err().expect("must fail");
             assert_eq!(err.to_status().code(), code, "{mode}");
             assert!(err.to_status().message().contains(mode), "{}", err);
         }
+    }
+
+    /// Issue 12: a hook that blocks its thread for 1.5 s (on the serving
+    /// thread, as hooks once ran, it held every call and its own 300 ms timeout
+    /// could not fire). On the single-threaded runtime qoslet serves CRI with,
+    /// the call is released at its timeout and calls meanwhile pass at once.
+    #[tokio::test]
+    async fn an_overrunning_hook_delays_neither_its_timeout_nor_other_calls() {
+        let slow = pipeline(&[("block", FailurePolicy::FailOpen)]);
+        let fast = pipeline(&[("noop", FailurePolicy::FailOpen)]);
+        let t0 = std::time::Instant::now();
+        let held = tokio::spawn(async move { slow.before(&ctx(), start("c")).await.is_ok() });
+        tokio::task::yield_now().await;
+        let mut worst = Duration::ZERO;
+        for _ in 0..20 {
+            let t = std::time::Instant::now();
+            fast.before(&ctx(), start("d")).await.unwrap();
+            worst = worst.max(t.elapsed());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(held.await.unwrap(), "fail-open: the call goes on");
+        let took = t0.elapsed();
+        assert!(
+            took < Duration::from_millis(1000),
+            "released at its 300 ms timeout, not after the hook's 1.5 s: {took:?}"
+        );
+        assert!(
+            worst < Duration::from_millis(500),
+            "other calls were held: {worst:?}"
+        );
     }
 
     /// Fails after StartContainer.

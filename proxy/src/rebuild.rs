@@ -185,14 +185,6 @@ pub fn container_from_runtime(
 ) -> ContainerRecord {
     let cfg = config_of(info);
     let md = c.metadata.clone().unwrap_or_default();
-    let envs = cfg["envs"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|kv| (s(kv, &["key"]), s(kv, &["value"])))
-                .collect()
-        })
-        .unwrap_or_default();
     ContainerRecord {
         id: c.id.clone(),
         pod_id: c.pod_sandbox_id.clone(),
@@ -213,7 +205,6 @@ pub fn container_from_runtime(
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
-        envs,
         requested: resources_from_json(&cfg["linux"]["resources"]),
         state: ContainerState::from_cri(c.state),
         created_at: c.created_at,
@@ -266,7 +257,7 @@ mod tests {
         };
         let info = [("info".to_string(), CTR_INFO.to_string())].into();
         let r = container_from_runtime(&c, &info);
-        let res = r.requested.unwrap();
+        let res = r.requested.clone().unwrap();
         assert_eq!(
             (
                 res.cpu_shares,
@@ -277,7 +268,7 @@ mod tests {
             (300, 50000, 100000, 64 << 20)
         );
         assert_eq!(res.unified["memory.high"], "1000");
-        assert_eq!(r.envs["A"], "1");
+        assert!(!serde_json::to_string(&r).unwrap().contains("envs"));
         assert_eq!(r.state, ContainerState::Running);
     }
 }

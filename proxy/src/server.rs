@@ -78,6 +78,8 @@ pub enum StartError {
     Backend(EndpointError),
     #[error("listen and admin-listen are the same socket {0}")]
     SameSocket(String),
+    #[error("state-dir: {0}")]
+    State(#[from] crate::statefile::StateError),
 }
 
 /// A running proxy. Dropping it does not stop it: call [`Running::shutdown`].
@@ -86,6 +88,8 @@ pub struct Running {
     pub stats: Arc<ProxyStats>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
+    /// Held until the final checkpoint is written.
+    _lock: crate::statefile::InstanceLock,
 }
 
 impl Running {
@@ -122,6 +126,9 @@ pub async fn start_with(
         return Err(StartError::SameSocket(cfg.listen.clone()));
     }
     let backend = Backend::new(&cfg.runtime_endpoint).map_err(StartError::Backend)?;
+    // the state dir first: private modes, and one qoslet per state dir (before any socket is touched)
+    crate::statefile::ensure_private_dir(&cfg.state_dir)?;
+    let lock = crate::statefile::lock(&cfg.state_dir)?;
     let proxy_listener = bind_unix(&listen_path).await.map_err(StartError::Listen)?;
     let admin_listener = bind_unix(&admin_path).await.map_err(StartError::Admin)?;
 
@@ -208,6 +215,7 @@ pub async fn start_with(
         stats,
         shutdown: tx,
         tasks,
+        _lock: lock,
     })
 }
 

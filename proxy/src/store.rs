@@ -177,7 +177,8 @@ pub struct ContainerRecord {
     pub image: String,
     pub labels: BTreeMap<String, String>,
     pub annotations: BTreeMap<String, String>,
-    pub envs: BTreeMap<String, String>,
+    // No `envs`: kubelet resolves secretKeyRef into CRI envs, and nothing in qoslet
+    // reads them, so they are never kept (nor checkpointed).
     /// What kubelet asked for: CreateContainer's resources, then its UpdateContainerResources.
     pub requested: Option<Resources>,
     pub state: ContainerState,
@@ -202,11 +203,6 @@ impl ContainerRecord {
                 .unwrap_or_default(),
             labels: sorted(&c.labels),
             annotations: sorted(&c.annotations),
-            envs: c
-                .envs
-                .iter()
-                .map(|kv| (kv.key.clone(), kv.value.clone()))
-                .collect(),
             requested: c
                 .linux
                 .as_ref()
@@ -530,7 +526,11 @@ mod tests {
             (c.name.as_str(), c.attempt, c.image.as_str()),
             ("app", 2, "busybox")
         );
-        assert_eq!(c.envs.get("K").map(String::as_str), Some("V"));
+        let json = serde_json::to_string(&c).unwrap();
+        assert!(
+            !json.contains("\"V\"") && !json.contains("envs"),
+            "envs (secrets) are never kept: {json}"
+        );
         assert_eq!(c.requested.unwrap().memory_limit_in_bytes, 1 << 20);
     }
 

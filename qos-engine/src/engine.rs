@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use qoslet_cgroups::{CgroupPath, Cgroups, Device, Features, Knob};
-use qoslet_hooks::decide::Context;
+use qoslet_hooks::decide::{Context, NodeFacts};
 use qoslet_hooks::policy::ResourceQosStrategy;
 use qoslet_hooks::QosClass;
 
@@ -41,6 +41,8 @@ pub struct Env {
     /// The policy's block devices resolved on this host.
     pub devices: BTreeMap<String, Device>,
     pub page_size: u64,
+    /// Online and reserved CPUs, capacity (bounds for what pods' annotations ask).
+    pub node: NodeFacts,
 }
 
 impl Env {
@@ -51,6 +53,7 @@ impl Env {
             v2: self.v2,
             policy,
             page_size: self.page_size.max(1),
+            node: &self.node,
             devices: &self.devices,
         }
     }
@@ -550,6 +553,8 @@ mod tests {
         Pod {
             id: id.into(),
             class,
+            by_label: true,
+            trusted: false,
             cgroup: cg.clone(),
             annotations: BTreeMap::new(),
             sandbox_memory_limit: 0,
@@ -563,6 +568,7 @@ mod tests {
                 cpu_period: 100_000,
                 cpu_cores: cores,
                 throttled_ratio: 0.5,
+                cpuset_cpus: String::new(),
             }],
         }
     }

@@ -8,8 +8,8 @@
 use std::collections::BTreeMap;
 
 use qoslet_cgroups::{CgroupPath, Knob};
-use qoslet_hooks::decide::{self, Context, Rule};
-use qoslet_hooks::QosClass;
+use qoslet_hooks::decide::{self, Context, Requested, Rule};
+use qoslet_hooks::{PodClass, QosClass};
 
 use crate::plan::{Plan, Write};
 
@@ -18,6 +18,10 @@ use crate::plan::{Plan, Write};
 pub struct Pod {
     pub id: String,
     pub class: QosClass,
+    /// The class came from the pod's label (not its Kubernetes QoS).
+    pub by_label: bool,
+    /// The pod's labels and scheduler annotations are trusted (`trust:`).
+    pub trusted: bool,
     pub cgroup: CgroupPath,
     pub annotations: BTreeMap<String, String>,
     /// The sandbox config's memory limit (0: none).
@@ -37,9 +41,34 @@ pub struct Container {
     pub memory_limit: i64,
     pub cpu_quota: i64,
     pub cpu_period: i64,
+    /// The cpuset kubelet asked for (empty: none).
+    pub cpuset_cpus: String,
     /// From the metrics cache.
     pub cpu_cores: f64,
     pub throttled_ratio: f64,
+}
+
+impl Pod {
+    /// The class as the hooks' decisions take it.
+    pub fn pod_class(&self) -> PodClass {
+        PodClass {
+            class: self.class,
+            by_label: self.by_label,
+            trusted: self.trusted,
+        }
+    }
+}
+
+impl Container {
+    /// What kubelet asked for, as the hooks' decisions take it.
+    pub fn requested(&self) -> Requested<'_> {
+        Requested {
+            memory_limit: self.memory_limit,
+            cpu_quota: self.cpu_quota,
+            cpu_period: self.cpu_period,
+            cpuset_cpus: &self.cpuset_cpus,
+        }
+    }
 }
 
 /// The plugin a setting belongs to, and the rule words that name it.
@@ -91,7 +120,7 @@ pub fn pod(p: &Pod, ctx: &Context, plan: &mut Plan) -> Vec<String> {
         add(plan, &p.cgroup, k, &d.rules);
     }
     for c in &p.containers {
-        let d = decide::container(p.class, &c.name, &p.annotations, c.memory_limit, ctx);
+        let d = decide::container(p.pod_class(), &c.name, &p.annotations, &c.requested(), ctx);
         let mut knobs = d.cgroup.clone();
         let pa = &d.patch;
         if let Some(s) = pa.cpu_shares {
@@ -137,6 +166,8 @@ mod tests {
         Pod {
             id: "p1".into(),
             class: QosClass::Be,
+            by_label: true,
+            trusted: false,
             cgroup: CgroupPath::parse("/kubepods/besteffort/podp1").unwrap(),
             annotations: [(
                 "node.koordinator.sh/extended-resource-spec".to_string(),
@@ -154,6 +185,7 @@ mod tests {
                 cpu_period: 100_000,
                 cpu_cores: 0.0,
                 throttled_ratio: 0.0,
+                cpuset_cpus: String::new(),
             }],
         }
     }
@@ -173,6 +205,7 @@ mod tests {
             v2: false,
             policy: &policy,
             page_size: 4096,
+            node: &Default::default(),
             devices: &devices,
         };
         let mut plan = Plan::new();

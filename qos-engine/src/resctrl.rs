@@ -163,6 +163,8 @@ mod tests {
         let pod = |class, id: &str| Pod {
             id: id.into(),
             class,
+            by_label: true,
+            trusted: false,
             cgroup: CgroupPath::parse(&format!("/kubepods/besteffort/pod{id}")).unwrap(),
             annotations: Default::default(),
             sandbox_memory_limit: 0,
@@ -177,6 +179,7 @@ mod tests {
                     cpu_period: 100_000,
                     cpu_cores: 0.0,
                     throttled_ratio: 0.0,
+                    cpuset_cpus: String::new(),
                 },
                 Container {
                     id: "gone".into(),
@@ -188,6 +191,7 @@ mod tests {
                     cpu_period: 100_000,
                     cpu_cores: 0.0,
                     throttled_ratio: 0.0,
+                    cpuset_cpus: String::new(),
                 },
             ],
         };

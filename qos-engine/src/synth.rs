@@ -131,12 +131,15 @@ pub fn build(root: &Path, s: &Shape) -> io::Result<Vec<Pod>> {
                         cpu_period: 100_000,
                         cpu_cores: 0.0,
                         throttled_ratio: 0.0,
+                        cpuset_cpus: String::new(),
                     }
                 })
                 .collect();
             pods.push(Pod {
                 id,
                 class,
+                by_label: true,
+                trusted: false,
                 cgroup: CgroupPath::parse(&pcg).expect("synthetic path"),
                 annotations: Default::default(),
                 sandbox_memory_limit: 0,

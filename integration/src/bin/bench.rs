@@ -506,21 +506,32 @@ fn decisions() {
         v2: false,
         policy: &policy,
         page_size: 4096,
+        node: &qoslet_hooks::decide::NodeFacts {
+            online_cpus: (0..16).collect(),
+            milli_cpus: 16_000,
+            memory_bytes: 64 << 30,
+            ..Default::default()
+        },
         devices: &BTreeMap::new(),
     };
+    let trust = qoslet_hooks::Trust::default();
     let n = 100_000;
     let t = Instant::now();
     let mut sink = 0usize;
     for _ in 0..n {
-        let class =
-            qoslet_hooks::classify(std::hint::black_box(&labels), "/kubepods/besteffort/pod1")
-                .class
-                .unwrap();
+        let class = qoslet_hooks::classify(
+            std::hint::black_box(&labels),
+            "default",
+            "/kubepods/besteffort/pod1",
+            &trust,
+        )
+        .pod_class()
+        .unwrap();
         let d = qoslet_hooks::decide::container(
             class,
             "c",
             std::hint::black_box(&annotations),
-            0,
+            &Default::default(),
             &ctx,
         );
         sink += d.rules.len();
