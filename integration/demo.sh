@@ -24,6 +24,7 @@ pkill -f "qoslet proxy --listen unix://$QSOCK" 2>/dev/null || true; sleep 0.2
 # the QoS engine: BE may use 65% of the node minus what LS and the system use (a CFS quota on the
 # demo's besteffort parent); Koordinator's NodeSLO names, hot-reloaded when this file changes
 cat > "$D/qoslet.yaml" <<YAML
+kubeletCgroupRoot: /qoslet-test/demo   # as kubelet's --cgroup-root: pods live in <root>/kubepods
 policy:
   resourceUsedThresholdWithBE:
     enable: true

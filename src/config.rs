@@ -53,6 +53,9 @@ pub struct FileConfig {
     /// Whom qoslet trusts with class labels, the skip label and the scheduler's
     /// cpuset annotation (default: nobody; pod authors are not trusted).
     pub trust: Option<qoslet_hooks::Trust>,
+    /// kubelet's `--cgroup-root` (default `/`): pods live in `<root>/kubepods`
+    /// (`<root>.slice/<root>-kubepods.slice` with the systemd driver).
+    pub kubelet_cgroup_root: Option<String>,
     /// The CPUs kubelet reserves for the system (`--reserved-cpus`, a CPU list
     /// such as `0-1`): never given to a pod by qoslet.
     pub reserved_cpuset: Option<String>,
@@ -170,6 +173,10 @@ pub fn parse(text: &str) -> Result<FileConfig> {
             qoslet_cgroups::CgroupPath::parse(v)
                 .map_err(|err| anyhow::anyhow!("key qosEngine.beParent: {err}"))?;
         }
+    }
+    if let Some(v) = &cfg.kubelet_cgroup_root {
+        qoslet_cgroups::PodRoot::new(v)
+            .map_err(|e| anyhow::anyhow!("key kubeletCgroupRoot: {e}"))?;
     }
     if let Some(v) = &cfg.reserved_cpuset {
         if qoslet_cgroups::cgroup::parse_cpu_list(v).is_none() {

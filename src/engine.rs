@@ -43,6 +43,8 @@ pub struct Settings {
     pub sys_root: PathBuf,
     /// Whose class labels and scheduler annotations are taken as they are.
     pub trust: qoslet_hooks::Trust,
+    /// Where kubelet puts pods (`kubeletCgroupRoot`).
+    pub pod_root: qoslet_cgroups::PodRoot,
 }
 
 /// One tick as the admin API shows it.
@@ -210,14 +212,18 @@ struct Skeleton {
 }
 
 impl Skeleton {
-    fn build(store: &Store, trust: &qoslet_hooks::Trust) -> Self {
+    fn build(
+        store: &Store,
+        trust: &qoslet_hooks::Trust,
+        pod_root: &qoslet_cgroups::PodRoot,
+    ) -> Self {
         let generation = store.generation();
         let mut pods = store.read_all(|pods, containers| {
             let mut by_pod: HashMap<&str, Vec<Container>> = HashMap::new();
             let mut out = Vec::new();
             let mut cgs: HashMap<&str, CgroupPath> = HashMap::new();
             for p in pods.values().filter(|p| p.state == PodState::Ready) {
-                if let Ok(cg) = CgroupPath::pod(&p.cgroup_parent) {
+                if let Ok(cg) = CgroupPath::pod_under(&p.cgroup_parent, pod_root) {
                     if !cg.as_str().is_empty() {
                         cgs.insert(p.id.as_str(), cg);
                     }
@@ -270,6 +276,7 @@ impl Skeleton {
                     class: pc.class,
                     by_label: pc.by_label,
                     trusted: pc.trusted,
+                    kube: pc.kube,
                     cgroup: cg.clone(),
                     annotations: p.annotations.clone(),
                     sandbox_memory_limit: p
@@ -390,10 +397,29 @@ impl Shared {
         store: Store,
         shutdown: watch::Receiver<bool>,
     ) -> tokio::task::JoinHandle<()> {
+        // the engine's own thread and runtime: its cgroup and sysfs I/O, the config
+        // reload and the planning never run on the thread that serves kubelet
         let me = self.clone();
+        let (done, finished) = tokio::sync::oneshot::channel::<()>();
+        let spawned = std::thread::Builder::new()
+            .name("qoslet-engine".into())
+            .spawn(move || {
+                match tokio::runtime::Builder::new_current_thread()
+                    .enable_time()
+                    .build()
+                {
+                    Ok(rt) => {
+                        rt.block_on(me.run(s, policy, env, hooks, rdt, metrics, store, shutdown))
+                    }
+                    Err(e) => error!(error = %e, "QoS engine runtime not started"),
+                }
+                let _ = done.send(());
+            });
+        if let Err(e) = spawned {
+            error!(error = %e, "QoS engine thread not started");
+        }
         tokio::spawn(async move {
-            me.run(s, policy, env, hooks, rdt, metrics, store, shutdown)
-                .await
+            let _ = finished.await;
         })
     }
 
@@ -497,7 +523,7 @@ impl Shared {
                 }
             };
             if skeleton.as_ref().map(|k| k.generation) != Some(store.generation()) {
-                skeleton = Some(Skeleton::build(&store, &s.trust));
+                skeleton = Some(Skeleton::build(&store, &s.trust, &s.pod_root));
             }
             let pods = skeleton
                 .as_ref()

@@ -17,7 +17,7 @@
 use std::sync::Arc;
 
 use qoslet_cgroups::resctrl::Resctrl;
-use qoslet_cgroups::{CgroupPath, Cgroups, Features, Knob};
+use qoslet_cgroups::{CgroupPath, Cgroups, Features, Knob, PodRoot};
 use qoslet_hooks::decide::{self, ContainerDecision, NodeFacts, Requested};
 use qoslet_hooks::policy::ResourceQosStrategy;
 use qoslet_hooks::{classify, ClassSource, PodClass, QosClass, Trust};
@@ -58,6 +58,7 @@ impl PolicyHandle {
             page_size: cur.page_size,
             node: cur.node.clone(),
             trust: cur.trust.clone(),
+            pod_root: cur.pod_root.clone(),
             devices: resolve_devices(&policy),
             policy,
         });
@@ -79,6 +80,8 @@ struct Shared {
     node: NodeFacts,
     /// Whose labels and scheduler annotations are taken as they are.
     trust: Trust,
+    /// Where kubelet puts pods.
+    pod_root: PodRoot,
     policy: ResourceQosStrategy,
     /// The policy's block devices resolved on this host.
     devices: std::collections::BTreeMap<String, qoslet_cgroups::Device>,
@@ -171,6 +174,7 @@ impl Isolation {
         policy: ResourceQosStrategy,
         node: NodeFacts,
         trust: Trust,
+        pod_root: PodRoot,
     ) -> Self {
         let features = cgroups
             .as_ref()
@@ -186,6 +190,7 @@ impl Isolation {
                 page_size: qoslet_cgroups::cgroup::page_size(),
                 node,
                 trust,
+                pod_root,
                 devices: resolve_devices(&policy),
                 policy,
             })))),
@@ -228,6 +233,16 @@ fn requested(r: Option<&cri::LinuxContainerResources>) -> Requested<'_> {
         cpuset_cpus: &r.cpuset_cpus,
     })
     .unwrap_or_default()
+}
+
+/// What the store holds of kubelet's asks, as decisions take it.
+fn stored_requested(r: &qoslet_proxy::store::Resources) -> Requested<'_> {
+    Requested {
+        memory_limit: r.memory_limit_in_bytes,
+        cpu_quota: r.cpu_quota,
+        cpu_period: r.cpu_period,
+        cpuset_cpus: &r.cpuset_cpus,
+    }
 }
 
 /// The container's name and the resources kubelet asked for.
@@ -294,34 +309,23 @@ fn applied(d: &ContainerDecision) -> String {
         .join(",")
 }
 
-/// Writes knobs to a cgroup (blocking I/O off the async threads). Every knob
-/// is tried: one the kernel refuses does not keep the others from being
-/// applied. Each failure is logged; the first is returned (the hook's failure
-/// policy counts it).
-async fn write(
-    cgroups: Option<Arc<Cgroups>>,
-    cg: CgroupPath,
-    knobs: Vec<Knob>,
-) -> Result<(), BoxError> {
+/// Writes knobs to a cgroup. Every knob is tried: one the kernel refuses does
+/// not keep the others from being applied. Each failure is logged; the first
+/// is returned (the hook's failure policy counts it). Blocking: hooks run on
+/// the blocking pool (the pipeline's rule), so this is called inline there.
+fn write(cgroups: Option<&Cgroups>, cg: &CgroupPath, knobs: &[Knob]) -> Result<(), BoxError> {
     let Some(c) = cgroups else { return Ok(()) };
-    if knobs.is_empty() {
-        return Ok(());
-    }
-    tokio::task::spawn_blocking(move || {
-        let mut first = None;
-        for k in &knobs {
-            match c.apply(&cg, k) {
-                Ok(_) => debug!(cgroup = %cg, knob = ?k, "applied"),
-                Err(e) => {
-                    warn!(cgroup = %cg, knob = k.name(), error = %e, "cgroup setting not applied");
-                    first.get_or_insert(e);
-                }
+    let mut first = None;
+    for k in knobs {
+        match c.apply(cg, k) {
+            Ok(_) => debug!(cgroup = %cg, knob = ?k, "applied"),
+            Err(e) => {
+                warn!(cgroup = %cg, knob = k.name(), error = %e, "cgroup setting not applied");
+                first.get_or_insert(e);
             }
         }
-        first.map_or(Ok(()), |e| Err(Box::new(e) as BoxError))
-    })
-    .await
-    .map_err(|e| Box::new(e) as BoxError)?
+    }
+    first.map_or(Ok(()), |e| Err(Box::new(e) as BoxError))
 }
 
 fn record(store: &Store, container: &str, class: QosClass, d: &ContainerDecision) {
@@ -410,28 +414,15 @@ impl Hook for Isolation {
                         return Ok(None);
                     };
                     // kubelet may send a partial update (cpuset only): what it left out stands
-                    let stored = c.requested.clone().unwrap_or_default();
-                    let upd = r.linux.clone().unwrap_or_default();
-                    let pick = |u: i64, s: i64| if u != 0 { u } else { s };
-                    let merged = cri::LinuxContainerResources {
-                        memory_limit_in_bytes: pick(
-                            upd.memory_limit_in_bytes,
-                            stored.memory_limit_in_bytes,
-                        ),
-                        cpu_quota: pick(upd.cpu_quota, stored.cpu_quota),
-                        cpu_period: pick(upd.cpu_period, stored.cpu_period),
-                        cpuset_cpus: if upd.cpuset_cpus.is_empty() {
-                            stored.cpuset_cpus.clone()
-                        } else {
-                            upd.cpuset_cpus.clone()
-                        },
-                        ..Default::default()
-                    };
+                    let mut merged = c.requested.clone().unwrap_or_default();
+                    if let Some(l) = &r.linux {
+                        merged.merge(&qoslet_proxy::store::Resources::from(l));
+                    }
                     let d = decide::container(
                         class,
                         &c.name,
                         &pod.annotations,
-                        &requested(Some(&merged)),
+                        &stored_requested(&merged),
                         &shared.ctx(),
                     );
                     if d.patch.is_empty() {
@@ -485,12 +476,11 @@ impl Hook for Isolation {
                         .as_ref()
                         .map(|r| r.memory_limit_in_bytes)
                         .unwrap_or(0);
-                    let d =
-                        decide::pod(class.class, &pod.annotations, sandbox_limit, &shared.ctx());
+                    let d = decide::pod(class, &pod.annotations, sandbox_limit, &shared.ctx());
                     for w in &d.warnings {
                         warn!(pod = %pod.name, namespace = %pod.namespace, "{w}");
                     }
-                    let cg = match CgroupPath::pod(&pod.cgroup_parent) {
+                    let cg = match CgroupPath::pod_under(&pod.cgroup_parent, &shared.pod_root) {
                         Ok(cg) if !cg.as_str().is_empty() => cg,
                         Ok(_) => return Ok(()),
                         Err(e) => {
@@ -498,7 +488,7 @@ impl Hook for Isolation {
                             return Ok(());
                         }
                     };
-                    let written = write(cgroups, cg, d.cgroup).await;
+                    let written = write(cgroups.as_deref(), &cg, &d.cgroup);
                     for r in &d.rules {
                         ctx.store.set_pod_applied(
                             &pod.id,
@@ -540,15 +530,10 @@ impl Hook for Isolation {
                         class,
                         &c.name,
                         &pod.annotations,
-                        &Requested {
-                            memory_limit: stored.memory_limit_in_bytes,
-                            cpu_quota: stored.cpu_quota,
-                            cpu_period: stored.cpu_period,
-                            cpuset_cpus: &stored.cpuset_cpus,
-                        },
+                        &stored_requested(&stored),
                         &shared.ctx(),
                     );
-                    let cg = match CgroupPath::pod(&pod.cgroup_parent)
+                    let cg = match CgroupPath::pod_under(&pod.cgroup_parent, &shared.pod_root)
                         .and_then(|p| p.container(&c.id))
                     {
                         Ok(cg) => cg,
@@ -557,7 +542,7 @@ impl Hook for Isolation {
                             return Ok(());
                         }
                     };
-                    write(cgroups.clone(), cg.clone(), d.cgroup.clone()).await?;
+                    write(cgroups.as_deref(), &cg, &d.cgroup)?;
                     let mut only_cgroup = d.clone();
                     only_cgroup.rules.retain(|r| is_cgroup_rule(&r.setting));
                     record(&ctx.store, &c.id, class.class, &only_cgroup);
@@ -570,25 +555,22 @@ impl Hook for Isolation {
                                 QosClass::Lse | QosClass::Lsr => "LSR",
                                 other => other.as_str(),
                             };
-                            let r = tokio::task::spawn_blocking(
-                                move || -> Result<String, qoslet_cgroups::CgroupError> {
-                                    let schemata = rdt.schemata(
-                                        q.cat_range_start_percent,
-                                        q.cat_range_end_percent,
-                                        q.mba_percent,
-                                    );
-                                    let dir = rdt.ensure_group(group, &schemata)?;
-                                    let pids: Vec<u32> = cgroups
-                                        .read(&cg, "cpu", "cgroup.procs")?
-                                        .split_whitespace()
-                                        .filter_map(|p| p.parse().ok())
-                                        .collect();
-                                    rdt.assign(&dir, &pids)?;
-                                    Ok(schemata.trim().replace('\n', " "))
-                                },
-                            )
-                            .await
-                            .map_err(|e| Box::new(e) as BoxError)?;
+                            // blocking, inline: hooks run on the blocking pool
+                            let r = (|| -> Result<String, qoslet_cgroups::CgroupError> {
+                                let schemata = rdt.schemata(
+                                    q.cat_range_start_percent,
+                                    q.cat_range_end_percent,
+                                    q.mba_percent,
+                                );
+                                let dir = rdt.ensure_group(group, &schemata)?;
+                                let pids: Vec<u32> = cgroups
+                                    .read(&cg, "cpu", "cgroup.procs")?
+                                    .split_whitespace()
+                                    .filter_map(|p| p.parse().ok())
+                                    .collect();
+                                rdt.assign(&dir, &pids)?;
+                                Ok(schemata.trim().replace('\n', " "))
+                            })();
                             match r {
                                 Ok(schemata) => store.set_container_applied(
                                     &id,
@@ -667,6 +649,7 @@ mod tests {
             policy,
             NodeFacts::default(),
             Trust::default(),
+            PodRoot::default(),
         );
         let store = Store::new();
         let mut pod = PodRecord {
@@ -742,6 +725,7 @@ mod tests {
             ResourceQosStrategy::default(),
             NodeFacts::default(),
             Trust::default(),
+            PodRoot::default(),
         );
         let store = Store::new();
         let mut pod = PodRecord {
@@ -808,7 +792,13 @@ mod tests {
             None,
             policy,
             NodeFacts::default(),
-            Trust::default(),
+            // a Koordinator cluster: the webhook validated the batch annotation
+            // (memory protection from a batch request is for trusted pods only)
+            Trust {
+                control_plane: true,
+                ..Trust::default()
+            },
+            PodRoot::default(),
         );
         let store = Store::new();
         let mut pod = PodRecord {

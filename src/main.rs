@@ -67,6 +67,9 @@ struct ProxyArgs {
     /// Metrics collection interval, 1s to 600s (default 1s).
     #[arg(long, value_name = "DURATION")]
     metrics_interval: Option<String>,
+    /// kubelet's --cgroup-root (pods live in <root>/kubepods; default /).
+    #[arg(long, value_name = "PATH", env = "QOSLET_KUBELET_CGROUP_ROOT")]
+    kubelet_cgroup_root: Option<String>,
     /// The QoS engine plans and shows (`qoslet plan`, the log) but never writes;
     /// the runtime hooks still apply.
     #[arg(long)]
@@ -159,6 +162,14 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
     }
     let settings = hook_settings(file.hooks.as_ref())?;
     let trust = file.trust.clone().unwrap_or_default();
+    let pod_root = match a
+        .kubelet_cgroup_root
+        .as_deref()
+        .or(file.kubelet_cgroup_root.as_deref())
+    {
+        Some(r) => qoslet_cgroups::PodRoot::new(r).context("--kubelet-cgroup-root")?,
+        None => qoslet_cgroups::PodRoot::default(),
+    };
     if trust != qoslet_hooks::Trust::default() {
         tracing::info!(namespaces = ?trust.namespaces, control_plane = trust.control_plane, "trusted sources of class labels and scheduler annotations");
     }
@@ -179,6 +190,10 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
             .clone()
             .unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup"));
         let cgroups = match qoslet_cgroups::Cgroups::detect(&root) {
+            Ok(c) if !c.host().cgroupfs => {
+                tracing::error!(root = %root.display(), "cgroupRoot is not a cgroup filesystem; qoslet writes no cgroup file there (only settings CRI carries are applied)");
+                None
+            }
             Ok(c) => Some(c),
             Err(e) => {
                 tracing::warn!(error = %e, "no cgroups found; only settings CRI carries will be applied");
@@ -197,7 +212,14 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
                 None
             }
         };
-        let iso = isolation::Isolation::new(cgroups, resctrl, policy, node.clone(), trust.clone());
+        let iso = isolation::Isolation::new(
+            cgroups,
+            resctrl,
+            policy,
+            node.clone(),
+            trust.clone(),
+            pod_root.clone(),
+        );
         policy_handle = Some(iso.policy_handle());
         let hook: std::sync::Arc<dyn qoslet_proxy::Hook> = std::sync::Arc::new(iso);
         qoslet_proxy::Pipeline::with_hooks(vec![(hook, settings)])
@@ -239,6 +261,7 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
             proc_root: proc_root.clone(),
             sys_root: PathBuf::from("/sys"),
             trust: trust.clone(),
+            pod_root: pod_root.clone(),
         })
     } else {
         None
@@ -264,6 +287,7 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
         config: Some(path.clone()),
         sys_root: PathBuf::from("/sys"),
         trust: trust.clone(),
+        pod_root: pod_root.clone(),
     };
     let drift_every =
         config::metrics_interval(engine_cfg.drift_check_interval.as_deref().unwrap_or("10s"))
@@ -292,6 +316,10 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
                 metric_tasks = tasks;
                 if engine_cfg.enable.unwrap_or(true) {
                     match qoslet_cgroups::Cgroups::detect(&cgroup_root) {
+                        Ok(cg) if !cg.host().cgroupfs => tracing::error!(
+                            root = %cgroup_root.display(),
+                            "cgroupRoot is not a cgroup filesystem; QoS engine off"
+                        ),
                         Ok(cg) => {
                             let env = qoslet_qos_engine::engine::Env {
                                 features: cg.host().features.clone(),
@@ -340,10 +368,12 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
     }
     wait_for_signal().await?;
     tracing::info!("signal received; draining");
-    running.shutdown().await;
+    // the state dir stays locked until the metrics snapshot is in it too
+    let state_lock = running.shutdown().await;
     for t in metric_tasks {
         let _ = t.await;
     }
+    drop(state_lock);
     tracing::info!("stopped");
     Ok(())
 }

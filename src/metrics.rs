@@ -34,6 +34,8 @@ pub struct Settings {
     pub sys_root: PathBuf,
     /// Whose class labels are taken as they are (the `qos_class` label of series).
     pub trust: qoslet_hooks::Trust,
+    /// Where kubelet puts pods (`kubeletCgroupRoot`).
+    pub pod_root: qoslet_cgroups::PodRoot,
 }
 
 /// More Prometheus lines, appended to every scrape.
@@ -50,6 +52,7 @@ pub struct Metrics {
     cpi: String,
     store: Store,
     trust: qoslet_hooks::Trust,
+    pod_root: qoslet_cgroups::PodRoot,
     /// Woken after every tick.
     ticked: tokio::sync::Notify,
     /// More Prometheus lines (the QoS engine's), appended to every scrape.
@@ -68,12 +71,16 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// The pods and containers to collect: ready pods and running containers.
-pub fn targets(store: &Store, trust: &qoslet_hooks::Trust) -> Vec<Arc<Target>> {
+pub fn targets(
+    store: &Store,
+    trust: &qoslet_hooks::Trust,
+    pod_root: &qoslet_cgroups::PodRoot,
+) -> Vec<Arc<Target>> {
     store.read_all(|pods, containers| {
         let mut out = Vec::with_capacity(pods.len() + containers.len());
         let mut classes = BTreeMap::new();
         for p in pods.values().filter(|p| p.state == PodState::Ready) {
-            let Ok(cg) = CgroupPath::pod(&p.cgroup_parent) else {
+            let Ok(cg) = CgroupPath::pod_under(&p.cgroup_parent, pod_root) else {
                 continue;
             };
             if cg.as_str().is_empty() {
@@ -170,6 +177,7 @@ impl Metrics {
             cpi,
             store,
             trust: s.trust.clone(),
+            pod_root: s.pod_root.clone(),
             ticked: tokio::sync::Notify::new(),
             extra: std::sync::OnceLock::new(),
         });
@@ -314,7 +322,10 @@ async fn collect_loop(
         }
         let generation = m.store.generation();
         if generation != cached.0 {
-            cached = (generation, Arc::new(targets(&m.store, &m.trust)));
+            cached = (
+                generation,
+                Arc::new(targets(&m.store, &m.trust, &m.pod_root)),
+            );
         }
         let targets = cached.1.clone();
         let Some(mut c) = collector.take() else { break };
@@ -361,8 +372,11 @@ async fn collect_loop(
 /// At most this many `/metrics` connections at once: the fd limit is shared with
 /// the CRI sockets and the cgroup files; beyond it a new connection is closed at once.
 pub const HTTP_MAX_CONNECTIONS: usize = 64;
-/// A client must send its request headers within this time (idle keep-alive included).
+/// A client must send its request headers within this time.
 pub const HTTP_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// A connection lasts at most this long, whatever the client does (one that
+/// never reads its answer would otherwise hold its slot for good).
+pub const HTTP_CONNECTION_DEADLINE: Duration = Duration::from_secs(30);
 
 async fn serve_http(
     listener: tokio::net::TcpListener,
@@ -404,14 +418,16 @@ async fn serve_http(
                     async move { Ok::<_, std::convert::Infallible>(respond(&m, &req)) }
                 });
             let io = hyper_util::rt::TokioIo::new(stream);
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
+            let conn = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(HTTP_HEADER_TIMEOUT)
+                .keep_alive(false)
                 .max_buf_size(64 << 10)
-                .serve_connection(io, svc)
-                .await
-            {
-                debug!(error = %e, "metrics connection ended");
+                .serve_connection(io, svc);
+            match tokio::time::timeout(HTTP_CONNECTION_DEADLINE, conn).await {
+                Ok(Err(e)) => debug!(error = %e, "metrics connection ended"),
+                Err(_) => debug!("metrics connection closed at its deadline"),
+                Ok(Ok(())) => {}
             }
         });
     }

@@ -73,7 +73,7 @@ pub struct IoLimits {
 /// Whether a per-device table file (`blkio.throttle.*_device`, `io.max`)
 /// already holds `value` (`major:minor rest`). A device missing from the table
 /// has no limit: `0` (v1) or all `max` (v2).
-pub(crate) fn keyed_same(content: &str, value: &str) -> bool {
+pub fn keyed_same(content: &str, value: &str) -> bool {
     let want: Vec<&str> = value.split_whitespace().collect();
     let Some((key, rest)) = want.split_first() else {
         return false;

@@ -120,14 +120,28 @@ pub fn open_beneath(root: &Path, rel: &Path, write: bool) -> std::io::Result<Own
         OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
     )?;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    // cleared for good the first time the kernel (or a seccomp profile) refuses openat2
+    static OPENAT2: AtomicBool = AtomicBool::new(true);
+    if !OPENAT2.load(Ordering::Relaxed) {
+        return open_by_components(dir, rel, flags);
+    }
     match rustix::fs::openat2(
         &dir,
         rel,
         flags,
         Mode::empty(),
-        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+        ResolveFlags::BENEATH
+            | ResolveFlags::NO_SYMLINKS
+            | ResolveFlags::NO_MAGICLINKS
+            | ResolveFlags::NO_XDEV,
     ) {
-        Err(rustix::io::Errno::NOSYS) => {}
+        Err(
+            e @ (rustix::io::Errno::NOSYS | rustix::io::Errno::PERM | rustix::io::Errno::TOOBIG),
+        ) => {
+            tracing::warn!(error = %e, "openat2 unavailable (old kernel or seccomp); cgroup files are opened one O_NOFOLLOW component at a time");
+            OPENAT2.store(false, Ordering::Relaxed);
+        }
         // openat2 refused a symlink or an escape: say so plainly
         Err(rustix::io::Errno::XDEV) | Err(rustix::io::Errno::LOOP) => {
             return Err(std::io::Error::other(format!(
@@ -193,7 +207,7 @@ pub fn read<T: Target + ?Sized>(t: &T) -> Result<String, CgroupError> {
 /// Whether the file's current content means `value`. cgroup files echo values
 /// in their own format: `max` for unlimited, `quota period` pairs, and
 /// memory limits rounded to pages; compare as the kernel shows them.
-fn same(current: &str, value: &str) -> bool {
+pub fn same(current: &str, value: &str) -> bool {
     let cur = current.split_whitespace().collect::<Vec<_>>().join(" ");
     let want = value.split_whitespace().collect::<Vec<_>>().join(" ");
     let unlimited = |v: &str| {

@@ -62,4 +62,4 @@ pub enum CgroupError {
 pub use blkio::{Device, IoLimits};
 pub use cgroup::{Cgroups, FileWrite, Knob};
 pub use detect::{Features, Host, Layout};
-pub use path::CgroupPath;
+pub use path::{CgroupPath, PodRoot};

@@ -53,36 +53,49 @@ impl CgroupPath {
     /// `kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice`).
     ///
     /// It must be a pod's own cgroup under the kubepods root, as kubelet names
-    /// them: below a `kubepods` (or `kubepods.slice`) component (kubelet's
-    /// `--cgroup-root` may put one above it), its last component a pod's
-    /// (`pod<uid>`, `kubepods-...-pod<uid>.slice`). The root, `/system.slice`,
-    /// `kubepods` itself or a QoS dir (`kubepods/besteffort`) are refused, so no
-    /// pod's settings can land on a shared cgroup.
+    /// them: directly below `kubepods` (or `kubepods.slice`) under kubelet's
+    /// `--cgroup-root` (`/` by default; see [`PodRoot`]), its last component a
+    /// pod's (`pod<uid>`, `kubepods-...-pod<uid>.slice`). The root,
+    /// `/system.slice`, `kubepods` itself or a QoS dir (`kubepods/besteffort`)
+    /// are refused, so no pod's settings can land on a shared cgroup.
     pub fn pod(cgroup_parent: &str) -> Result<Self, CgroupError> {
-        let p = Self::pod_unchecked(cgroup_parent)?;
-        let parts: Vec<&str> = p.0.split('/').collect();
+        Self::pod_under(cgroup_parent, &PodRoot::default())
+    }
+
+    /// [`CgroupPath::pod`] with kubelet's cgroup root given.
+    pub fn pod_under(cgroup_parent: &str, root: &PodRoot) -> Result<Self, CgroupError> {
         let refuse = |reason| {
             Err(CgroupError::UnsafePath {
                 path: cgroup_parent.to_string(),
                 reason,
             })
         };
-        let Some(k) = parts
-            .iter()
-            .position(|c| *c == "kubepods" || *c == "kubepods.slice")
-        else {
+        let t = cgroup_parent.trim_start_matches('/');
+        let slice = t.ends_with(".slice") && !t.contains('/');
+        if slice && !t.starts_with(&format!("{}kubepods-", root.slice_prefix)) {
+            return refuse("not under the kubepods root");
+        }
+        let p = Self::pod_unchecked(cgroup_parent)?;
+        let parts: Vec<&str> = p.0.split('/').collect();
+        let below = [&root.cgroupfs, &root.systemd]
+            .into_iter()
+            .find(|prefix| {
+                parts.len() > prefix.len()
+                    && parts.starts_with(&prefix.iter().map(String::as_str).collect::<Vec<_>>())
+            })
+            .map(|prefix| prefix.len());
+        let Some(k) = below else {
             return refuse("not under the kubepods root");
         };
         let last = parts[parts.len() - 1];
         let is_pod = last.starts_with("pod")
-            || (last.starts_with("kubepods-")
-                && last.ends_with(".slice")
+            || (last.ends_with(".slice")
                 && last
                     .trim_end_matches(".slice")
                     .rsplit('-')
                     .next()
                     .is_some_and(|s| s.starts_with("pod")));
-        if parts.len() <= k + 1 || !is_pod {
+        if parts.len() <= k || !is_pod {
             return refuse("not a pod's own cgroup (kubelet names them pod<uid>)");
         }
         Ok(p)
@@ -181,6 +194,57 @@ impl CgroupPath {
     }
 }
 
+/// Where kubelet puts pods: `<--cgroup-root>/kubepods` with the cgroupfs
+/// driver, `<root>.slice/<root>-kubepods.slice` with the systemd driver
+/// (`kubepods.slice` for the default root `/`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodRoot {
+    /// Components down to and including `kubepods` (cgroupfs driver).
+    cgroupfs: Vec<String>,
+    /// The same for the systemd driver (`kubelet.slice`, `kubelet-kubepods.slice`).
+    systemd: Vec<String>,
+    /// The systemd slice-name prefix of kubelet's root (`kubelet-`; empty for `/`).
+    slice_prefix: String,
+}
+
+impl Default for PodRoot {
+    fn default() -> Self {
+        Self {
+            cgroupfs: vec!["kubepods".into()],
+            systemd: vec!["kubepods.slice".into()],
+            slice_prefix: String::new(),
+        }
+    }
+}
+
+impl PodRoot {
+    /// From kubelet's `--cgroup-root` (`/` by default; `/kubelet` in kind).
+    pub fn new(kubelet_cgroup_root: &str) -> Result<Self, CgroupError> {
+        let root = CgroupPath::parse(kubelet_cgroup_root)?;
+        if root.as_str().is_empty() {
+            return Ok(Self::default());
+        }
+        let parts: Vec<&str> = root.as_str().split('/').collect();
+        let mut cgroupfs: Vec<String> = parts.iter().map(|s| s.to_string()).collect();
+        cgroupfs.push("kubepods".into());
+        // systemd: each level a slice whose name carries its ancestors' (a-b.slice)
+        let names: Vec<&str> = parts.iter().map(|p| p.trim_end_matches(".slice")).collect();
+        let mut systemd = Vec::new();
+        let mut prefix = String::new();
+        for n in &names {
+            prefix.push_str(n);
+            systemd.push(format!("{prefix}.slice"));
+            prefix.push('-');
+        }
+        systemd.push(format!("{prefix}kubepods.slice"));
+        Ok(Self {
+            cgroupfs,
+            systemd,
+            slice_prefix: prefix,
+        })
+    }
+}
+
 impl std::fmt::Display for CgroupPath {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "/{}", self.0)
@@ -245,10 +309,20 @@ mod tests {
             CgroupPath::pod("kubepods-pod1.slice").unwrap().as_str(),
             "kubepods.slice/kubepods-pod1.slice"
         );
-        assert!(
-            CgroupPath::pod("/kubelet/kubepods/burstable/podx").is_ok(),
-            "kubelet --cgroup-root"
+        let kind = PodRoot::new("/kubelet").unwrap();
+        assert!(CgroupPath::pod_under("/kubelet/kubepods/burstable/podx", &kind).is_ok());
+        assert_eq!(
+            CgroupPath::pod_under("kubelet-kubepods-besteffort-pod1.slice", &kind)
+                .unwrap()
+                .as_str(),
+            "kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod1.slice"
         );
+        assert!(
+            CgroupPath::pod("/kubelet/kubepods/burstable/podx").is_err(),
+            "not the default root"
+        );
+        assert!(CgroupPath::pod_under("/kubepods/burstable/podx", &kind).is_err());
+        assert!(CgroupPath::pod_under("kubepods-pod1.slice", &kind).is_err());
     }
 
     /// Issue 12: a pod parent that is not a pod's own cgroup under kubepods
@@ -268,6 +342,8 @@ mod tests {
             "kubepods-besteffort.slice",
             "/user.slice/pod1",
             "/kubepods/besteffort/notapod",
+            "/user.slice/x/kubepods/podA",
+            "/system.slice/kubepods/podA",
         ] {
             assert!(CgroupPath::pod(bad).is_err(), "{bad:?}");
         }

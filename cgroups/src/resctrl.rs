@@ -15,6 +15,8 @@ pub struct Resctrl {
     pub l3_cbm_mask: Option<u64>,
     /// Number of classes of service for L3.
     pub l3_closids: Option<u32>,
+    /// The fewest cache bits a mask may have (`info/L3/min_cbm_bits`; 1 when absent).
+    pub l3_min_bits: u32,
     /// MB (memory bandwidth) allocation: minimum bandwidth %, granularity %.
     pub mb: Option<(u32, u32)>,
     /// Cache/memory domain ids, from the root group's schemata (`L3:0=..;1=..`).
@@ -54,6 +56,8 @@ impl Resctrl {
         };
         let l3_cbm_mask = read_num(root.join("info/L3/cbm_mask"), true)?;
         let l3_closids = read_num(root.join("info/L3/num_closids"), false)?.map(|v| v as u32);
+        let l3_min_bits = read_num(root.join("info/L3/min_cbm_bits"), false)?
+            .map_or(1, |v| v.clamp(1, 64) as u32);
         let mb = match (
             read_num(root.join("info/MB/min_bandwidth"), false)?,
             read_num(root.join("info/MB/bandwidth_gran"), false)?,
@@ -92,6 +96,7 @@ impl Resctrl {
             root: root.into(),
             l3_cbm_mask,
             l3_closids,
+            l3_min_bits,
             mb,
             domains,
             mb_mbps,
@@ -110,9 +115,11 @@ impl Resctrl {
             start_percent.min(100),
             end_percent.clamp(start_percent.min(100), 100),
         );
-        // never an empty mask (the kernel refuses it), never a shift past 63
-        let lo = ((ways * s) / 100).min(ways - 1);
-        let hi = ((ways * e).div_ceil(100)).max(lo + 1).min(ways);
+        // never fewer bits than the kernel's minimum (never an empty mask), never
+        // a shift past 63
+        let min = self.l3_min_bits.clamp(1, ways);
+        let lo = ((ways * s) / 100).min(ways - min);
+        let hi = ((ways * e).div_ceil(100)).max(lo + min).min(ways);
         let low_bits = |n: u32| if n >= 64 { u64::MAX } else { (1u64 << n) - 1 };
         Some(low_bits(hi) & !low_bits(lo))
     }
@@ -288,6 +295,15 @@ mod tests {
             ..r.clone()
         };
         assert_eq!(one.l3_mask_for(100, 100), Some(1));
+        // a kernel that wants at least 2 bits (info/L3/min_cbm_bits)
+        let two = Resctrl {
+            l3_cbm_mask: Some(0x7ff),
+            l3_min_bits: 2,
+            ..r.clone()
+        };
+        assert_eq!(two.l3_mask_for(30, 30), Some(0b11 << 3));
+        assert_eq!(two.l3_mask_for(100, 100), Some(0b11 << 9));
+        assert_eq!(two.l3_mask_for(0, 1), Some(0b11));
         let none = Resctrl {
             l3_cbm_mask: Some(0),
             ..r.clone()

@@ -157,6 +157,8 @@ pub struct ClassDecision {
     pub source: ClassSource,
     /// Whether the pod's labels and scheduler annotations are trusted ([`Trust`]).
     pub trusted: bool,
+    /// The Kubernetes QoS its cgroup parent shows (`None`: not under kubepods).
+    pub kube: Option<KubeQos>,
     /// Problems with the input (an unknown class label...), for a logged warning.
     pub warnings: Vec<String>,
 }
@@ -168,6 +170,7 @@ impl ClassDecision {
             class: self.class?,
             by_label: self.source == ClassSource::Label,
             trusted: self.trusted,
+            kube: self.kube,
         })
     }
 }
@@ -180,17 +183,8 @@ pub struct PodClass {
     pub by_label: bool,
     /// The pod's labels and scheduler annotations are trusted ([`Trust`]).
     pub trusted: bool,
-}
-
-impl PodClass {
-    /// A class inferred from the Kubernetes QoS of an untrusted pod.
-    pub fn inferred(class: QosClass) -> Self {
-        Self {
-            class,
-            by_label: false,
-            trusted: false,
-        }
-    }
+    /// The Kubernetes QoS its cgroup parent shows (`None`: not under kubepods).
+    pub kube: Option<KubeQos>,
 }
 
 /// A label value longer than Kubernetes allows (63) is not a class name; refused unread.
@@ -213,6 +207,7 @@ pub fn classify(
                 class: None,
                 source: ClassSource::Skipped,
                 trusted,
+                kube: implied,
                 warnings,
             };
         }
@@ -230,6 +225,7 @@ pub fn classify(
                     class: Some(c),
                     source: ClassSource::Label,
                     trusted,
+                    kube: implied,
                     warnings,
                 }
             }
@@ -238,6 +234,7 @@ pub fn classify(
                     class: Some(c),
                     source: ClassSource::Label,
                     trusted,
+                    kube: implied,
                     warnings,
                 }
             }
@@ -262,12 +259,14 @@ pub fn classify(
             class: Some(q.class()),
             source: ClassSource::KubeQos(q),
             trusted,
+            kube: implied,
             warnings,
         },
         None => ClassDecision {
             class: None,
             source: ClassSource::Unknown,
             trusted,
+            kube: implied,
             warnings,
         },
     }

@@ -9,7 +9,7 @@ use qoslet_cgroups::cgroup::{format_cpu_list, parse_cpu_list};
 use qoslet_cgroups::{Device, Features, Knob};
 
 use crate::batch::{parse_spec, pod_total, Batch, Caps, ANNOTATION_EXTENDED_RESOURCE_SPEC};
-use crate::class::{PodClass, QosClass};
+use crate::class::{KubeQos, PodClass, QosClass};
 use crate::policy::{memory_qos, ResourceQosStrategy};
 
 /// Koordinator's scheduler writes the CPUs an LSE/LSR pod is bound to here: `{"cpuset":"0-3"}`.
@@ -29,6 +29,27 @@ pub struct NodeFacts {
     /// Node capacity in milli-CPUs and bytes of memory (0: unknown, no cap).
     pub milli_cpus: u64,
     pub memory_bytes: u64,
+}
+
+/// The batch-resources annotation as this pod may use it: an untrusted pod's
+/// only when its Kubernetes QoS is BestEffort (Koordinator's batch pods are:
+/// batch resources are extended resources, so they carry no cpu/memory
+/// requests). On a Burstable or Guaranteed pod labelled BE it would raise the
+/// pod's CPU weight above what kubelet gave it.
+fn batch_annotation<'a>(
+    pc: PodClass,
+    annotations: &'a BTreeMap<String, String>,
+    warnings: &mut Vec<String>,
+) -> Option<&'a str> {
+    let a = annotations.get(ANNOTATION_EXTENDED_RESOURCE_SPEC)?;
+    if pc.trusted || pc.kube == Some(KubeQos::BestEffort) {
+        return Some(a);
+    }
+    warnings.push(format!(
+        "{ANNOTATION_EXTENDED_RESOURCE_SPEC} ignored: the pod is {:?}, not BestEffort, and not trusted",
+        pc.kube
+    ));
+    None
 }
 
 /// What kubelet asked for a container (its CRI resources), which qoslet's
@@ -177,16 +198,17 @@ fn identity(
 /// memory, or a guaranteed pod's limit from the sandbox config); and the class's
 /// block I/O limits. `sandbox_memory_limit`: the sandbox config's memory limit (0: none).
 pub fn pod(
-    class: QosClass,
+    pc: PodClass,
     pod_annotations: &BTreeMap<String, String>,
     sandbox_memory_limit: i64,
     ctx: &Context,
 ) -> PodDecision {
+    let class = pc.class;
     let mut d = PodDecision::default();
     identity(class, ctx, true, &mut d.cgroup, &mut d.rules);
     let mut memory_request = None;
     if class == QosClass::Be {
-        if let Some(a) = pod_annotations.get(ANNOTATION_EXTENDED_RESOURCE_SPEC) {
+        if let Some(a) = batch_annotation(pc, pod_annotations, &mut d.warnings) {
             match parse_spec(a) {
                 Ok(spec) if !spec.is_empty() => {
                     let caps = Caps {
@@ -233,7 +255,11 @@ pub fn pod(
                             "BE pod: batch-memory limits in all",
                         ));
                     }
-                    memory_request = total.memory_request.map(|r| (r, total.memory_limit));
+                    // memory protection (min/low) from a batch request is a raise: trusted pods only
+                    memory_request = total
+                        .memory_request
+                        .filter(|_| pc.trusted)
+                        .map(|r| (r, total.memory_limit));
                 }
                 Ok(_) => {}
                 Err(e) => d.warnings.push(format!("{e}; batch resources ignored")),
@@ -318,7 +344,7 @@ pub fn container(
     let class = pc.class;
     let mut d = ContainerDecision::default();
     if class == QosClass::Be {
-        if let Some(a) = pod_annotations.get(ANNOTATION_EXTENDED_RESOURCE_SPEC) {
+        if let Some(a) = batch_annotation(pc, pod_annotations, &mut d.warnings) {
             match parse_spec(a) {
                 Ok(spec) => {
                     if let Some(b) = spec.get(container_name) {
@@ -332,7 +358,8 @@ pub fn container(
                         let (b, warnings) = b.bounded(&caps);
                         d.warnings.extend(warnings);
                         batch(&b, &mut d);
-                        if let Some(req) = b.memory_request {
+                        // memory protection (min/low) from a batch request is a raise: trusted only
+                        if let Some(req) = b.memory_request.filter(|_| pc.trusted) {
                             memory(class, req, b.memory_limit, ctx, &mut d);
                         }
                     }
@@ -343,7 +370,7 @@ pub fn container(
     }
     if matches!(class, QosClass::Lse | QosClass::Lsr) {
         if let Some(a) = pod_annotations.get(ANNOTATION_RESOURCE_STATUS) {
-            match bound_cpus(a, pc, requested.cpuset_cpus, ctx.node) {
+            match bound_cpus(a, pc, requested, ctx.node) {
                 Ok(Some((cpus, narrowed))) => {
                     d.rules.push(rule(
                         "cpuset.cpus",
@@ -454,9 +481,10 @@ fn memory(
 fn bound_cpus(
     annotation: &str,
     pc: PodClass,
-    kubelet_cpuset: &str,
+    requested: &Requested,
     node: &NodeFacts,
 ) -> Result<Option<(String, Option<String>)>, String> {
+    let kubelet_cpuset = requested.cpuset_cpus;
     #[derive(serde::Deserialize)]
     struct Status {
         #[serde(default)]
@@ -512,6 +540,21 @@ fn bound_cpus(
             "none of the CPUs {short} is online and unreserved{within}"
         ));
     }
+    // an untrusted pod binds to no more CPUs than its own limit (the scheduler
+    // would have given it exactly that many): bound CPUs leave the share pool
+    // that BE and CPU burst use
+    if !pc.trusted {
+        let Some(milli) = requested.milli_cpu() else {
+            return Err("the container has no CPU limit to size a binding by".into());
+        };
+        let most = milli.div_ceil(1000);
+        if got.len() as u64 > most {
+            return Err(format!(
+                "{} CPUs asked, more than the container's CPU limit ({milli}m) allows",
+                got.len()
+            ));
+        }
+    }
     let narrowed = (got != wanted).then(|| {
         format!(
             "{ANNOTATION_RESOURCE_STATUS}: cpuset {short} narrowed to {} (online, unreserved{within})",
@@ -532,7 +575,7 @@ fn batch(b: &Batch, d: &mut ContainerDecision) {
         ));
     }
     if let Some(q) = r.cpu_quota {
-        d.patch.cpu_quota = Some(q as i64);
+        d.patch.cpu_quota = Some(i64::try_from(q).unwrap_or(i64::MAX));
         d.patch.cpu_period = Some(r.cpu_period as i64);
         d.rules.push(rule(
             "cpu.cfs_quota_us",
@@ -545,7 +588,7 @@ fn batch(b: &Batch, d: &mut ContainerDecision) {
         ));
     }
     if let Some(m) = r.memory_limit {
-        d.patch.memory_limit_in_bytes = Some(m as i64);
+        d.patch.memory_limit_in_bytes = Some(i64::try_from(m).unwrap_or(i64::MAX));
         d.rules
             .push(rule("memory.limit_in_bytes", m, "BE batch-memory limit"));
     }
@@ -566,12 +609,27 @@ mod tests {
         }
     }
 
-    /// A class set by an untrusted pod's label.
+    /// A class set by an untrusted pod's label, on a pod of the Kubernetes QoS
+    /// that class usually has.
     fn labelled(class: QosClass) -> PodClass {
         PodClass {
             class,
             by_label: true,
             trusted: false,
+            kube: match class {
+                QosClass::Be => Some(KubeQos::BestEffort),
+                QosClass::Ls => Some(KubeQos::Burstable),
+                QosClass::Lsr | QosClass::Lse => Some(KubeQos::Guaranteed),
+                QosClass::System => None,
+            },
+        }
+    }
+
+    /// The same, from a trusted pod.
+    fn trusted(class: QosClass) -> PodClass {
+        PodClass {
+            trusted: true,
+            ..labelled(class)
         }
     }
 
@@ -581,9 +639,18 @@ mod tests {
         ann: &BTreeMap<String, String>,
         f: &Features,
     ) -> ContainerDecision {
+        run_as(labelled(class), name, ann, f)
+    }
+
+    fn run_as(
+        pc: PodClass,
+        name: &str,
+        ann: &BTreeMap<String, String>,
+        f: &Features,
+    ) -> ContainerDecision {
         let p = ResourceQosStrategy::default();
         container(
-            labelled(class),
+            pc,
             name,
             ann,
             &Requested::default(),
@@ -601,7 +668,7 @@ mod tests {
     fn run_pod(class: QosClass, f: &Features) -> PodDecision {
         let p = ResourceQosStrategy::default();
         pod(
-            class,
+            labelled(class),
             &BTreeMap::new(),
             0,
             &Context {
@@ -639,7 +706,7 @@ mod tests {
         };
         // cgroup v2: through CRI's unified map
         let d = container(
-            labelled(QosClass::Be),
+            trusted(QosClass::Be),
             "app",
             &a,
             &Requested::default(),
@@ -666,7 +733,7 @@ mod tests {
         );
         // cgroup v1 without the files: a warning, nothing written
         let d = container(
-            labelled(QosClass::Be),
+            trusted(QosClass::Be),
             "app",
             &a,
             &Requested::default(),
@@ -686,7 +753,7 @@ mod tests {
             ..Default::default()
         };
         let d = container(
-            labelled(QosClass::Be),
+            trusted(QosClass::Be),
             "app",
             &a,
             &Requested::default(),
@@ -866,8 +933,8 @@ mod tests {
         let a = |v: &str| -> BTreeMap<String, String> {
             [(ANNOTATION_RESOURCE_STATUS.to_string(), v.to_string())].into()
         };
-        let d = run(
-            QosClass::Lsr,
+        let d = run_as(
+            trusted(QosClass::Lsr),
             "app",
             &a(r#"{"cpuset":"0-3,8"}"#),
             &upstream(),
@@ -887,11 +954,11 @@ mod tests {
             "{",
             r#"{"cpuset":"3-1"}"#,
         ] {
-            let d = run(QosClass::Lse, "app", &a(bad), &upstream());
+            let d = run_as(trusted(QosClass::Lse), "app", &a(bad), &upstream());
             assert!(d.patch.is_empty() && d.warnings.len() == 1, "{bad}: {d:?}");
         }
-        assert!(run(
-            QosClass::Lsr,
+        assert!(run_as(
+            trusted(QosClass::Lsr),
             "app",
             &a(r#"{"numaNodeResources":[]}"#),
             &upstream()
@@ -1032,6 +1099,25 @@ mod tests {
                 None,
                 1,
             ),
+            // an untrusted pod binds to no more CPUs than its 4-CPU limit
+            (
+                QosClass::Lsr,
+                true,
+                false,
+                "",
+                r#"{"cpuset":"2-6"}"#,
+                None,
+                1,
+            ),
+            (
+                QosClass::Lsr,
+                true,
+                true,
+                "",
+                r#"{"cpuset":"2-6"}"#,
+                Some("2-6"),
+                0,
+            ),
             // LS shares the pool
             (QosClass::Ls, true, true, "", r#"{"cpuset":"2-3"}"#, None, 0),
         ];
@@ -1043,11 +1129,14 @@ mod tests {
                     class: *class,
                     by_label: *by_label,
                     trusted: *trusted,
+                    kube: Some(KubeQos::Guaranteed),
                 },
                 "app",
                 &ann,
                 &Requested {
                     cpuset_cpus: kubelet,
+                    cpu_quota: 400_000,
+                    cpu_period: 100_000,
                     ..Default::default()
                 },
                 &Context {
@@ -1071,6 +1160,60 @@ mod tests {
                 "warnings stay short"
             );
         }
+    }
+
+    /// Review of issue 12: lowering a Burstable pod to BE must not let its
+    /// batch annotation raise its CPU weight, nor an untrusted batch request
+    /// buy memory protection.
+    #[test]
+    fn untrusted_batch_annotations_only_on_besteffort_pods_and_without_protection() {
+        let mut p = ResourceQosStrategy::default();
+        p.be_class.memory_qos = MemoryQos {
+            enable: true,
+            min_limit_percent: 100,
+            low_limit_percent: 100,
+            ..Default::default()
+        };
+        let spec = r#"{"containers":{"app":{"requests":{"kubernetes.io/batch-cpu":"4000","kubernetes.io/batch-memory":"1Gi"},"limits":{"kubernetes.io/batch-cpu":"4000","kubernetes.io/batch-memory":"2Gi"}}}}"#;
+        let v2 = Features {
+            memory_qos: true,
+            ..Default::default()
+        };
+        let go = |pc: PodClass| {
+            container(
+                pc,
+                "app",
+                &ann(spec),
+                &Requested::default(),
+                &Context {
+                    features: &v2,
+                    v2: true,
+                    policy: &p,
+                    page_size: 4096,
+                    node: &node(),
+                    devices: &BTreeMap::new(),
+                },
+            )
+        };
+        let burstable_as_be = PodClass {
+            kube: Some(KubeQos::Burstable),
+            ..labelled(QosClass::Be)
+        };
+        let d = go(burstable_as_be);
+        assert_eq!(d.patch.cpu_shares, None, "no weight from the annotation");
+        assert!(d.warnings[0].contains("not BestEffort"), "{:?}", d.warnings);
+        let d = go(labelled(QosClass::Be));
+        assert_eq!(d.patch.cpu_shares, Some(4096));
+        assert!(!d.patch.unified.contains_key("memory.min"), "no protection");
+        let d = go(PodClass {
+            trusted: true,
+            ..burstable_as_be
+        });
+        assert_eq!(d.patch.cpu_shares, Some(4096));
+        assert_eq!(
+            d.patch.unified.get("memory.min").map(String::as_str),
+            Some("1073741824")
+        );
     }
 
     /// Batch resources narrow what kubelet gave and stay within the node; never widen.
@@ -1148,7 +1291,7 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         pod(
-            class,
+            trusted(class),
             &a,
             sandbox_limit,
             &Context {

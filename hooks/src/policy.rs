@@ -67,8 +67,9 @@ impl ResourceQosStrategy {
             }
             let r = &c.resctrl_qos;
             // an empty range gives an empty cache mask, which the kernel refuses
-            // (Koordinator refuses end <= start too)
-            if r.cat_range_start_percent >= r.cat_range_end_percent
+            // (Koordinator refuses end <= start too); checked where it is used
+            if (r.enable && r.cat_range_start_percent >= r.cat_range_end_percent)
+                || r.cat_range_start_percent > r.cat_range_end_percent
                 || r.cat_range_end_percent > 100
                 || !(1..=100).contains(&r.mba_percent)
             {

@@ -139,6 +139,17 @@ impl Drop for QosletProcess {
     }
 }
 
+/// kubelet's `--cgroup-root` as the test bed lays pods out for the containerd
+/// instance at `backend` (`.../<instance>/containerd.sock`).
+pub fn kubelet_cgroup_root(backend: &Path) -> String {
+    let instance = backend
+        .parent()
+        .and_then(|d| d.file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    format!("{}/{instance}", crate::testbed::CGROUP_PREFIX)
+}
+
 fn spawn(
     sock: &Path,
     admin: &Path,
@@ -168,6 +179,9 @@ fn spawn(
             "QOSLET_LOG",
             std::env::var("QOSLET_LOG").unwrap_or_else(|_| "info".into()),
         )
+        // the test bed's pods live under <prefix>/<instance>/kubepods, the instance
+        // being the backend socket's directory (Testbed::cgroup_parent)
+        .env("QOSLET_KUBELET_CGROUP_ROOT", kubelet_cgroup_root(backend))
         .stdin(Stdio::null())
         .stdout(logf.try_clone().unwrap())
         .stderr(logf)

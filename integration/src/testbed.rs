@@ -55,7 +55,7 @@ impl Testbed {
             work,
             instance: name.into(),
             version: version.into(),
-            cgroup_prefix: "/qoslet-test".into(),
+            cgroup_prefix: CGROUP_PREFIX.into(),
         };
         assert!(
             std::os::unix::net::UnixStream::connect(&tb.sock).is_ok(),
@@ -102,10 +102,22 @@ impl Testbed {
         self.work.join("bin/grpcurl")
     }
 
-    /// A fresh cgroup parent for one pod, under the test prefix.
+    /// A fresh cgroup parent for one pod, under the test prefix, where kubelet
+    /// puts a Guaranteed pod (`<root>/kubepods/pod<name>`).
     pub fn cgroup_parent(&self, pod: &str) -> String {
+        self.cgroup_parent_in("", pod)
+    }
+
+    /// The same for a pod of Kubernetes QoS `qos` (`burstable`, `besteffort`;
+    /// "" for Guaranteed).
+    pub fn cgroup_parent_in(&self, qos: &str, pod: &str) -> String {
+        let qos = if qos.is_empty() {
+            String::new()
+        } else {
+            format!("/{qos}")
+        };
         format!(
-            "{}/{}/kubepods/pod{}",
+            "{}/{}/kubepods{qos}/pod{}",
             self.cgroup_prefix, self.instance, pod
         )
     }
@@ -126,6 +138,9 @@ fn run_script(args: &[&str], instance: &str, version: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Every test pod's cgroup parent lives under this (testbed.sh's CGROUP_PARENT_PREFIX).
+pub const CGROUP_PREFIX: &str = "/qoslet-test";
 
 /// CRI clients over one channel.
 #[derive(Clone)]

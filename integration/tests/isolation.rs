@@ -90,7 +90,7 @@ async fn real_be_pod_with_batch_resources_gets_its_class_settings_and_keeps_them
 
     // a BE pod with batch resources
     let be = unique("be");
-    let be_cgp = tb.cgroup_parent(&be);
+    let be_cgp = tb.cgroup_parent_in("besteffort", &be);
     let be_cfg = classed(
         &be,
         &be_cgp,
@@ -153,7 +153,7 @@ async fn real_be_pod_with_batch_resources_gets_its_class_settings_and_keeps_them
 
     // an LS pod: untouched
     let ls = unique("ls");
-    let ls_cgp = tb.cgroup_parent(&ls);
+    let ls_cgp = tb.cgroup_parent_in("burstable", &ls);
     let ls_cfg = classed(
         &ls,
         &ls_cgp,

@@ -18,6 +18,10 @@ const CLASS: &str = "koordinator.sh/qosClass";
 const RESOURCE_STATUS: &str = "scheduling.koordinator.sh/resource-status";
 const SPEC: &str = "node.koordinator.sh/extended-resource-spec";
 
+/// These tests share one containerd and each qoslet rebuilds its store from
+/// all of it (so its engine manages the other tests' pods too): one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn mode(p: &std::path::Path) -> u32 {
     std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o777
 }
@@ -30,14 +34,7 @@ fn pod(
     labels: &[(&str, &str)],
     ann: &[(&str, &str)],
 ) -> (String, cri::PodSandboxConfig) {
-    let base = tb.cgroup_parent(name);
-    let cgp = match qos {
-        "" => base,
-        q => {
-            let (root, leaf) = base.rsplit_once('/').unwrap();
-            format!("{root}/{q}/{leaf}")
-        }
-    };
+    let cgp = tb.cgroup_parent_in(qos, name);
     let mut cfg = pod_config(name, &cgp);
     for (k, v) in labels {
         cfg.labels.insert(k.to_string(), v.to_string());
@@ -72,6 +69,7 @@ fn besteffort() -> cri::LinuxContainerResources {
 /// path is not followed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_secret_env_never_reaches_disk_and_state_is_private() {
+    let _serial = SERIAL.lock().await;
     let tb = Testbed::main();
     let dir = scratch("trust-state");
     let state = dir.join("state");
@@ -162,6 +160,7 @@ async fn real_secret_env_never_reaches_disk_and_state_is_private() {
 /// Version from another client stays within 2x its idle p99.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_hostile_annotation_neither_stalls_nor_pins() {
+    let _serial = SERIAL.lock().await;
     let tb = Testbed::main();
     let dir = scratch("trust-hostile");
     let config = dir.join("qoslet.yaml");
@@ -194,11 +193,11 @@ async fn real_hostile_annotation_neither_stalls_nor_pins() {
     };
     let other = Cri::connect(&q.sock).await;
     let mut idle = Vec::new();
-    for _ in 0..100 {
+    for _ in 0..300 {
         idle.push(version(other.clone()).await);
     }
     idle.sort();
-    let idle_p99 = idle[98];
+    let idle_p99 = idle[idle.len() * 99 / 100];
 
     let create = {
         let (mut via, p, cfg) = (via.clone(), p.clone(), cfg.clone());
@@ -214,8 +213,9 @@ async fn real_hostile_annotation_neither_stalls_nor_pins() {
             (r, t.elapsed())
         })
     };
+    // at least 200 calls, so the p99 is not just the maximum
     let mut during = Vec::new();
-    while !create.is_finished() {
+    while !create.is_finished() || during.len() < 200 {
         during.push(version(other.clone()).await);
     }
     let (cid, took) = create.await.unwrap();
@@ -245,6 +245,38 @@ async fn real_hostile_annotation_neither_stalls_nor_pins() {
         "no warning in the log:\n{}",
         log.lines().rev().take(20).collect::<Vec<_>>().join("\n")
     );
+
+    // just under the cap: parsed in full (2,300 overlapping ranges of every
+    // possible CPU id), bounded all the same; more CPUs than its limit: refused
+    let near = format!(r#"{{"cpuset":"{}"}}"#, "0-8191,".repeat(2300));
+    assert!(near.len() < 16 << 10 && near.len() > 15 << 10);
+    let (cgp2, cfg2) = pod(
+        &tb,
+        "",
+        &unique("near-cap"),
+        &[(CLASS, "LSR")],
+        &[(RESOURCE_STATUS, &near)],
+    );
+    let p2 = via.run_pod(&cfg2).await.unwrap();
+    cleanup.pods.push(p2.clone());
+    cleanup.cgroups.push(cgp2.clone());
+    let t = Instant::now();
+    let c2 = via
+        .create(
+            &p2,
+            &cfg2,
+            container_config("app", SLEEP_LOOP, Some(guaranteed(100_000))),
+        )
+        .await
+        .expect("CreateContainer answered");
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    via.start(&c2).await.unwrap();
+    assert_eq!(
+        cgroup_v1("cpuset", &format!("{cgp2}/{c2}"), "cpuset.cpus"),
+        parent_cpus,
+        "2 CPUs asked by a 1-CPU container: kubelet's cpuset stands"
+    );
+    assert!(q.log_text().contains("more than the container's CPU limit"));
 }
 
 /// A BestEffort pod labelled LS stays BE (SCHED_IDLE on its real cgroup, its
@@ -253,6 +285,7 @@ async fn real_hostile_annotation_neither_stalls_nor_pins() {
 /// LSR is bound (the positive control).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_labels_cannot_raise_a_class_or_pin_an_unlabelled_pod() {
+    let _serial = SERIAL.lock().await;
     let tb = Testbed::main();
     let dir = scratch("trust-labels");
     let q = QosletProcess::start(&dir, &tb.sock);
@@ -346,6 +379,7 @@ async fn real_labels_cannot_raise_a_class_or_pin_an_unlabelled_pod() {
 /// qoslet's fd count bounded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_idle_metrics_connections_are_capped() {
+    let _serial = SERIAL.lock().await;
     use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
     let lim = getrlimit(Resource::Nofile);
     setrlimit(
@@ -370,15 +404,28 @@ async fn real_idle_metrics_connections_are_capped() {
             .count()
     };
     let mut c = Cri::connect(&q.sock).await;
-    c.rt.version(cri::VersionRequest::default()).await.unwrap();
+    let median = |c: &mut Cri| {
+        let mut c = c.clone();
+        async move {
+            let mut v = Vec::new();
+            for _ in 0..101 {
+                let t = Instant::now();
+                c.rt.version(cri::VersionRequest::default()).await.unwrap();
+                v.push(t.elapsed());
+            }
+            v.sort();
+            v[50]
+        }
+    };
     // after a few metrics ticks (the collector keeps its cgroup files open)
     tokio::time::sleep(Duration::from_millis(2500)).await;
+    let idle = median(&mut c).await;
     let before = fds(q.pid());
-    let mut idle = Vec::new();
+    let mut held = Vec::new();
     for _ in 0..5000 {
         match std::net::TcpStream::connect(("127.0.0.1", port)) {
-            Ok(s) => idle.push(s),
-            Err(e) => panic!("connect {}: {e}", idle.len()),
+            Ok(s) => held.push(s),
+            Err(e) => panic!("connect {}: {e}", held.len()),
         }
     }
     let during = fds(q.pid());
@@ -386,16 +433,12 @@ async fn real_idle_metrics_connections_are_capped() {
         during <= before + qoslet_cap() + 32,
         "qoslet holds {during} fds with 5,000 idle metrics connections (before: {before})"
     );
-    let t = Instant::now();
-    for _ in 0..50 {
-        c.rt.version(cri::VersionRequest::default()).await.unwrap();
-    }
+    let during_median = median(&mut c).await;
     assert!(
-        t.elapsed() < Duration::from_secs(5),
-        "CRI calls slowed: {:?}",
-        t.elapsed()
+        during_median <= idle * 2 + Duration::from_millis(2),
+        "CRI Version median {during_median:?} with 5,000 idle metrics connections vs {idle:?} before"
     );
-    drop(idle);
+    drop(held);
     // once the idle ones are gone, a scrape is served again
     let (status, body) = eventually("metrics served again", Duration::from_secs(20), || async {
         let r = std::panic::catch_unwind(|| http_get(port, "/metrics")).ok()?;
@@ -418,6 +461,7 @@ fn qoslet_cap() -> usize {
 /// no drift: every value is planned as the kernel shows it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_steady_node_reports_no_drift() {
+    let _serial = SERIAL.lock().await;
     let tb = Testbed::main();
     let dir = scratch("trust-drift");
     std::fs::create_dir_all(&dir).unwrap();
@@ -468,9 +512,14 @@ async fn real_steady_node_reports_no_drift() {
         drift()
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(12)).await;
+    // a minute of drift checks, each file re-read every second
+    tokio::time::sleep(Duration::from_secs(60)).await;
     assert_eq!(drift(), Some(d0), "drift reported on a steady node");
     assert_eq!(d0, 0, "drift reported while settling");
-    let mem = cgroup_v1("memory", &be_cgp, "memory.limit_in_bytes");
-    assert_ne!(mem, "1000000000", "the kernel keeps whole pages: {mem}");
+    let page = qoslet_cgroups::cgroup::page_size();
+    assert_eq!(
+        cgroup_v1("memory", &be_cgp, "memory.limit_in_bytes"),
+        (1_000_000_000 / page * page).to_string(),
+        "the BE pod's batch memory, in whole pages"
+    );
 }

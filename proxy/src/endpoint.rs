@@ -3,8 +3,11 @@
 //!
 //! Binding rules: the socket is mode 0660, owned by root (the process owner),
 //! from its first instant: it is bound inside a fresh 0700 directory, narrowed,
-//! and only then renamed into place, so no umask opens a window in which anyone
-//! else can connect. A stale socket file (connecting is refused: ECONNREFUSED)
+//! and only then renamed into place (never over something that appeared
+//! meanwhile: `RENAME_NOREPLACE`), so no umask opens a window in which anyone
+//! else can connect. The socket's directory is created 0755 and must not be
+//! writable by others (unless sticky, like /tmp) nor owned by another user:
+//! whoever can rename in it could put their own socket in kubelet's path. A stale socket file (connecting is refused: ECONNREFUSED)
 //! is replaced; a live one (another qoslet) makes binding fail with a clear
 //! error, and so does any other connect error (EACCES, EAGAIN on a full
 //! backlog...), since it cannot tell a live socket from a stale one; a
@@ -24,6 +27,10 @@ pub enum EndpointError {
     InUse { path: PathBuf },
     #[error("{path} exists and is not a socket; refusing to replace it")]
     NotASocket { path: PathBuf },
+    #[error("{path}: its directory is writable by others or owned by another user; refusing to serve kubelet from it")]
+    UnsafeDir { path: PathBuf },
+    #[error("{path} appeared while qoslet was binding it; refusing to replace it")]
+    Appeared { path: PathBuf },
     #[error("{path} may be in use: connecting to it failed with {source} (not 'connection refused'); refusing to replace it")]
     Unknown {
         path: PathBuf,
@@ -51,8 +58,22 @@ pub async fn bind_unix(path: &Path) -> Result<UnixListener, EndpointError> {
         path: path.to_path_buf(),
         source,
     };
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(io)?;
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(dir)
+        .map_err(io)?;
+    {
+        use std::os::unix::fs::MetadataExt;
+        let md = std::fs::metadata(dir).map_err(io)?;
+        let me = rustix::process::geteuid().as_raw();
+        let others_write = md.mode() & 0o022 != 0 && md.mode() & 0o1000 == 0;
+        if others_write || (md.uid() != me && md.uid() != 0) {
+            return Err(EndpointError::UnsafeDir {
+                path: path.to_path_buf(),
+            });
+        }
     }
     match std::fs::symlink_metadata(path) {
         Ok(md) if md.file_type().is_socket() => match UnixStream::connect(path).await {
@@ -81,26 +102,47 @@ pub async fn bind_unix(path: &Path) -> Result<UnixListener, EndpointError> {
         Err(e) => return Err(io(e)),
     }
     // bind where only root can reach it, narrow the mode, then move it into place
-    let dir = path.parent().unwrap_or(Path::new("/"));
-    let nonce = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    let private = dir.join(format!(".qoslet-bind-{}-{nonce}", std::process::id()));
+    static BINDS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = BINDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let private = dir.join(format!(".q{:x}.{n}", std::process::id()));
+    let staged = private.join("s");
+    // sun_path holds 107 bytes: a path that fits only without the staging dir is
+    // bound in place under a umask that leaves it private until it is narrowed
+    if staged.as_os_str().len() > 107 {
+        let old = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o177));
+        let r = UnixListener::bind(path).and_then(|l| {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map(|_| l)
+        });
+        rustix::process::umask(old);
+        return r.map_err(io);
+    }
     std::fs::DirBuilder::new()
         .mode(0o700)
         .create(&private)
         .map_err(io)?;
-    let staged = private.join("s");
     let r = (|| {
         let listener = UnixListener::bind(&staged)?;
         std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o660))?;
-        std::fs::rename(&staged, path)?;
+        rustix::fs::renameat_with(
+            rustix::fs::CWD,
+            &staged,
+            rustix::fs::CWD,
+            path,
+            rustix::fs::RenameFlags::NOREPLACE,
+        )?;
         Ok(listener)
     })();
     let _ = std::fs::remove_file(&staged);
     let _ = std::fs::remove_dir(&private);
-    r.map_err(io)
+    r.map_err(|e: std::io::Error| {
+        if e.kind() == std::io::ErrorKind::AlreadyExists {
+            EndpointError::Appeared {
+                path: path.to_path_buf(),
+            }
+        } else {
+            io(e)
+        }
+    })
 }
 
 #[cfg(test)]
@@ -154,6 +196,27 @@ mod tests {
             .collect();
         assert_eq!(names, vec![std::ffi::OsString::from("q.sock")]);
         drop(l2);
+        // a directory others can write to (not sticky) is refused
+        let open_dir = dir.join("open");
+        std::fs::create_dir_all(&open_dir).unwrap();
+        std::fs::set_permissions(&open_dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(matches!(
+            bind_unix(&open_dir.join("q.sock")).await,
+            Err(EndpointError::UnsafeDir { .. })
+        ));
+        // a sticky one (like /tmp) is fine
+        std::fs::set_permissions(&open_dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let _l3 = bind_unix(&open_dir.join("q.sock")).await.unwrap();
+        // a path too long for the staging dir is bound in place, still 0660
+        let deep = dir.join("d".repeat(100 - dir.as_os_str().len() - 9));
+        std::fs::create_dir_all(&deep).unwrap();
+        let long = deep.join("q.sock");
+        assert!((95..108).contains(&long.as_os_str().len()));
+        let _l4 = bind_unix(&long).await.unwrap();
+        assert_eq!(
+            std::fs::metadata(&long).unwrap().permissions().mode() & 0o777,
+            0o660
+        );
         // a regular file is never removed
         let file = dir.join("file");
         std::fs::write(&file, b"keep").unwrap();

@@ -139,6 +139,12 @@ pub enum HookFailure {
         stage: Stage,
         message: String,
     },
+    #[error("hook {hook} {stage} {point} not run: {MAX_RUNNING_HOOKS} hook runs are still in progress (hooks stuck past their timeouts)")]
+    Overloaded {
+        hook: String,
+        point: HookPoint,
+        stage: Stage,
+    },
     #[error("hook {hook} {stage} {point} returned a patch for {got} (ignored)")]
     WrongPatch {
         hook: String,
@@ -166,16 +172,33 @@ pub struct HookCounters {
     pub panics: AtomicU64,
 }
 
+/// At most this many hook runs hold a blocking-pool thread at once. A hook
+/// that overruns its timeout keeps its thread until it returns; past this many,
+/// further runs fail at once (their failure policy applies) instead of piling
+/// up threads and starving the pool the checkpoint and metrics also use.
+pub const MAX_RUNNING_HOOKS: usize = 64;
+
 struct Registered {
     hook: Arc<dyn Hook>,
     settings: HookSettings,
 }
 
 /// The ordered list of hooks.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Pipeline {
     hooks: Arc<Vec<Registered>>,
     counters: Arc<HookCounters>,
+    running: Arc<tokio::sync::Semaphore>,
+}
+
+impl Default for Pipeline {
+    fn default() -> Self {
+        Self {
+            hooks: Arc::default(),
+            counters: Arc::default(),
+            running: Arc::new(tokio::sync::Semaphore::new(MAX_RUNNING_HOOKS)),
+        }
+    }
 }
 
 /// The result of the "before" stage.
@@ -201,7 +224,7 @@ impl Pipeline {
                     .map(|(hook, settings)| Registered { hook, settings })
                     .collect(),
             ),
-            counters: Arc::default(),
+            ..Self::default()
         }
     }
 
@@ -308,8 +331,14 @@ impl Pipeline {
         let hook = r.hook.name().to_string();
         // polled on a blocking-pool thread; the runtime's drivers keep running on
         // the serving thread, so the hook's own I/O and timers work as usual
+        let Ok(permit) = self.running.clone().try_acquire_owned() else {
+            return Err(HookFailure::Overloaded { hook, point, stage });
+        };
         let handle = tokio::runtime::Handle::current();
-        let mut task = tokio::task::spawn_blocking(move || handle.block_on(fut));
+        let mut task = tokio::task::spawn_blocking(move || {
+            let _permit = permit; // held until the hook really returns
+            handle.block_on(fut)
+        });
         match tokio::time::timeout(r.settings.timeout, &mut task).await {
             Ok(Ok(Ok(v))) => Ok(v),
             Ok(Ok(Err(source))) => Err(HookFailure::Error {
@@ -429,12 +458,13 @@ mod tests {
         }
     }
 
-    #[tokio::test]
+    // paused time: a blocking-pool task holds the clock until it returns, so
+    // these outcomes do not depend on how fast this machine unwinds a panic
+    #[tokio::test(start_paused = true)]
     async fn failures_under_fail_open_leave_the_call_unchanged() {
         let p = pipeline(&[
             ("error", FailurePolicy::FailOpen),
             ("panic", FailurePolicy::FailOpen),
-            ("block", FailurePolicy::FailOpen),
             ("wrong", FailurePolicy::FailOpen),
         ]);
         let b = p.before(&ctx(), start("c")).await.unwrap();
@@ -447,16 +477,15 @@ mod tests {
                 c.panics.load(Ordering::Relaxed),
                 c.timeouts.load(Ordering::Relaxed)
             ),
-            (2, 1, 1)
+            (2, 1, 0)
         );
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn failures_under_fail_closed_fail_the_call() {
         for (mode, code) in [
             ("error", tonic::Code::Internal),
             ("panic", tonic::Code::Internal),
-            ("block", tonic::Code::DeadlineExceeded),
         ] {
             let p = pipeline(&[(mode, FailurePolicy::FailClosed)]);
             let err = p.before(&ctx(), start("c")).await.err().expect("must fail");
@@ -493,6 +522,78 @@ mod tests {
             worst < Duration::from_millis(500),
             "other calls were held: {worst:?}"
         );
+        // fail-closed: the call fails at the timeout with DEADLINE_EXCEEDED
+        let closed = pipeline(&[("block", FailurePolicy::FailClosed)]);
+        let t0 = std::time::Instant::now();
+        let err = closed
+            .before(&ctx(), start("e"))
+            .await
+            .err()
+            .expect("fails");
+        assert_eq!(err.to_status().code(), tonic::Code::DeadlineExceeded);
+        assert!(t0.elapsed() < Duration::from_millis(1000));
+    }
+
+    /// A hook that waits until the test opens its gate.
+    struct Gated(Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>);
+    impl Hook for Gated {
+        fn name(&self) -> &str {
+            "gated"
+        }
+        fn handles(&self, point: HookPoint, _: Stage) -> bool {
+            point == HookPoint::StartContainer
+        }
+        fn before(
+            &self,
+            _: HookContext,
+            _: Arc<CriRequest>,
+        ) -> BoxFuture<Result<Option<CriRequest>, BoxError>> {
+            let gate = self.0.clone();
+            Box::pin(async move {
+                let (open, cv) = &*gate;
+                let mut g = open.lock().unwrap();
+                while !*g {
+                    g = cv.wait(g).unwrap();
+                }
+                Ok(None)
+            })
+        }
+    }
+
+    /// Hooks stuck past their timeouts hold at most MAX_RUNNING_HOOKS threads;
+    /// beyond that a run fails at once (its policy applies) instead of piling up.
+    #[tokio::test]
+    async fn stuck_hooks_hold_a_bounded_number_of_threads() {
+        let gate = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+        let p = Pipeline::with_hooks(vec![(
+            Arc::new(Gated(gate.clone())) as Arc<dyn Hook>,
+            HookSettings {
+                timeout: Duration::from_millis(20),
+                policy: FailurePolicy::FailClosed,
+            },
+        )]);
+        for _ in 0..MAX_RUNNING_HOOKS {
+            let e = p.before(&ctx(), start("c")).await.err().expect("times out");
+            assert!(matches!(e, HookFailure::Timeout { .. }), "{e}");
+        }
+        let e = p
+            .before(&ctx(), start("c"))
+            .await
+            .err()
+            .expect("overloaded");
+        assert!(matches!(e, HookFailure::Overloaded { .. }), "{e}");
+        *gate.0.lock().unwrap() = true;
+        gate.1.notify_all();
+        // the stuck runs return and give their threads back
+        let mut ok = false;
+        for _ in 0..100 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            if p.running.available_permits() == MAX_RUNNING_HOOKS {
+                ok = true;
+                break;
+            }
+        }
+        assert!(ok, "threads not given back");
     }
 
     /// Fails after StartContainer.

@@ -88,18 +88,21 @@ pub struct Running {
     pub stats: Arc<ProxyStats>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
-    /// Held until the final checkpoint is written.
-    _lock: crate::statefile::InstanceLock,
+    /// Held until the final checkpoint is written (and handed to the caller, who
+    /// writes the metrics snapshot into the same dir).
+    lock: Option<crate::statefile::InstanceLock>,
 }
 
 impl Running {
     /// Stops accepting, drains in-flight calls (up to the drain timeout), writes
-    /// the final checkpoint and returns.
-    pub async fn shutdown(self) {
+    /// the final checkpoint and returns the state dir's lock (drop it once
+    /// everything else is written there).
+    pub async fn shutdown(self) -> Option<crate::statefile::InstanceLock> {
         let _ = self.shutdown.send(true);
         for t in self.tasks {
             let _ = t.await;
         }
+        self.lock
     }
 
     /// A receiver that turns true at shutdown.
@@ -126,24 +129,38 @@ pub async fn start_with(
         return Err(StartError::SameSocket(cfg.listen.clone()));
     }
     let backend = Backend::new(&cfg.runtime_endpoint).map_err(StartError::Backend)?;
-    // the state dir first: private modes, and one qoslet per state dir (before any socket is touched)
-    crate::statefile::ensure_private_dir(&cfg.state_dir)?;
-    let lock = crate::statefile::lock(&cfg.state_dir)?;
+    // a live qoslet on these sockets: refuse at once
     let proxy_listener = bind_unix(&listen_path).await.map_err(StartError::Listen)?;
     let admin_listener = bind_unix(&admin_path).await.map_err(StartError::Admin)?;
+    // the state dir: private, and one qoslet at a time (waiting out an overlapping
+    // restart's drain). It is only a cache: unusable, qoslet serves without it.
+    let lock = match crate::statefile::ensure_private_dir(&cfg.state_dir) {
+        Ok(()) => Some(
+            crate::statefile::lock_within(
+                &cfg.state_dir,
+                cfg.drain_timeout + Duration::from_secs(5),
+            )
+            .await?,
+        ),
+        Err(e) => {
+            tracing::error!(error = %e, "state dir unusable; serving without a checkpoint");
+            None
+        }
+    };
 
     let store = Store::new();
     let checkpoint = Checkpoint::new(&cfg.state_dir, &cfg.runtime_endpoint);
-    let from_checkpoint = match checkpoint.load() {
-        Ok(s) => {
+    let from_checkpoint = match lock.as_ref().map(|_| checkpoint.load()) {
+        None => Snapshot::default(),
+        Some(Ok(s)) => {
             info!(pods = s.pods.len(), containers = s.containers.len(), path = %checkpoint.path().display(), "checkpoint loaded");
             s
         }
-        Err(LoadError::Missing(p)) => {
+        Some(Err(LoadError::Missing(p))) => {
             info!(path = %p.display(), "no checkpoint; starting from the runtime");
             Snapshot::default()
         }
-        Err(e) => {
+        Some(Err(e)) => {
             warn!(error = %e, "checkpoint ignored; rebuilding from the runtime");
             Snapshot::default()
         }
@@ -191,7 +208,7 @@ pub async fn start_with(
         listen: cfg.listen.clone(),
         state_dir: cfg.state_dir.display().to_string(),
     };
-    let tasks = vec![
+    let mut tasks = vec![
         tokio::spawn(serve_proxy(
             proxy_listener,
             forwarder,
@@ -200,7 +217,6 @@ pub async fn start_with(
             cfg.relay,
         )),
         tokio::spawn(serve_admin(admin_listener, admin, rx.clone())),
-        tokio::spawn(checkpoint.run(store.clone(), rx.clone(), cfg.checkpoint_interval)),
         tokio::spawn(resync(
             backend,
             store.clone(),
@@ -209,13 +225,20 @@ pub async fn start_with(
             synced,
         )),
     ];
+    if lock.is_some() {
+        tasks.push(tokio::spawn(checkpoint.run(
+            store.clone(),
+            tx.subscribe(),
+            cfg.checkpoint_interval,
+        )));
+    }
     info!(listen = %cfg.listen, runtime = %cfg.runtime_endpoint, admin = %cfg.admin_listen, "qoslet proxy serving");
     Ok(Running {
         store,
         stats,
         shutdown: tx,
         tasks,
-        _lock: lock,
+        lock,
     })
 }
 

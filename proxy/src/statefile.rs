@@ -46,34 +46,64 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StateError + '_ {
 }
 
 /// Creates `dir` (and missing parents) mode 0700, or narrows an existing one to
-/// 0700; every regular file directly in it is narrowed to 0600. A symlink at
-/// `dir` is refused.
+/// 0700 and takes it over from another owner; every regular file directly in
+/// it is narrowed to 0600 and owned by qoslet. A symlink at `dir` is refused;
+/// entries are changed through descriptors opened without following symlinks
+/// (`fchmod`/`fchown`), so swapping one for a symlink changes nothing outside.
 pub fn ensure_private_dir(dir: &Path) -> Result<(), StateError> {
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(DIR_MODE)
         .create(dir)
         .map_err(io(dir))?;
-    let md = std::fs::symlink_metadata(dir).map_err(io(dir))?;
-    if !md.file_type().is_dir() {
-        return Err(StateError::NotADir { path: dir.into() });
-    }
-    if md.mode() & 0o777 != DIR_MODE {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(DIR_MODE))
-            .map_err(io(dir))?;
-        tracing::info!(path = %dir.display(), was = format!("{:o}", md.mode() & 0o777), "state dir narrowed to 0700");
-    }
+    let me = rustix::process::geteuid().as_raw();
+    let d = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(dir)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) || e.raw_os_error() == Some(libc::ENOTDIR) {
+                StateError::NotADir { path: dir.into() }
+            } else {
+                io(dir)(e)
+            }
+        })?;
+    private(&d, dir, me, DIR_MODE)?;
     for e in std::fs::read_dir(dir).map_err(io(dir))?.flatten() {
         let p = e.path();
-        // symlink_metadata: a symlink is neither followed nor chmod-ed
+        // lstat first (never open a FIFO or device), then open without following
         let Ok(md) = std::fs::symlink_metadata(&p) else {
             continue;
         };
-        if md.file_type().is_file() && md.mode() & 0o777 & !FILE_MODE != 0 {
-            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(FILE_MODE))
-                .map_err(io(&p))?;
-            tracing::info!(path = %p.display(), "state file narrowed to 0600");
+        if !md.file_type().is_file() {
+            continue;
         }
+        let Ok(f) = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
+            .open(&p)
+        else {
+            continue;
+        };
+        if f.metadata().is_ok_and(|m| m.file_type().is_file()) {
+            private(&f, &p, me, FILE_MODE)?;
+        }
+    }
+    Ok(())
+}
+
+/// Owner `me` and at most `mode`, through the open descriptor.
+fn private(f: &File, path: &Path, me: u32, mode: u32) -> Result<(), StateError> {
+    let md = f.metadata().map_err(io(path))?;
+    if md.uid() != me {
+        rustix::fs::fchown(f, Some(rustix::fs::Uid::from_raw(me)), None)
+            .map_err(|e| io(path)(e.into()))?;
+        tracing::warn!(path = %path.display(), owner = md.uid(), "state owned by another user taken over");
+    }
+    if md.mode() & 0o777 & !mode != 0 {
+        f.set_permissions(std::fs::Permissions::from_mode(mode))
+            .map_err(io(path))?;
+        tracing::info!(path = %path.display(), mode = format!("{mode:o}"), "state narrowed");
     }
     Ok(())
 }
@@ -150,6 +180,27 @@ pub struct InstanceLock {
     pub path: PathBuf,
 }
 
+/// Takes the state dir's instance lock, waiting up to `wait` for a qoslet that
+/// is still shutting down (an overlapping restart) to let go of it.
+pub async fn lock_within(
+    dir: &Path,
+    wait: std::time::Duration,
+) -> Result<InstanceLock, StateError> {
+    let deadline = std::time::Instant::now() + wait;
+    let mut said = false;
+    loop {
+        match lock(dir) {
+            Err(StateError::Locked { path }) if std::time::Instant::now() < deadline => {
+                if !std::mem::replace(&mut said, true) {
+                    tracing::warn!(path = %path.display(), ?wait, "another qoslet holds the state dir; waiting for it to exit");
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            r => return r,
+        }
+    }
+}
+
 /// Takes the state dir's instance lock, failing at once when another qoslet
 /// (another process, or another proxy in this one) holds it.
 pub fn lock(dir: &Path) -> Result<InstanceLock, StateError> {
@@ -192,6 +243,8 @@ mod tests {
         let f = d.join("store.json");
         std::fs::write(&f, b"{}").unwrap();
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+        // another user's file (a tenant who could edit the store) is taken over
+        std::os::unix::fs::chown(&f, Some(4242), Some(4242)).unwrap();
         // a symlink in the dir is left alone (its target is not chmod-ed)
         let outside = tmpdir("modes-target");
         std::fs::write(&outside, b"x").unwrap();
@@ -200,6 +253,10 @@ mod tests {
         ensure_private_dir(&d).unwrap();
         assert_eq!(mode(&d), 0o700);
         assert_eq!(mode(&f), 0o600);
+        assert_eq!(
+            std::fs::metadata(&f).unwrap().uid(),
+            rustix::process::geteuid().as_raw()
+        );
         assert_eq!(mode(&outside), 0o644, "a symlink's target is not touched");
         // a new dir (with a missing parent) is created 0700
         let n = d.join("a/b");
@@ -263,6 +320,28 @@ mod tests {
         assert!(matches!(lock(&d), Err(StateError::Locked { .. })));
         drop(l);
         let _again = lock(&d).unwrap();
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_overlapping_restart_waits_for_the_lock() {
+        let d = tmpdir("lock-wait");
+        ensure_private_dir(&d).unwrap();
+        let old = lock(&d).unwrap();
+        let release = tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            drop(old);
+        });
+        let t = std::time::Instant::now();
+        let _new = lock_within(&d, std::time::Duration::from_secs(10))
+            .await
+            .unwrap();
+        assert!(t.elapsed() >= std::time::Duration::from_millis(250));
+        release.await.unwrap();
+        assert!(matches!(
+            lock_within(&d, std::time::Duration::from_millis(200)).await,
+            Err(StateError::Locked { .. })
+        ));
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -48,6 +48,37 @@ impl From<&cri::LinuxContainerResources> for Resources {
     }
 }
 
+impl Resources {
+    /// Applies a partial update as containerd does: a field the update leaves
+    /// 0 or empty keeps its value (kubelet's static CPU manager sends
+    /// cpuset-only updates), `unified` entries are merged by key.
+    pub fn merge(&mut self, u: &Resources) {
+        let num = |dst: &mut i64, v: i64| {
+            if v != 0 {
+                *dst = v;
+            }
+        };
+        num(&mut self.cpu_period, u.cpu_period);
+        num(&mut self.cpu_quota, u.cpu_quota);
+        num(&mut self.cpu_shares, u.cpu_shares);
+        num(&mut self.memory_limit_in_bytes, u.memory_limit_in_bytes);
+        num(
+            &mut self.memory_swap_limit_in_bytes,
+            u.memory_swap_limit_in_bytes,
+        );
+        num(&mut self.oom_score_adj, u.oom_score_adj);
+        if !u.cpuset_cpus.is_empty() {
+            self.cpuset_cpus = u.cpuset_cpus.clone();
+        }
+        if !u.cpuset_mems.is_empty() {
+            self.cpuset_mems = u.cpuset_mems.clone();
+        }
+        for (k, v) in &u.unified {
+            self.unified.insert(k.clone(), v.clone());
+        }
+    }
+}
+
 /// Lifecycle state of a pod sandbox.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -315,11 +346,15 @@ impl Store {
         });
     }
 
-    /// Records kubelet's `UpdateContainerResources`.
+    /// Records kubelet's `UpdateContainerResources`, merged over what it asked
+    /// before as containerd merges it (a partial update keeps the rest).
     pub fn set_container_resources(&self, id: &str, r: Resources) {
         self.write(|s| {
             if let Some(c) = s.containers.get_mut(id) {
-                c.requested = Some(r);
+                match &mut c.requested {
+                    Some(cur) => cur.merge(&r),
+                    None => c.requested = Some(r),
+                }
             }
         });
     }
@@ -532,6 +567,48 @@ mod tests {
             "envs (secrets) are never kept: {json}"
         );
         assert_eq!(c.requested.unwrap().memory_limit_in_bytes, 1 << 20);
+    }
+
+    /// kubelet's static CPU manager sends cpuset-only updates; containerd keeps
+    /// the rest, and so does the store (issue 12: the caps read from it).
+    #[test]
+    fn partial_updates_merge_like_containerd() {
+        let s = Store::new();
+        s.upsert_container(ContainerRecord {
+            id: "c".into(),
+            requested: Some(Resources {
+                cpu_period: 100_000,
+                cpu_quota: 100_000,
+                memory_limit_in_bytes: 64 << 20,
+                cpuset_cpus: "0-3".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        s.set_container_resources(
+            "c",
+            Resources {
+                cpuset_cpus: "1".into(),
+                ..Default::default()
+            },
+        );
+        let r = s.container("c").unwrap().requested.unwrap();
+        assert_eq!(
+            (r.cpu_quota, r.memory_limit_in_bytes, r.cpuset_cpus.as_str()),
+            (100_000, 64 << 20, "1")
+        );
+        s.set_container_resources(
+            "c",
+            Resources {
+                memory_limit_in_bytes: 32 << 20,
+                ..Default::default()
+            },
+        );
+        let r = s.container("c").unwrap().requested.unwrap();
+        assert_eq!(
+            (r.memory_limit_in_bytes, r.cpuset_cpus.as_str()),
+            (32 << 20, "1")
+        );
     }
 
     #[test]

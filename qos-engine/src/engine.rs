@@ -304,7 +304,8 @@ fn memory_protection_up_the_tree(state: &NodeState, plan: &mut Plan) {
             for _ in 0..2 {
                 match up {
                     Some(a) if !a.as_str().is_empty() => {
-                        *sums.entry((a.clone(), name)).or_default() += v;
+                        let e = sums.entry((a.clone(), name)).or_default();
+                        *e = e.saturating_add(v);
                         up = a.parent();
                     }
                     _ => break,
@@ -554,7 +555,8 @@ mod tests {
             id: id.into(),
             class,
             by_label: true,
-            trusted: false,
+            trusted: true,
+            kube: None,
             cgroup: cg.clone(),
             annotations: BTreeMap::new(),
             sandbox_memory_limit: 0,

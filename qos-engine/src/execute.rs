@@ -233,17 +233,11 @@ impl Executor {
                         for (p, f) in &fs {
                             match qoslet_cgroups::fs::read(p) {
                                 Ok(cur) => {
+                                    // compared as the executor compares (kernel formats)
                                     let differs = if f.keyed {
-                                        let dev = f.value.split_whitespace().next();
-                                        match cur
-                                            .lines()
-                                            .find(|l| l.split_whitespace().next() == dev)
-                                        {
-                                            Some(l) => l.trim() != f.value.trim(),
-                                            None => !f.value.ends_with(" 0"),
-                                        }
+                                        !qoslet_cgroups::blkio::keyed_same(&cur, &f.value)
                                     } else {
-                                        cur.trim() != f.value.trim()
+                                        !qoslet_cgroups::fs::same(&cur, &f.value)
                                     };
                                     if differs {
                                         change = change.map(|_| true);

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use qoslet_cgroups::{CgroupPath, Knob};
 use qoslet_hooks::decide::{self, Context, Requested, Rule};
-use qoslet_hooks::{PodClass, QosClass};
+use qoslet_hooks::{KubeQos, PodClass, QosClass};
 
 use crate::plan::{Plan, Write};
 
@@ -22,6 +22,8 @@ pub struct Pod {
     pub by_label: bool,
     /// The pod's labels and scheduler annotations are trusted (`trust:`).
     pub trusted: bool,
+    /// The Kubernetes QoS its cgroup parent shows.
+    pub kube: Option<KubeQos>,
     pub cgroup: CgroupPath,
     pub annotations: BTreeMap<String, String>,
     /// The sandbox config's memory limit (0: none).
@@ -55,6 +57,7 @@ impl Pod {
             class: self.class,
             by_label: self.by_label,
             trusted: self.trusted,
+            kube: self.kube,
         }
     }
 }
@@ -115,7 +118,7 @@ fn bytes(v: &str) -> Option<Option<u64>> {
 /// CPU lists its containers are bound to (LSE/LSR), which leave the share pool.
 pub fn pod(p: &Pod, ctx: &Context, plan: &mut Plan) -> Vec<String> {
     let mut bound = Vec::new();
-    let d = decide::pod(p.class, &p.annotations, p.sandbox_memory_limit, ctx);
+    let d = decide::pod(p.pod_class(), &p.annotations, p.sandbox_memory_limit, ctx);
     for k in d.cgroup {
         add(plan, &p.cgroup, k, &d.rules);
     }
@@ -167,7 +170,8 @@ mod tests {
             id: "p1".into(),
             class: QosClass::Be,
             by_label: true,
-            trusted: false,
+            trusted: true,
+            kube: None,
             cgroup: CgroupPath::parse("/kubepods/besteffort/podp1").unwrap(),
             annotations: [(
                 "node.koordinator.sh/extended-resource-spec".to_string(),
