@@ -26,6 +26,9 @@ pkill -f "qoslet proxy --listen unix://$QSOCK" 2>/dev/null || true; sleep 0.2
 cat > "$D/qoslet.yaml" <<YAML
 kubeletCgroupRoot: /qoslet-test/demo   # as kubelet's --cgroup-root: pods live in <root>/kubepods
 policy:
+  resourceQOSStrategy:                   # Koordinator's defaults are all off; the demo turns on what it shows
+    lsClass: {cpuQOS: {enable: true}}
+    beClass: {cpuQOS: {enable: true}}    # bvt -1 on Anolis kernels; cpu.idle=1 on the BE pod on upstream ones
   resourceUsedThresholdWithBE:
     enable: true
     cpuSuppressPolicy: cfsQuota

@@ -291,7 +291,7 @@ pub async fn plan(a: PlanArgs) -> Result<()> {
                 "systemUsageCores": p.system_usage_cores, "reservedCores": p.reserved_cores, "allowanceCores": p.allowance_cores,
                 "level": p.level, "sharePool": p.share_pool, "beParent": p.be_parent, "beQuotaUs": p.be_quota_us,
                 "written": p.written, "unchanged": p.unchanged, "skipped": p.skipped, "drift": p.drift, "errors": p.errors,
-                "warnings": p.warnings, "tickSeconds": p.tick_seconds, "policyError": p.policy_error,
+                "warnings": p.warnings, "tickSeconds": p.tick_seconds, "policyError": p.policy_error, "notImplemented": p.not_implemented,
                 "resctrlMoved": p.resctrl_moved, "writes": writes,
             }))?
         );
@@ -346,6 +346,12 @@ pub async fn plan(a: PlanArgs) -> Result<()> {
             "CONFIG INVALID (the last good policy is in force): {}",
             p.policy_error
         );
+    }
+    if !p.not_implemented.is_empty() {
+        println!("NodeSLO fields not implemented by qoslet (kept aside, no effect):");
+        for f in &p.not_implemented {
+            println!("  {f}");
+        }
     }
     for d in &p.drift {
         println!("drift put back: {d}");

@@ -80,16 +80,45 @@ pub struct EngineConfig {
     pub drift_check_interval: Option<String>,
 }
 
-/// `policy:` — NodeSLO's names and defaults.
+/// `policy:` — a Koordinator NodeSLO spec (or a whole NodeSLO object), as it
+/// is: the fields qoslet implements are parsed strictly, the ones only
+/// Koordinator has are set aside and listed (`not_implemented`), a field
+/// neither has is an error with its path (see `qoslet_hooks::nodeslo`).
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "serde_json::Value")]
 pub struct PolicyConfig {
-    #[serde(rename = "resourceQOSStrategy", default)]
     pub resource_qos_strategy: qoslet_hooks::policy::ResourceQosStrategy,
-    #[serde(rename = "resourceUsedThresholdWithBE", default)]
     pub resource_used_threshold_with_be: qoslet_qos_engine::policy::ResourceThresholdStrategy,
-    #[serde(rename = "cpuBurstStrategy", default)]
     pub cpu_burst_strategy: qoslet_qos_engine::burst::CpuBurstStrategy,
+    /// NodeSLO fields qoslet does not act on (`path = value`), for the log and `qoslet plan`.
+    pub not_implemented: Vec<String>,
+}
+
+impl TryFrom<serde_json::Value> for PolicyConfig {
+    type Error = String;
+
+    fn try_from(v: serde_json::Value) -> Result<Self, String> {
+        let split = qoslet_hooks::nodeslo::split(&v)?;
+        let part = |key: &str| {
+            split
+                .spec
+                .get(key)
+                .cloned()
+                .unwrap_or(serde_json::Value::Object(Default::default()))
+        };
+        let field = |key: &'static str| move |e: serde_json::Error| format!("{key}: {e}");
+        Ok(Self {
+            resource_qos_strategy: serde_json::from_value(part("resourceQOSStrategy"))
+                .map_err(field("resourceQOSStrategy"))?,
+            resource_used_threshold_with_be: serde_json::from_value(part(
+                "resourceUsedThresholdWithBE",
+            ))
+            .map_err(field("resourceUsedThresholdWithBE"))?,
+            cpu_burst_strategy: serde_json::from_value(part("cpuBurstStrategy"))
+                .map_err(field("cpuBurstStrategy"))?,
+            not_implemented: split.not_implemented,
+        })
+    }
 }
 
 impl PolicyConfig {
@@ -275,6 +304,53 @@ mod tests {
         assert_eq!(
             c.hooks.unwrap().failure_policy,
             Some(qoslet_proxy::FailurePolicy::FailOpen)
+        );
+    }
+
+    /// Issue 14: Koordinator's own default NodeSLO (pkg/util/sloconfig
+    /// `DefaultNodeSLOSpecConfig`, written out as it marshals) loads as qoslet's
+    /// policy without error, its built-in defaults equal qoslet's, and what
+    /// qoslet does not implement is listed, not refused.
+    #[test]
+    fn koordinators_default_node_slo_loads_as_it_is() {
+        let fixture = include_str!("../hooks/tests/fixtures/koordinator-default-nodeslo.json");
+        let c = parse(&format!("policy: {fixture}")).unwrap();
+        let p = c.policy.unwrap();
+        assert_eq!(p.resource_qos_strategy, Default::default());
+        assert_eq!(p.resource_used_threshold_with_be, Default::default());
+        assert_eq!(p.cpu_burst_strategy, Default::default());
+        let listed = p.not_implemented.join("\n");
+        for f in [
+            "resourceQOSStrategy.policies.netQOSPolicy",
+            "resourceQOSStrategy.lsrClass.cpuQOS.coreExpeller",
+            "resourceQOSStrategy.beClass.memoryQOS.wmarkMinAdj = 50",
+            "resourceQOSStrategy.beClass.networkQOS",
+            "resourceQOSStrategy.cgroupRoot",
+            "resourceUsedThresholdWithBE.cpuEvictPolicy",
+            "cpuBurstStrategy.cfsQuotaBurstPeriodSeconds",
+            "systemStrategy",
+        ] {
+            assert!(listed.contains(f), "{f} not listed:\n{listed}");
+        }
+        // its spec alone, in YAML, works the same
+        let spec: serde_json::Value = serde_json::from_str(fixture).unwrap();
+        let c2 = parse(&format!("policy: {}", spec["spec"])).unwrap();
+        assert_eq!(
+            c2.policy.unwrap().resource_qos_strategy,
+            p.resource_qos_strategy
+        );
+        // a typo in a field qoslet implements is an error with its path
+        let e = format!(
+            "{:#}",
+            parse("policy:\n  resourceUsedThresholdWithBE:\n    cpuSuppresThresholdPercent: 40\n")
+                .unwrap_err()
+        );
+        assert!(
+            e.contains("resourceUsedThresholdWithBE.cpuSuppresThresholdPercent")
+                && e.contains(
+                    "did you mean resourceUsedThresholdWithBE.cpuSuppressThresholdPercent"
+                ),
+            "{e}"
         );
     }
 

@@ -45,6 +45,8 @@ pub struct Settings {
     pub trust: qoslet_hooks::Trust,
     /// Where kubelet puts pods (`kubeletCgroupRoot`).
     pub pod_root: qoslet_cgroups::PodRoot,
+    /// procfs (the group identity sysctl).
+    pub proc_root: PathBuf,
 }
 
 /// One tick as the admin API shows it.
@@ -69,6 +71,8 @@ pub struct Shared {
     dry_run: bool,
     last: Mutex<Option<Arc<Last>>>,
     policy_error: Mutex<String>,
+    /// NodeSLO fields of the policy in force that qoslet does not act on.
+    not_implemented: Mutex<Vec<String>>,
     ticks: AtomicU64,
     writes: AtomicU64,
     drift: AtomicU64,
@@ -166,17 +170,43 @@ fn numa(sys_root: &Path, capacity: f64) -> Vec<Vec<u32>> {
 
 /// The besteffort parent: as configured, else the first of the cgroupfs and
 /// systemd drivers' names that exists.
-fn find_be_parent(cgroups: &Cgroups, configured: Option<&CgroupPath>) -> Option<CgroupPath> {
+fn find_be_parent(
+    cgroups: &Cgroups,
+    configured: Option<&CgroupPath>,
+    root: &qoslet_cgroups::PodRoot,
+) -> Option<CgroupPath> {
     if let Some(c) = configured {
         return Some(c.clone());
     }
-    [
-        "kubepods/besteffort",
-        "kubepods.slice/kubepods-besteffort.slice",
-    ]
-    .into_iter()
-    .filter_map(|p| CgroupPath::parse(p).ok())
-    .find(|cg| cgroups.read(cg, "cpu", "cgroup.procs").is_ok())
+    [false, true]
+        .into_iter()
+        .map(|systemd| root.qos_dirs(systemd)[2].clone())
+        .find(|cg| cgroups.read(cg, "cpu", "cgroup.procs").is_ok())
+}
+
+/// The kube QoS dirs of whichever cgroup driver this node's kubelet uses
+/// (empty until kubepods exists).
+fn find_qos_dirs(
+    cgroups: &Cgroups,
+    root: &qoslet_cgroups::PodRoot,
+) -> Vec<(qoslet_hooks::KubeQos, CgroupPath)> {
+    use qoslet_hooks::KubeQos;
+    let exists = |cg: &CgroupPath| cgroups.read(cg, "cpu", "cgroup.procs").is_ok();
+    [false, true]
+        .into_iter()
+        .map(|systemd| root.qos_dirs(systemd))
+        .find(|d| exists(&d[0]))
+        .map(|[g, b, e]| {
+            [
+                (KubeQos::Guaranteed, g),
+                (KubeQos::Burstable, b),
+                (KubeQos::BestEffort, e),
+            ]
+            .into_iter()
+            .filter(|(_, cg)| exists(cg))
+            .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// The besteffort parent's CFS quota and period (`None`: unlimited).
@@ -352,6 +382,7 @@ fn node_state(
     be: BeParent,
     numa: &[Vec<u32>],
     reserved: f64,
+    qos_dirs: Vec<(qoslet_hooks::KubeQos, CgroupPath)>,
 ) -> NodeState {
     let g = |s: &[(Metric, f64)], m| sample(s, m).unwrap_or(0.0);
     let (be_quota_us, period_us) = be.quota.unwrap_or((None, 100_000));
@@ -366,6 +397,7 @@ fn node_state(
         period_us,
         numa: numa.to_vec(),
         be_cpuset: be.cpuset,
+        qos_dirs,
         pods_generation: Some(generation),
     }
 }
@@ -377,6 +409,7 @@ impl Shared {
             dry_run,
             last: Mutex::new(None),
             policy_error: Mutex::new(String::new()),
+            not_implemented: Mutex::new(Vec::new()),
             ticks: AtomicU64::new(0),
             writes: AtomicU64::new(0),
             drift: AtomicU64::new(0),
@@ -443,6 +476,7 @@ impl Shared {
         let mut last_ts = 0u32;
         let mut numa_cache: Option<Vec<Vec<u32>>> = None;
         let mut be_parent: Option<CgroupPath> = None;
+        let mut qos_dirs: Vec<(qoslet_hooks::KubeQos, CgroupPath)> = Vec::new();
         let mut logged: HashSet<String> = HashSet::new();
         let mut level = qoslet_qos_engine::suppress::Level::None;
         let mut seq = 0u64;
@@ -474,6 +508,7 @@ impl Shared {
                             }
                         }
                         lock(&self.policy_error).clear();
+                        self.set_not_implemented(&p.not_implemented);
                         info!(path = %r.path.display(), "policy reloaded");
                     }
                     Some(Err(e)) => {
@@ -495,7 +530,34 @@ impl Shared {
             let t0 = Instant::now();
             let cg = &self.cgroups;
             if be_parent.is_none() {
-                be_parent = find_be_parent(cg, s.be_parent.as_ref());
+                be_parent = find_be_parent(cg, s.be_parent.as_ref(), &s.pod_root);
+            }
+            if qos_dirs.len() < 3 {
+                qos_dirs = find_qos_dirs(cg, &s.pod_root);
+            }
+            // Anolis kernels apply group identity only with this sysctl on
+            // (koordlet turns it on whenever a class's cpuQOS is)
+            if env.features.bvt && !s.dry_run {
+                let q = &policy.qos;
+                let any = q.cpu_policy == qoslet_hooks::policy::CpuPolicy::GroupIdentity
+                    && [&q.lsr_class, &q.ls_class, &q.be_class]
+                        .iter()
+                        .any(|c| c.cpu_qos.enable);
+                let sysctl = qoslet_cgroups::sysctl::Sysctl::new(&s.proc_root);
+                let name = qoslet_cgroups::sysctl::GROUP_IDENTITY;
+                if any && sysctl.offered(name) {
+                    match sysctl.ensure(name, "1") {
+                        Ok(qoslet_cgroups::fs::Outcome::Written) => {
+                            info!(sysctl = name, "group identity enabled")
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            if logged.insert(e.to_string()) {
+                                warn!(error = %e, "group identity sysctl not set");
+                            }
+                        }
+                    }
+                }
             }
             let capacity = sample(&t.node, Metric::CpuCapacity).unwrap_or(1.0);
             let numa = numa_cache.get_or_insert_with(|| numa(&s.sys_root, capacity));
@@ -530,7 +592,15 @@ impl Shared {
                 .map(|k| k.with_usage(&t))
                 .unwrap_or_default();
             let generation = skeleton.as_ref().map(|k| k.generation).unwrap_or(0);
-            let state = node_state(&t, pods, generation, be, numa, s.reserved_cores);
+            let state = node_state(
+                &t,
+                pods,
+                generation,
+                be,
+                numa,
+                s.reserved_cores,
+                qos_dirs.clone(),
+            );
             let result = engine.plan(&state, &pol, &env);
             let (states, report, moved) = if s.dry_run {
                 let states = Executor::preview(&result.plan, cg)
@@ -627,6 +697,7 @@ impl Shared {
             return admin::GetPlanResponse {
                 dry_run: self.dry_run,
                 policy_error: lock(&self.policy_error).clone(),
+                not_implemented: lock(&self.not_implemented).clone(),
                 ..Default::default()
             };
         };
@@ -691,7 +762,22 @@ impl Shared {
             tick_seconds: l.took.as_secs_f64(),
             policy_error: lock(&self.policy_error).clone(),
             resctrl_moved: l.resctrl_moved,
+            not_implemented: lock(&self.not_implemented).clone(),
         }
+    }
+
+    /// The NodeSLO fields qoslet does not act on, as shown by `qoslet plan`.
+    pub fn not_implemented_mut(&self) -> std::sync::MutexGuard<'_, Vec<String>> {
+        lock(&self.not_implemented)
+    }
+
+    /// Records (and logs, once per field) the NodeSLO fields qoslet does not act on.
+    pub fn set_not_implemented(&self, fields: &[String]) {
+        let mut cur = lock(&self.not_implemented);
+        for f in fields.iter().filter(|f| !cur.contains(f)) {
+            info!(field = %f, "NodeSLO field not implemented by qoslet (kept aside; see qoslet plan)");
+        }
+        *cur = fields.to_vec();
     }
 
     /// The engine's Prometheus lines.
@@ -850,15 +936,18 @@ mod tests {
             std::fs::write(d.join(f), c).unwrap();
         }
         let v1 = Cgroups::detect(&d.join("v1")).unwrap();
-        let bp = find_be_parent(&v1, None).unwrap();
+        let bp = find_be_parent(&v1, None, &qoslet_cgroups::PodRoot::default()).unwrap();
         assert_eq!(bp.as_str(), "kubepods/besteffort");
         assert_eq!(read_quota(&v1, &bp), Some((None, 100_000)));
         let v2 = Cgroups::detect(&d.join("v2")).unwrap();
-        let bp = find_be_parent(&v2, None).unwrap();
+        let bp = find_be_parent(&v2, None, &qoslet_cgroups::PodRoot::default()).unwrap();
         assert_eq!(bp.as_str(), "kubepods.slice/kubepods-besteffort.slice");
         assert_eq!(read_quota(&v2, &bp), Some((Some(20_000), 50_000)));
         let other = CgroupPath::parse("/custom/be").unwrap();
-        assert_eq!(find_be_parent(&v2, Some(&other)), Some(other));
+        assert_eq!(
+            find_be_parent(&v2, Some(&other), &qoslet_cgroups::PodRoot::default()),
+            Some(other)
+        );
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

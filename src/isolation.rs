@@ -594,7 +594,7 @@ impl Hook for Isolation {
 
 /// Settings written to cgroups after start (the rest travel through CRI).
 fn is_cgroup_rule(setting: &str) -> bool {
-    matches!(setting, "cpu.idle" | "cpu.bvt.warp_ns")
+    matches!(setting, "cpu.idle" | "cpu.bvt_warp_ns")
 }
 
 #[cfg(test)]
@@ -782,7 +782,7 @@ mod tests {
             ],
         );
         let policy: ResourceQosStrategy = serde_json::from_str(
-            r#"{"beClass":{"memoryQOS":{"enable":true,"minLimitPercent":50,"lowLimitPercent":100,"throttlingPercent":50},
+            r#"{"beClass":{"cpuQOS":{"enable":true},"memoryQOS":{"enable":true,"minLimitPercent":50,"lowLimitPercent":100,"throttlingPercent":50},
                 "blkioQOS":{"enable":true,"blocks":[{"name":"8:16","ioCfg":{"writeBPS":1048576}}]}}}"#,
         )
         .unwrap();

@@ -161,6 +161,14 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
         cfg.resync_interval = config::parse_duration(v)?;
     }
     let settings = hook_settings(file.hooks.as_ref())?;
+    for f in file
+        .policy
+        .as_ref()
+        .map(|p| p.not_implemented.as_slice())
+        .unwrap_or_default()
+    {
+        tracing::info!(field = %f, "NodeSLO field not implemented by qoslet (kept aside; see qoslet plan)");
+    }
     let trust = file.trust.clone().unwrap_or_default();
     let pod_root = match a
         .kubelet_cgroup_root
@@ -288,6 +296,7 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
         sys_root: PathBuf::from("/sys"),
         trust: trust.clone(),
         pod_root: pod_root.clone(),
+        proc_root: proc_root.clone(),
     };
     let drift_every =
         config::metrics_interval(engine_cfg.drift_check_interval.as_deref().unwrap_or("10s"))
@@ -339,6 +348,7 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
                                 .ok()
                                 .flatten();
                             let shared = engine::Shared::new(cg, engine_settings.dry_run);
+                            *shared.not_implemented_mut() = policy_cfg.not_implemented.clone();
                             let render = shared.clone();
                             m.set_extra(std::sync::Arc::new(move |out: &mut String| {
                                 render.render(out)

@@ -16,6 +16,10 @@ use crate::detect::{Host, Layout};
 use crate::fs::{CgFile, Outcome};
 use crate::{CgroupError, CgroupPath};
 
+/// The group identity file of Anolis / Alibaba Cloud Linux kernels (underscore
+/// between `bvt` and `warp`, as koordlet's `CPUBVTWarpNsName`).
+pub const BVT_FILE: &str = "cpu.bvt_warp_ns";
+
 /// A QoS setting, independent of the cgroup version.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Knob {
@@ -28,7 +32,7 @@ pub enum Knob {
     },
     /// SCHED_IDLE for the whole cgroup (`cpu.idle`).
     CpuIdle(bool),
-    /// Anolis group identity (`cpu.bvt.warp_ns`: 2 LS, -1 BE, 0 default).
+    /// Anolis group identity (`cpu.bvt_warp_ns`: 2 LS, -1 BE, 0 default).
     GroupIdentity(i64),
     /// CFS burst in µs (`cpu.cfs_burst_us` / `cpu.max.burst`).
     CpuBurst(u64),
@@ -279,12 +283,12 @@ impl Cgroups {
             Knob::CpuIdle(_) if !f.cpu_idle => return unsupported("this kernel has no cpu.idle"),
             Knob::CpuIdle(on) => vec![fw("cpu", "cpu.idle", u8::from(*on))],
             Knob::GroupIdentity(_) if !f.bvt => {
-                return unsupported("this kernel has no cpu.bvt.warp_ns")
+                return unsupported("this kernel has no cpu.bvt_warp_ns")
             }
             Knob::GroupIdentity(v) if !(-1..=2).contains(v) => {
                 return unsupported("bvt must be -1..=2")
             }
-            Knob::GroupIdentity(v) => vec![fw("cpu", "cpu.bvt.warp_ns", v)],
+            Knob::GroupIdentity(v) => vec![fw("cpu", BVT_FILE, v)],
             Knob::CpuBurst(_) if !f.cpu_burst => {
                 return unsupported("this kernel has no CFS burst")
             }
@@ -569,7 +573,7 @@ mod tests {
         assert_eq!(files(&a, Knob::CpuIdle(true)), vec![("cpu.idle", s("1"))]);
         assert_eq!(
             files(&a, Knob::GroupIdentity(-1)),
-            vec![("cpu.bvt.warp_ns", s("-1"))]
+            vec![("cpu.bvt_warp_ns", s("-1"))]
         );
         assert_eq!(
             files(&a, Knob::CpuBurst(100_000)),

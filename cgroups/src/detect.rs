@@ -25,7 +25,7 @@ pub enum Layout {
 /// QoS files this kernel offers (probed, not guessed).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Features {
-    /// `cpu.bvt.warp_ns` (Anolis/Alibaba Cloud Linux group identity).
+    /// `cpu.bvt_warp_ns` (Anolis/Alibaba Cloud Linux group identity).
     pub bvt: bool,
     /// `cpu.idle` (SCHED_IDLE for a whole cgroup, Linux >= 5.15).
     pub cpu_idle: bool,
@@ -144,7 +144,7 @@ fn probe_features(layout: &Layout) -> Features {
             let mem = controllers.get("memory");
             let has = |d: Option<&PathBuf>, f: &str| d.is_some_and(|d| offered(d, f));
             Features {
-                bvt: has(cpu, "cpu.bvt.warp_ns"),
+                bvt: has(cpu, crate::cgroup::BVT_FILE),
                 cpu_idle: has(cpu, "cpu.idle"),
                 cpu_burst: has(cpu, "cpu.cfs_burst_us"),
                 memory_qos: has(mem, "memory.min")
@@ -156,7 +156,7 @@ fn probe_features(layout: &Layout) -> Features {
         Layout::V2 { root, controllers } => {
             let on = |c: &str| controllers.iter().any(|x| x == c);
             Features {
-                bvt: offered(root, "cpu.bvt.warp_ns"),
+                bvt: offered(root, crate::cgroup::BVT_FILE),
                 cpu_idle: on("cpu") && offered(root, "cpu.idle"),
                 cpu_burst: on("cpu") && offered(root, "cpu.max.burst"),
                 memory_qos: on("memory"),
@@ -220,7 +220,7 @@ pub(crate) mod tests {
             "anolis",
             &[
                 ("cpu,cpuacct/cgroup.procs", ""),
-                ("cpu,cpuacct/cpu.bvt.warp_ns", "0\n"),
+                ("cpu,cpuacct/cpu.bvt_warp_ns", "0\n"),
                 ("memory/cgroup.procs", ""),
                 ("memory/kubepods/memory.min", "0\n"),
                 ("memory/kubepods/memory.low", "0\n"),

@@ -294,7 +294,7 @@ mod tests {
         assert_eq!(write_if_changed(&f, "1024").unwrap(), Outcome::Unchanged);
         assert_eq!(write_if_changed(&f, "2").unwrap(), Outcome::Written);
         assert_eq!(read(&f).unwrap(), "2");
-        let missing = d.join("cpu.bvt.warp_ns");
+        let missing = d.join("cpu.bvt_warp_ns");
         let e = write_if_changed(&missing, "2").unwrap_err();
         assert!(matches!(e, CgroupError::Missing { .. }), "{e}");
         assert!(!missing.exists(), "never created");

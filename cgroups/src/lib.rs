@@ -7,11 +7,12 @@
 //!   file and the value.
 //! * [`detect`]: what this host has: cgroup v1 or v2 (the root is injected:
 //!   `/sys/fs/cgroup` in production, a kernel-shaped file tree in tests) and
-//!   which QoS files exist (`cpu.bvt.warp_ns`, `cpu.idle`, burst, memory.min/low/high...).
+//!   which QoS files exist (`cpu.bvt_warp_ns`, `cpu.idle`, burst, memory.min/low/high...).
 //! * [`resctrl`]: the resctrl mount and its `info/` (L3 CBM mask, closids, MB).
 //! * [`cgroup`]: QoS settings ([`Knob`]) planned per layout and applied
 //!   idempotently, ordered parent/child the way the kernel needs.
 //! * [`blkio`]: block device numbers and per-device I/O limits.
+//! * [`sysctl`]: kernel switches a QoS feature needs (group identity's).
 //! * [`convert`]: cpu.shares (v1) <-> cpu.weight (v2).
 //!
 //! Nothing here decides policy; callers say what to write.
@@ -25,6 +26,7 @@ pub mod detect;
 pub mod fs;
 pub mod path;
 pub mod resctrl;
+pub mod sysctl;
 
 use std::path::PathBuf;
 

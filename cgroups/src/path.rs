@@ -218,6 +218,33 @@ impl Default for PodRoot {
 }
 
 impl PodRoot {
+    /// The kube QoS dirs, Guaranteed (kubepods itself), Burstable, BestEffort,
+    /// as the cgroupfs driver (`kubepods/burstable`) or the systemd driver
+    /// (`kubepods.slice/kubepods-burstable.slice`) names them.
+    pub fn qos_dirs(&self, systemd: bool) -> [CgroupPath; 3] {
+        let base = if systemd {
+            &self.systemd
+        } else {
+            &self.cgroupfs
+        };
+        let root = CgroupPath(base.join("/"));
+        let child = |name: String| CgroupPath(format!("{}/{name}", root.0));
+        if systemd {
+            let prefix = format!("{}kubepods", self.slice_prefix);
+            [
+                root.clone(),
+                child(format!("{prefix}-burstable.slice")),
+                child(format!("{prefix}-besteffort.slice")),
+            ]
+        } else {
+            [
+                root.clone(),
+                child("burstable".into()),
+                child("besteffort".into()),
+            ]
+        }
+    }
+
     /// From kubelet's `--cgroup-root` (`/` by default; `/kubelet` in kind).
     pub fn new(kubelet_cgroup_root: &str) -> Result<Self, CgroupError> {
         let root = CgroupPath::parse(kubelet_cgroup_root)?;
@@ -322,6 +349,18 @@ mod tests {
             "not the default root"
         );
         assert!(CgroupPath::pod_under("/kubepods/burstable/podx", &kind).is_err());
+        assert_eq!(
+            kind.qos_dirs(true).map(|c| c.to_string()),
+            [
+                "/kubelet.slice/kubelet-kubepods.slice",
+                "/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-burstable.slice",
+                "/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice"
+            ]
+        );
+        assert_eq!(
+            PodRoot::default().qos_dirs(false).map(|c| c.to_string()),
+            ["/kubepods", "/kubepods/burstable", "/kubepods/besteffort"]
+        );
         assert!(CgroupPath::pod_under("kubepods-pod1.slice", &kind).is_err());
     }
 

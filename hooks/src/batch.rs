@@ -67,8 +67,21 @@ pub struct BatchResources {
     pub memory_limit: Option<u64>,
 }
 
-/// Parses the annotation into per-container batch resources.
-pub fn parse_spec(annotation: &str) -> Result<BTreeMap<String, Batch>, BatchError> {
+/// The annotation's per-container batch resources, and the quantities that
+/// were left out because they are not valid (each one a warning; the rest of
+/// the annotation still applies).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ParsedSpec {
+    pub containers: BTreeMap<String, Batch>,
+    pub bad: Vec<BatchError>,
+}
+
+/// Parses the annotation into per-container batch resources. Quantities are
+/// read as koordlet reads them (`Quantity.Value()`): batch-cpu in milli-cores
+/// (`1k` = 1000 = one core; `500m` is half a milli-core, rounded up to 1),
+/// batch-memory in bytes (`128Mi`, `1G`, `1e9`). A malformed document is an
+/// error; one malformed or negative quantity only drops that value.
+pub fn parse_spec(annotation: &str) -> Result<ParsedSpec, BatchError> {
     if annotation.len() > MAX_ANNOTATION_BYTES {
         return Err(BatchError::TooLarge(annotation.len()));
     }
@@ -78,78 +91,40 @@ pub fn parse_spec(annotation: &str) -> Result<BTreeMap<String, Batch>, BatchErro
         return Err(BatchError::Malformed("not a JSON object".into()));
     }
     let spec: Spec = serde_json::from_value(v).map_err(|e| BatchError::Malformed(e.to_string()))?;
-    let mut out = BTreeMap::new();
+    let mut out = ParsedSpec::default();
     for (name, r) in spec.containers {
-        let q = |m: &BTreeMap<String, serde_json::Value>,
-                 res: &str,
-                 cpu: bool|
-         -> Result<Option<u64>, BatchError> {
-            let Some(v) = m.get(res) else { return Ok(None) };
+        let mut q = |m: &BTreeMap<String, serde_json::Value>, res: &str| -> Option<u64> {
+            let v = m.get(res)?;
             let s = match v {
                 serde_json::Value::String(s) => s.clone(),
                 serde_json::Value::Number(n) => n.to_string(),
                 other => other.to_string(),
             };
-            let parsed = if cpu {
-                parse_milli(&s)
-            } else {
-                parse_bytes(&s)
-            };
-            parsed.map(Some).ok_or_else(|| BatchError::BadQuantity {
-                container: name.clone(),
-                resource: res.into(),
-                value: s,
-            })
+            match crate::quantity::parse_value(&s) {
+                Ok(v) if v <= MAX_AMOUNT => Some(v),
+                _ => {
+                    out.bad.push(BatchError::BadQuantity {
+                        container: name.clone(),
+                        resource: res.into(),
+                        value: s.chars().take(64).collect(),
+                    });
+                    None
+                }
+            }
         };
-        out.insert(
-            name.clone(),
-            Batch {
-                cpu_request_milli: q(&r.requests, BATCH_CPU, true)?,
-                cpu_limit_milli: q(&r.limits, BATCH_CPU, true)?,
-                memory_request: q(&r.requests, BATCH_MEMORY, false)?,
-                memory_limit: q(&r.limits, BATCH_MEMORY, false)?,
-            },
-        );
+        let b = Batch {
+            cpu_request_milli: q(&r.requests, BATCH_CPU),
+            cpu_limit_milli: q(&r.limits, BATCH_CPU),
+            memory_request: q(&r.requests, BATCH_MEMORY),
+            memory_limit: q(&r.limits, BATCH_MEMORY),
+        };
+        out.containers.insert(name, b);
     }
     Ok(out)
 }
 
-/// batch-cpu is counted in milli-cores as a plain integer ("1000" = 1 core);
-/// a Kubernetes CPU quantity ("500m", "2") is accepted too. Absurd values are refused.
-pub fn parse_milli(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let v = if let Some(m) = s.strip_suffix('m') {
-        m.parse::<u64>().ok()?
-    } else {
-        s.parse::<u64>().ok()?
-    };
-    (v <= 1_000_000_000).then_some(v)
-}
-
-/// A Kubernetes memory quantity in bytes ("1Gi", "512Mi", "1G", "1048576"). Absurd values are refused.
-pub fn parse_bytes(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let units: [(&str, u64); 12] = [
-        ("Ki", 1 << 10),
-        ("Mi", 1 << 20),
-        ("Gi", 1 << 30),
-        ("Ti", 1 << 40),
-        ("Pi", 1 << 50),
-        ("Ei", 1 << 60),
-        ("k", 1_000),
-        ("M", 1_000_000),
-        ("G", 1_000_000_000),
-        ("T", 1_000_000_000_000),
-        ("P", 1_000_000_000_000_000),
-        ("E", 1_000_000_000_000_000_000),
-    ];
-    for (suffix, mul) in units {
-        if let Some(n) = s.strip_suffix(suffix) {
-            return n.parse::<u64>().ok()?.checked_mul(mul);
-        }
-    }
-    s.parse::<u64>().ok()
-}
+/// No resource amount is above this (8 EiB of memory, 2^63 milli-cores).
+const MAX_AMOUNT: u64 = i64::MAX as u64;
 
 /// kubelet's shares formula: milli * 1024 / 1000, at least 2, at most 262144.
 pub fn milli_to_shares(milli: u64) -> u64 {
@@ -284,7 +259,7 @@ mod tests {
         let a = r#"{"containers":{"app":{"requests":{"kubernetes.io/batch-cpu":"1000","kubernetes.io/batch-memory":"1Gi"},
                     "limits":{"kubernetes.io/batch-cpu":2000,"kubernetes.io/batch-memory":"2Gi"}},
                     "side":{"requests":{"kubernetes.io/batch-cpu":"500m"}}}}"#;
-        let spec = parse_spec(a).unwrap();
+        let spec = parse_spec(a).unwrap().containers;
         let app = spec["app"].resources();
         assert_eq!(
             app,
@@ -295,11 +270,42 @@ mod tests {
                 memory_limit: Some(2 << 30)
             }
         );
+        // koordlet reads "500m" with Quantity.Value(): half a milli-core, rounded up to 1
         let side = spec["side"].resources();
         assert_eq!(
             (side.cpu_shares, side.cpu_quota, side.memory_limit),
-            (Some(512), None, None)
+            (Some(2), None, None)
         );
+    }
+
+    /// Issue 14: the webhook re-marshals quantities, so whole cores arrive in
+    /// canonical form (`1k`); koordlet reads every quantity with
+    /// `Quantity.Value()` (koordinator pkg/util/extended_resource.go,
+    /// GetBatchMilliCPUFromResourceList / GetBatchMemoryFromResourceList).
+    #[test]
+    fn canonical_quantities_as_koordlet_reads_them() {
+        // (batch-cpu, batch-memory, milli-cores, bytes)
+        let table: &[(&str, &str, u64, u64)] = &[
+            ("1k", "128Mi", 1000, 128 << 20),
+            ("2k", "1Gi", 2000, 1 << 30),
+            ("1500", "1G", 1500, 1_000_000_000),
+            ("1.5k", "1e9", 1500, 1_000_000_000),
+            ("500m", "1.5Gi", 1, 1_610_612_736),
+            ("2", "512M", 2, 512_000_000),
+        ];
+        for (cpu, mem, milli, bytes) in table {
+            let a = format!(
+                r#"{{"containers":{{"c":{{"limits":{{"kubernetes.io/batch-cpu":"{cpu}","kubernetes.io/batch-memory":"{mem}"}}}}}}}}"#
+            );
+            let p = parse_spec(&a).unwrap();
+            assert!(p.bad.is_empty(), "{cpu} {mem}: {:?}", p.bad);
+            let c = p.containers["c"];
+            assert_eq!(
+                (c.cpu_limit_milli, c.memory_limit),
+                (Some(*milli), Some(*bytes)),
+                "{cpu} {mem}"
+            );
+        }
     }
 
     #[test]
@@ -310,21 +316,25 @@ mod tests {
                 "{bad:?}"
             );
         }
-        let e =
-            parse_spec(r#"{"containers":{"a":{"limits":{"kubernetes.io/batch-memory":"lots"}}}}"#)
-                .unwrap_err();
-        assert!(matches!(e, BatchError::BadQuantity { .. }), "{e}");
-        let e = parse_spec(r#"{"containers":{"a":{"limits":{"kubernetes.io/batch-cpu":"-5"}}}}"#)
-            .unwrap_err();
-        assert!(e.to_string().contains("-5"), "{e}");
+        // one bad quantity drops that value only; the rest of the annotation stands
+        let p = parse_spec(r#"{"containers":{"a":{"limits":{"kubernetes.io/batch-memory":"lots","kubernetes.io/batch-cpu":"1k"}}}}"#)
+            .unwrap();
         assert!(
-            parse_spec(
-                r#"{"containers":{"a":{"limits":{"kubernetes.io/batch-memory":"99999999999Ei"}}}}"#
-            )
-            .is_err(),
-            "overflow"
+            matches!(p.bad[0], BatchError::BadQuantity { .. }),
+            "{:?}",
+            p.bad
         );
-        assert_eq!(parse_spec("{}").unwrap().len(), 0);
+        assert_eq!(p.containers["a"].cpu_limit_milli, Some(1000));
+        assert_eq!(p.containers["a"].memory_limit, None);
+        let p = parse_spec(r#"{"containers":{"a":{"limits":{"kubernetes.io/batch-cpu":"-5"}}}}"#)
+            .unwrap();
+        assert!(p.bad[0].to_string().contains("-5"), "{:?}", p.bad);
+        let p = parse_spec(
+            r#"{"containers":{"a":{"limits":{"kubernetes.io/batch-memory":"99999999999Ei"}}}}"#,
+        )
+        .unwrap();
+        assert_eq!(p.bad.len(), 1, "overflow");
+        assert_eq!(parse_spec("{}").unwrap().containers.len(), 0);
     }
 
     #[test]
@@ -364,12 +374,6 @@ mod tests {
 
     #[test]
     fn quantities_and_formulas() {
-        assert_eq!(parse_bytes("512Mi"), Some(512 << 20));
-        assert_eq!(parse_bytes("1G"), Some(1_000_000_000));
-        assert_eq!(parse_bytes("1048576"), Some(1 << 20));
-        assert_eq!(parse_bytes("1.5Gi"), None);
-        assert_eq!(parse_milli("250m"), Some(250));
-        assert_eq!(parse_milli("99999999999999"), None, "absurd");
         assert_eq!(milli_to_shares(0), 2);
         assert_eq!(milli_to_shares(1), 2);
         assert_eq!(milli_to_shares(u64::MAX), 262_144);

@@ -10,7 +10,7 @@ use qoslet_cgroups::{Device, Features, Knob};
 
 use crate::batch::{parse_spec, pod_total, Batch, Caps, ANNOTATION_EXTENDED_RESOURCE_SPEC};
 use crate::class::{KubeQos, PodClass, QosClass};
-use crate::policy::{memory_qos, ResourceQosStrategy};
+use crate::policy::{memory_qos, CpuPolicy, ResourceQosStrategy};
 
 /// Koordinator's scheduler writes the CPUs an LSE/LSR pod is bound to here: `{"cpuset":"0-3"}`.
 pub const ANNOTATION_RESOURCE_STATUS: &str = "scheduling.koordinator.sh/resource-status";
@@ -155,38 +155,103 @@ fn rule(setting: &str, value: impl ToString, because: impl Into<String>) -> Rule
     }
 }
 
-/// CPU group identity settings for a class: bvt where the kernel has it,
-/// otherwise SCHED_IDLE for BE on kernels with `cpu.idle`; LS untouched.
+/// A pod's group identity (`cpu.bvt_warp_ns`) as koordlet sets it
+/// (groupidentity `bvtRule.getPodBvtValue`): its class's `groupIdentity` when
+/// the class's `cpuQOS` is on and `cpuPolicy` is `groupIdentity`, else 0 (the
+/// value koordlet writes back when it is turned off). SYSTEM pods, which
+/// koordlet has no class entry for, take their Kubernetes QoS's value.
+pub fn group_identity(pc: PodClass, policy: &ResourceQosStrategy) -> (i64, String) {
+    if policy.cpu_policy != CpuPolicy::GroupIdentity {
+        return (0, "cpuPolicy is not groupIdentity".into());
+    }
+    let of = |c: QosClass| {
+        let q = &policy.of(c).cpu_qos;
+        q.enable.then_some(q.group_identity)
+    };
+    let (v, from) = match pc.class {
+        QosClass::System => match pc.kube {
+            Some(KubeQos::Guaranteed) => match (of(QosClass::Lsr), of(QosClass::Ls)) {
+                (Some(v), _) => (Some(v), QosClass::Lsr),
+                (None, v) => (v, QosClass::Ls),
+            },
+            Some(KubeQos::Burstable) => (of(QosClass::Ls), QosClass::Ls),
+            Some(KubeQos::BestEffort) => (of(QosClass::Be), QosClass::Be),
+            None => (None, QosClass::System),
+        },
+        c => (of(c), c),
+    };
+    match v {
+        Some(v) => (
+            v,
+            format!("cpuQOS.groupIdentity of class {}", from.as_str()),
+        ),
+        None => (0, format!("cpuQOS off for class {}", from.as_str())),
+    }
+}
+
+/// The group identity of the kube QoS dirs (`kubepods` 0, burstable the LS
+/// value, besteffort the BE value), as koordlet's `kubeQOSDirParams`, and
+/// whether each is SCHED_IDLE under `cpuPolicy: coreSched` (koordlet's
+/// core_sched `IsKubeQOSCPUIdle`: a class with `schedIdle: 1`; the
+/// Guaranteed dir follows LSR when LSR's cpuQOS is on, else LS).
+pub fn kube_qos_dirs(policy: &ResourceQosStrategy) -> [(KubeQos, i64, bool); 3] {
+    let gi = |c: QosClass| {
+        let q = &policy.of(c).cpu_qos;
+        if policy.cpu_policy == CpuPolicy::GroupIdentity && q.enable {
+            q.group_identity
+        } else {
+            0
+        }
+    };
+    let idle = |c: QosClass| {
+        policy.cpu_policy == CpuPolicy::CoreSched && policy.of(c).cpu_qos.sched_idle == 1
+    };
+    let guaranteed = if policy.lsr_class.cpu_qos.enable {
+        QosClass::Lsr
+    } else {
+        QosClass::Ls
+    };
+    [
+        (KubeQos::Guaranteed, 0, idle(guaranteed)),
+        (KubeQos::Burstable, gi(QosClass::Ls), idle(QosClass::Ls)),
+        (KubeQos::BestEffort, gi(QosClass::Be), idle(QosClass::Be)),
+    ]
+}
+
+/// CPU group identity settings for a pod or container: bvt where the kernel
+/// has it (always planned: 0 when off, so turning it off restores it);
+/// otherwise, on kernels with `cpu.idle` (qoslet's addition for upstream
+/// kernels, where koordlet does nothing), SCHED_IDLE for BE pods whose class
+/// has a negative group identity, planned 0 when off.
 ///
 /// `cpu.idle` goes on the pod's cgroup only: the kernel refuses cpu.shares
 /// writes (EINVAL) on an idle cgroup, and the runtime writes the container's
 /// shares at every UpdateContainerResources; an idle pod cgroup makes all its
 /// containers yield just the same.
 fn identity(
-    class: QosClass,
+    pc: PodClass,
     ctx: &Context,
     pod_level: bool,
     knobs: &mut Vec<Knob>,
     rules: &mut Vec<Rule>,
 ) {
-    let cpu = &ctx.policy.of(class).cpu_qos;
-    if !cpu.enable {
-        return;
-    }
     if ctx.features.bvt {
-        knobs.push(Knob::GroupIdentity(cpu.group_identity));
-        rules.push(rule(
-            "cpu.bvt.warp_ns",
-            cpu.group_identity,
-            format!("cpuQOS.groupIdentity of class {}", class.as_str()),
-        ));
-    } else if class == QosClass::Be && ctx.features.cpu_idle && pod_level && cpu.group_identity < 0
-    {
-        knobs.push(Knob::CpuIdle(true));
+        let (v, why) = group_identity(pc, ctx.policy);
+        knobs.push(Knob::GroupIdentity(v));
+        rules.push(rule(qoslet_cgroups::cgroup::BVT_FILE, v, why));
+    } else if pc.class == QosClass::Be && ctx.features.cpu_idle && pod_level {
+        let q = &ctx.policy.be_class.cpu_qos;
+        let on =
+            ctx.policy.cpu_policy == CpuPolicy::GroupIdentity && q.enable && q.group_identity < 0;
+        knobs.push(Knob::CpuIdle(on));
         rules.push(rule(
             "cpu.idle",
-            1,
-            "BE runs SCHED_IDLE (no bvt on this kernel)",
+            u8::from(on),
+            if on {
+                "BE runs SCHED_IDLE (no bvt on this kernel)"
+            } else {
+                "cpuQOS off for class BE"
+            },
         ));
     }
 }
@@ -205,12 +270,13 @@ pub fn pod(
 ) -> PodDecision {
     let class = pc.class;
     let mut d = PodDecision::default();
-    identity(class, ctx, true, &mut d.cgroup, &mut d.rules);
+    identity(pc, ctx, true, &mut d.cgroup, &mut d.rules);
     let mut memory_request = None;
     if class == QosClass::Be {
         if let Some(a) = batch_annotation(pc, pod_annotations, &mut d.warnings) {
             match parse_spec(a) {
-                Ok(spec) if !spec.is_empty() => {
+                Ok(parsed) if !parsed.containers.is_empty() => {
+                    let spec = parsed.containers;
                     let caps = Caps {
                         milli_cpu: nonzero(ctx.node.milli_cpus),
                         memory: nonzero(ctx.node.memory_bytes),
@@ -346,8 +412,11 @@ pub fn container(
     if class == QosClass::Be {
         if let Some(a) = batch_annotation(pc, pod_annotations, &mut d.warnings) {
             match parse_spec(a) {
-                Ok(spec) => {
-                    if let Some(b) = spec.get(container_name) {
+                Ok(parsed) => {
+                    for e in &parsed.bad {
+                        d.warnings.push(format!("{e}; that value ignored"));
+                    }
+                    if let Some(b) = parsed.containers.get(container_name) {
                         let caps = Caps {
                             milli_cpu: min_opt(nonzero(ctx.node.milli_cpus), requested.milli_cpu()),
                             memory: min_opt(
@@ -396,7 +465,7 @@ pub fn container(
         let l = requested.memory_limit as u64;
         memory(class, l, Some(l), ctx, &mut d);
     }
-    identity(class, ctx, false, &mut d.cgroup, &mut d.rules);
+    identity(pc, ctx, false, &mut d.cgroup, &mut d.rules);
     d
 }
 
@@ -599,6 +668,20 @@ mod tests {
     use super::*;
     use crate::policy::{MemoryQos, ResourceQosStrategy};
 
+    /// Koordinator's defaults with cpuQOS on for every class (as deploy/qoslet.yaml).
+    fn cpu_on() -> ResourceQosStrategy {
+        let mut p = ResourceQosStrategy::default();
+        for c in [
+            &mut p.lsr_class,
+            &mut p.ls_class,
+            &mut p.be_class,
+            &mut p.system_class,
+        ] {
+            c.cpu_qos.enable = true;
+        }
+        p
+    }
+
     /// A 16-CPU node with 64 GiB.
     fn node() -> NodeFacts {
         NodeFacts {
@@ -648,7 +731,7 @@ mod tests {
         ann: &BTreeMap<String, String>,
         f: &Features,
     ) -> ContainerDecision {
-        let p = ResourceQosStrategy::default();
+        let p = cpu_on();
         container(
             pc,
             name,
@@ -666,7 +749,7 @@ mod tests {
     }
 
     fn run_pod(class: QosClass, f: &Features) -> PodDecision {
-        let p = ResourceQosStrategy::default();
+        let p = cpu_on();
         pod(
             labelled(class),
             &BTreeMap::new(),
@@ -1268,6 +1351,86 @@ mod tests {
         assert_eq!(d.patch.cpu_quota, Some(20_000));
     }
 
+    /// Group identity as koordlet sets it (groupidentity/rule.go, `parseRule`,
+    /// `getPodBvtValue`, `getKubeQOSDirBvtValue`): a class's value when its
+    /// cpuQOS is on, 0 when off (written back), SYSTEM by its Kubernetes QoS,
+    /// kube QoS dirs kubepods 0 / burstable LS / besteffort BE, all 0 under
+    /// coreSched.
+    #[test]
+    fn group_identity_as_koordlet_sets_it() {
+        let on = cpu_on();
+        let off = ResourceQosStrategy::default();
+        let mut only_be = ResourceQosStrategy::default();
+        only_be.be_class.cpu_qos.enable = true;
+        let mut core = cpu_on();
+        core.cpu_policy = CpuPolicy::CoreSched;
+        core.be_class.cpu_qos.sched_idle = 1;
+        let sys = |kube| PodClass {
+            kube: Some(kube),
+            ..labelled(QosClass::System)
+        };
+        // (pod, policy, value)
+        let table: &[(PodClass, &ResourceQosStrategy, i64)] = &[
+            (labelled(QosClass::Lsr), &on, 2),
+            (labelled(QosClass::Lse), &on, 2),
+            (labelled(QosClass::Ls), &on, 2),
+            (labelled(QosClass::Be), &on, -1),
+            (labelled(QosClass::Be), &off, 0),
+            (labelled(QosClass::Ls), &only_be, 0),
+            (labelled(QosClass::Be), &only_be, -1),
+            (sys(KubeQos::Guaranteed), &on, 2),
+            (sys(KubeQos::Guaranteed), &only_be, 0),
+            (sys(KubeQos::BestEffort), &on, -1),
+            (labelled(QosClass::Be), &core, 0),
+        ];
+        for (pc, p, want) in table {
+            assert_eq!(group_identity(*pc, p).0, *want, "{pc:?} {:?}", p.cpu_policy);
+        }
+        assert_eq!(
+            kube_qos_dirs(&on),
+            [
+                (KubeQos::Guaranteed, 0, false),
+                (KubeQos::Burstable, 2, false),
+                (KubeQos::BestEffort, -1, false)
+            ]
+        );
+        assert_eq!(
+            kube_qos_dirs(&off).map(|d| d.1),
+            [0, 0, 0],
+            "off: written back to 0"
+        );
+        assert_eq!(
+            kube_qos_dirs(&core),
+            [
+                (KubeQos::Guaranteed, 0, false),
+                (KubeQos::Burstable, 0, false),
+                (KubeQos::BestEffort, 0, true)
+            ],
+            "coreSched: no bvt, SCHED_IDLE on the besteffort dir (schedIdle: 1)"
+        );
+        // on a bvt kernel, a container of an LS pod with cpuQOS off gets 0 (restored)
+        let bvt = Features {
+            bvt: true,
+            ..Default::default()
+        };
+        let d = container(
+            labelled(QosClass::Ls),
+            "app",
+            &BTreeMap::new(),
+            &Requested::default(),
+            &Context {
+                features: &bvt,
+                v2: false,
+                policy: &off,
+                page_size: 4096,
+                node: &node(),
+                devices: &BTreeMap::new(),
+            },
+        );
+        assert_eq!(d.cgroup, vec![Knob::GroupIdentity(0)]);
+        assert_eq!(d.rules[0].setting, "cpu.bvt_warp_ns");
+    }
+
     #[test]
     fn pod_level() {
         assert_eq!(
@@ -1308,7 +1471,7 @@ mod tests {
     #[test]
     fn be_pod_quota_is_the_sum_of_its_containers() {
         let spec = r#"{"containers":{"a":{"requests":{"kubernetes.io/batch-cpu":"500","kubernetes.io/batch-memory":"64Mi"},"limits":{"kubernetes.io/batch-cpu":"1000","kubernetes.io/batch-memory":"128Mi"}},"b":{"requests":{"kubernetes.io/batch-cpu":"500"},"limits":{"kubernetes.io/batch-cpu":"1000","kubernetes.io/batch-memory":"64Mi"}}}}"#;
-        let p = ResourceQosStrategy::default();
+        let p = cpu_on();
         let none = BTreeMap::new();
         let d = pod_with(
             QosClass::Be,

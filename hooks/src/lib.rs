@@ -5,6 +5,8 @@
 //! * [`batch`]: batch resources (`kubernetes.io/batch-cpu`/`batch-memory`) from
 //!   Koordinator's `node.koordinator.sh/extended-resource-spec` annotation,
 //!   turned into CFS shares, quota and a memory limit.
+//! * [`nodeslo`]: Koordinator's NodeSLO fields, what qoslet does with each.
+//! * [`quantity`]: Kubernetes resource quantities, parsed exactly.
 //! * [`policy`]: the policy config, with Koordinator's NodeSLO names and defaults.
 //! * [`decide`]: per pod and container, what to override in CRI resources and
 //!   which cgroup settings to write, each with the rule behind it.
@@ -16,6 +18,8 @@
 pub mod batch;
 pub mod class;
 pub mod decide;
+pub mod nodeslo;
 pub mod policy;
+pub mod quantity;
 
 pub use class::{classify, ClassDecision, ClassSource, KubeQos, PodClass, QosClass, Trust};

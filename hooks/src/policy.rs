@@ -11,19 +11,45 @@ use crate::class::QosClass;
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(from = "raw::Strategy")]
 pub struct ResourceQosStrategy {
+    /// `policies.cpuPolicy`: how `cpuQOS` is carried out.
+    pub cpu_policy: CpuPolicy,
     pub lsr_class: ResourceQos,
     pub ls_class: ResourceQos,
     pub be_class: ResourceQos,
     pub system_class: ResourceQos,
 }
 
+/// `policies.cpuPolicy` (Koordinator's `CPUQOSPolicy`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub enum CpuPolicy {
+    /// Group identity (`cpu.bvt_warp_ns`) per class; the default.
+    #[default]
+    #[serde(rename = "groupIdentity")]
+    GroupIdentity,
+    /// Core scheduling: group identity off (0), `cpu.idle` on the kube QoS dirs
+    /// of classes with `schedIdle: 1` (core-sched cookies are not implemented).
+    #[serde(rename = "coreSched")]
+    CoreSched,
+}
+
 impl Default for ResourceQosStrategy {
+    /// Koordinator's NodeSLO defaults (`sloconfig.DefaultResourceQOSStrategy`):
+    /// every feature off until a policy turns it on.
     fn default() -> Self {
         Self {
-            lsr_class: ResourceQos::with(2, 100),
-            ls_class: ResourceQos::with(2, 100),
-            be_class: ResourceQos::with(-1, 30),
-            system_class: ResourceQos::with(0, 100),
+            cpu_policy: CpuPolicy::GroupIdentity,
+            lsr_class: ResourceQos::with(2, 100, -25),
+            ls_class: ResourceQos::with(2, 100, -25),
+            be_class: ResourceQos::with(-1, 30, 50),
+            system_class: ResourceQos {
+                memory_qos: MemoryQos {
+                    wmark_ratio: 0,
+                    wmark_scale_permill: 50,
+                    wmark_min_adj: 0,
+                    ..MemoryQos::default()
+                },
+                ..ResourceQos::with(0, 100, 0)
+            },
         }
     }
 }
@@ -58,6 +84,12 @@ impl ResourceQosStrategy {
                         "resourceQOSStrategy.{name}.memoryQOS.{f}: {v} is not a percentage (0-100)"
                     ));
                 }
+            }
+            if !(0..=1).contains(&c.cpu_qos.sched_idle) {
+                return Err(format!(
+                    "resourceQOSStrategy.{name}.cpuQOS.schedIdle: {} is not 0 or 1",
+                    c.cpu_qos.sched_idle
+                ));
             }
             if !(-1..=2).contains(&c.cpu_qos.group_identity) {
                 return Err(format!(
@@ -112,13 +144,18 @@ pub struct ResourceQos {
 }
 
 impl ResourceQos {
-    fn with(group_identity: i64, cat_end: u32) -> Self {
+    fn with(group_identity: i64, cat_end: u32, wmark_min_adj: i64) -> Self {
         Self {
             cpu_qos: CpuQos {
-                enable: true,
+                enable: false,
                 group_identity,
+                sched_idle: 0,
+                core_expeller: false,
             },
-            memory_qos: MemoryQos::default(),
+            memory_qos: MemoryQos {
+                wmark_min_adj,
+                ..MemoryQos::default()
+            },
             resctrl_qos: ResctrlQos {
                 enable: false,
                 cat_range_start_percent: 0,
@@ -135,6 +172,10 @@ impl ResourceQos {
 pub struct CpuQos {
     pub enable: bool,
     pub group_identity: i64,
+    /// `schedIdle` (0/1): under `cpuPolicy: coreSched`, `cpu.idle` on the class's kube QoS dir.
+    pub sched_idle: i64,
+    /// `coreExpeller`: parsed, not implemented (core-sched cookies).
+    pub core_expeller: bool,
 }
 
 /// `memoryQOS` (off unless enabled; all percentages 0 by default, as Koordinator).
@@ -213,6 +254,7 @@ mod raw {
     #[derive(Deserialize, Default)]
     #[serde(rename_all = "camelCase", deny_unknown_fields)]
     pub struct Strategy {
+        policies: Option<Policies>,
         lsr_class: Option<Class>,
         ls_class: Option<Class>,
         be_class: Option<Class>,
@@ -282,9 +324,17 @@ mod raw {
 
     #[derive(Deserialize, Default)]
     #[serde(rename_all = "camelCase", deny_unknown_fields)]
+    struct Policies {
+        cpu_policy: Option<super::CpuPolicy>,
+    }
+
+    #[derive(Deserialize, Default)]
+    #[serde(rename_all = "camelCase", deny_unknown_fields)]
     struct Cpu {
         enable: Option<bool>,
         group_identity: Option<i64>,
+        sched_idle: Option<i64>,
+        core_expeller: Option<bool>,
     }
 
     #[derive(Deserialize, Default)]
@@ -319,6 +369,8 @@ mod raw {
             if let Some(c) = self.cpu {
                 set(&mut d.cpu_qos.enable, c.enable);
                 set(&mut d.cpu_qos.group_identity, c.group_identity);
+                set(&mut d.cpu_qos.sched_idle, c.sched_idle);
+                set(&mut d.cpu_qos.core_expeller, c.core_expeller);
             }
             if let Some(m) = self.memory {
                 let q = &mut d.memory_qos;
@@ -351,6 +403,10 @@ mod raw {
         fn from(r: Strategy) -> Self {
             let d = super::ResourceQosStrategy::default();
             Self {
+                cpu_policy: r
+                    .policies
+                    .and_then(|p| p.cpu_policy)
+                    .unwrap_or(d.cpu_policy),
                 lsr_class: r.lsr_class.unwrap_or_default().over(d.lsr_class),
                 ls_class: r.ls_class.unwrap_or_default().over(d.ls_class),
                 be_class: r.be_class.unwrap_or_default().over(d.be_class),

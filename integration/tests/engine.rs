@@ -30,7 +30,7 @@ fn besteffort() -> cri::LinuxContainerResources {
 
 fn policy(be_parent: &str, extra: &str) -> String {
     format!(
-        "policy:\n  resourceUsedThresholdWithBE:\n    enable: true\n    cpuSuppressPolicy: cfsQuota\n    cpuSuppressThresholdPercent: 45\n{extra}\
+        "policy:\n  resourceQOSStrategy:\n    beClass:\n      cpuQOS: {{\"enable\": true}}\n  resourceUsedThresholdWithBE:\n    enable: true\n    cpuSuppressPolicy: cfsQuota\n    cpuSuppressThresholdPercent: 45\n{extra}\
          qosEngine:\n  beParent: {be_parent}\n  driftCheckInterval: 3s\n"
     )
 }

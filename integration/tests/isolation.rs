@@ -79,7 +79,7 @@ async fn real_be_pod_with_batch_resources_gets_its_class_settings_and_keeps_them
     std::fs::write(
         &config,
         format!(
-            "policy:\n  resourceQOSStrategy:\n    beClass:\n      blkioQOS:\n        enable: true\n        blocks:\n          - {{name: {}, type: device, ioCfg: {{readBPS: 10485760, writeIOPS: 300}}}}\n",
+            "policy:\n  resourceQOSStrategy:\n    beClass:\n      cpuQOS: {{enable: true}}\n      blkioQOS:\n        enable: true\n        blocks:\n          - {{name: {}, type: device, ioCfg: {{readBPS: 10485760, writeIOPS: 300}}}}\n",
             disk.0
         ),
     )

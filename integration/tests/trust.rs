@@ -288,7 +288,14 @@ async fn real_labels_cannot_raise_a_class_or_pin_an_unlabelled_pod() {
     let _serial = SERIAL.lock().await;
     let tb = Testbed::main();
     let dir = scratch("trust-labels");
-    let q = QosletProcess::start(&dir, &tb.sock);
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("qoslet.yaml");
+    std::fs::write(
+        &config,
+        "policy:\n  resourceQOSStrategy:\n    beClass:\n      cpuQOS: {enable: true}\n",
+    )
+    .unwrap();
+    let q = QosletProcess::start_with(&dir, &tb.sock, &[&format!("--config={}", config.display())]);
     let mut via = Cri::connect(&q.sock).await;
     let mut cleanup = Cleanup::new(&tb.sock);
 

@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use qoslet_cgroups::{CgroupPath, Cgroups, Device, Features, Knob};
 use qoslet_hooks::decide::{Context, NodeFacts};
 use qoslet_hooks::policy::ResourceQosStrategy;
-use qoslet_hooks::QosClass;
+use qoslet_hooks::{KubeQos, QosClass};
 
 use crate::burst::{self, BurstPolicy, CpuBurstStrategy, Pool};
 use crate::execute::{Executor, Report};
@@ -79,6 +79,9 @@ pub struct NodeState {
     pub numa: Vec<Vec<u32>>,
     /// The BE parent's cpuset now (`None`: unknown).
     pub be_cpuset: Option<BTreeSet<u32>>,
+    /// The kube QoS dirs this node has (`kubepods`, its burstable and besteffort
+    /// children), for their group identity / SCHED_IDLE.
+    pub qos_dirs: Vec<(KubeQos, CgroupPath)>,
     /// Names this set of pods: the same value on the next tick promises the
     /// same pods, classes, annotations and limits (usage aside), so the
     /// reconcile writes are reused (`None`: always recomputed).
@@ -121,6 +124,7 @@ pub fn reconcile_all(state: &NodeState, ctx: &Context) -> (Plan, BTreeSet<u32>) 
         }
     }
     memory_protection_up_the_tree(state, &mut plan);
+    reconcile::kube_qos(&state.qos_dirs, ctx, &mut plan);
     (plan, exclusive)
 }
 
@@ -590,6 +594,7 @@ mod tests {
             period_us: 100_000,
             numa: vec![(0..16).collect()],
             be_cpuset: None,
+            qos_dirs: Vec::new(),
             pods_generation: None,
         }
     }
@@ -631,6 +636,79 @@ mod tests {
             files.push((format!("cpuset/{cg}/cpuset.cpus"), "0-15\n"));
         }
         crate::testing::tree(&format!("engine-{tag}"), &files)
+    }
+
+    /// Issue 14: on an Anolis-shaped tree (`cpu.bvt_warp_ns` in every cgroup),
+    /// group identity lands on the pods, their containers and the kube QoS
+    /// dirs (kubepods 0, burstable LS 2, besteffort BE -1, as koordlet's
+    /// groupidentity rule), and turning cpuQOS off writes 0 back everywhere.
+    #[test]
+    fn group_identity_on_an_anolis_tree_and_written_back_when_off() {
+        let mut files = vec![("cpu/cgroup.procs".to_string(), "")];
+        let dirs = [
+            "kubepods",
+            "kubepods/besteffort",
+            "kubepods/besteffort/podbe",
+            "kubepods/besteffort/podbe/cbe",
+            "kubepods/burstable",
+            "kubepods/burstable/podls",
+            "kubepods/burstable/podls/cls",
+        ];
+        for cg in dirs {
+            files.push((format!("cpu/{cg}/cgroup.procs"), ""));
+            files.push((format!("cpu/{cg}/cpu.bvt_warp_ns"), "0\n"));
+            files.push((format!("cpu/{cg}/cpu.cfs_quota_us"), "-1\n"));
+            files.push((format!("cpu/{cg}/cpu.cfs_period_us"), "100000\n"));
+        }
+        let d = crate::testing::tree("engine-bvt", &files);
+        let cg = Cgroups::detect(&d).unwrap();
+        assert!(cg.host().features.bvt, "cpu.bvt_warp_ns detected");
+        let env = Env {
+            features: cg.host().features.clone(),
+            ..Default::default()
+        };
+        let mut s = state(1.0, 1.0, None);
+        s.qos_dirs = vec![
+            (KubeQos::Guaranteed, CgroupPath::parse("kubepods").unwrap()),
+            (
+                KubeQos::Burstable,
+                CgroupPath::parse("kubepods/burstable").unwrap(),
+            ),
+            (
+                KubeQos::BestEffort,
+                CgroupPath::parse("kubepods/besteffort").unwrap(),
+            ),
+        ];
+        let read = |cg: &str| {
+            std::fs::read_to_string(d.join("cpu").join(cg).join("cpu.bvt_warp_ns"))
+                .unwrap()
+                .trim()
+                .to_string()
+        };
+        let mut p = Policy::default();
+        for c in [
+            &mut p.qos.lsr_class,
+            &mut p.qos.ls_class,
+            &mut p.qos.be_class,
+        ] {
+            c.cpu_qos.enable = true;
+        }
+        let mut e = Engine::new(1);
+        let t = e.plan(&s, &p, &env);
+        let r = e.execute(&t.plan, &cg);
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        // kubepods, besteffort dir, BE pod, its container, burstable dir, LS pod, its container
+        let got: Vec<String> = dirs.iter().map(|c| read(c)).collect();
+        assert_eq!(got, ["0", "-1", "-1", "-1", "2", "2", "2"], "{dirs:?}");
+        // cpuQOS off: 0 written back everywhere
+        let off = Policy::default();
+        let t = e.plan(&s, &off, &env);
+        let r = e.execute(&t.plan, &cg);
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        for c in dirs {
+            assert_eq!(read(c), "0", "{c}");
+        }
+        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
@@ -818,6 +896,7 @@ mod tests {
         let mut s = state(1.0, 1.0, None);
         s.pods_generation = Some(7);
         let mut p = cfs(50);
+        p.qos.be_class.cpu_qos.enable = true;
         let mut e = Engine::new(10);
         let idle = |t: &TickResult| {
             t.plan

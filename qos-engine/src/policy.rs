@@ -26,8 +26,11 @@ pub struct ResourceThresholdStrategy {
     pub memory_evict_threshold_percent: i64,
     /// Default: the threshold minus 2.
     pub memory_evict_lower_percent: Option<i64>,
+    #[serde(rename = "cpuEvictBESatisfactionLowerPercent")]
     pub cpu_evict_be_satisfaction_lower_percent: Option<i64>,
+    #[serde(rename = "cpuEvictBESatisfactionUpperPercent")]
     pub cpu_evict_be_satisfaction_upper_percent: Option<i64>,
+    #[serde(rename = "cpuEvictBEUsageThresholdPercent")]
     pub cpu_evict_be_usage_threshold_percent: i64,
     pub cpu_evict_time_window_seconds: Option<i64>,
 }

@@ -114,6 +114,41 @@ fn bytes(v: &str) -> Option<Option<u64>> {
     }
 }
 
+/// The kube QoS dirs' group identity (kernels with bvt) and SCHED_IDLE
+/// (kernels with `cpu.idle`, set only under `cpuPolicy: coreSched`), as
+/// koordlet's kube-QoS-level reconcilers keep them; both always planned, so
+/// turning a feature off writes 0 back.
+pub fn kube_qos(dirs: &[(KubeQos, CgroupPath)], ctx: &Context, plan: &mut Plan) {
+    let want = decide::kube_qos_dirs(ctx.policy);
+    for (kube, cg) in dirs {
+        let Some(&(_, bvt, idle)) = want.iter().find(|w| w.0 == *kube) else {
+            continue;
+        };
+        if ctx.features.bvt {
+            plan.add(Write {
+                cgroup: cg.clone(),
+                knob: Knob::GroupIdentity(bvt),
+                plugin: "cpu-qos",
+                rule: format!(
+                    "{kube:?} kube QoS dir: group identity {bvt} (koordlet's kubeQOSDirParams)"
+                ),
+            });
+        }
+        if ctx.features.cpu_idle {
+            plan.add(Write {
+                cgroup: cg.clone(),
+                knob: Knob::CpuIdle(idle),
+                plugin: "cpu-qos",
+                rule: format!(
+                    "{kube:?} kube QoS dir: cpu.idle {} (cpuPolicy {:?}, schedIdle)",
+                    u8::from(idle),
+                    ctx.policy.cpu_policy
+                ),
+            });
+        }
+    }
+}
+
 /// Adds what the hooks would set on `p` and its containers now; returns the
 /// CPU lists its containers are bound to (LSE/LSR), which leave the share pool.
 pub fn pod(p: &Pod, ctx: &Context, plan: &mut Plan) -> Vec<String> {
@@ -203,6 +238,7 @@ mod tests {
         };
         let mut policy = ResourceQosStrategy::default();
         policy.be_class.memory_qos.enable = true;
+        policy.be_class.cpu_qos.enable = true;
         let devices = BTreeMap::new();
         let ctx = Context {
             features: &features,

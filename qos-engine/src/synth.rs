@@ -56,6 +56,7 @@ pub fn node_state(
         period_us: 100_000,
         numa: vec![(0..cpus).collect()],
         be_cpuset: None,
+        qos_dirs: Vec::new(),
         pods_generation: Some(1),
     }
 }
