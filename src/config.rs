@@ -28,7 +28,8 @@ pub struct FileConfig {
     /// How often the store is reconciled with the runtime, e.g. `60s`.
     pub resync_interval: Option<String>,
     pub hooks: Option<HooksConfig>,
-    /// Relay HTTP/2 frames (default true); false terminates HTTP/2 for every call.
+    /// Relay HTTP/2 frames (default false: HTTP/2 is terminated for every call, hooks run
+    /// at every size; the relay skips hooks above 32 KiB).
     pub relay: Option<bool>,
     /// Apply QoS isolation at the runtime hooks (default true); false: a pure proxy.
     pub isolation: Option<bool>,

@@ -17,7 +17,13 @@ use tokio_stream::StreamExt;
 async fn real_containerd_killed_and_restarted_under_qoslet() {
     let tb = Testbed::start_instance("restart", "1.7");
     let dir = scratch("restart");
-    let mut q = QosletProcess::start(&dir, &tb.sock);
+    // the opt-in frame relay: connections accepted during the outage are handed
+    // back to it once the runtime returns
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("qoslet.yaml");
+    std::fs::write(&config, "relay: true\n").unwrap();
+    let mut q =
+        QosletProcess::start_with(&dir, &tb.sock, &[&format!("--config={}", config.display())]);
     let pid = q.pid();
     let mut via = Cri::lazy(&q.sock);
     via.rt

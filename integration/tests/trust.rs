@@ -165,9 +165,8 @@ async fn real_hostile_annotation_neither_stalls_nor_pins() {
     let dir = scratch("trust-hostile");
     let config = dir.join("qoslet.yaml");
     std::fs::create_dir_all(&dir).unwrap();
-    // the terminating path runs hooks at every size (the frame relay skips hooks
-    // above 32 KiB: issue 11)
-    std::fs::write(&config, "relay: false\nhooks:\n  timeout: 2s\n").unwrap();
+    // the default path (the opt-in frame relay skips hooks above 32 KiB: issue 11)
+    std::fs::write(&config, "hooks:\n  timeout: 2s\n").unwrap();
     let q = QosletProcess::start_with(&dir, &tb.sock, &[&format!("--config={}", config.display())]);
     let mut via = Cri::connect(&q.sock).await;
     let mut cleanup = Cleanup::new(&tb.sock);

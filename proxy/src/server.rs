@@ -47,7 +47,11 @@ pub struct ProxyConfig {
     pub resync_interval: Duration,
     /// Minimum time between two checkpoint writes.
     pub checkpoint_interval: Duration,
-    /// Relay HTTP/2 frames (fast path) instead of terminating HTTP/2 for every call.
+    /// Relay HTTP/2 frames (opt-in) instead of terminating HTTP/2 for every call.
+    /// Off by default: the relay passes intercepted requests over 32 KiB on
+    /// without hooks (a pod author could skip its isolation with one large
+    /// annotation) and has flow-control defects the terminating path does not
+    /// (issue 11 replaces both with one plane).
     pub relay: bool,
 }
 
@@ -62,7 +66,7 @@ impl Default for ProxyConfig {
             drain_timeout: Duration::from_secs(30),
             resync_interval: Duration::from_secs(60),
             checkpoint_interval: Duration::from_millis(100),
-            relay: true,
+            relay: false,
         }
     }
 }

@@ -7,11 +7,19 @@
 //! ticks), and a value someone else changed is put back and reported as
 //! drift. So a steady state costs almost no I/O and writes nothing, and drift
 //! is undone within `verify_every` ticks.
+//!
+//! A setting that leaves the plan (its feature turned off, its pod now of
+//! another class) is not just forgotten: where the kernel has a default that
+//! koordlet writes back (group identity 0, SCHED_IDLE off, burst 0,
+//! memory.min/low 0, memory.high max, no I/O limit) that value is written,
+//! tick after tick until it sticks or the cgroup is gone. Settings the
+//! runtime owns (quota, shares, memory limit, cpuset) are put back by the
+//! plugins that changed them and by kubelet's next update.
 
 use std::collections::HashMap;
 
 use qoslet_cgroups::fs::Outcome;
-use qoslet_cgroups::{CgroupPath, Cgroups, Knob};
+use qoslet_cgroups::{CgroupError, CgroupPath, Cgroups, IoLimits, Knob};
 
 use crate::plan::{key, Key, Plan};
 
@@ -97,10 +105,31 @@ struct Known {
     slot: u64,
 }
 
+/// The value a setting goes back to when no plugin plans it any more, where
+/// the kernel has a default (what koordlet writes back when a feature is
+/// turned off); `None` for settings the runtime owns.
+pub fn restore_value(k: &Knob) -> Option<Knob> {
+    Some(match k {
+        Knob::GroupIdentity(v) if *v != 0 => Knob::GroupIdentity(0),
+        Knob::CpuIdle(true) => Knob::CpuIdle(false),
+        Knob::CpuBurst(b) if *b != 0 => Knob::CpuBurst(0),
+        Knob::MemoryMin(v) if *v != 0 => Knob::MemoryMin(0),
+        Knob::MemoryLow(v) if *v != 0 => Knob::MemoryLow(0),
+        Knob::MemoryHigh(Some(_)) => Knob::MemoryHigh(None),
+        Knob::IoLimit { device, limits } if *limits != IoLimits::default() => Knob::IoLimit {
+            device: *device,
+            limits: IoLimits::default(),
+        },
+        _ => return None,
+    })
+}
+
 /// Applies plans; keeps what it applied between ticks.
 #[derive(Debug)]
 pub struct Executor {
     known: HashMap<Key, Known>,
+    /// Settings that left the plan, still to be written back to their default.
+    restoring: HashMap<Key, (CgroupPath, Knob)>,
     tick: u64,
     next_slot: u64,
     verify_every: u64,
@@ -111,6 +140,7 @@ impl Executor {
     pub fn new(verify_every: u64) -> Self {
         Self {
             known: HashMap::new(),
+            restoring: HashMap::new(),
             tick: 0,
             next_slot: 0,
             verify_every: verify_every.max(1),
@@ -204,9 +234,44 @@ impl Executor {
             }
         }
         if self.known.len() > plan.len() {
-            self.known.retain(|k, _| plan.contains(k));
+            let restoring = &mut self.restoring;
+            self.known.retain(|k, kn| {
+                let keep = plan.contains(k);
+                if !keep {
+                    if let Some(v) = restore_value(&kn.knob) {
+                        restoring.insert(k.clone(), (k.0.clone(), v));
+                    }
+                }
+                keep
+            });
+        }
+        // what left the plan goes back to the kernel's default (until it sticks
+        // or the cgroup is gone); a setting planned again is the plan's
+        self.restoring.retain(|k, _| !plan.contains(k));
+        let mut done = Vec::new();
+        for (k, (cg, knob)) in &self.restoring {
+            match cgroups.apply(cg, knob) {
+                Ok(o) => {
+                    if o == Outcome::Written {
+                        r.written += 1;
+                    }
+                    done.push(k.clone());
+                }
+                Err(CgroupError::Missing { .. } | CgroupError::Unsupported { .. }) => {
+                    done.push(k.clone())
+                }
+                Err(e) => r.errors.push(format!("restoring {cg}: {e}")),
+            }
+        }
+        for k in done {
+            self.restoring.remove(&k);
         }
         r
+    }
+
+    /// Settings waiting to be written back to their default.
+    pub fn restoring(&self) -> usize {
+        self.restoring.len()
     }
 
     /// What applying `plan` would do, file by file, without writing.
@@ -289,6 +354,72 @@ mod tests {
             plugin: "test",
             rule: String::new(),
         }
+    }
+
+    /// Issue 14: a setting that leaves the plan (the feature turned off) is
+    /// written back to the kernel's default, as koordlet does; a gone cgroup
+    /// ends the attempt.
+    #[test]
+    fn settings_leaving_the_plan_are_written_back_to_their_defaults() {
+        let d = crate::testing::tree(
+            "exec-restore",
+            &[
+                ("cpu/cgroup.procs", ""),
+                ("cpu/cpu.cfs_burst_us", "0\n"),
+                ("cpu/cpu.idle", "0\n"),
+                ("cpu/kubepods/burstable/pod1/cpu.cfs_burst_us", "0\n"),
+                ("cpu/kubepods/burstable/pod1/cpu.idle", "0\n"),
+                ("cpu/kubepods/burstable/pod1/cpu.cfs_quota_us", "-1\n"),
+                ("cpu/kubepods/burstable/pod1/cpu.cfs_period_us", "100000\n"),
+            ],
+        );
+        let cg = Cgroups::detect(&d).unwrap();
+        let pod = CgroupPath::parse("/kubepods/burstable/pod1").unwrap();
+        let w = |knob| Write {
+            cgroup: pod.clone(),
+            knob,
+            plugin: "test",
+            rule: String::new(),
+        };
+        let mut plan = Plan::new();
+        plan.add(w(Knob::CpuBurst(50_000)));
+        plan.add(w(Knob::CpuIdle(true)));
+        plan.add(w(Knob::CpuQuota {
+            quota: Some(200_000),
+            period: 100_000,
+        }));
+        let mut e = Executor::new(10);
+        assert_eq!(e.execute(&plan, &cg).written, 3);
+        let read = |f: &str| {
+            std::fs::read_to_string(d.join("cpu/kubepods/burstable/pod1").join(f))
+                .unwrap()
+                .trim()
+                .to_string()
+        };
+        assert_eq!(
+            (read("cpu.cfs_burst_us"), read("cpu.idle")),
+            ("50000".into(), "1".into())
+        );
+        // the features are turned off: nothing planned any more
+        let r = e.execute(&Plan::new(), &cg);
+        assert_eq!(r.written, 2, "{r:?}");
+        assert_eq!(
+            (read("cpu.cfs_burst_us"), read("cpu.idle")),
+            ("0".into(), "0".into())
+        );
+        assert_eq!(
+            read("cpu.cfs_quota_us"),
+            "200000",
+            "the runtime's: left to its owner"
+        );
+        assert_eq!(e.restoring(), 0);
+        // a pod removed before its restore: dropped, not retried forever
+        e.execute(&plan, &cg);
+        std::fs::remove_dir_all(d.join("cpu/kubepods/burstable/pod1")).unwrap();
+        let r = e.execute(&Plan::new(), &cg);
+        assert!(r.errors.is_empty(), "{r:?}");
+        assert_eq!(e.restoring(), 0);
+        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
