@@ -170,15 +170,25 @@ fn numa(sys_root: &Path, capacity: f64) -> Vec<Vec<u32>> {
 
 /// The besteffort parent: as configured, else the first of the cgroupfs and
 /// systemd drivers' names that exists.
+/// The drivers to look under, the pods' own first (`systemd`: what the
+/// store's pods use, if known).
+fn drivers(systemd: Option<bool>) -> [bool; 2] {
+    match systemd {
+        Some(true) => [true, false],
+        _ => [false, true],
+    }
+}
+
 fn find_be_parent(
     cgroups: &Cgroups,
     configured: Option<&CgroupPath>,
     root: &qoslet_cgroups::PodRoot,
+    systemd: Option<bool>,
 ) -> Option<CgroupPath> {
     if let Some(c) = configured {
         return Some(c.clone());
     }
-    [false, true]
+    drivers(systemd)
         .into_iter()
         .map(|systemd| root.qos_dirs(systemd)[2].clone())
         .find(|cg| cgroups.read(cg, "cpu", "cgroup.procs").is_ok())
@@ -189,10 +199,11 @@ fn find_be_parent(
 fn find_qos_dirs(
     cgroups: &Cgroups,
     root: &qoslet_cgroups::PodRoot,
+    systemd: Option<bool>,
 ) -> Vec<(qoslet_hooks::KubeQos, CgroupPath)> {
     use qoslet_hooks::KubeQos;
     let exists = |cg: &CgroupPath| cgroups.read(cg, "cpu", "cgroup.procs").is_ok();
-    [false, true]
+    drivers(systemd)
         .into_iter()
         .map(|systemd| root.qos_dirs(systemd))
         .find(|d| exists(&d[0]))
@@ -509,6 +520,9 @@ impl Shared {
                         }
                         lock(&self.policy_error).clear();
                         self.set_not_implemented(&p.not_implemented);
+                        for w in p.resource_qos_strategy.warnings() {
+                            warn!("{w}");
+                        }
                         info!(path = %r.path.display(), "policy reloaded");
                     }
                     Some(Err(e)) => {
@@ -529,32 +543,38 @@ impl Shared {
             last_ts = t.ts;
             let t0 = Instant::now();
             let cg = &self.cgroups;
-            if be_parent.is_none() {
-                be_parent = find_be_parent(cg, s.be_parent.as_ref(), &s.pod_root);
+            let rebuilt = skeleton.as_ref().map(|k| k.generation) != Some(store.generation());
+            if rebuilt {
+                skeleton = Some(Skeleton::build(&store, &s.trust, &s.pod_root));
             }
-            if qos_dirs.len() < 3 {
-                qos_dirs = find_qos_dirs(cg, &s.pod_root);
+            // the cgroup driver kubelet's pods use (a node that switched drivers may
+            // keep the other's empty kubepods)
+            let systemd = skeleton.as_ref().and_then(|k| {
+                k.pods
+                    .first()
+                    .map(|p| p.cgroup.as_str().contains(".slice/"))
+            });
+            if be_parent.is_none() || (rebuilt && s.be_parent.is_none()) {
+                be_parent = find_be_parent(cg, s.be_parent.as_ref(), &s.pod_root, systemd);
+            }
+            if qos_dirs.len() < 3 || rebuilt {
+                qos_dirs = find_qos_dirs(cg, &s.pod_root, systemd);
             }
             // Anolis kernels apply group identity only with this sysctl on
             // (koordlet turns it on whenever a class's cpuQOS is)
-            if env.features.bvt && !s.dry_run {
-                let q = &policy.qos;
-                let any = q.cpu_policy == qoslet_hooks::policy::CpuPolicy::GroupIdentity
-                    && [&q.lsr_class, &q.ls_class, &q.be_class]
-                        .iter()
-                        .any(|c| c.cpu_qos.enable);
+            if env.features.bvt
+                && !s.dry_run
+                && qoslet_hooks::decide::group_identity_on(&policy.qos)
+            {
                 let sysctl = qoslet_cgroups::sysctl::Sysctl::new(&s.proc_root);
-                let name = qoslet_cgroups::sysctl::GROUP_IDENTITY;
-                if any && sysctl.offered(name) {
-                    match sysctl.ensure(name, "1") {
-                        Ok(qoslet_cgroups::fs::Outcome::Written) => {
-                            info!(sysctl = name, "group identity enabled")
-                        }
-                        Ok(_) => {}
-                        Err(e) => {
-                            if logged.insert(e.to_string()) {
-                                warn!(error = %e, "group identity sysctl not set");
-                            }
+                match sysctl.enable_group_identity() {
+                    Ok(Some(qoslet_cgroups::fs::Outcome::Written)) => {
+                        info!("group identity enabled (kernel.sched_group_identity_enabled)")
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        if logged.insert(e.to_string()) {
+                            warn!(error = %e, "group identity sysctl not set");
                         }
                     }
                 }
@@ -584,9 +604,6 @@ impl Shared {
                     }
                 }
             };
-            if skeleton.as_ref().map(|k| k.generation) != Some(store.generation()) {
-                skeleton = Some(Skeleton::build(&store, &s.trust, &s.pod_root));
-            }
             let pods = skeleton
                 .as_ref()
                 .map(|k| k.with_usage(&t))
@@ -936,16 +953,16 @@ mod tests {
             std::fs::write(d.join(f), c).unwrap();
         }
         let v1 = Cgroups::detect(&d.join("v1")).unwrap();
-        let bp = find_be_parent(&v1, None, &qoslet_cgroups::PodRoot::default()).unwrap();
+        let bp = find_be_parent(&v1, None, &qoslet_cgroups::PodRoot::default(), None).unwrap();
         assert_eq!(bp.as_str(), "kubepods/besteffort");
         assert_eq!(read_quota(&v1, &bp), Some((None, 100_000)));
         let v2 = Cgroups::detect(&d.join("v2")).unwrap();
-        let bp = find_be_parent(&v2, None, &qoslet_cgroups::PodRoot::default()).unwrap();
+        let bp = find_be_parent(&v2, None, &qoslet_cgroups::PodRoot::default(), None).unwrap();
         assert_eq!(bp.as_str(), "kubepods.slice/kubepods-besteffort.slice");
         assert_eq!(read_quota(&v2, &bp), Some((Some(20_000), 50_000)));
         let other = CgroupPath::parse("/custom/be").unwrap();
         assert_eq!(
-            find_be_parent(&v2, Some(&other), &qoslet_cgroups::PodRoot::default()),
+            find_be_parent(&v2, Some(&other), &qoslet_cgroups::PodRoot::default(), None),
             Some(other)
         );
         std::fs::remove_dir_all(&d).unwrap();

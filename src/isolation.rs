@@ -37,6 +37,8 @@ pub struct Isolation {
     cgroups: Option<Arc<Cgroups>>,
     resctrl: Option<Arc<Resctrl>>,
     shared: PolicyHandle,
+    /// Group identity's kernel switch (None: not managed here).
+    sysctl: Option<Arc<qoslet_cgroups::sysctl::Sysctl>>,
 }
 
 /// The policy the hooks read, swapped whole when the config file is reloaded
@@ -154,6 +156,10 @@ pub(crate) fn resolve_devices(
             if out.contains_key(&b.name) {
                 continue;
             }
+            if b.block_type != "device" {
+                warn!(name = %b.name, block_type = %b.block_type, "blkioQOS block type not implemented by qoslet (CRI carries no pod volumes); skipped");
+                continue;
+            }
             match qoslet_cgroups::Device::resolve(&b.name) {
                 Ok(d) => {
                     out.insert(b.name.clone(), d);
@@ -184,6 +190,7 @@ impl Isolation {
         Self {
             cgroups: cgroups.map(Arc::new),
             resctrl: resctrl.map(Arc::new),
+            sysctl: None,
             shared: PolicyHandle(Arc::new(std::sync::RwLock::new(Arc::new(Shared {
                 features,
                 v2,
@@ -195,6 +202,13 @@ impl Isolation {
                 policy,
             })))),
         }
+    }
+
+    /// Manages group identity's kernel switch under this procfs root: turned on
+    /// when a pod gets group identity (so it applies without the QoS engine too).
+    pub fn with_sysctl(mut self, proc_root: &std::path::Path) -> Self {
+        self.sysctl = Some(Arc::new(qoslet_cgroups::sysctl::Sysctl::new(proc_root)));
+        self
     }
 
     /// The handle that swaps the policy the hooks read.
@@ -450,10 +464,11 @@ impl Hook for Isolation {
         req: Arc<CriRequest>,
         resp: Arc<CriResponse>,
     ) -> BoxFuture<Result<(), BoxError>> {
-        let (shared, cgroups, resctrl) = (
+        let (shared, cgroups, resctrl, sysctl) = (
             self.shared.get(),
             self.cgroups.clone(),
             self.resctrl.clone(),
+            self.sysctl.clone(),
         );
         Box::pin(async move {
             match (&*req, &*resp) {
@@ -488,6 +503,14 @@ impl Hook for Isolation {
                             return Ok(());
                         }
                     };
+                    if let (Some(sys), true) = (
+                        &sysctl,
+                        d.cgroup.iter().any(|k| matches!(k, Knob::GroupIdentity(_))),
+                    ) {
+                        if let Err(e) = sys.enable_group_identity() {
+                            warn!(error = %e, "group identity sysctl not set");
+                        }
+                    }
                     let written = write(cgroups.as_deref(), &cg, &d.cgroup);
                     for r in &d.rules {
                         ctx.store.set_pod_applied(

@@ -161,6 +161,9 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
         cfg.resync_interval = config::parse_duration(v)?;
     }
     let settings = hook_settings(file.hooks.as_ref())?;
+    for w in policy_cfg_warnings(file.policy.as_ref()) {
+        tracing::warn!("{w}");
+    }
     for f in file
         .policy
         .as_ref()
@@ -227,7 +230,8 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
             node.clone(),
             trust.clone(),
             pod_root.clone(),
-        );
+        )
+        .with_sysctl(&proc_root);
         policy_handle = Some(iso.policy_handle());
         let hook: std::sync::Arc<dyn qoslet_proxy::Hook> = std::sync::Arc::new(iso);
         qoslet_proxy::Pipeline::with_hooks(vec![(hook, settings)])
@@ -386,6 +390,11 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
     drop(state_lock);
     tracing::info!("stopped");
     Ok(())
+}
+
+fn policy_cfg_warnings(p: Option<&config::PolicyConfig>) -> Vec<String> {
+    p.map(|p| p.resource_qos_strategy.warnings())
+        .unwrap_or_default()
 }
 
 /// The metrics and engine side of the admin API, set once they have started.

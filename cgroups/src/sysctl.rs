@@ -11,6 +11,8 @@ use crate::CgroupError;
 
 /// Group identity's switch on Anolis / Alibaba Cloud Linux kernels.
 pub const GROUP_IDENTITY: &str = "kernel.sched_group_identity_enabled";
+/// Core scheduling's switch on those kernels: group identity needs it off.
+pub const SCHED_CORE: &str = "kernel.sched_core";
 
 /// The sysctls under one procfs root.
 #[derive(Debug, Clone)]
@@ -39,6 +41,19 @@ impl Sysctl {
     pub fn ensure(&self, name: &str, value: &str) -> Result<Outcome, CgroupError> {
         crate::fs::write_if_changed(&self.path(name), value)
     }
+
+    /// Turns group identity on where the kernel has the switch, core
+    /// scheduling off first (koordlet's `initSysctl`: `tryDisableCoreSched`,
+    /// then `SetSchedGroupIdentity(true)`). `Ok(None)`: no switch here.
+    pub fn enable_group_identity(&self) -> Result<Option<Outcome>, CgroupError> {
+        if !self.offered(GROUP_IDENTITY) {
+            return Ok(None);
+        }
+        if self.offered(SCHED_CORE) {
+            self.ensure(SCHED_CORE, "0")?;
+        }
+        self.ensure(GROUP_IDENTITY, "1").map(Some)
+    }
 }
 
 #[cfg(test)]
@@ -60,7 +75,16 @@ mod tests {
             std::fs::read_to_string(d.join("sys/kernel/sched_group_identity_enabled")).unwrap(),
             "1"
         );
+        // with core scheduling on: turned off first, as koordlet does
+        std::fs::write(d.join("sys/kernel/sched_group_identity_enabled"), "0\n").unwrap();
+        std::fs::write(d.join("sys/kernel/sched_core"), "1\n").unwrap();
+        assert_eq!(s.enable_group_identity().unwrap(), Some(Outcome::Written));
+        assert_eq!(
+            std::fs::read_to_string(d.join("sys/kernel/sched_core")).unwrap(),
+            "0"
+        );
         let none = Sysctl::new(&d.join("nope"));
+        assert_eq!(none.enable_group_identity().unwrap(), None);
         assert!(!none.offered(GROUP_IDENTITY));
         assert!(matches!(
             none.ensure(GROUP_IDENTITY, "1"),

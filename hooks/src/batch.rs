@@ -101,6 +101,8 @@ pub fn parse_spec(annotation: &str) -> Result<ParsedSpec, BatchError> {
                 other => other.to_string(),
             };
             match crate::quantity::parse_value(&s) {
+                // koordlet treats zero as unset (MilliCPUToQuota gives -1: no limit)
+                Ok(0) => None,
                 Ok(v) if v <= MAX_AMOUNT => Some(v),
                 _ => {
                     out.bad.push(BatchError::BadQuantity {
@@ -335,6 +337,11 @@ mod tests {
         .unwrap();
         assert_eq!(p.bad.len(), 1, "overflow");
         assert_eq!(parse_spec("{}").unwrap().containers.len(), 0);
+        // zero is unset, as koordlet reads it (never a 0-byte memory limit)
+        let p = parse_spec(r#"{"containers":{"a":{"limits":{"kubernetes.io/batch-memory":"0","kubernetes.io/batch-cpu":"0m"}}}}"#)
+            .unwrap();
+        assert!(p.bad.is_empty());
+        assert_eq!(p.containers["a"], Batch::default());
     }
 
     #[test]

@@ -155,11 +155,23 @@ fn rule(setting: &str, value: impl ToString, because: impl Into<String>) -> Rule
     }
 }
 
+/// Whether koordlet's group identity rule is on: `cpuPolicy: groupIdentity`
+/// and some class's cpuQOS enabled (groupidentity `parseRule`: `enable`).
+/// While it is off, qoslet plans no group identity at all (a value it set
+/// before is written back to 0 by the executor when it leaves the plan), so it
+/// does not fight an operator's own settings.
+pub fn group_identity_on(policy: &ResourceQosStrategy) -> bool {
+    policy.cpu_policy == CpuPolicy::GroupIdentity
+        && [&policy.lsr_class, &policy.ls_class, &policy.be_class]
+            .iter()
+            .any(|c| c.cpu_qos.enable)
+}
+
 /// A pod's group identity (`cpu.bvt_warp_ns`) as koordlet sets it
-/// (groupidentity `bvtRule.getPodBvtValue`): its class's `groupIdentity` when
-/// the class's `cpuQOS` is on and `cpuPolicy` is `groupIdentity`, else 0 (the
-/// value koordlet writes back when it is turned off). SYSTEM pods, which
-/// koordlet has no class entry for, take their Kubernetes QoS's value.
+/// (groupidentity `bvtRule.getPodBvtValue`): its labelled class's
+/// `groupIdentity` when that class's cpuQOS is on, else 0; a pod without a
+/// class label, and a SYSTEM pod (koordlet has no class entry for either),
+/// takes its Kubernetes QoS's value (Guaranteed: LSR's if on, else LS's).
 pub fn group_identity(pc: PodClass, policy: &ResourceQosStrategy) -> (i64, String) {
     if policy.cpu_policy != CpuPolicy::GroupIdentity {
         return (0, "cpuPolicy is not groupIdentity".into());
@@ -168,17 +180,18 @@ pub fn group_identity(pc: PodClass, policy: &ResourceQosStrategy) -> (i64, Strin
         let q = &policy.of(c).cpu_qos;
         q.enable.then_some(q.group_identity)
     };
-    let (v, from) = match pc.class {
-        QosClass::System => match pc.kube {
+    let by_kube = pc.class == QosClass::System || !pc.by_label;
+    let (v, from) = match (by_kube, pc.class) {
+        (true, _) => match pc.kube {
             Some(KubeQos::Guaranteed) => match (of(QosClass::Lsr), of(QosClass::Ls)) {
                 (Some(v), _) => (Some(v), QosClass::Lsr),
                 (None, v) => (v, QosClass::Ls),
             },
             Some(KubeQos::Burstable) => (of(QosClass::Ls), QosClass::Ls),
             Some(KubeQos::BestEffort) => (of(QosClass::Be), QosClass::Be),
-            None => (None, QosClass::System),
+            None => (None, pc.class),
         },
-        c => (of(c), c),
+        (false, c) => (of(c), c),
     };
     match v {
         Some(v) => (
@@ -219,10 +232,11 @@ pub fn kube_qos_dirs(policy: &ResourceQosStrategy) -> [(KubeQos, i64, bool); 3] 
 }
 
 /// CPU group identity settings for a pod or container: bvt where the kernel
-/// has it (always planned: 0 when off, so turning it off restores it);
-/// otherwise, on kernels with `cpu.idle` (qoslet's addition for upstream
-/// kernels, where koordlet does nothing), SCHED_IDLE for BE pods whose class
-/// has a negative group identity, planned 0 when off.
+/// has it, while koordlet's rule is on ([`group_identity_on`]; 0 for classes
+/// that are off); otherwise, on kernels with `cpu.idle` (qoslet's addition for
+/// upstream kernels, where koordlet does nothing), SCHED_IDLE for BE pods
+/// whose class has cpuQOS on with a negative group identity. What is no
+/// longer planned is written back to 0 by the engine's executor.
 ///
 /// `cpu.idle` goes on the pod's cgroup only: the kernel refuses cpu.shares
 /// writes (EINVAL) on an idle cgroup, and the runtime writes the container's
@@ -236,23 +250,21 @@ fn identity(
     rules: &mut Vec<Rule>,
 ) {
     if ctx.features.bvt {
-        let (v, why) = group_identity(pc, ctx.policy);
-        knobs.push(Knob::GroupIdentity(v));
-        rules.push(rule(qoslet_cgroups::cgroup::BVT_FILE, v, why));
+        if group_identity_on(ctx.policy) {
+            let (v, why) = group_identity(pc, ctx.policy);
+            knobs.push(Knob::GroupIdentity(v));
+            rules.push(rule(qoslet_cgroups::cgroup::BVT_FILE, v, why));
+        }
     } else if pc.class == QosClass::Be && ctx.features.cpu_idle && pod_level {
         let q = &ctx.policy.be_class.cpu_qos;
-        let on =
-            ctx.policy.cpu_policy == CpuPolicy::GroupIdentity && q.enable && q.group_identity < 0;
-        knobs.push(Knob::CpuIdle(on));
-        rules.push(rule(
-            "cpu.idle",
-            u8::from(on),
-            if on {
-                "BE runs SCHED_IDLE (no bvt on this kernel)"
-            } else {
-                "cpuQOS off for class BE"
-            },
-        ));
+        if ctx.policy.cpu_policy == CpuPolicy::GroupIdentity && q.enable && q.group_identity < 0 {
+            knobs.push(Knob::CpuIdle(true));
+            rules.push(rule(
+                "cpu.idle",
+                1,
+                "BE runs SCHED_IDLE (no bvt on this kernel)",
+            ));
+        }
     }
 }
 
@@ -365,7 +377,8 @@ fn blkio(class: QosClass, ctx: &Context, d: &mut PodDecision) {
         );
         return;
     }
-    for b in &q.blocks {
+    // volume groups and pod volumes need the pod's volume spec, which CRI does not carry
+    for b in q.blocks.iter().filter(|b| b.block_type == "device") {
         let Some(device) = ctx.devices.get(&b.name) else {
             d.warnings.push(format!(
                 "blkioQOS device {:?} is not a block device on this host; skipped",
@@ -1362,6 +1375,8 @@ mod tests {
         let off = ResourceQosStrategy::default();
         let mut only_be = ResourceQosStrategy::default();
         only_be.be_class.cpu_qos.enable = true;
+        let mut only_ls = ResourceQosStrategy::default();
+        only_ls.ls_class.cpu_qos.enable = true;
         let mut core = cpu_on();
         core.cpu_policy = CpuPolicy::CoreSched;
         core.be_class.cpu_qos.sched_idle = 1;
@@ -1382,6 +1397,24 @@ mod tests {
             (sys(KubeQos::Guaranteed), &only_be, 0),
             (sys(KubeQos::BestEffort), &on, -1),
             (labelled(QosClass::Be), &core, 0),
+            // an unlabelled Guaranteed pod with LS on and LSR off: LS's value (koordlet's
+            // kubeQOSPodParams), not LSR's
+            (
+                PodClass {
+                    by_label: false,
+                    ..labelled(QosClass::Lsr)
+                },
+                &only_ls,
+                2,
+            ),
+            (
+                PodClass {
+                    by_label: false,
+                    ..labelled(QosClass::Be)
+                },
+                &only_be,
+                -1,
+            ),
         ];
         for (pc, p, want) in table {
             assert_eq!(group_identity(*pc, p).0, *want, "{pc:?} {:?}", p.cpu_policy);
@@ -1408,27 +1441,32 @@ mod tests {
             ],
             "coreSched: no bvt, SCHED_IDLE on the besteffort dir (schedIdle: 1)"
         );
-        // on a bvt kernel, a container of an LS pod with cpuQOS off gets 0 (restored)
+        // on a bvt kernel: with the rule on, a class that is off gets 0; with it
+        // off, nothing is planned (the executor writes back what it set before)
         let bvt = Features {
             bvt: true,
             ..Default::default()
         };
-        let d = container(
-            labelled(QosClass::Ls),
-            "app",
-            &BTreeMap::new(),
-            &Requested::default(),
-            &Context {
-                features: &bvt,
-                v2: false,
-                policy: &off,
-                page_size: 4096,
-                node: &node(),
-                devices: &BTreeMap::new(),
-            },
-        );
+        let on_bvt = |p: &ResourceQosStrategy| {
+            container(
+                labelled(QosClass::Ls),
+                "app",
+                &BTreeMap::new(),
+                &Requested::default(),
+                &Context {
+                    features: &bvt,
+                    v2: false,
+                    policy: p,
+                    page_size: 4096,
+                    node: &node(),
+                    devices: &BTreeMap::new(),
+                },
+            )
+        };
+        let d = on_bvt(&only_be);
         assert_eq!(d.cgroup, vec![Knob::GroupIdentity(0)]);
         assert_eq!(d.rules[0].setting, "cpu.bvt_warp_ns");
+        assert!(on_bvt(&off).cgroup.is_empty());
     }
 
     #[test]

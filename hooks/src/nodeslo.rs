@@ -175,11 +175,21 @@ fn walk(
     fields: &[(String, Support)],
     out: &mut Vec<String>,
 ) -> Result<Value, String> {
-    let Value::Object(m) = v else {
-        return Ok(v.clone()); // a value's type is checked by the parser
+    let m = match v {
+        Value::Object(m) => m,
+        // an empty YAML section (`resourceQOSStrategy:`) is an unset one, as in Go
+        Value::Null if !path.is_empty() => return Ok(Value::Object(Map::new())),
+        _ => return Ok(v.clone()), // a value's type is checked by the parser
     };
     let mut kept = Map::new();
     for (k, child) in m {
+        if k.contains(['.', '[', ']']) || k.is_empty() {
+            let at = if path.is_empty() { "" } else { path };
+            return Err(format!(
+                "field name {k:?}{}{at} is not a NodeSLO field name (nest the keys instead of joining them with '.')",
+                if at.is_empty() { "" } else { " in " }
+            ));
+        }
         let p = if path.is_empty() {
             k.clone()
         } else {
@@ -221,7 +231,11 @@ fn walk(
                             .map_err(|e| e.replacen(&format!("{p}[]"), &format!("{p}[{i}]"), 1))
                     })
                     .collect::<Result<Vec<_>, _>>()?,
-                other => return Ok(other.clone()),
+                other => {
+                    // not a list: the parser reports the type
+                    kept.insert(k.clone(), other.clone());
+                    continue;
+                }
             };
             kept.insert(k.clone(), Value::Array(items));
         } else {
@@ -348,6 +362,10 @@ mod tests {
                 "blkioQOS.blocks[1].nmae",
             ),
             (serde_json::json!({"bogus": 1}), "unknown field bogus"),
+            (
+                serde_json::json!({"cpuBurstStrategy.policy": "auto"}),
+                "nest the keys",
+            ),
         ] {
             let e = split(&bad).unwrap_err();
             assert!(e.contains(want), "{e}");
@@ -365,6 +383,19 @@ mod tests {
             }
             assert!(readme.contains(&format!("| `{g}` |")), "README lacks {g}");
         }
+    }
+
+    /// Review of issue 14: a non-list `blocks` keeps its siblings (the parser
+    /// then names the type error); an empty YAML section is an unset one.
+    #[test]
+    fn odd_shapes_are_left_to_the_parser() {
+        let v = serde_json::json!({"resourceQOSStrategy": {"beClass": {"blkioQOS": {"enable": true, "blocks": {}}}}, "cpuBurstStrategy": null});
+        let s = split(&v).unwrap();
+        assert_eq!(
+            s.spec["resourceQOSStrategy"]["beClass"]["blkioQOS"],
+            serde_json::json!({"enable": true, "blocks": {}})
+        );
+        assert_eq!(s.spec["cpuBurstStrategy"], serde_json::json!({}));
     }
 
     #[test]

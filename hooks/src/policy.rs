@@ -19,12 +19,12 @@ pub struct ResourceQosStrategy {
     pub system_class: ResourceQos,
 }
 
-/// `policies.cpuPolicy` (Koordinator's `CPUQOSPolicy`).
+/// `policies.cpuPolicy` (Koordinator's `CPUQOSPolicy`; empty means groupIdentity there too).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 pub enum CpuPolicy {
     /// Group identity (`cpu.bvt_warp_ns`) per class; the default.
     #[default]
-    #[serde(rename = "groupIdentity")]
+    #[serde(rename = "groupIdentity", alias = "")]
     GroupIdentity,
     /// Core scheduling: group identity off (0), `cpu.idle` on the kube QoS dirs
     /// of classes with `schedIdle: 1` (core-sched cookies are not implemented).
@@ -65,6 +65,23 @@ impl ResourceQosStrategy {
         }
     }
 
+    /// Settings that are valid but worth a warning when they come into force.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut w = Vec::new();
+        if self.cpu_policy == CpuPolicy::CoreSched {
+            for (name, c) in [
+                ("lsrClass", &self.lsr_class),
+                ("lsClass", &self.ls_class),
+                ("beClass", &self.be_class),
+            ] {
+                if c.cpu_qos.sched_idle == 1 {
+                    w.push(format!("resourceQOSStrategy.{name}.cpuQOS.schedIdle 1 under cpuPolicy coreSched makes its kube QoS dir SCHED_IDLE: the kernel then refuses kubelet's cpu.shares writes on that dir (as with koordlet)"));
+                }
+            }
+        }
+        w
+    }
+
     /// Checks ranges; the error names the field.
     pub fn validate(&self) -> Result<(), String> {
         for (name, c) in [
@@ -103,7 +120,7 @@ impl ResourceQosStrategy {
             if (r.enable && r.cat_range_start_percent >= r.cat_range_end_percent)
                 || r.cat_range_start_percent > r.cat_range_end_percent
                 || r.cat_range_end_percent > 100
-                || !(1..=100).contains(&r.mba_percent)
+                || r.mba_percent > 100
             {
                 return Err(format!("resourceQOSStrategy.{name}.resctrlQOS: start {} / end {} / mba {} out of range", r.cat_range_start_percent, r.cat_range_end_percent, r.mba_percent));
             }
@@ -112,9 +129,9 @@ impl ResourceQosStrategy {
                 if b.name.trim().is_empty() {
                     return Err(format!("{at}.name: empty"));
                 }
-                if b.block_type != "device" {
+                if !["device", "volumegroup", "podvolume"].contains(&b.block_type.as_str()) {
                     return Err(format!(
-                        "{at}.type: {:?} is not supported (only \"device\": CRI does not carry a pod's volumes)",
+                        "{at}.type: {:?} is not a block type (device, volumegroup, podvolume)",
                         b.block_type
                     ));
                 }
@@ -504,7 +521,7 @@ mod tests {
             (Some(1 << 20), None, None, Some(100))
         );
         for (bad, key) in [
-            (r#"{"name":"vg","type":"volumegroup"}"#, "blocks[0].type"),
+            (r#"{"name":"vg","type":"lvm"}"#, "blocks[0].type"),
             (
                 r#"{"name":"/dev/vda","ioCfg":{"readBPS":-5}}"#,
                 "ioCfg.readBPS",

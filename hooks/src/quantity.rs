@@ -7,8 +7,12 @@
 //! mantissa and powers of ten and two, so conversions round exactly as the Go
 //! implementation does: [`Quantity::value`] is `Quantity.Value()` (rounded up
 //! to a whole unit: `500m` is 1) and [`Quantity::milli_value`] is
-//! `Quantity.MilliValue()`. Input is bounded: at most 64 bytes and 19
-//! significant digits (anything larger is no resource amount).
+//! `Quantity.MilliValue()`. Input is bounded: at most 64 bytes, 19
+//! significant digits and 4 exponent digits (anything larger is no resource
+//! amount; apimachinery accepts more); a value beyond `i64` has no
+//! [`Quantity::value`] (apimachinery returns 0 or caps it). Negative values
+//! round away from zero (apimachinery's exact-decimal path differs for some;
+//! resources are never negative here).
 
 /// Why a string is not a quantity.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -67,9 +71,11 @@ impl Quantity {
             }
             i += 1;
         }
-        if digits.is_empty() || i == start {
-            return Err(syntax());
+        // apimachinery reads an empty number ("k", ".", "-") as zero
+        if digits.is_empty() {
+            digits.push(0);
         }
+        let _ = start;
         let (exp10, exp2) = match &s[i..] {
             "" => (0, 0),
             "n" => (-9, 0),
@@ -174,7 +180,8 @@ mod tests {
     use super::*;
 
     /// (input, Value(), MilliValue()), as apimachinery computes them
-    /// (`resource.MustParse(s).Value()` / `.MilliValue()`).
+    /// (`resource.MustParse(s).Value()` / `.MilliValue()`; `None` where
+    /// apimachinery's int64 overflows).
     #[test]
     fn values_as_kubernetes_computes_them() {
         let table: &[(&str, i64, i64)] = &[
@@ -205,6 +212,10 @@ mod tests {
             ("0.000000000000000000000000000000000000001", 1, 1),
             ("0001.2000", 2, 1200),
             ("-1", -1, -1000),
+            // apimachinery reads an empty number as zero
+            ("k", 0, 0),
+            (".", 0, 0),
+            ("Mi", 0, 0),
         ];
         for (s, v, mv) in table {
             let q = Quantity::parse(s).unwrap_or_else(|e| panic!("{s}: {e}"));
@@ -221,8 +232,8 @@ mod tests {
     #[test]
     fn malformed_and_out_of_range() {
         for bad in [
-            "", " ", "k", "Mi", "1 k", "1kb", "1.2.3", "1Ki5", "0x10", "1e", "1e+", "1ee3", "--1",
-            "1m2", "1,5", "1e99999", "NaN", "∞", "1Mi ",
+            "", " ", "1 k", "1kb", "1.2.3", "1Ki5", "0x10", "1e", "1e+", "1ee3", "--1", "1m2",
+            "1,5", "1e99999", "NaN", "∞", "1Mi ",
         ] {
             assert!(Quantity::parse(bad).is_err(), "{bad:?}");
         }

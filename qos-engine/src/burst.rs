@@ -59,9 +59,9 @@ impl CpuBurstStrategy {
                 self.cfs_quota_burst_percent
             ));
         }
-        if !(1..=100).contains(&self.share_pool_threshold_percent) {
+        if !(0..=100).contains(&self.share_pool_threshold_percent) {
             return Err(format!(
-                "cpuBurstStrategy.sharePoolThresholdPercent: {} is not 1-100",
+                "cpuBurstStrategy.sharePoolThresholdPercent: {} is not 0-100",
                 self.share_pool_threshold_percent
             ));
         }

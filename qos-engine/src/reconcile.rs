@@ -114,17 +114,19 @@ fn bytes(v: &str) -> Option<Option<u64>> {
     }
 }
 
-/// The kube QoS dirs' group identity (kernels with bvt) and SCHED_IDLE
-/// (kernels with `cpu.idle`, set only under `cpuPolicy: coreSched`), as
-/// koordlet's kube-QoS-level reconcilers keep them; both always planned, so
-/// turning a feature off writes 0 back.
+/// The kube QoS dirs' group identity (kernels with bvt, while koordlet's rule
+/// is on) and SCHED_IDLE (kernels with `cpu.idle`, under `cpuPolicy:
+/// coreSched`), as koordlet's kube-QoS-level reconcilers keep them; when
+/// turned off they leave the plan and the executor writes 0 back.
 pub fn kube_qos(dirs: &[(KubeQos, CgroupPath)], ctx: &Context, plan: &mut Plan) {
     let want = decide::kube_qos_dirs(ctx.policy);
+    let bvt_on = decide::group_identity_on(ctx.policy);
+    let core_sched = ctx.policy.cpu_policy == qoslet_hooks::policy::CpuPolicy::CoreSched;
     for (kube, cg) in dirs {
         let Some(&(_, bvt, idle)) = want.iter().find(|w| w.0 == *kube) else {
             continue;
         };
-        if ctx.features.bvt {
+        if ctx.features.bvt && bvt_on {
             plan.add(Write {
                 cgroup: cg.clone(),
                 knob: Knob::GroupIdentity(bvt),
@@ -134,7 +136,7 @@ pub fn kube_qos(dirs: &[(KubeQos, CgroupPath)], ctx: &Context, plan: &mut Plan) 
                 ),
             });
         }
-        if ctx.features.cpu_idle {
+        if ctx.features.cpu_idle && core_sched && idle {
             plan.add(Write {
                 cgroup: cg.clone(),
                 knob: Knob::CpuIdle(idle),
