@@ -402,15 +402,57 @@ impl Cgroups {
         crate::fs::read(&self.path_of(cg, &fw(controller, file, ""))?)
     }
 
+    /// The first half of moving cpusets over a parent and its children (v1
+    /// wants every child's CPUs inside its parent's at every step): each
+    /// cgroup, parents first, gets the union of its current and its new CPUs;
+    /// [`Cgroups::order`] then writes the new sets children first. A move to
+    /// other CPUs of the same count (`14-15` -> `10-11`) thus never meets
+    /// EBUSY on the parent or EACCES on a child (koordlet's order too). Returns
+    /// the writes that failed.
+    pub fn widen_cpusets(&self, writes: &[(CgroupPath, Knob)]) -> Vec<CgroupError> {
+        if self.host.is_v2() {
+            return Vec::new(); // v2 has no containment rule on writes (effective sets intersect)
+        }
+        let mut sets: Vec<(&CgroupPath, &str)> = writes
+            .iter()
+            .filter_map(|(cg, k)| match k {
+                Knob::CpusetCpus(s) => Some((cg, s.as_str())),
+                _ => None,
+            })
+            .collect();
+        sets.sort_by_key(|(cg, _)| cg.as_str().split('/').filter(|s| !s.is_empty()).count());
+        let mut errors = Vec::new();
+        for (cg, new) in sets {
+            let cur = self.read(cg, "cpuset", "cpuset.cpus").ok();
+            let (Some(cur), Some(new)) =
+                (cur.as_deref().and_then(parse_cpu_list), parse_cpu_list(new))
+            else {
+                continue;
+            };
+            if new.is_subset(&cur) {
+                continue; // already wide enough
+            }
+            let union: BTreeSet<u32> = cur.union(&new).copied().collect();
+            if let Err(e) = self.apply(cg, &Knob::CpusetCpus(format_cpu_list(&union))) {
+                errors.push(e);
+            }
+        }
+        errors
+    }
+
     /// The order in which the kernel accepts several writes of limits over a
     /// parent and its children: for each knob kind, when the new value grows
     /// the limit, parents before children; when it shrinks, children first (a
-    /// child may not exceed its parent). Reads the current values it compares.
+    /// child may not exceed its parent). Cpusets always go children first,
+    /// after [`Cgroups::widen_cpusets`]. Reads the current values it compares.
     pub fn order(&self, writes: &[(CgroupPath, Knob)]) -> Vec<usize> {
         let mut idx: Vec<usize> = (0..writes.len()).collect();
         let depth = |cg: &CgroupPath| cg.as_str().split('/').filter(|s| !s.is_empty()).count();
         let grows = |i: usize| -> bool {
             let (cg, k) = &writes[i];
+            if matches!(k, Knob::CpusetCpus(_)) {
+                return false; // widened first: now only shrinking, children first
+            }
             let Some(new) = k.magnitude() else {
                 return true;
             };
@@ -438,6 +480,9 @@ impl Cgroups {
         &self,
         writes: &[(CgroupPath, Knob)],
     ) -> Result<Vec<(CgroupPath, Outcome)>, CgroupError> {
+        if let Some(e) = self.widen_cpusets(writes).into_iter().next() {
+            return Err(e);
+        }
         self.order(writes)
             .into_iter()
             .map(|i| {
@@ -901,6 +946,59 @@ mod tests {
             if c.host().features.cpu_idle {
                 c.apply(&child, &Knob::CpuIdle(true))?;
                 assert_eq!(c.read(&child, "cpu", "cpu.idle")?, "1");
+            }
+            Ok(())
+        })();
+        cleanup();
+        r.unwrap();
+    }
+
+    /// Issue 15 on this machine's real cgroup v1: a parent and child on CPU 1
+    /// move to CPU 0 (the same count, other CPUs): without the union step the
+    /// parent's write meets EBUSY and the child's EACCES; and the kernel
+    /// refuses a CFS burst above the quota (the engine clamps to it).
+    #[test]
+    fn real_cgroup_v1_same_size_cpuset_move_and_burst_rule() {
+        let c = Cgroups::detect(std::path::Path::new("/sys/fs/cgroup")).unwrap();
+        assert!(
+            !c.host().is_v2(),
+            "this test checks v1's rules; this host is v2"
+        );
+        let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
+        let cpus = parse_cpu_list(&online).unwrap();
+        assert!(cpus.len() >= 2, "needs two CPUs");
+        let (a, b): (u32, u32) = (*cpus.iter().next().unwrap(), *cpus.iter().nth(1).unwrap());
+        let name = format!("qoslet-cpusettest-{}", std::process::id());
+        let parent = CgroupPath::parse(&format!("/qoslet-test/{name}")).unwrap();
+        let child = parent.child("child").unwrap();
+        let cs = c.host().hierarchy("cpuset").unwrap().to_path_buf();
+        let cpu = c.host().hierarchy("cpu").unwrap().to_path_buf();
+        for h in [&cs, &cpu] {
+            std::fs::create_dir_all(child.under(h).unwrap()).expect("mkdir (needs root)");
+        }
+        let mems = std::fs::read_to_string(cs.join("cpuset.mems")).unwrap();
+        for cg in [&parent, &child] {
+            let _ = std::fs::write(cg.under(&cs).unwrap().join("cpuset.mems"), mems.trim());
+        }
+        let cleanup = || {
+            for h in [&cs, &cpu] {
+                let _ = std::fs::remove_dir(child.under(h).unwrap());
+                let _ = std::fs::remove_dir(parent.under(h).unwrap());
+            }
+        };
+        let r = (|| -> Result<(), CgroupError> {
+            let set = |cg: &CgroupPath, v: u32| (cg.clone(), Knob::CpusetCpus(v.to_string()));
+            c.apply_ordered(&[set(&parent, b), set(&child, b)])?;
+            // the kernel's rule: the parent cannot leave CPU b while its child is on it
+            assert!(c.apply(&parent, &Knob::CpusetCpus(a.to_string())).is_err());
+            c.apply_ordered(&[set(&parent, a), set(&child, a)])?;
+            assert_eq!(c.read(&parent, "cpuset", "cpuset.cpus")?, a.to_string());
+            assert_eq!(c.read(&child, "cpuset", "cpuset.cpus")?, a.to_string());
+            if c.host().features.cpu_burst {
+                c.apply(&child, &quota(100_000))?;
+                let e = c.apply(&child, &Knob::CpuBurst(200_000)).unwrap_err();
+                assert!(e.to_string().contains("cfs_burst_us"), "{e}");
+                c.apply(&child, &Knob::CpuBurst(100_000))?;
             }
             Ok(())
         })();

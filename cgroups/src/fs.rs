@@ -3,8 +3,9 @@
 //! Writes are idempotent: the current value is read and compared first, and
 //! the file is written only when it differs. Files are opened write-only and
 //! never created (a missing file is a missing kernel feature, reported as
-//! such), written in one `write(2)`, and retried a few times on transient
-//! errors (EINTR, EAGAIN, EBUSY). Every error names the file and the value.
+//! such), written in one `write(2)`, and retried at once on EINTR/EAGAIN
+//! (never with a sleep; EBUSY is not transient here). Every error names the
+//! file and the value.
 //!
 //! A pod's cgroup file ([`CgFile`]) is opened *beneath* its hierarchy's root:
 //! `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)` on
@@ -15,7 +16,6 @@
 use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
 use std::path::{Component, Path, PathBuf};
-use std::time::Duration;
 
 use rustix::fs::{Mode, OFlags, ResolveFlags};
 
@@ -256,8 +256,7 @@ pub fn write<T: Target + ?Sized>(t: &T, value: &str) -> Result<(), CgroupError> 
             }
             Err(e) if attempt < 3 && e.raw_os_error().is_some_and(is_transient) => {
                 attempt += 1;
-                tracing::debug!(file = %path.display(), value, error = %e, attempt, "transient cgroup write error; retrying");
-                std::thread::sleep(Duration::from_millis(2 << attempt));
+                tracing::debug!(file = %path.display(), value, error = %e, attempt, "interrupted cgroup write; retrying");
             }
             Err(source) => {
                 return Err(CgroupError::Write {
@@ -270,9 +269,16 @@ pub fn write<T: Target + ?Sized>(t: &T, value: &str) -> Result<(), CgroupError> 
     }
 }
 
-/// EINTR, EAGAIN, EBUSY.
+/// EINTR and EAGAIN, retried at once. Not EBUSY: for a cgroup file it means
+/// "not inside the parent" or "usage above the new limit", which no retry
+/// fixes (the caller's ordering or next tick does).
 fn is_transient(errno: i32) -> bool {
-    matches!(errno, 4 | 11 | 16)
+    matches!(errno, libc_errno::EINTR | libc_errno::EAGAIN)
+}
+
+mod libc_errno {
+    pub const EINTR: i32 = 4;
+    pub const EAGAIN: i32 = 11;
 }
 
 #[cfg(test)]

@@ -17,13 +17,13 @@ grep -qx runtime.v1.RuntimeService <<<"$services" || fail "RuntimeService not li
 grep -qx runtime.v1.ImageService <<<"$services" || fail "ImageService not listed"
 "$GRPCURL" -plaintext -unix "$QSOCK" describe runtime.v1.RuntimeService.CreateContainer >/dev/null || fail "describe"
 [ "$(rt Version '{}' | jq -r .runtimeName)" = containerd ] || fail "Version"
-# without reflection (a protoset file saved from qoslet's reflection), the connection's first
-# call is a CRI call: it takes the frame-relay path, with grpc-go's socket-path :authority
+# without reflection (a protoset file saved from qoslet's reflection): a plain CRI call, with
+# grpc-go's socket-path :authority (which qoslet's authority filter accepts)
 PS=$(mktemp); "$GRPCURL" -plaintext -unix -protoset-out "$PS" "$QSOCK" describe runtime.v1.RuntimeService >/dev/null
 [ "$("$GRPCURL" -plaintext -unix -protoset "$PS" -d '{}' "$QSOCK" runtime.v1.RuntimeService/Version | jq -r .runtimeName)" = containerd ] \
-  || fail "Version over the relay path"
+  || fail "Version without reflection"
 rm -f "$PS"
-echo "  ok  CRI through qoslet with reflection (terminating path) and without (relay path)"
+echo "  ok  CRI through qoslet with reflection and without (socket-path :authority)"
 
 admin=$("$GRPCURL" -plaintext -unix "$ASOCK" list)
 for s in qoslet.admin.v1.Admin grpc.health.v1.Health; do grep -qx "$s" <<<"$admin" || fail "$s not listed on the admin socket"; done

@@ -120,12 +120,13 @@ pub type Started = (
     std::path::PathBuf,
 );
 
-/// Starts an in-process proxy in front of `backend` with sockets under `dir`.
+/// Starts an in-process proxy in front of `backend` with sockets under `dir`
+/// (the opt-in frame relay; the tests of both paths use [`start_proxy_mode`]).
 pub async fn start_proxy(dir: &Path, backend: &Path, pipeline: qoslet_proxy::Pipeline) -> Started {
     start_proxy_mode(dir, backend, pipeline, true).await
 }
 
-/// [`start_proxy`] with the relay on (default) or off (HTTP/2 terminated per call).
+/// [`start_proxy`] with the relay on (opt-in) or off (HTTP/2 terminated per call, the default).
 pub async fn start_proxy_mode(
     dir: &Path,
     backend: &Path,

@@ -157,7 +157,8 @@ async fn real_secret_env_never_reaches_disk_and_state_is_private() {
 /// A 256 KiB resource-status annotation of `0-65536` ranges on an LSR pod:
 /// CreateContainer is answered within the hook timeout with a warning (the
 /// annotation is refused unread) and kubelet's cpuset stands; meanwhile
-/// Version from another client stays within 2x its idle p99.
+/// Version from another client stays within 2x its p99 during a benign
+/// CreateContainer (containerd is as busy in both).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_hostile_annotation_neither_stalls_nor_pins() {
     let _serial = SERIAL.lock().await;
@@ -185,51 +186,57 @@ async fn real_hostile_annotation_neither_stalls_nor_pins() {
     cleanup.pods.push(p.clone());
     cleanup.cgroups.push(cgp.clone());
 
-    let version = |mut c: Cri| async move {
-        let t = Instant::now();
-        c.rt.version(cri::VersionRequest::default()).await.unwrap();
-        t.elapsed()
-    };
+    // Version from another client while a CreateContainer runs (at least 200
+    // calls, so the p99 is not just the maximum): containerd is busy creating
+    // either way, so the baseline is a benign create of the same shape
     let other = Cri::connect(&q.sock).await;
-    let mut idle = Vec::new();
-    for _ in 0..300 {
-        idle.push(version(other.clone()).await);
-    }
-    idle.sort();
-    let idle_p99 = idle[idle.len() * 99 / 100];
-
-    let create = {
-        let (mut via, p, cfg) = (via.clone(), p.clone(), cfg.clone());
-        tokio::spawn(async move {
-            let t = Instant::now();
-            let r = via
-                .create(
-                    &p,
-                    &cfg,
-                    container_config("app", SLEEP_LOOP, Some(guaranteed(100_000))),
-                )
-                .await;
-            (r, t.elapsed())
-        })
+    let creator = via.clone();
+    let during = |pod: String, cfg: cri::PodSandboxConfig| {
+        let (via, other) = (creator.clone(), other.clone());
+        async move {
+            let create = {
+                let mut via = via.clone();
+                tokio::spawn(async move {
+                    let t = Instant::now();
+                    let r = via
+                        .create(
+                            &pod,
+                            &cfg,
+                            container_config("app", SLEEP_LOOP, Some(guaranteed(100_000))),
+                        )
+                        .await;
+                    (r, t.elapsed())
+                })
+            };
+            let mut v = Vec::new();
+            while !create.is_finished() || v.len() < 200 {
+                let mut c = other.clone();
+                let t = Instant::now();
+                c.rt.version(cri::VersionRequest::default()).await.unwrap();
+                v.push(t.elapsed());
+            }
+            v.sort();
+            let (r, took) = create.await.unwrap();
+            (r, took, v[v.len() * 99 / 100], v.len())
+        }
     };
-    // at least 200 calls, so the p99 is not just the maximum
-    let mut during = Vec::new();
-    while !create.is_finished() || during.len() < 200 {
-        during.push(version(other.clone()).await);
-    }
-    let (cid, took) = create.await.unwrap();
+    let benign = unique("benign");
+    let (bcgp, bcfg) = pod(&tb, "", &benign, &[(CLASS, "LSR")], &[]);
+    let bp = via.run_pod(&bcfg).await.unwrap();
+    cleanup.pods.push(bp.clone());
+    cleanup.cgroups.push(bcgp.clone());
+    let (_, _, base_p99, _) = during(bp, bcfg).await;
+
+    let (cid, took, during_p99, n) = during(p.clone(), cfg.clone()).await;
     let cid = cid.expect("CreateContainer answered");
     assert!(
         took < Duration::from_secs(5),
         "CreateContainer took {took:?}"
     );
-    during.sort();
-    let during_p99 = during[during.len() * 99 / 100];
-    // a floor of 5 ms: a 1 ms idle p99 doubled is within this machine's scheduling noise
+    // a floor of 5 ms: a 1 ms p99 doubled is within this machine's scheduling noise
     assert!(
-        during_p99 <= (idle_p99 * 2).max(Duration::from_millis(5)),
-        "Version p99 {during_p99:?} during the hostile create vs {idle_p99:?} idle ({} calls)",
-        during.len()
+        during_p99 <= (base_p99 * 2).max(Duration::from_millis(5)),
+        "Version p99 {during_p99:?} during the hostile create vs {base_p99:?} during a benign one ({n} calls)"
     );
     via.start(&cid).await.unwrap();
     let parent_cpus = cgroup_v1("cpuset", "", "cpuset.cpus");

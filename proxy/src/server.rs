@@ -448,7 +448,7 @@ async fn resync(
                 continue;
             }
         }
-        let before = store.snapshot();
+        let (seq, before) = store.snapshot_for_resync();
         match tokio::time::timeout(
             Duration::from_secs(10),
             crate::rebuild::reconcile(&mut backend.runtime(), before.clone()),
@@ -457,7 +457,7 @@ async fn resync(
         {
             Ok(Ok(after)) => {
                 // merge, not replace: calls that completed during the listing must not be lost
-                let (added, removed) = store.apply_resync(&before, after);
+                let (added, removed) = store.apply_resync(seq, &before, after);
                 if added + removed > 0 {
                     info!(added, removed, "store resynced with the runtime");
                 }

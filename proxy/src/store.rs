@@ -269,6 +269,24 @@ pub struct Snapshot {
 struct Inner {
     pods: HashMap<String, PodRecord>,
     containers: HashMap<String, ContainerRecord>,
+    /// Counts kubelet's changes (the calls qoslet forwarded).
+    seq: u64,
+    /// Entry id -> `seq` of kubelet's last change to it, removals included (a
+    /// tombstone), kept until no resync that started earlier can still apply.
+    touched: HashMap<String, u64>,
+}
+
+impl Inner {
+    /// Notes that kubelet changed `id` now.
+    fn touch(&mut self, id: &str) {
+        self.seq += 1;
+        self.touched.insert(id.to_string(), self.seq);
+    }
+
+    /// Whether kubelet changed `id` after `seq`.
+    fn touched_after(&self, id: &str, seq: u64) -> bool {
+        self.touched.get(id).is_some_and(|&t| t > seq)
+    }
 }
 
 /// Shared handle to the store. Clones are cheap and see the same data.
@@ -311,11 +329,17 @@ impl Store {
     }
 
     pub fn upsert_pod(&self, pod: PodRecord) {
-        self.write(|s| s.pods.insert(pod.id.clone(), pod));
+        self.write(|s| {
+            s.touch(&pod.id);
+            s.pods.insert(pod.id.clone(), pod)
+        });
     }
 
     pub fn upsert_container(&self, c: ContainerRecord) {
-        self.write(|s| s.containers.insert(c.id.clone(), c));
+        self.write(|s| {
+            s.touch(&c.id);
+            s.containers.insert(c.id.clone(), c)
+        });
     }
 
     pub fn set_pod_state(&self, id: &str, state: PodState) {
@@ -329,17 +353,28 @@ impl Store {
     /// StopPodSandbox: the pod is not ready and all its containers have exited.
     pub fn set_pod_stopped(&self, id: &str) {
         self.write(|s| {
+            s.touch(id);
             if let Some(p) = s.pods.get_mut(id) {
                 p.state = PodState::NotReady;
             }
-            for c in s.containers.values_mut().filter(|c| c.pod_id == id) {
-                c.state = ContainerState::Exited;
+            let ids: Vec<String> = s
+                .containers
+                .values_mut()
+                .filter(|c| c.pod_id == id)
+                .map(|c| {
+                    c.state = ContainerState::Exited;
+                    c.id.clone()
+                })
+                .collect();
+            for c in ids {
+                s.touch(&c);
             }
         });
     }
 
     pub fn set_container_state(&self, id: &str, state: ContainerState) {
         self.write(|s| {
+            s.touch(id);
             if let Some(c) = s.containers.get_mut(id) {
                 c.state = state;
             }
@@ -380,13 +415,26 @@ impl Store {
     /// Removes a pod and every container of it.
     pub fn remove_pod(&self, id: &str) -> Option<PodRecord> {
         self.write(|s| {
-            s.containers.retain(|_, c| c.pod_id != id);
+            s.touch(id);
+            let gone: Vec<String> = s
+                .containers
+                .values()
+                .filter(|c| c.pod_id == id)
+                .map(|c| c.id.clone())
+                .collect();
+            for c in gone {
+                s.touch(&c);
+                s.containers.remove(&c);
+            }
             s.pods.remove(id)
         })
     }
 
     pub fn remove_container(&self, id: &str) -> Option<ContainerRecord> {
-        self.write(|s| s.containers.remove(id))
+        self.write(|s| {
+            s.touch(id);
+            s.containers.remove(id)
+        })
     }
 
     pub fn pod(&self, id: &str) -> Option<PodRecord> {
@@ -435,13 +483,22 @@ impl Store {
         })
     }
 
+    /// [`Store::snapshot`] with the point it was taken at, for a resync.
+    pub fn snapshot_for_resync(&self) -> (u64, Snapshot) {
+        let seq = self.read(|s| s.seq);
+        // seq first: a change between the two is newer than `seq` and so wins
+        (seq, self.snapshot())
+    }
+
     /// Applies a resync: `before` is the snapshot the runtime listing started
-    /// from, `after` what [`crate::rebuild::reconcile`] made of it. Entries the
-    /// runtime lacks are removed only if they were already in `before` (so a pod
-    /// created during the listing survives); entries only the runtime has are
-    /// added; entries in both keep the store's data and take the runtime's state.
-    /// Returns (added, removed).
-    pub fn apply_resync(&self, before: &Snapshot, after: Snapshot) -> (usize, usize) {
+    /// from (taken at `seq`), `after` what [`crate::rebuild::reconcile`] made
+    /// of it. kubelet's calls that landed during the listing win: an entry
+    /// kubelet removed after `seq` is not brought back, one it changed keeps
+    /// the store's state. Otherwise entries the runtime lacks are removed only
+    /// if they were already in `before` (so a pod created during the listing
+    /// survives); entries only the runtime has are added; entries in both keep
+    /// the store's data and take the runtime's state. Returns (added, removed).
+    pub fn apply_resync(&self, seq: u64, before: &Snapshot, after: Snapshot) -> (usize, usize) {
         let (mut added, mut removed) = (0, 0);
         self.write(|s| {
             let after_pods: HashMap<&str, &PodRecord> =
@@ -452,18 +509,27 @@ impl Store {
                 .map(|c| (c.id.as_str(), c))
                 .collect();
             for p in &before.pods {
-                if !after_pods.contains_key(p.id.as_str()) && s.pods.remove(&p.id).is_some() {
+                if !after_pods.contains_key(p.id.as_str())
+                    && !s.touched_after(&p.id, seq)
+                    && s.pods.remove(&p.id).is_some()
+                {
                     removed += 1;
                 }
             }
             for c in &before.containers {
-                if !after_ctrs.contains_key(c.id.as_str()) && s.containers.remove(&c.id).is_some() {
+                if !after_ctrs.contains_key(c.id.as_str())
+                    && !s.touched_after(&c.id, seq)
+                    && s.containers.remove(&c.id).is_some()
+                {
                     removed += 1;
                 }
             }
             for p in &after.pods {
+                let newer = s.touched_after(&p.id, seq);
                 match s.pods.get_mut(&p.id) {
+                    Some(_) if newer => {}
                     Some(cur) => cur.state = p.state,
+                    None if newer => {} // removed by kubelet during the listing
                     None => {
                         s.pods.insert(p.id.clone(), p.clone());
                         added += 1;
@@ -471,14 +537,19 @@ impl Store {
                 }
             }
             for c in &after.containers {
+                let newer = s.touched_after(&c.id, seq);
                 match s.containers.get_mut(&c.id) {
+                    Some(_) if newer => {}
                     Some(cur) => cur.state = c.state,
+                    None if newer => {}
                     None => {
                         s.containers.insert(c.id.clone(), c.clone());
                         added += 1;
                     }
                 }
             }
+            // what no later resync can still race with
+            s.touched.retain(|_, &mut t| t > seq);
         });
         (added, removed)
     }
@@ -641,7 +712,7 @@ mod tests {
         s.upsert_pod(pod("gone"));
         s.upsert_pod(pod("kept"));
         s.set_pod_applied("kept", "k", "v");
-        let before = s.snapshot();
+        let (seq, before) = s.snapshot_for_resync();
         // during the listing, kubelet creates "new" through the proxy
         s.upsert_pod(pod("new"));
         // the runtime says: "kept" (now not ready) and "foreign" (created behind qoslet's back)
@@ -658,7 +729,7 @@ mod tests {
             ],
             containers: vec![],
         };
-        assert_eq!(s.apply_resync(&before, after), (1, 1));
+        assert_eq!(s.apply_resync(seq, &before, after), (1, 1));
         assert!(s.pod("gone").is_none());
         assert!(s.pod("new").is_some(), "created during the listing: kept");
         let kept = s.pod("kept").unwrap();
@@ -667,6 +738,47 @@ mod tests {
             (PodState::NotReady, "v")
         );
         assert_eq!(s.pod("foreign").unwrap().source, Source::Runtime);
+    }
+
+    /// Issue 15: kubelet's calls that land between a resync's listing and
+    /// its apply win: a removed pod is not brought back, a stopped one is not
+    /// made Ready again (nor its containers Running).
+    #[test]
+    fn resync_never_reverts_kubelet_calls_made_during_the_listing() {
+        let s = Store::new();
+        let pod = |id: &str| PodRecord {
+            id: id.into(),
+            state: PodState::Ready,
+            ..Default::default()
+        };
+        let ctr = |id: &str, pod: &str| ContainerRecord {
+            id: id.into(),
+            pod_id: pod.into(),
+            state: ContainerState::Running,
+            ..Default::default()
+        };
+        s.upsert_pod(pod("removed"));
+        s.upsert_container(ctr("rc", "removed"));
+        s.upsert_pod(pod("stopped"));
+        s.upsert_container(ctr("sc", "stopped"));
+        let (seq, before) = s.snapshot_for_resync();
+        // the runtime's listing still has both, running
+        let after = before.clone();
+        // meanwhile kubelet removes one and stops the other through qoslet
+        s.remove_pod("removed");
+        s.set_pod_stopped("stopped");
+        assert_eq!(s.apply_resync(seq, &before, after), (0, 0));
+        assert!(s.pod("removed").is_none(), "not resurrected");
+        assert!(s.container("rc").is_none(), "nor its container");
+        assert_eq!(s.pod("stopped").unwrap().state, PodState::NotReady);
+        assert_eq!(s.container("sc").unwrap().state, ContainerState::Exited);
+        // the next resync, started after those calls, applies the runtime's view again
+        let (seq2, before2) = s.snapshot_for_resync();
+        let mut after2 = before2.clone();
+        after2.pods.retain(|p| p.id != "stopped");
+        after2.containers.clear();
+        assert_eq!(s.apply_resync(seq2, &before2, after2), (0, 2));
+        assert_eq!(s.counts(), (0, 0));
     }
 
     #[test]

@@ -116,7 +116,7 @@ pub struct Burst {
 pub fn decide(c: &Container, pool_state: Pool, s: &CpuBurstStrategy) -> Burst {
     let burst_on = matches!(s.policy, BurstPolicy::CpuBurstOnly | BurstPolicy::Auto);
     let quota_on = matches!(s.policy, BurstPolicy::CfsQuotaBurstOnly | BurstPolicy::Auto);
-    let burst_us =
+    let wanted_burst =
         burst_on.then(|| c.limit_quota_us.saturating_mul(s.cpu_burst_percent as u64) / 100);
     let max = c
         .limit_quota_us
@@ -136,6 +136,9 @@ pub fn decide(c: &Container, pool_state: Pool, s: &CpuBurstStrategy) -> Burst {
         (true, Pool::Cooling) => (cur, "share pool cooling: quota held"),
         _ => (cur, "quota unchanged"),
     };
+    // the kernel refuses a burst above the quota in force (EINVAL, checked on v1
+    // and v2): at most the smaller of this tick's quota before and after
+    let burst_us = wanted_burst.map(|b| b.min(target).min(cur));
     Burst {
         burst_us,
         quota_us: (target != cur).then_some(target),
@@ -144,9 +147,14 @@ pub fn decide(c: &Container, pool_state: Pool, s: &CpuBurstStrategy) -> Burst {
             c.limit_quota_us,
             max,
             s.cfs_quota_burst_percent,
-            burst_us
-                .map(|b| format!("; burst {b} us = {}% of the limit", s.cpu_burst_percent))
-                .unwrap_or_default()
+            match (burst_us, wanted_burst) {
+                (Some(b), Some(w)) if b < w => format!(
+                    "; burst {b} us ({}% of the limit is {w} us; the kernel allows at most the quota)",
+                    s.cpu_burst_percent
+                ),
+                (Some(b), _) => format!("; burst {b} us = {}% of the limit", s.cpu_burst_percent),
+                _ => String::new(),
+            }
         ),
     }
 }
@@ -186,7 +194,8 @@ mod tests {
 
     #[test]
     fn burst_and_quota_table() {
-        // (policy, current quota, throttled, pool) -> (burst, quota write)
+        // (policy, current quota, throttled, pool) -> (burst, quota write); a
+        // burst is at most the quota before and after (the kernel refuses more)
         let cases = [
             (BurstPolicy::None, 200_000, 0.5, Pool::Idle, None, None),
             (
@@ -194,7 +203,7 @@ mod tests {
                 200_000,
                 0.5,
                 Pool::Idle,
-                Some(2_000_000),
+                Some(200_000),
                 None,
             ),
             (
@@ -202,8 +211,16 @@ mod tests {
                 200_000,
                 0.5,
                 Pool::Idle,
-                Some(2_000_000),
+                Some(200_000),
                 Some(240_000),
+            ),
+            (
+                BurstPolicy::Auto,
+                400_000,
+                0.5,
+                Pool::Overloaded,
+                Some(320_000),
+                Some(320_000),
             ),
             // not throttled: no reason to grow
             (

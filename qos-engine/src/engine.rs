@@ -950,11 +950,13 @@ mod tests {
         let t = e.plan(&state(1.0, 1.0, None), &p, &env);
         assert_eq!(quota_of(&t, "kubepods/burstable/podls/cls"), Some(240_000));
         assert_eq!(quota_of(&t, "kubepods/burstable/podls"), Some(240_000));
-        assert!(t
-            .plan
-            .writes()
-            .iter()
-            .any(|w| w.knob == Knob::CpuBurst(2_000_000)));
+        assert!(
+            t.plan
+                .writes()
+                .iter()
+                .any(|w| w.knob == Knob::CpuBurst(200_000)),
+            "burst clamped to the quota"
+        );
         let t = e.plan(&state(1.0, 1.0, None), &p, &env);
         assert_eq!(quota_of(&t, "kubepods/burstable/podls/cls"), Some(288_000));
         // overloaded pool: x0.8 back toward the limit

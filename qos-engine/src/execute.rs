@@ -184,6 +184,11 @@ impl Executor {
         let (new, checks): (Vec<usize>, Vec<usize>) =
             (0..todo.len()).partition(|&i| !todo_keys[i].1);
         let new_writes: Vec<(CgroupPath, Knob)> = new.iter().map(|&i| todo[i].clone()).collect();
+        // cpusets: every cgroup first widened to old ∪ new (parents first), so the
+        // children-first writes of the new sets meet the kernel's containment rule
+        for e in cgroups.widen_cpusets(&new_writes) {
+            r.errors.push(e.to_string());
+        }
         let order: Vec<usize> = cgroups
             .order(&new_writes)
             .into_iter()

@@ -91,11 +91,13 @@ where
             &paths.relay_async,
             &paths.relay_threads,
             &paths.qoslet,
+            &paths.qoslet_relay,
         ],
         f,
     )
     .await;
     report(name, &s[0], &s[3], 1.10);
+    report("  qoslet, frame relay (opt-in)", &s[0], &s[4], 1.10);
     report("  byte relay (async)", &s[0], &s[1], 1.10);
     report("  byte relay (threads)", &s[0], &s[2], 1.10);
     let floor = if s[1].pct(0.5) <= s[2].pct(0.5) {
@@ -115,7 +117,10 @@ struct Paths {
     direct: Cri,
     relay_async: Cri,
     relay_threads: Cri,
+    /// qoslet as deployed by default (HTTP/2 terminated per call).
     qoslet: Cri,
+    /// qoslet with `relay: true`.
+    qoslet_relay: Cri,
 }
 
 async fn lifecycle(mut c: Cri, tb: &Testbed, tag: &str) {
@@ -228,6 +233,17 @@ async fn main() {
         }
     }
     let q = QosletProcess::start(&dir, &tb.sock);
+    let relay_dir = dir.join("relay");
+    std::fs::create_dir_all(&relay_dir).unwrap();
+    std::fs::write(relay_dir.join("qoslet.yaml"), "relay: true\n").unwrap();
+    let q_relay = QosletProcess::start_with(
+        &relay_dir,
+        &tb.sock,
+        &[&format!(
+            "--config={}",
+            relay_dir.join("qoslet.yaml").display()
+        )],
+    );
     let direct = Cri::connect(&tb.sock).await;
     let via = Cri::connect(&q.sock).await;
     println!(
@@ -274,6 +290,7 @@ async fn main() {
         relay_async: Cri::connect(&relays[0].0).await,
         relay_threads: Cri::connect(&relays[1].0).await,
         qoslet: via.clone(),
+        qoslet_relay: Cri::connect(&q_relay.sock).await,
     };
     // warm every path (connections, caches) before timing
     rotated(
@@ -283,6 +300,7 @@ async fn main() {
             &paths.relay_async,
             &paths.relay_threads,
             &paths.qoslet,
+            &paths.qoslet_relay,
         ],
         |mut c| async move {
             c.rt.version(cri::VersionRequest::default()).await.unwrap();
