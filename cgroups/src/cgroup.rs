@@ -976,7 +976,20 @@ mod tests {
         for h in [&cs, &cpu] {
             std::fs::create_dir_all(child.under(h).unwrap()).expect("mkdir (needs root)");
         }
+        // a fresh v1 cpuset cgroup starts empty: the shared /qoslet-test dir (made
+        // here when no runc made it first) gets the root's CPUs and memory nodes
         let mems = std::fs::read_to_string(cs.join("cpuset.mems")).unwrap();
+        let all = std::fs::read_to_string(cs.join("cpuset.cpus")).unwrap();
+        let top = cs.join("qoslet-test");
+        for (f, v) in [("cpuset.cpus", &all), ("cpuset.mems", &mems)] {
+            if std::fs::read_to_string(top.join(f))
+                .unwrap()
+                .trim()
+                .is_empty()
+            {
+                std::fs::write(top.join(f), v.trim()).unwrap();
+            }
+        }
         for cg in [&parent, &child] {
             let _ = std::fs::write(cg.under(&cs).unwrap().join("cpuset.mems"), mems.trim());
         }

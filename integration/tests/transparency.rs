@@ -565,3 +565,61 @@ mod both_paths {
         super::undecodable_intercepted_request_is_forwarded_unchanged(false).await
     }
 }
+
+/// Issue 15: the final checkpoint is written after the drain, so a call still
+/// in flight at SIGTERM (a RunPodSandbox in CNI setup: here the backend takes
+/// 800 ms to answer) is in it. It used to be written when shutdown began.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_final_checkpoint_holds_calls_that_drained() {
+    let dir = scratch("final-checkpoint");
+    std::fs::create_dir_all(&dir).unwrap();
+    let fake = FakeBackend::start(&dir.join("backend.sock"), |s| match s.path.as_str() {
+        "/runtime.v1.RuntimeService/RunPodSandbox" => Reply::ok(
+            &cri::RunPodSandboxResponse {
+                pod_sandbox_id: "slow-sandbox".into(),
+            }
+            .encode_to_vec(),
+        )
+        .delayed(Duration::from_millis(800)),
+        // the rebuild's listings: nothing yet
+        _ => Reply::ok(b""),
+    })
+    .await;
+    let (running, sock, _) = start_proxy_mode(&dir, &fake.sock, Pipeline::new(), false).await;
+    let req = cri::RunPodSandboxRequest {
+        config: Some(qoslet_integration::testbed::pod_config(
+            "slow",
+            "/kubepods/podslow",
+        )),
+        runtime_handler: String::new(),
+    };
+    let call = tokio::spawn(async move {
+        let mut c = RawClient::connect(&sock).await.unwrap();
+        c.call(
+            "/runtime.v1.RuntimeService/RunPodSandbox",
+            &[],
+            frame(&req.encode_to_vec()),
+        )
+        .await
+        .unwrap()
+        .grpc_status()
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // SIGTERM's path: drain (the call completes), then the final checkpoint
+    drop(running.shutdown().await);
+    assert_eq!(
+        call.await.unwrap(),
+        Some((0, String::new())),
+        "the call drained"
+    );
+    let ck = qoslet_proxy::checkpoint::Checkpoint::new(
+        dir.join("state"),
+        format!("unix://{}", fake.sock.display()),
+    );
+    let snap = ck.load().expect("a final checkpoint");
+    assert!(
+        snap.pods.iter().any(|p| p.id == "slow-sandbox"),
+        "the drained RunPodSandbox is in the final checkpoint: {:?}",
+        snap.pods.iter().map(|p| &p.id).collect::<Vec<_>>()
+    );
+}

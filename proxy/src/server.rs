@@ -95,6 +95,8 @@ pub struct Running {
     /// Held until the final checkpoint is written (and handed to the caller, who
     /// writes the metrics snapshot into the same dir).
     lock: Option<crate::statefile::InstanceLock>,
+    /// The checkpoint writer, stopped only after the calls have drained.
+    checkpoint: Option<(watch::Sender<bool>, JoinHandle<()>)>,
 }
 
 impl Running {
@@ -105,6 +107,12 @@ impl Running {
         let _ = self.shutdown.send(true);
         for t in self.tasks {
             let _ = t.await;
+        }
+        // the final checkpoint after the drain: a call that was still in flight
+        // (a RunPodSandbox in CNI setup) is in it, with what qoslet applied
+        if let Some((stop, task)) = self.checkpoint {
+            let _ = stop.send(true);
+            let _ = task.await;
         }
         self.lock
     }
@@ -212,7 +220,7 @@ pub async fn start_with(
         listen: cfg.listen.clone(),
         state_dir: cfg.state_dir.display().to_string(),
     };
-    let mut tasks = vec![
+    let tasks = vec![
         tokio::spawn(serve_proxy(
             proxy_listener,
             forwarder,
@@ -229,13 +237,11 @@ pub async fn start_with(
             synced,
         )),
     ];
-    if lock.is_some() {
-        tasks.push(tokio::spawn(checkpoint.run(
-            store.clone(),
-            tx.subscribe(),
-            cfg.checkpoint_interval,
-        )));
-    }
+    let checkpoint = lock.is_some().then(|| {
+        let (stop, stopped) = watch::channel(false);
+        let task = tokio::spawn(checkpoint.run(store.clone(), stopped, cfg.checkpoint_interval));
+        (stop, task)
+    });
     info!(listen = %cfg.listen, runtime = %cfg.runtime_endpoint, admin = %cfg.admin_listen, "qoslet proxy serving");
     Ok(Running {
         store,
@@ -243,6 +249,7 @@ pub async fn start_with(
         shutdown: tx,
         tasks,
         lock,
+        checkpoint,
     })
 }
 
