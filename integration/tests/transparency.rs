@@ -623,3 +623,69 @@ async fn the_final_checkpoint_holds_calls_that_drained() {
         snap.pods.iter().map(|p| &p.id).collect::<Vec<_>>()
     );
 }
+
+/// Issue 15: one entry whose verbose status fails or hangs no longer stops
+/// the rebuild: it is left for the next resync and the rest are rebuilt,
+/// within the per-call deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_bad_entry_does_not_stop_the_rebuild() {
+    let dir = scratch("rebuild-partial");
+    std::fs::create_dir_all(&dir).unwrap();
+    let sandbox = |id: &str| cri::PodSandbox {
+        id: id.into(),
+        metadata: Some(cri::PodSandboxMetadata {
+            name: id.into(),
+            uid: id.into(),
+            namespace: "default".into(),
+            attempt: 0,
+        }),
+        state: cri::PodSandboxState::SandboxReady as i32,
+        ..Default::default()
+    };
+    let fake = FakeBackend::start(&dir.join("backend.sock"), move |s| {
+        match s.path.as_str() {
+            "/runtime.v1.RuntimeService/ListPodSandbox" => Reply::ok(
+                &cri::ListPodSandboxResponse {
+                    items: ["a", "bad", "slow", "c"].map(sandbox).to_vec(),
+                }
+                .encode_to_vec(),
+            ),
+            "/runtime.v1.RuntimeService/PodSandboxStatus" => {
+                let req = cri::PodSandboxStatusRequest::decode(&s.body[5..]).unwrap();
+                let info = r#"{"config":{"metadata":{"name":"x"},"linux":{"cgroup_parent":"/kubepods/podx"}}}"#;
+                let ok = Reply::ok(
+                    &cri::PodSandboxStatusResponse {
+                        info: [("info".to_string(), info.to_string())].into(),
+                        ..Default::default()
+                    }
+                    .encode_to_vec(),
+                );
+                match req.pod_sandbox_id.as_str() {
+                    "bad" => Reply::status(13, "boom", &[]),
+                    "slow" => ok.delayed(Duration::from_secs(4)),
+                    _ => ok,
+                }
+            }
+            _ => Reply::ok(b""),
+        }
+    })
+    .await;
+    let mut client = cri::runtime_service_client::RuntimeServiceClient::new(
+        qoslet_integration::channel(&fake.sock).await,
+    );
+    let t = Instant::now();
+    let snap = qoslet_proxy::rebuild::reconcile(&mut client, Default::default())
+        .await
+        .expect("the listing worked: the pass succeeds");
+    let ids: Vec<&str> = snap.pods.iter().map(|p| p.id.as_str()).collect();
+    assert_eq!(
+        ids,
+        ["a", "c"],
+        "the failing and the hanging entry left out"
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(4),
+        "the hanging status was cut at its deadline: {:?}",
+        t.elapsed()
+    );
+}

@@ -18,7 +18,17 @@ use crate::store::{
 
 type Client = cri::runtime_service_client::RuntimeServiceClient<Channel>;
 
-/// Reconciles `checkpoint` with the runtime. Errs when the runtime cannot be listed.
+/// How long one verbose-status call may take before that entry is left for the next pass.
+pub const STATUS_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
+/// Verbose-status calls in flight at once (a cold start without a checkpoint
+/// makes one per pod and container).
+pub const STATUS_CONCURRENCY: usize = 8;
+
+/// Reconciles `checkpoint` with the runtime. Errs only when the runtime cannot
+/// be listed: an entry whose verbose status fails or takes longer than
+/// [`STATUS_DEADLINE`] is left out of this pass (the next resync, which sees
+/// it missing from the store, asks again) while the others are rebuilt; the
+/// status calls run [`STATUS_CONCURRENCY`] at a time.
 pub async fn reconcile(
     client: &mut Client,
     checkpoint: Snapshot,
@@ -43,58 +53,88 @@ pub async fn reconcile(
         .into_iter()
         .map(|c| (c.id.clone(), c))
         .collect();
+    let limit = std::sync::Arc::new(tokio::sync::Semaphore::new(STATUS_CONCURRENCY));
     let mut out = Snapshot::default();
-    for sb in sandboxes {
-        let state = PodState::from_cri(sb.state);
-        let pod = match known_pods.remove(&sb.id) {
-            Some(mut p) => {
-                p.state = state;
-                p
-            }
-            None => {
-                let info = match client
-                    .pod_sandbox_status(cri::PodSandboxStatusRequest {
-                        pod_sandbox_id: sb.id.clone(),
-                        verbose: true,
-                    })
-                    .await
-                {
-                    Ok(r) => r.into_inner().info,
-                    Err(e) if e.code() == tonic::Code::NotFound => continue, // removed meanwhile
-                    Err(e) => return Err(e),
-                };
-                pod_from_runtime(&sb, &info)
-            }
-        };
-        out.pods.push(pod);
-    }
-    for c in containers {
-        if !out.pods.iter().any(|p| p.id == c.pod_sandbox_id) {
+    // pods: known ones take the runtime's state; unknown ones are asked for in parallel
+    let mut asks = tokio::task::JoinSet::new();
+    for (i, sb) in sandboxes.iter().enumerate() {
+        if let Some(mut p) = known_pods.remove(&sb.id) {
+            p.state = PodState::from_cri(sb.state);
+            out.pods.push(p);
             continue;
         }
-        let state = ContainerState::from_cri(c.state);
-        let rec = match known_ctrs.remove(&c.id) {
-            Some(mut r) => {
-                r.state = state;
-                r
-            }
-            None => {
-                let info = match client
-                    .container_status(cri::ContainerStatusRequest {
-                        container_id: c.id.clone(),
-                        verbose: true,
-                    })
-                    .await
-                {
-                    Ok(r) => r.into_inner().info,
-                    Err(e) if e.code() == tonic::Code::NotFound => continue,
-                    Err(e) => return Err(e),
-                };
-                container_from_runtime(&c, &info)
-            }
-        };
-        out.containers.push(rec);
+        let (mut c, limit, id) = (client.clone(), limit.clone(), sb.id.clone());
+        asks.spawn(async move {
+            let _slot = limit.acquire_owned().await;
+            let r = tokio::time::timeout(
+                STATUS_DEADLINE,
+                c.pod_sandbox_status(cri::PodSandboxStatusRequest {
+                    pod_sandbox_id: id.clone(),
+                    verbose: true,
+                }),
+            )
+            .await;
+            (i, id, r)
+        });
     }
+    let mut fresh = Vec::new();
+    while let Some(j) = asks.join_next().await {
+        let Ok((i, id, r)) = j else { continue };
+        match r {
+            Ok(Ok(r)) => fresh.push((i, pod_from_runtime(&sandboxes[i], &r.into_inner().info))),
+            Ok(Err(e)) if e.code() == tonic::Code::NotFound => {} // removed meanwhile
+            Ok(Err(e)) => {
+                tracing::warn!(pod = %id, error = %e, "pod status failed; left for the next resync")
+            }
+            Err(_) => tracing::warn!(pod = %id, "pod status timed out; left for the next resync"),
+        }
+    }
+    fresh.sort_by_key(|(i, _)| *i);
+    out.pods.extend(fresh.into_iter().map(|(_, p)| p));
+    let pods: std::collections::HashSet<String> = out.pods.iter().map(|p| p.id.clone()).collect();
+    let mut asks = tokio::task::JoinSet::new();
+    for (i, ct) in containers.iter().enumerate() {
+        if !pods.contains(&ct.pod_sandbox_id) {
+            continue;
+        }
+        if let Some(mut r) = known_ctrs.remove(&ct.id) {
+            r.state = ContainerState::from_cri(ct.state);
+            out.containers.push(r);
+            continue;
+        }
+        let (mut c, limit, id) = (client.clone(), limit.clone(), ct.id.clone());
+        asks.spawn(async move {
+            let _slot = limit.acquire_owned().await;
+            let r = tokio::time::timeout(
+                STATUS_DEADLINE,
+                c.container_status(cri::ContainerStatusRequest {
+                    container_id: id.clone(),
+                    verbose: true,
+                }),
+            )
+            .await;
+            (i, id, r)
+        });
+    }
+    let mut fresh = Vec::new();
+    while let Some(j) = asks.join_next().await {
+        let Ok((i, id, r)) = j else { continue };
+        match r {
+            Ok(Ok(r)) => fresh.push((
+                i,
+                container_from_runtime(&containers[i], &r.into_inner().info),
+            )),
+            Ok(Err(e)) if e.code() == tonic::Code::NotFound => {}
+            Ok(Err(e)) => {
+                tracing::warn!(container = %id, error = %e, "container status failed; left for the next resync")
+            }
+            Err(_) => {
+                tracing::warn!(container = %id, "container status timed out; left for the next resync")
+            }
+        }
+    }
+    fresh.sort_by_key(|(i, _)| *i);
+    out.containers.extend(fresh.into_iter().map(|(_, c)| c));
     Ok(out)
 }
 
