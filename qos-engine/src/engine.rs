@@ -156,14 +156,10 @@ fn tick_with(
     };
 
     // 2. suppress
-    let (mut be, mut non_be, mut exclusive_usage) = (0.0, 0.0, 0.0);
+    let (mut be, mut non_be) = (0.0, 0.0);
     for p in &state.pods {
         match p.class {
             QosClass::Be => be += p.cpu_cores,
-            QosClass::Lse | QosClass::Lsr => {
-                non_be += p.cpu_cores;
-                exclusive_usage += p.cpu_cores;
-            }
             _ => non_be += p.cpu_cores,
         }
     }
@@ -245,16 +241,8 @@ fn tick_with(
     }
 
     // 3. burst
-    let (pool, burst_quota) = burst_plugin(
-        state,
-        policy,
-        env,
-        burst_quota,
-        &exclusive,
-        exclusive_usage,
-        &mut plan,
-        &mut warnings,
-    );
+    let (pool, burst_quota) =
+        burst_plugin(state, policy, env, burst_quota, &mut plan, &mut warnings);
 
     TickResult {
         plan,
@@ -386,14 +374,42 @@ fn cap_be_children(state: &NodeState, parent_quota: Option<u64>, plan: &mut Plan
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// The CPU share pool as koordlet's cpuburst `getNodeStateForBurst` sizes it:
+/// the node's cores minus the CPU requests of pods labelled LSE/LSR, and the
+/// node's usage (system included) minus the usage of pods labelled LSE/LSR/BE.
+/// (capacity, usage) in cores.
+pub fn share_pool(state: &NodeState) -> (f64, f64) {
+    let mut capacity = state.capacity_cores;
+    let mut usage = state.node_usage_cores;
+    for p in state.pods.iter().filter(|p| p.by_label) {
+        if matches!(p.class, QosClass::Lse | QosClass::Lsr) {
+            // a Guaranteed pod requests what it limits
+            capacity -= p
+                .containers
+                .iter()
+                .filter(|c| c.cpu_quota > 0 && c.cpu_period > 0)
+                .map(|c| c.cpu_quota as f64 / c.cpu_period as f64)
+                .sum::<f64>();
+        }
+        if matches!(p.class, QosClass::Lse | QosClass::Lsr | QosClass::Be) {
+            usage -= p.cpu_cores;
+        }
+    }
+    (capacity, usage.max(0.0))
+}
+
+/// Whether a pod gets CPU burst: koordlet's `IsPodCPUBurstable`, every pod
+/// but those labelled LSR, LSE or BE (an unlabelled Guaranteed pod and SYSTEM
+/// pods are in); only containers with a CPU limit are touched.
+fn burstable(p: &Pod) -> bool {
+    !(p.by_label && matches!(p.class, QosClass::Lsr | QosClass::Lse | QosClass::Be))
+}
+
 fn burst_plugin(
     state: &NodeState,
     policy: &Policy,
     env: &Env,
     last: &HashMap<String, u64>,
-    exclusive: &BTreeSet<u32>,
-    exclusive_usage: f64,
     plan: &mut Plan,
     warnings: &mut Vec<String>,
 ) -> (Option<Pool>, HashMap<String, u64>) {
@@ -404,14 +420,16 @@ fn burst_plugin(
     if burst_on && !env.features.cpu_burst {
         warnings.push("cpuBurstStrategy asks for CFS burst, but this kernel has no cpu.cfs_burst_us / cpu.max.burst; only quota scaling is done".into());
     }
-    let pool_usage = (state.node_usage_cores - exclusive_usage).max(0.0);
-    let pool_capacity = state.capacity_cores - exclusive.len() as f64;
+    let (pool_capacity, pool_usage) = share_pool(state);
     let pool_state = burst::pool(pool_usage, pool_capacity, b);
-    for p in state.pods.iter().filter(|p| p.class == QosClass::Ls) {
+    for p in state.pods.iter().filter(|p| burstable(p)) {
         let mut pod_sum = 0u64;
         let mut pod_period = 0u64;
         let mut all_limited = !p.containers.is_empty();
         let mut pod_scaled = false;
+        // the pod's burst: the sum of its containers' (koordlet's applyCPUBurst)
+        let mut pod_burst = 0u64;
+        let mut pod_cur = 0u64;
         for c in &p.containers {
             if c.cpu_quota <= 0 {
                 all_limited = false;
@@ -437,7 +455,9 @@ fn burst_plugin(
                     "cpu-burst",
                     d.rule.clone(),
                 ));
+                pod_burst = pod_burst.saturating_add(bu);
             }
+            pod_cur = pod_cur.saturating_add(cur);
             let target = if scale_on {
                 d.quota_us.unwrap_or(cur)
             } else {
@@ -480,6 +500,21 @@ fn burst_plugin(
                 },
                 "cpu-burst",
                 "the pod's quota: the sum of its containers' quotas".into(),
+            ));
+        }
+        if burst_on && env.features.cpu_burst && pod_burst > 0 {
+            // within the pod's quota before and after this tick (the kernel's rule),
+            // unless some container (so the pod) has no limit
+            let cap = if all_limited {
+                pod_cur.min(pod_sum.max(1))
+            } else {
+                u64::MAX
+            };
+            plan.add(w(
+                &p.cgroup,
+                Knob::CpuBurst(pod_burst.min(cap)),
+                "cpu-burst",
+                "the pod's burst: the sum of its containers' bursts".into(),
             ));
         }
     }
@@ -923,6 +958,76 @@ mod tests {
             !idle(&e.plan(&s, &p, &env)),
             "new pods are reconciled at once"
         );
+    }
+
+    /// Issue 14 item 6, as koordlet's cpuburst plugin does it
+    /// (`IsPodCPUBurstable`, `getNodeStateForBurst`, `applyCPUBurst`): every pod
+    /// but those labelled LSR/LSE/BE bursts; the pod's burst is the sum of its
+    /// containers'; the share pool is the node minus LSE/LSR requests, its usage
+    /// the node's minus LSE/LSR/BE usage.
+    #[test]
+    fn burst_eligibility_pod_sum_and_share_pool_as_koordlet() {
+        let mut p = cfs(65);
+        p.burst.policy = BurstPolicy::CpuBurstOnly;
+        p.burst.cpu_burst_percent = 50;
+        let env = Env {
+            features: Features {
+                cpu_burst: true,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let mut s = state(1.0, 1.0, None);
+        let labelled_lsr = pod("lsr", QosClass::Lsr, "/kubepods", 2.0, 400_000);
+        let unlabelled_gu = Pod {
+            by_label: false,
+            ..pod("gu", QosClass::Lsr, "/kubepods", 0.5, 200_000)
+        };
+        let system = pod("sys", QosClass::System, "/kubepods/burstable", 0.1, 100_000);
+        let mut two = pod("two", QosClass::Ls, "/kubepods/burstable", 0.2, 100_000);
+        let mut second = two.containers[0].clone();
+        second.id = "ctwo2".into();
+        second.cgroup = two.cgroup.container("ctwo2").unwrap();
+        two.containers.push(second);
+        s.pods.extend([labelled_lsr, unlabelled_gu, system, two]);
+        let t = Engine::new(10).plan(&s, &p, &env);
+        let burst_of = |cg: &str| {
+            t.plan
+                .writes()
+                .iter()
+                .find_map(|w| match (&w.knob, w.cgroup.as_str() == cg) {
+                    (Knob::CpuBurst(b), true) => Some(*b),
+                    _ => None,
+                })
+        };
+        assert_eq!(
+            burst_of("kubepods/podlsr/clsr"),
+            None,
+            "labelled LSR: no burst"
+        );
+        assert_eq!(burst_of("kubepods/podbe/cbe"), None, "BE: no burst");
+        assert_eq!(
+            burst_of("kubepods/podgu/cgu"),
+            Some(100_000),
+            "unlabelled Guaranteed: 50%"
+        );
+        assert_eq!(
+            burst_of("kubepods/burstable/podsys/csys"),
+            Some(50_000),
+            "SYSTEM"
+        );
+        assert_eq!(
+            burst_of("kubepods/burstable/podtwo"),
+            Some(100_000),
+            "pod: 2 x 50,000"
+        );
+        assert_eq!(burst_of("kubepods/burstable/podls"), Some(100_000));
+        // the share pool: 16 cores - 4 (the LSR pod's request); usage: the node's
+        // 5 minus the LSR pod's 2 and the BE pod's 1 (the unlabelled Guaranteed pod stays in)
+        s.node_usage_cores = 5.0;
+        let (cap, usage) = share_pool(&s);
+        assert!((cap - 12.0).abs() < 1e-9, "{cap}");
+        assert!((usage - 2.0).abs() < 1e-9, "{usage}");
     }
 
     #[test]
