@@ -303,13 +303,21 @@ impl Store {
     }
 
     fn write<R>(&self, f: impl FnOnce(&mut Inner) -> R) -> R {
-        let r = {
+        self.write_if(|s| (f(s), true))
+    }
+
+    /// [`Store::write`] that marks the store changed (a new generation, a
+    /// checkpoint) only when `f` says it changed something.
+    fn write_if<R>(&self, f: impl FnOnce(&mut Inner) -> (R, bool)) -> R {
+        let (r, changed) = {
             let mut g = self.inner.write().unwrap_or_else(|e| e.into_inner());
             f(&mut g)
         };
-        self.generation
-            .fetch_add(1, std::sync::atomic::Ordering::Release);
-        self.dirty.notify_one();
+        if changed {
+            self.generation
+                .fetch_add(1, std::sync::atomic::Ordering::Release);
+            self.dirty.notify_one();
+        }
         r
     }
 
@@ -396,19 +404,29 @@ impl Store {
 
     /// Records what qoslet applied to a pod (`key` -> `value`).
     pub fn set_pod_applied(&self, id: &str, key: &str, value: &str) {
-        self.write(|s| {
-            if let Some(p) = s.pods.get_mut(id) {
-                p.applied.insert(key.into(), value.into());
-            }
+        self.write_if(|s| {
+            let changed = match s.pods.get_mut(id) {
+                Some(p) if p.applied.get(key).map(String::as_str) != Some(value) => {
+                    p.applied.insert(key.into(), value.into());
+                    true
+                }
+                _ => false,
+            };
+            ((), changed)
         });
     }
 
     /// Records what qoslet applied to a container (`key` -> `value`).
     pub fn set_container_applied(&self, id: &str, key: &str, value: &str) {
-        self.write(|s| {
-            if let Some(c) = s.containers.get_mut(id) {
-                c.applied.insert(key.into(), value.into());
-            }
+        self.write_if(|s| {
+            let changed = match s.containers.get_mut(id) {
+                Some(c) if c.applied.get(key).map(String::as_str) != Some(value) => {
+                    c.applied.insert(key.into(), value.into());
+                    true
+                }
+                _ => false,
+            };
+            ((), changed)
         });
     }
 
@@ -499,8 +517,8 @@ impl Store {
     /// survives); entries only the runtime has are added; entries in both keep
     /// the store's data and take the runtime's state. Returns (added, removed).
     pub fn apply_resync(&self, seq: u64, before: &Snapshot, after: Snapshot) -> (usize, usize) {
-        let (mut added, mut removed) = (0, 0);
-        self.write(|s| {
+        let (mut added, mut removed, mut states) = (0, 0, 0);
+        self.write_if(|s| {
             let after_pods: HashMap<&str, &PodRecord> =
                 after.pods.iter().map(|p| (p.id.as_str(), p)).collect();
             let after_ctrs: HashMap<&str, &ContainerRecord> = after
@@ -528,7 +546,11 @@ impl Store {
                 let newer = s.touched_after(&p.id, seq);
                 match s.pods.get_mut(&p.id) {
                     Some(_) if newer => {}
-                    Some(cur) => cur.state = p.state,
+                    Some(cur) if cur.state != p.state => {
+                        cur.state = p.state;
+                        states += 1;
+                    }
+                    Some(_) => {}
                     None if newer => {} // removed by kubelet during the listing
                     None => {
                         s.pods.insert(p.id.clone(), p.clone());
@@ -540,7 +562,11 @@ impl Store {
                 let newer = s.touched_after(&c.id, seq);
                 match s.containers.get_mut(&c.id) {
                     Some(_) if newer => {}
-                    Some(cur) => cur.state = c.state,
+                    Some(cur) if cur.state != c.state => {
+                        cur.state = c.state;
+                        states += 1;
+                    }
+                    Some(_) => {}
                     None if newer => {}
                     None => {
                         s.containers.insert(c.id.clone(), c.clone());
@@ -550,6 +576,9 @@ impl Store {
             }
             // what no later resync can still race with
             s.touched.retain(|_, &mut t| t > seq);
+            // an unchanged store stays the same generation: no checkpoint
+            // rewrite, no rebuilt views in the engine and collector
+            ((), added + removed + states > 0)
         });
         (added, removed)
     }
@@ -738,6 +767,26 @@ mod tests {
             (PodState::NotReady, "v")
         );
         assert_eq!(s.pod("foreign").unwrap().source, Source::Runtime);
+    }
+
+    /// Issue 15 item 5: a resync that finds nothing new, or an `applied`
+    /// value recorded again, leaves the generation (and the checkpoint) alone.
+    #[test]
+    fn unchanged_store_keeps_its_generation() {
+        let s = Store::new();
+        s.upsert_pod(PodRecord {
+            id: "p".into(),
+            state: PodState::Ready,
+            ..Default::default()
+        });
+        s.set_pod_applied("p", "class", "BE");
+        let g = s.generation();
+        s.set_pod_applied("p", "class", "BE");
+        let (seq, before) = s.snapshot_for_resync();
+        assert_eq!(s.apply_resync(seq, &before, before.clone()), (0, 0));
+        assert_eq!(s.generation(), g, "nothing changed");
+        s.set_pod_applied("p", "class", "LS");
+        assert_ne!(s.generation(), g);
     }
 
     /// Issue 15: kubelet's calls that land between a resync's listing and
