@@ -68,6 +68,18 @@ impl QosletProcess {
         p
     }
 
+    /// Starts `qoslet proxy` with `yaml` as its config file (written to
+    /// `dir/qoslet.yaml`) and `extra` flags.
+    pub fn with_config(dir: &Path, backend: &Path, yaml: &str, extra: &[&str]) -> Self {
+        std::fs::create_dir_all(dir).unwrap();
+        let config = dir.join("qoslet.yaml");
+        std::fs::write(&config, yaml).unwrap();
+        let flag = format!("--config={}", config.display());
+        let mut args = vec![flag.as_str()];
+        args.extend_from_slice(extra);
+        Self::start_with(dir, backend, &args)
+    }
+
     /// Starts a second process with the same settings (used to test refusal).
     pub fn spawn_again(&self) -> Child {
         spawn(

@@ -19,11 +19,7 @@ async fn real_containerd_killed_and_restarted_under_qoslet() {
     let dir = scratch("restart");
     // the opt-in frame relay: connections accepted during the outage are handed
     // back to it once the runtime returns
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("qoslet.yaml");
-    std::fs::write(&config, "relay: true\n").unwrap();
-    let mut q =
-        QosletProcess::start_with(&dir, &tb.sock, &[&format!("--config={}", config.display())]);
+    let mut q = QosletProcess::with_config(&dir, &tb.sock, "relay: true\n", &[]);
     let pid = q.pid();
     let mut via = Cri::lazy(&q.sock);
     via.rt

@@ -22,18 +22,13 @@ use qoslet_proto::admin::{admin_client::AdminClient, GetPlanRequest};
 async fn real_canonical_quantities_and_koordinators_default_node_slo() {
     let tb = Testbed::main();
     let dir = scratch("parity-quantities");
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("qoslet.yaml");
     let node_slo = include_str!("../../hooks/tests/fixtures/koordinator-default-nodeslo.json");
-    std::fs::write(&config, format!("policy: {node_slo}\n")).unwrap();
     let port = free_port();
-    let q = QosletProcess::start_with(
+    let q = QosletProcess::with_config(
         &dir,
         &tb.sock,
-        &[
-            &format!("--config={}", config.display()),
-            &format!("--metrics-listen=127.0.0.1:{port}"),
-        ],
+        &format!("policy: {node_slo}\n"),
+        &[&format!("--metrics-listen=127.0.0.1:{port}")],
     );
     let mut via = Cri::connect(&q.sock).await;
     let mut cleanup = Cleanup::new(&tb.sock);

@@ -164,11 +164,8 @@ async fn real_hostile_annotation_neither_stalls_nor_pins() {
     let _serial = SERIAL.lock().await;
     let tb = Testbed::main();
     let dir = scratch("trust-hostile");
-    let config = dir.join("qoslet.yaml");
-    std::fs::create_dir_all(&dir).unwrap();
     // the default path (the opt-in frame relay skips hooks above 32 KiB: issue 11)
-    std::fs::write(&config, "hooks:\n  timeout: 2s\n").unwrap();
-    let q = QosletProcess::start_with(&dir, &tb.sock, &[&format!("--config={}", config.display())]);
+    let q = QosletProcess::with_config(&dir, &tb.sock, "hooks:\n  timeout: 2s\n", &[]);
     let mut via = Cri::connect(&q.sock).await;
     let mut cleanup = Cleanup::new(&tb.sock);
 
@@ -294,14 +291,12 @@ async fn real_labels_cannot_raise_a_class_or_pin_an_unlabelled_pod() {
     let _serial = SERIAL.lock().await;
     let tb = Testbed::main();
     let dir = scratch("trust-labels");
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("qoslet.yaml");
-    std::fs::write(
-        &config,
+    let q = QosletProcess::with_config(
+        &dir,
+        &tb.sock,
         "policy:\n  resourceQOSStrategy:\n    beClass:\n      cpuQOS: {enable: true}\n",
-    )
-    .unwrap();
-    let q = QosletProcess::start_with(&dir, &tb.sock, &[&format!("--config={}", config.display())]);
+        &[],
+    );
     let mut via = Cri::connect(&q.sock).await;
     let mut cleanup = Cleanup::new(&tb.sock);
 
@@ -477,17 +472,12 @@ async fn real_steady_node_reports_no_drift() {
     let _serial = SERIAL.lock().await;
     let tb = Testbed::main();
     let dir = scratch("trust-drift");
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("qoslet.yaml");
-    std::fs::write(&config, "qosEngine:\n  driftCheckInterval: 1s\n").unwrap();
     let port = free_port();
-    let q = QosletProcess::start_with(
+    let q = QosletProcess::with_config(
         &dir,
         &tb.sock,
-        &[
-            &format!("--config={}", config.display()),
-            &format!("--metrics-listen=127.0.0.1:{port}"),
-        ],
+        "qosEngine:\n  driftCheckInterval: 1s\n",
+        &[&format!("--metrics-listen=127.0.0.1:{port}")],
     );
     let mut via = Cri::connect(&q.sock).await;
     let mut cleanup = Cleanup::new(&tb.sock);

@@ -53,89 +53,108 @@ pub async fn reconcile(
         .into_iter()
         .map(|c| (c.id.clone(), c))
         .collect();
-    let limit = std::sync::Arc::new(tokio::sync::Semaphore::new(STATUS_CONCURRENCY));
     let mut out = Snapshot::default();
-    // pods: known ones take the runtime's state; unknown ones are asked for in parallel
-    let mut asks = tokio::task::JoinSet::new();
+    // known entries take the runtime's state; unknown ones are asked for, in parallel
+    let mut ask = Vec::new();
     for (i, sb) in sandboxes.iter().enumerate() {
-        if let Some(mut p) = known_pods.remove(&sb.id) {
-            p.state = PodState::from_cri(sb.state);
-            out.pods.push(p);
-            continue;
-        }
-        let (mut c, limit, id) = (client.clone(), limit.clone(), sb.id.clone());
-        asks.spawn(async move {
-            let _slot = limit.acquire_owned().await;
-            let r = tokio::time::timeout(
-                STATUS_DEADLINE,
-                c.pod_sandbox_status(cri::PodSandboxStatusRequest {
-                    pod_sandbox_id: id.clone(),
-                    verbose: true,
-                }),
-            )
-            .await;
-            (i, id, r)
-        });
-    }
-    let mut fresh = Vec::new();
-    while let Some(j) = asks.join_next().await {
-        let Ok((i, id, r)) = j else { continue };
-        match r {
-            Ok(Ok(r)) => fresh.push((i, pod_from_runtime(&sandboxes[i], &r.into_inner().info))),
-            Ok(Err(e)) if e.code() == tonic::Code::NotFound => {} // removed meanwhile
-            Ok(Err(e)) => {
-                tracing::warn!(pod = %id, error = %e, "pod status failed; left for the next resync")
+        match known_pods.remove(&sb.id) {
+            Some(mut p) => {
+                p.state = PodState::from_cri(sb.state);
+                out.pods.push(p);
             }
-            Err(_) => tracing::warn!(pod = %id, "pod status timed out; left for the next resync"),
+            None => ask.push((i, sb.id.clone())),
         }
     }
-    fresh.sort_by_key(|(i, _)| *i);
-    out.pods.extend(fresh.into_iter().map(|(_, p)| p));
+    let c = client.clone();
+    for (i, info) in statuses("pod", ask, move |id| {
+        let mut c = c.clone();
+        async move {
+            c.pod_sandbox_status(cri::PodSandboxStatusRequest {
+                pod_sandbox_id: id,
+                verbose: true,
+            })
+            .await
+            .map(|r| r.into_inner().info)
+        }
+    })
+    .await
+    {
+        out.pods.push(pod_from_runtime(&sandboxes[i], &info));
+    }
     let pods: std::collections::HashSet<String> = out.pods.iter().map(|p| p.id.clone()).collect();
-    let mut asks = tokio::task::JoinSet::new();
+    let mut ask = Vec::new();
     for (i, ct) in containers.iter().enumerate() {
         if !pods.contains(&ct.pod_sandbox_id) {
             continue;
         }
-        if let Some(mut r) = known_ctrs.remove(&ct.id) {
-            r.state = ContainerState::from_cri(ct.state);
-            out.containers.push(r);
-            continue;
+        match known_ctrs.remove(&ct.id) {
+            Some(mut r) => {
+                r.state = ContainerState::from_cri(ct.state);
+                out.containers.push(r);
+            }
+            None => ask.push((i, ct.id.clone())),
         }
-        let (mut c, limit, id) = (client.clone(), limit.clone(), ct.id.clone());
-        asks.spawn(async move {
+    }
+    let c = client.clone();
+    for (i, info) in statuses("container", ask, move |id| {
+        let mut c = c.clone();
+        async move {
+            c.container_status(cri::ContainerStatusRequest {
+                container_id: id,
+                verbose: true,
+            })
+            .await
+            .map(|r| r.into_inner().info)
+        }
+    })
+    .await
+    {
+        out.containers
+            .push(container_from_runtime(&containers[i], &info));
+    }
+    Ok(out)
+}
+
+/// Asks `call(id)` for each `(index, id)`, [`STATUS_CONCURRENCY`] at a time,
+/// each within [`STATUS_DEADLINE`]; returns the answers in index order. An
+/// entry gone meanwhile (NotFound) is dropped quietly, one that fails or
+/// times out with a warning (the next resync asks again).
+async fn statuses<F, Fut>(
+    what: &'static str,
+    ask: Vec<(usize, String)>,
+    call: F,
+) -> Vec<(usize, HashMap<String, String>)>
+where
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = Result<HashMap<String, String>, tonic::Status>>
+        + Send
+        + 'static,
+{
+    let limit = std::sync::Arc::new(tokio::sync::Semaphore::new(STATUS_CONCURRENCY));
+    let mut set = tokio::task::JoinSet::new();
+    for (i, id) in ask {
+        let (limit, fut) = (limit.clone(), call(id.clone()));
+        set.spawn(async move {
             let _slot = limit.acquire_owned().await;
-            let r = tokio::time::timeout(
-                STATUS_DEADLINE,
-                c.container_status(cri::ContainerStatusRequest {
-                    container_id: id.clone(),
-                    verbose: true,
-                }),
-            )
-            .await;
-            (i, id, r)
+            (i, id, tokio::time::timeout(STATUS_DEADLINE, fut).await)
         });
     }
-    let mut fresh = Vec::new();
-    while let Some(j) = asks.join_next().await {
+    let mut out = Vec::new();
+    while let Some(j) = set.join_next().await {
         let Ok((i, id, r)) = j else { continue };
         match r {
-            Ok(Ok(r)) => fresh.push((
-                i,
-                container_from_runtime(&containers[i], &r.into_inner().info),
-            )),
-            Ok(Err(e)) if e.code() == tonic::Code::NotFound => {}
+            Ok(Ok(info)) => out.push((i, info)),
+            Ok(Err(e)) if e.code() == tonic::Code::NotFound => {} // removed meanwhile
             Ok(Err(e)) => {
-                tracing::warn!(container = %id, error = %e, "container status failed; left for the next resync")
+                tracing::warn!(kind = what, id = %id, error = %e, "status failed; left for the next resync")
             }
             Err(_) => {
-                tracing::warn!(container = %id, "container status timed out; left for the next resync")
+                tracing::warn!(kind = what, id = %id, "status timed out; left for the next resync")
             }
         }
     }
-    fresh.sort_by_key(|(i, _)| *i);
-    out.containers.extend(fresh.into_iter().map(|(_, c)| c));
-    Ok(out)
+    out.sort_by_key(|(i, _)| *i);
+    out
 }
 
 fn config_of(info: &HashMap<String, String>) -> Value {

@@ -233,17 +233,7 @@ async fn main() {
         }
     }
     let q = QosletProcess::start(&dir, &tb.sock);
-    let relay_dir = dir.join("relay");
-    std::fs::create_dir_all(&relay_dir).unwrap();
-    std::fs::write(relay_dir.join("qoslet.yaml"), "relay: true\n").unwrap();
-    let q_relay = QosletProcess::start_with(
-        &relay_dir,
-        &tb.sock,
-        &[&format!(
-            "--config={}",
-            relay_dir.join("qoslet.yaml").display()
-        )],
-    );
+    let q_relay = QosletProcess::with_config(&dir.join("relay"), &tb.sock, "relay: true\n", &[]);
     let direct = Cri::connect(&tb.sock).await;
     let via = Cri::connect(&q.sock).await;
     println!(
@@ -341,7 +331,8 @@ async fn main() {
 
     // the isolation hook: decision time, and CreateContainer with hooks on vs off vs direct
     decisions();
-    let q_off = with_config(&dir.join("hooks-off"), &tb.sock, "isolation: false\n");
+    let q_off =
+        QosletProcess::with_config(&dir.join("hooks-off"), &tb.sock, "isolation: false\n", &[]);
     let via_off = Cri::connect(&q_off.sock).await;
     let name = unique("bench-be");
     let cgp = tb.cgroup_parent(&name);
@@ -391,7 +382,8 @@ async fn main() {
     // whole agent and through a proxy-only qoslet (`metrics: false`, so no engine either): the
     // agent keeps a removed container's series for the cache's raw window (10 minutes), the
     // proxy path (relay, hooks, store, checkpoint) keeps nothing of a removed pod
-    let q_lean = with_config(&dir.join("proxy-only"), &tb.sock, "metrics: false\n");
+    let q_lean =
+        QosletProcess::with_config(&dir.join("proxy-only"), &tb.sock, "metrics: false\n", &[]);
     let via_lean = Cri::connect(&q_lean.sock).await;
     // warm the proxy-only path like the agent's was, so both start from a served state
     for _ in 0..10 {
@@ -444,14 +436,6 @@ async fn main() {
         (st as f64 / idle_rss as f64 - 1.0) * 100.0,
         (lean as f64 / lean_idle as f64 - 1.0) * 100.0
     );
-}
-
-/// A second qoslet in `dir` with this config file.
-fn with_config(dir: &std::path::Path, backend: &std::path::Path, yaml: &str) -> QosletProcess {
-    std::fs::create_dir_all(dir).unwrap();
-    let file = dir.join("qoslet.yaml");
-    std::fs::write(&file, yaml).unwrap();
-    QosletProcess::start_with(dir, backend, &[&format!("--config={}", file.display())])
 }
 
 /// Entities (node, pods, containers) the agent's metrics cache holds.
