@@ -249,6 +249,63 @@ fn requested(r: Option<&cri::LinuxContainerResources>) -> Requested<'_> {
     .unwrap_or_default()
 }
 
+/// Before an UpdateContainerResources whose CFS quota (`quota` µs, ≤ 0: none)
+/// may fall below the burst the QoS engine set (an in-place resize down):
+/// lowers the container's burst to the new quota, and the pod's to the new sum
+/// of its containers' quotas (kubelet writes the pod cgroup after its
+/// containers on a decrease), so neither write meets the kernel's EINVAL.
+fn make_room_for_quota(
+    cgroups: &Cgroups,
+    store: &Store,
+    pod: &PodRecord,
+    container: &str,
+    quota: i64,
+    pod_root: &PodRoot,
+) {
+    if !cgroups.host().features.cpu_burst || quota <= 0 {
+        return;
+    }
+    let Ok(pod_cg) = CgroupPath::pod_under(&pod.cgroup_parent, pod_root) else {
+        return;
+    };
+    let pod_sum: Option<i64> = store.read_all(|_, ctrs| {
+        ctrs.values()
+            .filter(|c| {
+                c.pod_id == pod.id && c.state == qoslet_proxy::store::ContainerState::Running
+            })
+            .map(|c| {
+                let q = if c.id == container {
+                    quota
+                } else {
+                    c.requested.as_ref().map_or(0, |r| r.cpu_quota)
+                };
+                (q > 0).then_some(q)
+            })
+            .sum()
+    });
+    let lower = |cg: &CgroupPath, max: i64| {
+        let Ok(files) = cgroups.plan(&Knob::CpuBurst(0)) else {
+            return;
+        };
+        let Some(f) = files.first() else { return };
+        let cur: Option<i64> = cgroups
+            .read(cg, f.controller, f.file)
+            .ok()
+            .and_then(|v| v.trim().parse().ok());
+        if cur.is_some_and(|b| b > max) {
+            if let Err(e) = cgroups.apply(cg, &Knob::CpuBurst(max as u64)) {
+                warn!(cgroup = %cg, error = %e, "CFS burst not lowered before a smaller quota");
+            }
+        }
+    };
+    if let Ok(cg) = pod_cg.container(container) {
+        lower(&cg, quota);
+    }
+    if let Some(sum) = pod_sum {
+        lower(&pod_cg, sum);
+    }
+}
+
 /// What the store holds of kubelet's asks, as decisions take it.
 fn stored_requested(r: &qoslet_proxy::store::Resources) -> Requested<'_> {
     Requested {
@@ -373,7 +430,7 @@ impl Hook for Isolation {
         ctx: HookContext,
         req: Arc<CriRequest>,
     ) -> BoxFuture<Result<Option<CriRequest>, BoxError>> {
-        let shared = self.shared.get();
+        let (shared, cgroups) = (self.shared.get(), self.cgroups.clone());
         Box::pin(async move {
             match &*req {
                 CriRequest::CreateContainer(r) => {
@@ -439,6 +496,12 @@ impl Hook for Isolation {
                         &stored_requested(&merged),
                         &shared.ctx(),
                     );
+                    // the kernel checks the quota the runtime is about to write against
+                    // the CFS burst the engine set: lower the burst first where needed
+                    if let Some(cg) = cgroups.as_deref() {
+                        let quota = d.patch.cpu_quota.unwrap_or(merged.cpu_quota);
+                        make_room_for_quota(cg, &ctx.store, &pod, &c.id, quota, &shared.pod_root);
+                    }
                     if d.patch.is_empty() {
                         return Ok(None);
                     }

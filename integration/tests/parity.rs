@@ -112,3 +112,50 @@ async fn real_canonical_quantities_and_koordinators_default_node_slo() {
     assert!(plan.policy_error.is_empty(), "{}", plan.policy_error);
     assert!(q.log_text().contains("not implemented by qoslet"));
 }
+
+/// Review of issue 15 item 7: with a CFS burst equal to the quota (what the
+/// engine sets), kubelet's in-place resize down (UpdateContainerResources with
+/// a smaller quota) would meet the kernel's EINVAL in runc; qoslet lowers the
+/// burst first, so the update goes through on the real cgroup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_resize_down_below_a_burst_goes_through() {
+    let tb = Testbed::main();
+    let dir = scratch("parity-resize");
+    let q = QosletProcess::start(&dir, &tb.sock);
+    let mut via = Cri::connect(&q.sock).await;
+    let mut cleanup = Cleanup::new(&tb.sock);
+    let name = unique("resize");
+    let cgp = tb.cgroup_parent_in("burstable", &name);
+    let cfg = pod_config(&name, &cgp);
+    let pod = via.run_pod(&cfg).await.unwrap();
+    cleanup.pods.push(pod.clone());
+    cleanup.cgroups.push(cgp.clone());
+    let res = |quota| cri::LinuxContainerResources {
+        cpu_period: 100_000,
+        cpu_quota: quota,
+        cpu_shares: 1024,
+        ..Default::default()
+    };
+    let id = via
+        .create(
+            &pod,
+            &cfg,
+            container_config("app", SLEEP_LOOP, Some(res(200_000))),
+        )
+        .await
+        .unwrap();
+    via.start(&id).await.unwrap();
+    let ccg = format!("{cgp}/{id}");
+    let burst = format!("/sys/fs/cgroup/cpu{ccg}/cpu.cfs_burst_us");
+    std::fs::write(&burst, "200000").expect("this kernel has cpu.cfs_burst_us");
+    via.rt
+        .update_container_resources(cri::UpdateContainerResourcesRequest {
+            container_id: id.clone(),
+            linux: Some(res(100_000)),
+            ..Default::default()
+        })
+        .await
+        .expect("the resize down goes through");
+    assert_eq!(cgroup_v1("cpu", &ccg, "cpu.cfs_quota_us"), "100000");
+    assert_eq!(cgroup_v1("cpu", &ccg, "cpu.cfs_burst_us"), "100000");
+}

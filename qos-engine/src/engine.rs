@@ -437,7 +437,8 @@ fn burst_plugin(
             }
             let limit = c.cpu_quota as u64;
             let period = c.cpu_period.max(1000) as u64;
-            let cur = last.get(&c.id).copied().unwrap_or(limit);
+            // never below kubelet's limit (an in-place resize up raises the floor)
+            let cur = last.get(&c.id).copied().unwrap_or(limit).max(limit);
             let d = burst::decide(
                 &burst::Container {
                     limit_quota_us: limit,
@@ -448,7 +449,16 @@ fn burst_plugin(
                 pool_state,
                 b,
             );
+            let target = if scale_on {
+                d.quota_us.unwrap_or(cur)
+            } else {
+                limit
+            };
+            // the kernel checks every quota write against the burst in force: at most
+            // the quota before and after this tick, and at most kubelet's limit, so the
+            // runtime re-writing the limit (a cpuset-only update) never meets EINVAL
             if let (Some(bu), true) = (d.burst_us, env.features.cpu_burst) {
+                let bu = bu.min(target).min(cur).min(limit);
                 plan.add(w(
                     &c.cgroup,
                     Knob::CpuBurst(bu),
@@ -458,11 +468,6 @@ fn burst_plugin(
                 pod_burst = pod_burst.saturating_add(bu);
             }
             pod_cur = pod_cur.saturating_add(cur);
-            let target = if scale_on {
-                d.quota_us.unwrap_or(cur)
-            } else {
-                limit
-            };
             if scale_on || cur != limit {
                 let rule = if scale_on {
                     d.rule.clone()
@@ -1028,6 +1033,62 @@ mod tests {
         let (cap, usage) = share_pool(&s);
         assert!((cap - 12.0).abs() < 1e-9, "{cap}");
         assert!((usage - 2.0).abs() < 1e-9, "{usage}");
+    }
+
+    /// Review of issue 15 item 7: the kernel checks each quota write against
+    /// the burst in force. Switching from quota scaling to burst only must not
+    /// leave a burst above the limit the quota returns to; a burst never exceeds
+    /// kubelet's limit (the runtime re-writes it on a cpuset-only update); and an
+    /// in-place resize up is never held below the new limit.
+    #[test]
+    fn bursts_stay_within_the_quota_kubelet_and_the_kernel_write() {
+        let env = Env {
+            features: Features {
+                cpu_burst: true,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let mut p = cfs(65);
+        p.burst.policy = BurstPolicy::Auto;
+        let mut e = Engine::new(10);
+        let of = |t: &TickResult, cg: &str, burst: bool| {
+            t.plan
+                .writes()
+                .iter()
+                .find_map(|w| match (&w.knob, w.cgroup.as_str() == cg) {
+                    (Knob::CpuBurst(b), true) if burst => Some(*b),
+                    (Knob::CpuQuota { quota, .. }, true) if !burst => *quota,
+                    _ => None,
+                })
+        };
+        let c = "kubepods/burstable/podls/cls";
+        for _ in 0..3 {
+            let t = e.plan(&state(1.0, 1.0, None), &p, &env);
+            assert!(
+                of(&t, c, true).unwrap() <= 200_000,
+                "burst within the limit"
+            );
+        }
+        p.burst.policy = BurstPolicy::CpuBurstOnly;
+        let t = e.plan(&state(1.0, 1.0, None), &p, &env);
+        assert_eq!(of(&t, c, false), Some(200_000), "quota back to the limit");
+        assert_eq!(
+            of(&t, c, true),
+            Some(200_000),
+            "burst within the quota written"
+        );
+        // kubelet resizes the container up to 4 CPUs: the quota follows at once
+        p.burst.policy = BurstPolicy::Auto;
+        e.plan(&state(1.0, 1.0, None), &p, &env);
+        let mut s = state(10.0, 1.0, None);
+        s.pods[0].containers[0].cpu_quota = 400_000;
+        let t = e.plan(&s, &p, &env);
+        assert!(
+            of(&t, c, false).unwrap_or(400_000) >= 400_000,
+            "{:?}",
+            of(&t, c, false)
+        );
     }
 
     #[test]

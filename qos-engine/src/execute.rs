@@ -161,6 +161,38 @@ impl Executor {
             states: vec![WriteState::Skipped; plan.len()],
             ..Default::default()
         };
+        // first what left the plan goes back to the kernel's default (a burst to 0
+        // before any quota shrinks against it), until it sticks or the cgroup is gone
+        let restoring = &mut self.restoring;
+        self.known.retain(|k, kn| {
+            let keep = plan.contains(k);
+            if !keep {
+                if let Some(v) = restore_value(&kn.knob) {
+                    restoring.insert(k.clone(), (k.0.clone(), v));
+                }
+            }
+            keep
+        });
+        // a setting planned again is the plan's
+        self.restoring.retain(|k, _| !plan.contains(k));
+        let mut done = Vec::new();
+        for (k, (cg, knob)) in &self.restoring {
+            match cgroups.apply(cg, knob) {
+                Ok(o) => {
+                    if o == Outcome::Written {
+                        r.written += 1;
+                    }
+                    done.push(k.clone());
+                }
+                Err(CgroupError::Missing { .. } | CgroupError::Unsupported { .. }) => {
+                    done.push(k.clone())
+                }
+                Err(e) => r.errors.push(format!("restoring {cg}: {e}")),
+            }
+        }
+        for k in done {
+            self.restoring.remove(&k);
+        }
         let mut todo: Vec<(CgroupPath, Knob)> = Vec::new();
         let mut todo_keys: Vec<(Key, bool, usize)> = Vec::new();
         for (at, w) in plan.writes().iter().enumerate() {
@@ -237,39 +269,6 @@ impl Executor {
                     r.errors.push(e.to_string());
                 }
             }
-        }
-        if self.known.len() > plan.len() {
-            let restoring = &mut self.restoring;
-            self.known.retain(|k, kn| {
-                let keep = plan.contains(k);
-                if !keep {
-                    if let Some(v) = restore_value(&kn.knob) {
-                        restoring.insert(k.clone(), (k.0.clone(), v));
-                    }
-                }
-                keep
-            });
-        }
-        // what left the plan goes back to the kernel's default (until it sticks
-        // or the cgroup is gone); a setting planned again is the plan's
-        self.restoring.retain(|k, _| !plan.contains(k));
-        let mut done = Vec::new();
-        for (k, (cg, knob)) in &self.restoring {
-            match cgroups.apply(cg, knob) {
-                Ok(o) => {
-                    if o == Outcome::Written {
-                        r.written += 1;
-                    }
-                    done.push(k.clone());
-                }
-                Err(CgroupError::Missing { .. } | CgroupError::Unsupported { .. }) => {
-                    done.push(k.clone())
-                }
-                Err(e) => r.errors.push(format!("restoring {cg}: {e}")),
-            }
-        }
-        for k in done {
-            self.restoring.remove(&k);
         }
         r
     }
