@@ -624,12 +624,11 @@ async fn the_final_checkpoint_holds_calls_that_drained() {
     );
 }
 
-/// Issue 15: one entry whose verbose status fails or hangs no longer stops
-/// the rebuild: it is left for the next resync and the rest are rebuilt,
-/// within the per-call deadline.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_bad_entry_does_not_stop_the_rebuild() {
-    let dir = scratch("rebuild-partial");
+/// Rebuilds from a fake runtime listing `ids` (a sandbox named "bad" fails its
+/// status, one named "slow…" answers after 4 s) within `budget`; returns the
+/// rebuilt pod ids and the time the pass took.
+async fn rebuild_from(name: &str, ids: Vec<String>, budget: Duration) -> (Vec<String>, Duration) {
+    let dir = scratch(name);
     std::fs::create_dir_all(&dir).unwrap();
     let sandbox = |id: &str| cri::PodSandbox {
         id: id.into(),
@@ -646,7 +645,7 @@ async fn one_bad_entry_does_not_stop_the_rebuild() {
         match s.path.as_str() {
             "/runtime.v1.RuntimeService/ListPodSandbox" => Reply::ok(
                 &cri::ListPodSandboxResponse {
-                    items: ["a", "bad", "slow", "c"].map(sandbox).to_vec(),
+                    items: ids.iter().map(|id| sandbox(id)).collect(),
                 }
                 .encode_to_vec(),
             ),
@@ -662,7 +661,7 @@ async fn one_bad_entry_does_not_stop_the_rebuild() {
                 );
                 match req.pod_sandbox_id.as_str() {
                     "bad" => Reply::status(13, "boom", &[]),
-                    "slow" => ok.delayed(Duration::from_secs(4)),
+                    id if id.starts_with("slow") => ok.delayed(Duration::from_secs(4)),
                     _ => ok,
                 }
             }
@@ -674,18 +673,47 @@ async fn one_bad_entry_does_not_stop_the_rebuild() {
         qoslet_integration::channel(&fake.sock).await,
     );
     let t = Instant::now();
-    let snap = qoslet_proxy::rebuild::reconcile(&mut client, Default::default())
+    let snap = qoslet_proxy::rebuild::reconcile(&mut client, Default::default(), budget)
         .await
         .expect("the listing worked: the pass succeeds");
-    let ids: Vec<&str> = snap.pods.iter().map(|p| p.id.as_str()).collect();
+    (snap.pods.into_iter().map(|p| p.id).collect(), t.elapsed())
+}
+
+/// Issue 15: one entry whose verbose status fails or hangs no longer stops
+/// the rebuild: it is left for the next resync and the rest are rebuilt,
+/// within the per-call deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_bad_entry_does_not_stop_the_rebuild() {
+    let ids = ["a", "bad", "slow", "c"].map(String::from).to_vec();
+    let (rebuilt, took) = rebuild_from("rebuild-partial", ids, Duration::from_secs(10)).await;
     assert_eq!(
-        ids,
+        rebuilt,
         ["a", "c"],
         "the failing and the hanging entry left out"
     );
     assert!(
-        t.elapsed() < Duration::from_secs(4),
-        "the hanging status was cut at its deadline: {:?}",
-        t.elapsed()
+        took < Duration::from_secs(4),
+        "the hanging status was cut at its deadline: {took:?}"
+    );
+}
+
+/// Issue 15: when the statuses do not all fit in the pass's budget, the pass
+/// still returns in time with what was answered (it used to be cut whole by an
+/// outer timeout, keeping nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_over_budget_keeps_what_was_answered() {
+    // 24 hanging statuses, 8 at a time for 2 s each, need 6 s; the budget is 3 s
+    let mut ids: Vec<String> = (0..4).map(|i| format!("fast{i}")).collect();
+    ids.extend((0..24).map(|i| format!("slow{i}")));
+    ids.push("late".into());
+    let (rebuilt, took) = rebuild_from("rebuild-budget", ids, Duration::from_secs(3)).await;
+    assert_eq!(
+        rebuilt,
+        ["fast0", "fast1", "fast2", "fast3"],
+        "the answered entries kept; the one queued behind the hanging ones left for the next pass"
+    );
+    assert!(
+        took >= Duration::from_secs(3) && took < Duration::from_millis(4500),
+        "the pass ended at its budget: {took:?}"
     );
 }

@@ -24,25 +24,35 @@ pub const STATUS_DEADLINE: std::time::Duration = std::time::Duration::from_secs(
 /// makes one per pod and container).
 pub const STATUS_CONCURRENCY: usize = 8;
 
-/// Reconciles `checkpoint` with the runtime. Errs only when the runtime cannot
-/// be listed: an entry whose verbose status fails or takes longer than
-/// [`STATUS_DEADLINE`] is left out of this pass (the next resync, which sees
-/// it missing from the store, asks again) while the others are rebuilt; the
-/// status calls run [`STATUS_CONCURRENCY`] at a time.
+/// Reconciles `checkpoint` with the runtime within `budget`. Errs only when the
+/// runtime cannot be listed in that time: an entry whose verbose status fails,
+/// takes longer than [`STATUS_DEADLINE`] or is not answered before the budget
+/// ends is left out of this pass (the next resync, which sees it missing from
+/// the store, asks again) while the others are rebuilt; the status calls run
+/// [`STATUS_CONCURRENCY`] at a time.
 pub async fn reconcile(
     client: &mut Client,
     checkpoint: Snapshot,
+    budget: std::time::Duration,
 ) -> Result<Snapshot, tonic::Status> {
-    let sandboxes = client
-        .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
-        .await?
-        .into_inner()
-        .items;
-    let containers = client
-        .list_containers(cri::ListContainersRequest { filter: None })
-        .await?
-        .into_inner()
-        .containers;
+    let deadline = tokio::time::Instant::now() + budget;
+    let late = |_| tonic::Status::deadline_exceeded("runtime listing took longer than the budget");
+    let sandboxes = tokio::time::timeout_at(
+        deadline,
+        client.list_pod_sandbox(cri::ListPodSandboxRequest { filter: None }),
+    )
+    .await
+    .map_err(late)??
+    .into_inner()
+    .items;
+    let containers = tokio::time::timeout_at(
+        deadline,
+        client.list_containers(cri::ListContainersRequest { filter: None }),
+    )
+    .await
+    .map_err(late)??
+    .into_inner()
+    .containers;
     let mut known_pods: HashMap<String, PodRecord> = checkpoint
         .pods
         .into_iter()
@@ -66,7 +76,7 @@ pub async fn reconcile(
         }
     }
     let c = client.clone();
-    for (i, info) in statuses("pod", ask, move |id| {
+    for (i, info) in statuses("pod", deadline, ask, move |id| {
         let mut c = c.clone();
         async move {
             c.pod_sandbox_status(cri::PodSandboxStatusRequest {
@@ -96,7 +106,7 @@ pub async fn reconcile(
         }
     }
     let c = client.clone();
-    for (i, info) in statuses("container", ask, move |id| {
+    for (i, info) in statuses("container", deadline, ask, move |id| {
         let mut c = c.clone();
         async move {
             c.container_status(cri::ContainerStatusRequest {
@@ -116,11 +126,12 @@ pub async fn reconcile(
 }
 
 /// Asks `call(id)` for each `(index, id)`, [`STATUS_CONCURRENCY`] at a time,
-/// each within [`STATUS_DEADLINE`]; returns the answers in index order. An
-/// entry gone meanwhile (NotFound) is dropped quietly, one that fails or
-/// times out with a warning (the next resync asks again).
+/// each within [`STATUS_DEADLINE`] and all by `deadline`; returns the answers
+/// in index order. An entry gone meanwhile (NotFound) is dropped quietly, one
+/// that fails or times out with a warning (the next resync asks again).
 async fn statuses<F, Fut>(
     what: &'static str,
+    deadline: tokio::time::Instant,
     ask: Vec<(usize, String)>,
     call: F,
 ) -> Vec<(usize, HashMap<String, String>)>
@@ -135,8 +146,15 @@ where
     for (i, id) in ask {
         let (limit, fut) = (limit.clone(), call(id.clone()));
         set.spawn(async move {
-            let _slot = limit.acquire_owned().await;
-            (i, id, tokio::time::timeout(STATUS_DEADLINE, fut).await)
+            let asked = async {
+                let _slot = limit.acquire_owned().await;
+                tokio::time::timeout(STATUS_DEADLINE, fut).await
+            };
+            // cut at its own deadline or the pass's, whichever comes first
+            let r = tokio::time::timeout_at(deadline, asked)
+                .await
+                .and_then(|r| r);
+            (i, id, r)
         });
     }
     let mut out = Vec::new();

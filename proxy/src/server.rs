@@ -178,14 +178,15 @@ pub async fn start_with(
         }
     };
     store.replace(from_checkpoint.clone());
-    let rebuilt = tokio::time::timeout(
+    let rebuilt = crate::rebuild::reconcile(
+        &mut backend.runtime(),
+        from_checkpoint,
         Duration::from_secs(5),
-        crate::rebuild::reconcile(&mut backend.runtime(), from_checkpoint),
     )
     .await;
     let mut synced = false;
     match rebuilt {
-        Ok(Ok(s)) => {
+        Ok(s) => {
             info!(
                 pods = s.pods.len(),
                 containers = s.containers.len(),
@@ -194,10 +195,9 @@ pub async fn start_with(
             store.replace(s);
             synced = true;
         }
-        Ok(Err(e)) => {
+        Err(e) => {
             warn!(error = %e, "runtime not listable yet; serving with the checkpoint, will retry")
         }
-        Err(_) => warn!("runtime listing timed out; serving with the checkpoint, will retry"),
     }
 
     let (tx, rx) = watch::channel(false);
@@ -456,13 +456,14 @@ async fn resync(
             }
         }
         let (seq, before) = store.snapshot_for_resync();
-        match tokio::time::timeout(
+        match crate::rebuild::reconcile(
+            &mut backend.runtime(),
+            before.clone(),
             Duration::from_secs(10),
-            crate::rebuild::reconcile(&mut backend.runtime(), before.clone()),
         )
         .await
         {
-            Ok(Ok(after)) => {
+            Ok(after) => {
                 // merge, not replace: calls that completed during the listing must not be lost
                 let (added, removed) = store.apply_resync(seq, &before, after);
                 if added + removed > 0 {
@@ -470,8 +471,7 @@ async fn resync(
                 }
                 synced = true;
             }
-            Ok(Err(e)) => debug!(error = %e, "resync failed"),
-            Err(_) => debug!("resync timed out"),
+            Err(e) => debug!(error = %e, "resync failed"),
         }
     }
 }
