@@ -230,9 +230,10 @@ async fn real_hostile_annotation_neither_stalls_nor_pins() {
         took < Duration::from_secs(5),
         "CreateContainer took {took:?}"
     );
-    // a floor of 5 ms: a 1 ms p99 doubled is within this machine's scheduling noise
+    // a floor of 20 ms: on 2 cores, runc's process start alone put one p99 at 6 ms;
+    // a serving thread pinned by the hostile parse would stall for up to the 2 s timeout
     assert!(
-        during_p99 <= (base_p99 * 2).max(Duration::from_millis(5)),
+        during_p99 <= (base_p99 * 2).max(Duration::from_millis(20)),
         "Version p99 {during_p99:?} during the hostile create vs {base_p99:?} during a benign one ({n} calls)"
     );
     via.start(&cid).await.unwrap();
