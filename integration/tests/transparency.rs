@@ -624,10 +624,26 @@ async fn the_final_checkpoint_holds_calls_that_drained() {
     );
 }
 
-/// Rebuilds from a fake runtime listing `ids` (a sandbox named "bad" fails its
-/// status, one named "slow…" answers after 4 s) within `budget`; returns the
-/// rebuilt pod ids and the time the pass took.
-async fn rebuild_from(name: &str, ids: Vec<String>, budget: Duration) -> (Vec<String>, Duration) {
+/// Rebuilds `known` from a fake runtime listing the sandboxes `ids` (one named
+/// "bad" fails its status, one named "slow…" answers after 4 s) and the
+/// containers of `known`, within `budget`; returns what was rebuilt, the pod
+/// ids and the time the pass took.
+async fn rebuild_from(
+    name: &str,
+    ids: Vec<String>,
+    known: qoslet_proxy::store::Snapshot,
+    budget: Duration,
+) -> (qoslet_proxy::rebuild::Rebuilt, Vec<String>, Duration) {
+    let listed: Vec<cri::Container> = known
+        .containers
+        .iter()
+        .map(|c| cri::Container {
+            id: c.id.clone(),
+            pod_sandbox_id: c.pod_id.clone(),
+            state: cri::ContainerState::ContainerRunning as i32,
+            ..Default::default()
+        })
+        .collect();
     let dir = scratch(name);
     std::fs::create_dir_all(&dir).unwrap();
     let sandbox = |id: &str| cri::PodSandbox {
@@ -665,6 +681,12 @@ async fn rebuild_from(name: &str, ids: Vec<String>, budget: Duration) -> (Vec<St
                     _ => ok,
                 }
             }
+            "/runtime.v1.RuntimeService/ListContainers" => Reply::ok(
+                &cri::ListContainersResponse {
+                    containers: listed.clone(),
+                }
+                .encode_to_vec(),
+            ),
             _ => Reply::ok(b""),
         }
     })
@@ -673,10 +695,11 @@ async fn rebuild_from(name: &str, ids: Vec<String>, budget: Duration) -> (Vec<St
         qoslet_integration::channel(&fake.sock).await,
     );
     let t = Instant::now();
-    let snap = qoslet_proxy::rebuild::reconcile(&mut client, Default::default(), budget)
+    let r = qoslet_proxy::rebuild::reconcile(&mut client, known, budget)
         .await
         .expect("the listing worked: the pass succeeds");
-    (snap.pods.into_iter().map(|p| p.id).collect(), t.elapsed())
+    let pods = r.snapshot.pods.iter().map(|p| p.id.clone()).collect();
+    (r, pods, t.elapsed())
 }
 
 /// Issue 15: one entry whose verbose status fails or hangs no longer stops
@@ -685,7 +708,14 @@ async fn rebuild_from(name: &str, ids: Vec<String>, budget: Duration) -> (Vec<St
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_bad_entry_does_not_stop_the_rebuild() {
     let ids = ["a", "bad", "slow", "c"].map(String::from).to_vec();
-    let (rebuilt, took) = rebuild_from("rebuild-partial", ids, Duration::from_secs(10)).await;
+    let (r, rebuilt, took) = rebuild_from(
+        "rebuild-partial",
+        ids,
+        Default::default(),
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(r.left_out, 2, "counted, for the short retry");
     assert_eq!(
         rebuilt,
         ["a", "c"],
@@ -702,18 +732,59 @@ async fn one_bad_entry_does_not_stop_the_rebuild() {
 /// outer timeout, keeping nothing).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rebuild_over_budget_keeps_what_was_answered() {
-    // 24 hanging statuses, 8 at a time for 2 s each, need 6 s; the budget is 3 s
+    // 15 hanging statuses, 8 at a time for 2 s each, need 4 s; the budget is 3 s.
+    // Slots are not handed out in listing order, but with at most 15 hanging
+    // entries every quick one has a slot by the second wave (2 s), inside the budget.
     let mut ids: Vec<String> = (0..4).map(|i| format!("fast{i}")).collect();
-    ids.extend((0..24).map(|i| format!("slow{i}")));
-    ids.push("late".into());
-    let (rebuilt, took) = rebuild_from("rebuild-budget", ids, Duration::from_secs(3)).await;
+    ids.extend((0..15).map(|i| format!("slow{i}")));
+    let (r, rebuilt, took) = rebuild_from(
+        "rebuild-budget",
+        ids,
+        Default::default(),
+        Duration::from_secs(3),
+    )
+    .await;
     assert_eq!(
         rebuilt,
         ["fast0", "fast1", "fast2", "fast3"],
-        "the answered entries kept; the one queued behind the hanging ones left for the next pass"
+        "the answered entries kept"
     );
+    assert_eq!(r.left_out, 15, "the cut ones counted, for the short retry");
+    // without the budget the second wave would run its full 2 s, to 4 s
     assert!(
-        took >= Duration::from_secs(3) && took < Duration::from_millis(4500),
+        took >= Duration::from_secs(3) && took < Duration::from_millis(3800),
         "the pass ended at its budget: {took:?}"
+    );
+}
+
+/// A container the store knows stays known while the runtime lists its pod,
+/// even when that pod's own status was cut (an earlier pass left the pod out,
+/// kubelet's CreateContainer then recorded the container): a pass that runs out
+/// of time must not remove what kubelet told qoslet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_pod_keeps_its_known_containers() {
+    let known = qoslet_proxy::store::Snapshot {
+        containers: vec![qoslet_proxy::store::ContainerRecord {
+            id: "c1".into(),
+            pod_id: "slow-pod".into(),
+            applied: [("cpu.cfs_quota_us".to_string(), "50000".to_string())].into(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let ids = vec!["slow-pod".to_string()];
+    let (r, pods, _) = rebuild_from("rebuild-known", ids, known, Duration::from_secs(10)).await;
+    assert!(pods.is_empty(), "the pod's status was cut");
+    assert_eq!(r.left_out, 1);
+    let c: Vec<_> = r
+        .snapshot
+        .containers
+        .iter()
+        .map(|c| (&c.id, &c.applied))
+        .collect();
+    assert_eq!(c.len(), 1, "the known container kept: {c:?}");
+    assert_eq!(
+        c[0].1["cpu.cfs_quota_us"], "50000",
+        "with what qoslet applied"
     );
 }

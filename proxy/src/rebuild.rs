@@ -29,12 +29,13 @@ pub const STATUS_CONCURRENCY: usize = 8;
 /// takes longer than [`STATUS_DEADLINE`] or is not answered before the budget
 /// ends is left out of this pass (the next resync, which sees it missing from
 /// the store, asks again) while the others are rebuilt; the status calls run
-/// [`STATUS_CONCURRENCY`] at a time.
+/// [`STATUS_CONCURRENCY`] at a time. Entries the store knew are kept as long
+/// as the runtime lists them, whether or not the budget ran out.
 pub async fn reconcile(
     client: &mut Client,
     checkpoint: Snapshot,
     budget: std::time::Duration,
-) -> Result<Snapshot, tonic::Status> {
+) -> Result<Rebuilt, tonic::Status> {
     let deadline = tokio::time::Instant::now() + budget;
     let late = |_| tonic::Status::deadline_exceeded("runtime listing took longer than the budget");
     let sandboxes = tokio::time::timeout_at(
@@ -76,7 +77,7 @@ pub async fn reconcile(
         }
     }
     let c = client.clone();
-    for (i, info) in statuses("pod", deadline, ask, move |id| {
+    let (answered, mut left_out) = statuses("pod", deadline, ask, move |id| {
         let mut c = c.clone();
         async move {
             c.pod_sandbox_status(cri::PodSandboxStatusRequest {
@@ -87,26 +88,30 @@ pub async fn reconcile(
             .map(|r| r.into_inner().info)
         }
     })
-    .await
-    {
+    .await;
+    for (i, info) in answered {
         out.pods.push(pod_from_runtime(&sandboxes[i], &info));
     }
-    let pods: std::collections::HashSet<String> = out.pods.iter().map(|p| p.id.clone()).collect();
+    use std::collections::HashSet;
+    let listed: HashSet<&str> = sandboxes.iter().map(|s| s.id.as_str()).collect();
+    let rebuilt: HashSet<String> = out.pods.iter().map(|p| p.id.clone()).collect();
     let mut ask = Vec::new();
     for (i, ct) in containers.iter().enumerate() {
-        if !pods.contains(&ct.pod_sandbox_id) {
-            continue;
-        }
         match known_ctrs.remove(&ct.id) {
-            Some(mut r) => {
+            // known: kept while its pod is listed, even if the pod's status was cut
+            Some(mut r) if listed.contains(ct.pod_sandbox_id.as_str()) => {
                 r.state = ContainerState::from_cri(ct.state);
                 out.containers.push(r);
             }
-            None => ask.push((i, ct.id.clone())),
+            Some(_) => {}
+            None if rebuilt.contains(&ct.pod_sandbox_id) => ask.push((i, ct.id.clone())),
+            // its pod was left for the next pass: so is the container
+            None if listed.contains(ct.pod_sandbox_id.as_str()) => left_out += 1,
+            None => {}
         }
     }
     let c = client.clone();
-    for (i, info) in statuses("container", deadline, ask, move |id| {
+    let (answered, cut) = statuses("container", deadline, ask, move |id| {
         let mut c = c.clone();
         async move {
             c.container_status(cri::ContainerStatusRequest {
@@ -117,30 +122,53 @@ pub async fn reconcile(
             .map(|r| r.into_inner().info)
         }
     })
-    .await
-    {
+    .await;
+    for (i, info) in answered {
         out.containers
             .push(container_from_runtime(&containers[i], &info));
     }
-    Ok(out)
+    left_out += cut;
+    if left_out > 0 {
+        tracing::warn!(
+            left_out,
+            "runtime entries whose status failed or did not come in time; left for the next resync"
+        );
+    }
+    Ok(Rebuilt {
+        snapshot: out,
+        left_out,
+    })
+}
+
+/// What a [`reconcile`] pass rebuilt, and how many listed entries it had to
+/// leave for the next pass (their status failed or the budget ran out).
+#[derive(Debug)]
+pub struct Rebuilt {
+    pub snapshot: Snapshot,
+    pub left_out: usize,
 }
 
 /// Asks `call(id)` for each `(index, id)`, [`STATUS_CONCURRENCY`] at a time,
 /// each within [`STATUS_DEADLINE`] and all by `deadline`; returns the answers
-/// in index order. An entry gone meanwhile (NotFound) is dropped quietly, one
-/// that fails or times out with a warning (the next resync asks again).
+/// in index order and how many entries failed or were cut (logged at debug;
+/// the caller logs one summary). An entry gone meanwhile (NotFound) is
+/// dropped quietly. Once the deadline has passed nothing more is asked.
 async fn statuses<F, Fut>(
     what: &'static str,
     deadline: tokio::time::Instant,
     ask: Vec<(usize, String)>,
     call: F,
-) -> Vec<(usize, HashMap<String, String>)>
+) -> (Vec<(usize, HashMap<String, String>)>, usize)
 where
     F: Fn(String) -> Fut,
     Fut: std::future::Future<Output = Result<HashMap<String, String>, tonic::Status>>
         + Send
         + 'static,
 {
+    use tokio::time::Instant;
+    if Instant::now() >= deadline {
+        return (Vec::new(), ask.len());
+    }
     let limit = std::sync::Arc::new(tokio::sync::Semaphore::new(STATUS_CONCURRENCY));
     let mut set = tokio::task::JoinSet::new();
     for (i, id) in ask {
@@ -148,31 +176,40 @@ where
         set.spawn(async move {
             let asked = async {
                 let _slot = limit.acquire_owned().await;
-                tokio::time::timeout(STATUS_DEADLINE, fut).await
+                if Instant::now() >= deadline {
+                    return None; // not sent: the pass is over
+                }
+                tokio::time::timeout(STATUS_DEADLINE, fut).await.ok()
             };
             // cut at its own deadline or the pass's, whichever comes first
             let r = tokio::time::timeout_at(deadline, asked)
                 .await
-                .and_then(|r| r);
+                .ok()
+                .flatten();
             (i, id, r)
         });
     }
-    let mut out = Vec::new();
+    let (mut out, mut left_out) = (Vec::new(), 0);
     while let Some(j) = set.join_next().await {
-        let Ok((i, id, r)) = j else { continue };
+        let Ok((i, id, r)) = j else {
+            left_out += 1;
+            continue;
+        };
         match r {
-            Ok(Ok(info)) => out.push((i, info)),
-            Ok(Err(e)) if e.code() == tonic::Code::NotFound => {} // removed meanwhile
-            Ok(Err(e)) => {
-                tracing::warn!(kind = what, id = %id, error = %e, "status failed; left for the next resync")
+            Some(Ok(info)) => out.push((i, info)),
+            Some(Err(e)) if e.code() == tonic::Code::NotFound => {} // removed meanwhile
+            Some(Err(e)) => {
+                left_out += 1;
+                tracing::debug!(kind = what, id = %id, error = %e, "status failed; left for the next resync")
             }
-            Err(_) => {
-                tracing::warn!(kind = what, id = %id, "status timed out; left for the next resync")
+            None => {
+                left_out += 1;
+                tracing::debug!(kind = what, id = %id, "status not in time; left for the next resync")
             }
         }
     }
     out.sort_by_key(|(i, _)| *i);
-    out
+    (out, left_out)
 }
 
 fn config_of(info: &HashMap<String, String>) -> Value {

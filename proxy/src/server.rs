@@ -186,14 +186,16 @@ pub async fn start_with(
     .await;
     let mut synced = false;
     match rebuilt {
-        Ok(s) => {
+        Ok(r) => {
             info!(
-                pods = s.pods.len(),
-                containers = s.containers.len(),
+                pods = r.snapshot.pods.len(),
+                containers = r.snapshot.containers.len(),
+                left_out = r.left_out,
                 "store rebuilt from checkpoint and runtime"
             );
-            store.replace(s);
-            synced = true;
+            store.replace(r.snapshot);
+            // anything left out is asked for again on the short retry, not a minute later
+            synced = r.left_out == 0;
         }
         Err(e) => {
             warn!(error = %e, "runtime not listable yet; serving with the checkpoint, will retry")
@@ -422,7 +424,8 @@ async fn serve_admin(
 }
 
 /// Reconciles the store with the runtime every `interval` (sooner after a failed
-/// start), so entries removed behind qoslet's back go away.
+/// start or a pass that left entries out: 2 s, doubling while entries stay
+/// out), so entries removed behind qoslet's back go away.
 async fn resync(
     backend: Backend,
     store: Store,
@@ -430,11 +433,12 @@ async fn resync(
     interval: Duration,
     mut synced: bool,
 ) {
+    let mut retry = Duration::from_secs(2);
     loop {
         let wait = if synced {
             interval
         } else {
-            Duration::from_secs(2).min(interval)
+            retry.min(interval)
         };
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
@@ -465,11 +469,16 @@ async fn resync(
         {
             Ok(after) => {
                 // merge, not replace: calls that completed during the listing must not be lost
-                let (added, removed) = store.apply_resync(seq, &before, after);
+                let (added, removed) = store.apply_resync(seq, &before, after.snapshot);
                 if added + removed > 0 {
                     info!(added, removed, "store resynced with the runtime");
                 }
-                synced = true;
+                synced = after.left_out == 0;
+                retry = if synced {
+                    Duration::from_secs(2)
+                } else {
+                    (retry * 2).min(interval)
+                };
             }
             Err(e) => debug!(error = %e, "resync failed"),
         }
