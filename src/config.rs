@@ -79,6 +79,10 @@ pub struct EngineConfig {
     pub reserved_cpus: Option<f64>,
     /// How often each file qoslet owns is re-read for drift (default 10s).
     pub drift_check_interval: Option<String>,
+    /// On SIGTERM, put every cgroup file the engine changed back to the
+    /// runtime's value or the kernel's default (`qoslet restore`), so nothing
+    /// qoslet did outlives it (default false: a restart keeps the isolation).
+    pub restore_on_exit: Option<bool>,
 }
 
 /// `policy:` — a Koordinator NodeSLO spec (or a whole NodeSLO object), as it

@@ -47,6 +47,8 @@ pub struct Settings {
     pub pod_root: qoslet_cgroups::PodRoot,
     /// procfs (the group identity sysctl).
     pub proc_root: PathBuf,
+    /// On shutdown, put back what the engine changed ([`restore`]).
+    pub restore_on_exit: bool,
 }
 
 /// One tick as the admin API shows it.
@@ -166,6 +168,25 @@ fn numa(sys_root: &Path, capacity: f64) -> Vec<Vec<u32>> {
         return vec![c];
     }
     vec![(0..capacity.max(1.0) as u32).collect()]
+}
+
+/// The NUMA layout, read again whenever the online CPUs change (CPU hotplug):
+/// one small sysfs read per tick.
+#[derive(Default)]
+struct Topology {
+    seen: Option<Option<String>>,
+    numa: Vec<Vec<u32>>,
+}
+
+impl Topology {
+    fn refresh(&mut self, sys_root: &Path, capacity: f64) -> &[Vec<u32>] {
+        let online = std::fs::read_to_string(sys_root.join("devices/system/cpu/online")).ok();
+        if self.seen.as_ref() != Some(&online) {
+            self.numa = numa(sys_root, capacity);
+            self.seen = Some(online);
+        }
+        &self.numa
+    }
 }
 
 /// The besteffort parent: as configured, else the first of the cgroupfs and
@@ -376,6 +397,82 @@ impl Skeleton {
     }
 }
 
+/// Puts back every file the engine (and the hooks' own cgroup writes) may
+/// have changed, for the pods in `store`: the besteffort parent's quota and
+/// cpuset, scaled LS quotas, bursts, group identity, SCHED_IDLE, memory QoS
+/// (see [`qoslet_qos_engine::engine::restore_plan`]). Cgroups that are gone
+/// are skipped. Runs the kernel-ordered executor once.
+pub fn restore(
+    cgroups: &Cgroups,
+    s: &Settings,
+    store: &Store,
+    policy: &Policy,
+    env: &Env,
+) -> qoslet_qos_engine::execute::Report {
+    Executor::new(1).execute(&restore_plan(cgroups, s, store, policy, env), cgroups)
+}
+
+/// [`restore`]'s writes and what each would do (dry run).
+pub fn restore_preview(
+    cgroups: &Cgroups,
+    s: &Settings,
+    store: &Store,
+    policy: &Policy,
+    env: &Env,
+) -> Vec<(
+    qoslet_qos_engine::plan::Write,
+    qoslet_qos_engine::execute::Preview,
+)> {
+    let plan = restore_plan(cgroups, s, store, policy, env);
+    let previews = Executor::preview(&plan, cgroups);
+    plan.writes().iter().cloned().zip(previews).collect()
+}
+
+fn restore_plan(
+    cgroups: &Cgroups,
+    s: &Settings,
+    store: &Store,
+    policy: &Policy,
+    env: &Env,
+) -> qoslet_qos_engine::plan::Plan {
+    let k = Skeleton::build(store, &s.trust, &s.pod_root);
+    let systemd = k
+        .pods
+        .first()
+        .map(|p| p.cgroup.as_str().contains(".slice/"));
+    let be_parent = find_be_parent(cgroups, s.be_parent.as_ref(), &s.pod_root, systemd);
+    let (be_quota_us, period_us) = be_parent
+        .as_ref()
+        .and_then(|bp| read_quota(cgroups, bp))
+        .unwrap_or((None, 100_000));
+    let capacity = std::thread::available_parallelism()
+        .map(|n| n.get() as f64)
+        .unwrap_or(1.0);
+    let state = NodeState {
+        capacity_cores: capacity,
+        node_usage_cores: 0.0,
+        system_usage_cores: 0.0,
+        reserved_cores: s.reserved_cores,
+        pods: k.pods,
+        be_parent: be_parent.unwrap_or_else(CgroupPath::root),
+        be_quota_us,
+        period_us,
+        numa: numa(&s.sys_root, capacity),
+        be_cpuset: None,
+        qos_dirs: find_qos_dirs(cgroups, &s.pod_root, systemd),
+        pods_generation: None,
+    };
+    let plan = qoslet_qos_engine::engine::restore_plan(&state, policy, env);
+    // pods removed since the store last saw them: nothing to put back
+    let mut live = qoslet_qos_engine::plan::Plan::new();
+    for w in plan.writes() {
+        if cgroups.read(&w.cgroup, "cpu", "cgroup.procs").is_ok() {
+            live.add(w.clone());
+        }
+    }
+    live
+}
+
 /// The besteffort parent as this tick read it.
 struct BeParent {
     path: CgroupPath,
@@ -485,13 +582,14 @@ impl Shared {
         let mut ticker = tokio::time::interval(s.interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let mut last_ts = 0u32;
-        let mut numa_cache: Option<Vec<Vec<u32>>> = None;
+        let mut topology = Topology::default();
         let mut be_parent: Option<CgroupPath> = None;
         let mut qos_dirs: Vec<(qoslet_hooks::KubeQos, CgroupPath)> = Vec::new();
         let mut logged: HashSet<String> = HashSet::new();
         let mut level = qoslet_qos_engine::suppress::Level::None;
         let mut seq = 0u64;
         let mut skeleton: Option<Skeleton> = None;
+        let mut seeded: HashSet<String> = HashSet::new();
         loop {
             tokio::select! {
                 _ = ticker.tick() => {}
@@ -580,7 +678,7 @@ impl Shared {
                 }
             }
             let capacity = sample(&t.node, Metric::CpuCapacity).unwrap_or(1.0);
-            let numa = numa_cache.get_or_insert_with(|| numa(&s.sys_root, capacity));
+            let numa = topology.refresh(&s.sys_root, capacity);
             let mut pol = policy.clone();
             let be = match &be_parent {
                 Some(bp) => BeParent {
@@ -618,6 +716,24 @@ impl Shared {
                 s.reserved_cores,
                 qos_dirs.clone(),
             );
+            if rebuilt {
+                // burst scaling's state is the files': a container first seen (after a
+                // restart, say) starts from the quota its cgroup holds
+                let live: HashSet<&str> = state
+                    .pods
+                    .iter()
+                    .flat_map(|p| p.containers.iter().map(|c| c.id.as_str()))
+                    .collect();
+                seeded.retain(|id| live.contains(id.as_str()));
+                for c in state.pods.iter().flat_map(|p| &p.containers) {
+                    if c.cpu_quota > 0 && seeded.insert(c.id.clone()) {
+                        let q = read_quota(cg, &c.cgroup).and_then(|(q, period)| {
+                            q.map(|q| q * c.cpu_period as u64 / period.max(1))
+                        });
+                        engine.seed_quota(c, q);
+                    }
+                }
+            }
             let result = engine.plan(&state, &pol, &env);
             let (states, report, moved) = if s.dry_run {
                 let states = Executor::preview(&result.plan, cg)
@@ -704,6 +820,18 @@ impl Shared {
                 policy: policy_name,
                 resctrl_moved: moved as u32,
             }));
+        }
+        if s.restore_on_exit && !s.dry_run {
+            let r = restore(&self.cgroups, &s, &store, &policy, &env);
+            info!(
+                written = r.written,
+                unchanged = r.unchanged,
+                errors = r.errors.len(),
+                "restoreOnExit: the runtime's values and the kernel's defaults put back"
+            );
+            for e in &r.errors {
+                warn!(error = %e, "restore");
+            }
         }
         info!("QoS engine stopped");
     }
@@ -878,6 +1006,30 @@ mod tests {
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         d
+    }
+
+    /// Issue 15 item 12: the NUMA layout follows CPU hotplug.
+    #[test]
+    fn topology_is_read_again_when_cpus_go_online() {
+        let d = scratch("numa");
+        let node = |n: u32, cpus: &str| {
+            let p = d.join(format!("devices/system/node/node{n}"));
+            std::fs::create_dir_all(&p).unwrap();
+            std::fs::write(p.join("cpulist"), cpus).unwrap();
+        };
+        std::fs::create_dir_all(d.join("devices/system/cpu")).unwrap();
+        std::fs::write(d.join("devices/system/cpu/online"), "0-1\n").unwrap();
+        node(0, "0-1\n");
+        let mut t = Topology::default();
+        assert_eq!(t.refresh(&d, 2.0), [vec![0, 1]]);
+        node(1, "2-3\n");
+        assert_eq!(
+            t.refresh(&d, 2.0),
+            [vec![0, 1]],
+            "no change online: no re-read"
+        );
+        std::fs::write(d.join("devices/system/cpu/online"), "0-3\n").unwrap();
+        assert_eq!(t.refresh(&d, 4.0), [vec![0, 1], vec![2, 3]]);
     }
 
     #[test]

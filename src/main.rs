@@ -7,6 +7,7 @@ mod config;
 mod engine;
 mod isolation;
 mod metrics;
+mod restore;
 mod top;
 
 use std::path::PathBuf;
@@ -39,6 +40,9 @@ enum Cmd {
     Top(top::TopArgs),
     /// The QoS engine's latest plan, file by file, with the rule behind each line.
     Plan(cli::PlanArgs),
+    /// Put every cgroup file qoslet changed back to the runtime's values (before
+    /// uninstalling; refused while qoslet runs).
+    Restore(restore::RestoreArgs),
 }
 
 #[derive(clap::Args)]
@@ -96,6 +100,7 @@ fn main() -> std::process::ExitCode {
             Cmd::Explain(a) => cli::explain(a).await,
             Cmd::Top(a) => top::run(a).await,
             Cmd::Plan(a) => cli::plan(a).await,
+            Cmd::Restore(a) => restore::run(a).await,
         }
     });
     // a hook stuck in the kernel (a write in D state) must not keep qoslet from exiting
@@ -301,6 +306,7 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
         trust: trust.clone(),
         pod_root: pod_root.clone(),
         proc_root: proc_root.clone(),
+        restore_on_exit: engine_cfg.restore_on_exit.unwrap_or(false),
     };
     let drift_every =
         config::metrics_interval(engine_cfg.drift_check_interval.as_deref().unwrap_or("10s"))

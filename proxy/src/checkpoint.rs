@@ -63,6 +63,19 @@ pub enum LoadError {
     },
 }
 
+/// Whether two spellings name the same runtime socket (`unix:///run/x.sock`,
+/// `/run/x.sock`, `unix:///run//x.sock`): a config that switched spelling keeps
+/// its checkpoint.
+fn same_endpoint(a: &str, b: &str) -> bool {
+    match (
+        crate::endpoint::parse_unix(a),
+        crate::endpoint::parse_unix(b),
+    ) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => a == b,
+    }
+}
+
 /// Reads and writes the checkpoint file.
 #[derive(Debug, Clone)]
 pub struct Checkpoint {
@@ -108,7 +121,7 @@ impl Checkpoint {
             path: path.clone(),
             source,
         })?;
-        if tag.format != FORMAT || tag.runtime_endpoint != self.runtime_endpoint {
+        if tag.format != FORMAT || !same_endpoint(&tag.runtime_endpoint, &self.runtime_endpoint) {
             return Err(LoadError::Foreign {
                 path,
                 format: tag.format,
@@ -210,6 +223,10 @@ mod tests {
 
         let other = Checkpoint::new(&dir, "unix:///b.sock");
         assert!(matches!(other.load(), Err(LoadError::Foreign { .. })));
+        // another spelling of the same socket is the same runtime (issue 15 item 5)
+        for same in ["/a.sock", "unix:////a.sock", "unix:///./a.sock"] {
+            assert_eq!(Checkpoint::new(&dir, same).load().unwrap(), snap, "{same}");
+        }
 
         std::fs::write(ck.path(), b"{\"format\":\"something-else\"}").unwrap();
         assert!(matches!(ck.load(), Err(LoadError::Foreign { .. })));

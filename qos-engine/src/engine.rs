@@ -22,7 +22,7 @@ use crate::burst::{self, BurstPolicy, CpuBurstStrategy, Pool};
 use crate::execute::{Executor, Report};
 use crate::plan::{Plan, Write};
 use crate::policy::{CpuSuppressPolicy, ResourceThresholdStrategy};
-use crate::reconcile::{self, Pod};
+use crate::reconcile::{self, Container, Pod};
 use crate::suppress::{self, Level};
 
 /// The whole policy, with NodeSLO's names.
@@ -235,8 +235,19 @@ fn tick_with(
             be_cpuset_everywhere(state, &be_tree, &list, &rule, &mut plan);
         }
     } else if state.be_cpuset.as_ref().is_some_and(|c| *c != all) && !all.is_empty() {
-        let list = crate::cpuset::format_cpus(&all);
-        let rule = "BE cpuset not suppressed: all CPUs again";
+        // v2: the empty value the runtime left (inherit the parent's), not a list
+        // that would stay fixed through CPU hotplug; v1 has no inheriting value
+        let (list, rule) = if env.v2 {
+            (
+                String::new(),
+                "BE cpuset not suppressed: inherited again (empty)",
+            )
+        } else {
+            (
+                crate::cpuset::format_cpus(&all),
+                "BE cpuset not suppressed: all CPUs again",
+            )
+        };
         be_cpuset_everywhere(state, &be_tree, &list, rule, &mut plan);
     }
 
@@ -277,6 +288,134 @@ fn be_cpuset_everywhere(
             rule.to_string(),
         ));
     }
+}
+
+/// What `qoslet restore` (and `qosEngine.restoreOnExit`) writes: every file
+/// qoslet may have changed, back to the runtime's value or the kernel's
+/// default, so that nothing qoslet did outlives it (new BE pods would inherit
+/// a suppressed besteffort parent):
+///
+/// * the besteffort parent: no quota, all CPUs (v2: the inherited empty cpuset);
+/// * every pod and container: group identity 0, SCHED_IDLE off, burst 0 (where
+///   the kernel has them); CPU quota as kubelet set it (a scaled or capped
+///   quota back to the limit; a pod's to the sum of its containers'), except
+///   where the hooks' own CRI settings gave one (containerd holds those);
+/// * BE pods and containers: the cpuset back to all CPUs (or kubelet's own);
+/// * the kube QoS dirs: group identity and SCHED_IDLE off;
+/// * memory.min/low/high and I/O limits qoslet's policy sets: the kernel's defaults.
+pub fn restore_plan(state: &NodeState, policy: &Policy, env: &Env) -> Plan {
+    const WHY: &str = "qoslet restore: the runtime's value / the kernel's default";
+    let mut plan = Plan::new();
+    let (reconciled, _) = reconcile_all(state, &env.context(&policy.qos));
+    for r in reconciled.writes() {
+        let knob = crate::execute::restore_value(&r.knob).unwrap_or_else(|| r.knob.clone());
+        plan.add(w(&r.cgroup, knob, "restore", WHY.into()));
+    }
+    let f = &env.features;
+    let defaults = |plan: &mut Plan, cg: &CgroupPath| {
+        let mut add = |k: Knob| {
+            let wr = w(cg, k, "restore", WHY.into());
+            if !plan.contains(&crate::plan::key(&wr)) {
+                plan.add(wr);
+            }
+        };
+        if f.bvt {
+            add(Knob::GroupIdentity(0));
+        }
+        if f.cpu_idle {
+            add(Knob::CpuIdle(false));
+        }
+        if f.cpu_burst {
+            add(Knob::CpuBurst(0));
+        }
+    };
+    for (_, cg) in &state.qos_dirs {
+        defaults(&mut plan, cg);
+    }
+    let all: BTreeSet<u32> = state.numa.iter().flatten().copied().collect();
+    let all_cpus = if env.v2 {
+        Some(String::new())
+    } else {
+        (!all.is_empty()).then(|| crate::cpuset::format_cpus(&all))
+    };
+    if !state.be_parent.as_str().is_empty() {
+        plan.add(w(
+            &state.be_parent,
+            Knob::CpuQuota {
+                quota: None,
+                period: state.period_us,
+            },
+            "restore",
+            WHY.into(),
+        ));
+        if let Some(c) = &all_cpus {
+            plan.add(w(
+                &state.be_parent,
+                Knob::CpusetCpus(c.clone()),
+                "restore",
+                WHY.into(),
+            ));
+        }
+    }
+    let planned =
+        |plan: &Plan, cg: &CgroupPath, name: &'static str| plan.contains(&(cg.clone(), name, None));
+    for p in &state.pods {
+        defaults(&mut plan, &p.cgroup);
+        let mut sum = 0u64;
+        let mut period0 = 0u64;
+        let mut all_limited = !p.containers.is_empty();
+        for c in &p.containers {
+            defaults(&mut plan, &c.cgroup);
+            let period = c.cpu_period.max(1000) as u64;
+            if c.cpu_quota > 0 {
+                if period0 == 0 {
+                    period0 = period;
+                }
+                sum += (c.cpu_quota as f64 * period0 as f64 / period as f64) as u64;
+            } else {
+                all_limited = false;
+            }
+            if !planned(&plan, &c.cgroup, "cpu-quota") {
+                plan.add(w(
+                    &c.cgroup,
+                    Knob::CpuQuota {
+                        quota: (c.cpu_quota > 0).then_some(c.cpu_quota as u64),
+                        period,
+                    },
+                    "restore",
+                    WHY.into(),
+                ));
+            }
+            if p.class == QosClass::Be && !planned(&plan, &c.cgroup, "cpuset-cpus") {
+                let own = (!c.cpuset_cpus.is_empty()).then(|| c.cpuset_cpus.clone());
+                if let Some(cpus) = own.or_else(|| all_cpus.clone()) {
+                    plan.add(w(&c.cgroup, Knob::CpusetCpus(cpus), "restore", WHY.into()));
+                }
+            }
+        }
+        if !planned(&plan, &p.cgroup, "cpu-quota") {
+            plan.add(w(
+                &p.cgroup,
+                Knob::CpuQuota {
+                    quota: all_limited.then_some(sum),
+                    period: if period0 == 0 { 100_000 } else { period0 },
+                },
+                "restore",
+                WHY.into(),
+            ));
+        }
+        if p.class == QosClass::Be && !planned(&plan, &p.cgroup, "cpuset-cpus") {
+            if let Some(c) = &all_cpus {
+                plan.add(w(
+                    &p.cgroup,
+                    Knob::CpusetCpus(c.clone()),
+                    "restore",
+                    WHY.into(),
+                ));
+            }
+        }
+    }
+    plan
 }
 
 /// A cgroup's memory.min/low protects it only up to what its ancestors
@@ -353,9 +492,19 @@ fn cap_be_children(state: &NodeState, parent_quota: Option<u64>, plan: &mut Plan
             let Some((q, period)) = planned.or(kubelet) else {
                 continue;
             };
-            let cap = ((ratio * period as f64) as u64).max(suppress::MIN_QUOTA_US);
-            if q > cap {
-                caps.push(w(cg, Knob::CpuQuota { quota: Some(cap), period }, "cpu-suppress", format!("cgroup v1: a BE cgroup's quota may not exceed the besteffort parent's ({pq} us); capped from {q} us")));
+            // at the child's own period, unless the floor would then lift it above the
+            // parent's ratio (a short period: 2000 us of 10000 is 20 % where the parent
+            // allows 2 %, and v1 refuses it): then at the parent's period and quota
+            let own = (ratio * period as f64) as u64;
+            let (cap, cap_period) = if own >= suppress::MIN_QUOTA_US {
+                (own, period)
+            } else if period >= state.period_us {
+                (suppress::MIN_QUOTA_US, period)
+            } else {
+                (pq, state.period_us)
+            };
+            if (q as u128) * (cap_period as u128) > (cap as u128) * (period as u128) {
+                caps.push(w(cg, Knob::CpuQuota { quota: Some(cap), period: cap_period }, "cpu-suppress", format!("cgroup v1: a BE cgroup's quota may not exceed the besteffort parent's ({pq} us of {} us); capped from {q} us of {period} us", state.period_us)));
             } else if planned.is_none() {
                 caps.push(w(
                     cg,
@@ -466,6 +615,15 @@ fn burst_plugin(
                     d.rule.clone(),
                 ));
                 pod_burst = pod_burst.saturating_add(bu);
+            } else if !burst_on && env.features.cpu_burst {
+                // as koordlet: burst off writes 0 (a burst left by an earlier run or
+                // policy, which the executor does not remember, is reset too)
+                plan.add(w(
+                    &c.cgroup,
+                    Knob::CpuBurst(0),
+                    "cpu-burst",
+                    "cpuBurst off: no burst".into(),
+                ));
             }
             pod_cur = pod_cur.saturating_add(cur);
             if scale_on || cur != limit {
@@ -505,6 +663,14 @@ fn burst_plugin(
                 },
                 "cpu-burst",
                 "the pod's quota: the sum of its containers' quotas".into(),
+            ));
+        }
+        if !burst_on && env.features.cpu_burst && p.containers.iter().any(|c| c.cpu_quota > 0) {
+            plan.add(w(
+                &p.cgroup,
+                Knob::CpuBurst(0),
+                "cpu-burst",
+                "cpuBurst off: no burst".into(),
             ));
         }
         if burst_on && env.features.cpu_burst && pod_burst > 0 {
@@ -576,6 +742,21 @@ impl Engine {
         let t = tick_with(state, policy, env, &self.burst_quota, cached);
         self.burst_quota = t.burst_quota.clone();
         t
+    }
+
+    /// Takes the quota found in a burstable container's cgroup as the state
+    /// burst scaling left it in (an earlier run, before a restart): a quota above
+    /// kubelet's limit is then scaled on from there, or put back to the limit
+    /// when scaling is off. Only for containers not seen before; a quota at or
+    /// below the limit says nothing (the limit is the floor).
+    pub fn seed_quota(&mut self, container: &Container, file_quota_us: Option<u64>) {
+        if container.cpu_quota <= 0 || self.burst_quota.contains_key(&container.id) {
+            return;
+        }
+        // read at the container's own period
+        if let Some(q) = file_quota_us.filter(|q| *q > container.cpu_quota as u64) {
+            self.burst_quota.insert(container.id.clone(), q);
+        }
     }
 
     /// Applies a plan.
@@ -1138,6 +1319,210 @@ mod tests {
             quota_of(&t, "kubepods/burstable/podls/cls"),
             None,
             "no longer owned"
+        );
+    }
+
+    /// Issue 15 item 9: burst scaling's state is the file's. After a restart
+    /// (a new engine) an LS quota left at 3x the limit by an earlier run's
+    /// scaling is put back to the limit when scaling is off, and scaled down
+    /// from there (not from the limit) when it is on and the pool is overloaded.
+    #[test]
+    fn a_scaled_quota_found_after_a_restart_is_taken_from_the_file() {
+        let s = state(1.0, 1.0, None);
+        let ls = &s.pods[0].containers[0];
+        let quota_of = |t: &TickResult| {
+            t.plan
+                .writes()
+                .iter()
+                .find(|w| w.cgroup == ls.cgroup && w.knob.name() == "cpu-quota")
+                .map(|w| w.knob.clone())
+        };
+        // scaling off: without the seed nothing is written (the defect)
+        let mut e = Engine::new(1);
+        assert_eq!(
+            quota_of(&e.plan(&s, &Policy::default(), &Env::default())),
+            None
+        );
+        let mut e = Engine::new(1);
+        e.seed_quota(ls, Some(600_000));
+        let t = e.plan(&s, &Policy::default(), &Env::default());
+        assert_eq!(
+            quota_of(&t),
+            Some(Knob::CpuQuota {
+                quota: Some(200_000),
+                period: 100_000
+            })
+        );
+        // then the limit is the state: no more seed, no more write after it is put back
+        assert!(t.burst_quota.is_empty());
+        // scaling on, pool overloaded: 600000 x 0.8
+        let mut p = Policy::default();
+        p.burst.policy = BurstPolicy::CfsQuotaBurstOnly;
+        let mut busy = s.clone();
+        busy.node_usage_cores = 15.0;
+        let mut e = Engine::new(1);
+        e.seed_quota(ls, Some(600_000));
+        assert_eq!(
+            quota_of(&e.plan(&busy, &p, &Env::default())),
+            Some(Knob::CpuQuota {
+                quota: Some(480_000),
+                period: 100_000
+            })
+        );
+        // a file at or below the limit says nothing; a seed never overrides what the engine knows
+        let mut e = Engine::new(1);
+        e.seed_quota(ls, Some(100_000));
+        assert_eq!(
+            quota_of(&e.plan(&s, &Policy::default(), &Env::default())),
+            None
+        );
+    }
+
+    /// Burst off writes 0 on every limited container and its pod (koordlet's
+    /// behaviour), so a burst an earlier run left is reset after a restart.
+    #[test]
+    fn burst_off_writes_zero() {
+        let s = state(1.0, 1.0, None);
+        let mut env = Env::default();
+        env.features.cpu_burst = true;
+        let t = tick(&s, &Policy::default(), &env, &HashMap::new());
+        let bursts: Vec<(String, Knob)> = t
+            .plan
+            .writes()
+            .iter()
+            .filter(|w| w.knob.name() == "cpu-burst")
+            .map(|w| (w.cgroup.as_str().to_string(), w.knob.clone()))
+            .collect();
+        assert_eq!(
+            bursts,
+            vec![
+                ("kubepods/burstable/podls/cls".into(), Knob::CpuBurst(0)),
+                ("kubepods/burstable/podls".into(), Knob::CpuBurst(0)),
+            ]
+        );
+    }
+
+    /// Issue 15 item 12: a BE child with a shorter CFS period than the
+    /// besteffort parent is capped at the parent's ratio, never lifted above
+    /// it by the 2000 us floor (v1 refuses a child above its parent's ratio).
+    #[test]
+    fn a_short_period_child_stays_within_the_parents_ratio() {
+        let mut s = state(1.0, 1.0, Some(2_000));
+        s.pods[1].containers[0].cpu_quota = 5_000;
+        s.pods[1].containers[0].cpu_period = 10_000;
+        let mut plan = Plan::new();
+        cap_be_children(&s, Some(2_000), &mut plan);
+        let c = plan
+            .get(&(s.pods[1].containers[0].cgroup.clone(), "cpu-quota", None))
+            .unwrap();
+        match c.knob {
+            Knob::CpuQuota {
+                quota: Some(q),
+                period,
+            } => assert!(
+                (q as f64 / period as f64) <= 2_000.0 / 100_000.0 + 1e-9 && q >= 1_000,
+                "{q}/{period}"
+            ),
+            ref k => panic!("{k:?}"),
+        }
+    }
+
+    /// Issue 15 item 12: on v2 the BE cpuset goes back to the inherited empty
+    /// value, not a fixed list.
+    #[test]
+    fn v2_cpuset_restore_is_the_empty_value() {
+        let mut s = state(1.0, 1.0, None);
+        s.be_cpuset = Some((0..4).collect());
+        let env = Env {
+            v2: true,
+            ..Default::default()
+        };
+        let t = tick(&s, &Policy::default(), &env, &HashMap::new());
+        let sets: Vec<&Knob> = t
+            .plan
+            .writes()
+            .iter()
+            .filter(|w| w.knob.name() == "cpuset-cpus")
+            .map(|w| &w.knob)
+            .collect();
+        assert_eq!(sets.len(), 3, "parent, pod, container");
+        assert!(sets.iter().all(|k| **k == Knob::CpusetCpus(String::new())));
+        let env = Env::default();
+        let t = tick(&s, &Policy::default(), &env, &HashMap::new());
+        assert!(t
+            .plan
+            .writes()
+            .iter()
+            .filter(|w| w.knob.name() == "cpuset-cpus")
+            .all(|w| w.knob == Knob::CpusetCpus("0-15".into())));
+    }
+
+    /// Issue 15 item 11: the restore plan on a suppressed v1 tree puts the
+    /// besteffort quota and cpuset back, the LS quota to kubelet's limit and
+    /// its burst to 0, and executes in an order the kernel accepts.
+    #[test]
+    fn restore_plan_puts_back_quota_cpuset_and_burst() {
+        let d = tree("restore");
+        for cg in [
+            "",
+            "kubepods/besteffort",
+            "kubepods/besteffort/podbe",
+            "kubepods/besteffort/podbe/cbe",
+            "kubepods/burstable/podls",
+            "kubepods/burstable/podls/cls",
+        ] {
+            std::fs::write(d.join("cpu").join(cg).join("cpu.cfs_burst_us"), "0\n").unwrap();
+        }
+        let set = |f: &str, v: &str| std::fs::write(d.join(f), v).unwrap();
+        set("cpu/kubepods/besteffort/cpu.cfs_quota_us", "2000\n");
+        set("cpuset/kubepods/besteffort/cpuset.cpus", "14-15\n");
+        set("cpuset/kubepods/besteffort/podbe/cpuset.cpus", "14-15\n");
+        set("cpuset/kubepods/besteffort/podbe/cbe/cpuset.cpus", "15\n");
+        set(
+            "cpu/kubepods/burstable/podls/cls/cpu.cfs_quota_us",
+            "600000\n",
+        );
+        set(
+            "cpu/kubepods/burstable/podls/cls/cpu.cfs_burst_us",
+            "200000\n",
+        );
+        let cg = Cgroups::detect(&d).unwrap();
+        let env = Env {
+            features: cg.host().features.clone(),
+            ..Default::default()
+        };
+        let s = state(1.0, 1.0, Some(2_000));
+        let plan = restore_plan(&s, &Policy::default(), &env);
+        let r = Executor::new(1).execute(&plan, &cg);
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        let get = |f: &str| {
+            std::fs::read_to_string(d.join(f))
+                .unwrap()
+                .trim()
+                .to_string()
+        };
+        assert_eq!(get("cpu/kubepods/besteffort/cpu.cfs_quota_us"), "-1");
+        for cg in ["", "/podbe", "/podbe/cbe"] {
+            assert_eq!(
+                get(&format!("cpuset/kubepods/besteffort{cg}/cpuset.cpus")),
+                "0-15"
+            );
+        }
+        assert_eq!(
+            get("cpu/kubepods/burstable/podls/cls/cpu.cfs_quota_us"),
+            "200000"
+        );
+        assert_eq!(
+            get("cpu/kubepods/burstable/podls/cls/cpu.cfs_burst_us"),
+            "0"
+        );
+        assert_eq!(
+            get("cpu/kubepods/burstable/podls/cpu.cfs_quota_us"),
+            "200000"
+        );
+        assert_eq!(
+            get("cpu/kubepods/besteffort/podbe/cbe/cpu.cfs_quota_us"),
+            "-1"
         );
     }
 }

@@ -463,6 +463,42 @@ mod tests {
         std::fs::remove_dir_all(&d).unwrap();
     }
 
+    /// Issue 15 item 12: a file that left the plan is forgotten at once, even
+    /// while other writes fail (the cache once kept it whenever the plan was no
+    /// smaller than the cache, so its drift went unchecked when it came back).
+    #[test]
+    fn files_leaving_the_plan_are_forgotten_while_others_fail() {
+        let d = tree("stale");
+        let cg = Cgroups::detect(&d).unwrap();
+        let mut e = Executor::new(100);
+        let mut p = Plan::new();
+        p.add(quota("kubepods/besteffort/pod1", 50_000));
+        assert!(e.execute(&p, &cg).errors.is_empty());
+        let mut p = Plan::new();
+        p.add(quota("kubepods/besteffort", 80_000));
+        p.add(quota("kubepods/besteffort/gone", 1_000));
+        p.add(quota("kubepods/besteffort/gone2", 1_000));
+        assert_eq!(e.execute(&p, &cg).errors.len(), 2);
+        assert_eq!(e.known_files(), 1, "only the written file is known");
+        // someone changes pod1 meanwhile; when it is planned again it is read, not skipped
+        std::fs::write(
+            d.join("cpu/kubepods/besteffort/pod1/cpu.cfs_quota_us"),
+            "-1\n",
+        )
+        .unwrap();
+        let mut p = Plan::new();
+        p.add(quota("kubepods/besteffort", 80_000));
+        p.add(quota("kubepods/besteffort/pod1", 50_000));
+        let r = e.execute(&p, &cg);
+        assert_eq!(r.written, 1, "{r:?}");
+        assert_eq!(
+            std::fs::read_to_string(d.join("cpu/kubepods/besteffort/pod1/cpu.cfs_quota_us"))
+                .unwrap()
+                .trim(),
+            "50000"
+        );
+    }
+
     #[test]
     fn failures_are_reported_and_retried_and_the_others_still_run() {
         let d = tree("errors");

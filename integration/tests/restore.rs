@@ -1,0 +1,195 @@
+//! What qoslet changed, and what it believes after a restart, on the real
+//! containerd 1.6 + runc and this machine's real cgroup v1 (needs root and the
+//! test bed), issue 15 items 9 and 11:
+//!
+//! * after a restart, an LS quota left scaled above kubelet's limit (by an
+//!   earlier run's burst scaling) is read from the file and put back;
+//! * `qoslet restore` is refused while qoslet runs, and after it stopped puts a
+//!   suppressed node back: the besteffort quota and cpusets, the LS quota and
+//!   burst;
+//! * `qosEngine.restoreOnExit` does the same on SIGTERM.
+
+use std::process::Command;
+use std::time::Duration;
+
+use k8s_cri::v1 as cri;
+use qoslet_integration::process::{kubelet_cgroup_root, qoslet_bin, QosletProcess};
+use qoslet_integration::testbed::{
+    cgroup_v1, container_config, pod_config, Cleanup, Cri, Testbed, SLEEP_LOOP,
+};
+use qoslet_integration::{eventually, scratch, unique};
+
+fn write_v1(controller: &str, cgroup: &str, file: &str, value: &str) {
+    let p = std::path::Path::new("/sys/fs/cgroup")
+        .join(controller)
+        .join(cgroup.trim_start_matches('/'))
+        .join(file);
+    std::fs::write(&p, value).unwrap_or_else(|e| panic!("write {value} to {}: {e}", p.display()));
+}
+
+fn config(sock: &std::path::Path, be_parent: &str, extra: &str) -> String {
+    format!(
+        "runtimeEndpoint: unix://{}\nkubeletCgroupRoot: {}\nqosEngine:\n  beParent: {be_parent}\n  driftCheckInterval: 1s\n{extra}",
+        sock.display(),
+        kubelet_cgroup_root(sock),
+    )
+}
+
+fn restore(config: &std::path::Path, state_dir: &std::path::Path) -> std::process::Output {
+    Command::new(qoslet_bin())
+        .arg("restore")
+        .arg(format!("--config={}", config.display()))
+        .arg(format!("--state-dir={}", state_dir.display()))
+        .output()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_restart_reads_scaled_quotas_and_restore_puts_a_suppressed_node_back() {
+    let tb = Testbed::main();
+    let dir = scratch("restore");
+    let root = tb.cgroup_parent(&unique("restore"));
+    let be_parent = format!("{root}/besteffort");
+    let yaml = dir.join("qoslet.yaml");
+    let mut q = QosletProcess::with_config(&dir, &tb.sock, &config(&tb.sock, &be_parent, ""), &[]);
+    let mut via = Cri::connect(&q.sock).await;
+    let mut cleanup = Cleanup::new(&tb.sock);
+
+    let be_cgp = format!("{be_parent}/podbe");
+    let mut be_cfg = pod_config(&unique("be"), &be_cgp);
+    // the test bed's private QoS dirs are not kubelet's names: the class by label
+    be_cfg
+        .labels
+        .insert("koordinator.sh/qosClass".into(), "BE".into());
+    let be_pod = via.run_pod(&be_cfg).await.unwrap();
+    cleanup.pods.push(be_pod.clone());
+    let ls_cgp = format!("{root}/burstable/podls");
+    let ls_cfg = pod_config(&unique("ls"), &ls_cgp);
+    let ls_pod = via.run_pod(&ls_cfg).await.unwrap();
+    cleanup.pods.push(ls_pod.clone());
+    cleanup.cgroups = vec![
+        be_cgp.clone(),
+        ls_cgp.clone(),
+        be_parent.clone(),
+        format!("{root}/burstable"),
+        root.clone(),
+    ];
+    let be_ctr = via
+        .create(
+            &be_pod,
+            &be_cfg,
+            container_config(
+                "be",
+                SLEEP_LOOP,
+                Some(cri::LinuxContainerResources {
+                    cpu_period: 100_000,
+                    cpu_shares: 2,
+                    ..Default::default()
+                }),
+            ),
+        )
+        .await
+        .unwrap();
+    via.start(&be_ctr).await.unwrap();
+    let ls_ctr = via
+        .create(
+            &ls_pod,
+            &ls_cfg,
+            container_config(
+                "ls",
+                SLEEP_LOOP,
+                Some(cri::LinuxContainerResources {
+                    cpu_period: 100_000,
+                    cpu_quota: 100_000,
+                    cpu_shares: 1024,
+                    ..Default::default()
+                }),
+            ),
+        )
+        .await
+        .unwrap();
+    via.start(&ls_ctr).await.unwrap();
+    let be_c = format!("{be_cgp}/{be_ctr}");
+    let ls_c = format!("{ls_cgp}/{ls_ctr}");
+    let scale = |q: &str, burst: &str| {
+        // the pod first: v1 refuses a child above its parent's quota
+        write_v1("cpu", &ls_cgp, "cpu.cfs_quota_us", "300000");
+        write_v1("cpu", &ls_c, "cpu.cfs_quota_us", q);
+        write_v1("cpu", &ls_c, "cpu.cfs_burst_us", burst);
+    };
+
+    // item 9: a quota an earlier run scaled to 3x is found after the restart and put back
+    tokio::time::sleep(Duration::from_millis(500)).await; // checkpointed
+    assert!(q.sigterm(Duration::from_secs(20)).success());
+    scale("300000", "100000");
+    q.restart();
+    eventually(
+        "the scaled LS quota back to the limit",
+        Duration::from_secs(20),
+        || async { (cgroup_v1("cpu", &ls_c, "cpu.cfs_quota_us") == "100000").then_some(()) },
+    )
+    .await;
+    assert_eq!(
+        cgroup_v1("cpu", &ls_c, "cpu.cfs_burst_us"),
+        "0",
+        "burst off writes 0"
+    );
+
+    // item 11: refused while qoslet holds the state dir
+    let out = restore(&yaml, &q.state_dir);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("running"), "{err}");
+
+    // a suppressed node, as a stopped qoslet (or anything else) left it
+    assert!(q.sigterm(Duration::from_secs(20)).success());
+    let suppress = || {
+        write_v1("cpu", &be_parent, "cpu.cfs_quota_us", "2000");
+        // children first (the pod's sandbox container too): v1's containment rule
+        let pod_dir = format!("/sys/fs/cgroup/cpuset{be_cgp}");
+        for e in std::fs::read_dir(&pod_dir).unwrap().flatten() {
+            if e.path().is_dir() {
+                std::fs::write(e.path().join("cpuset.cpus"), "1").unwrap();
+            }
+        }
+        for cg in [&be_cgp, &be_parent] {
+            write_v1("cpuset", cg, "cpuset.cpus", "1");
+        }
+    };
+    suppress();
+    scale("250000", "200000");
+    let out = restore(&yaml, &q.state_dir);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let all = cgroup_v1("cpuset", "", "cpuset.cpus");
+    assert_eq!(cgroup_v1("cpu", &be_parent, "cpu.cfs_quota_us"), "-1");
+    for cg in [&be_parent, &be_cgp, &be_c] {
+        assert_eq!(cgroup_v1("cpuset", cg, "cpuset.cpus"), all, "{cg}");
+    }
+    assert_eq!(cgroup_v1("cpu", &ls_c, "cpu.cfs_quota_us"), "100000");
+    assert_eq!(cgroup_v1("cpu", &ls_c, "cpu.cfs_burst_us"), "0");
+    assert_eq!(cgroup_v1("cpu", &ls_cgp, "cpu.cfs_quota_us"), "100000");
+
+    // restoreOnExit: a node suppressed by qoslet itself is put back on SIGTERM
+    std::fs::write(
+        &yaml,
+        config(
+            &tb.sock,
+            &be_parent,
+            "  restoreOnExit: true\npolicy:\n  resourceUsedThresholdWithBE:\n    enable: true\n    cpuSuppressPolicy: cfsQuota\n    cpuSuppressThresholdPercent: 1\n",
+        ),
+    )
+    .unwrap();
+    q.restart();
+    eventually("qoslet to suppress BE", Duration::from_secs(20), || async {
+        (cgroup_v1("cpu", &be_parent, "cpu.cfs_quota_us") != "-1").then_some(())
+    })
+    .await;
+    assert!(q.sigterm(Duration::from_secs(20)).success());
+    assert_eq!(cgroup_v1("cpu", &be_parent, "cpu.cfs_quota_us"), "-1");
+    assert!(q.log_text().contains("restoreOnExit"), "{}", q.log_text());
+}

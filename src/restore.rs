@@ -1,0 +1,144 @@
+//! `qoslet restore`: before uninstalling qoslet (or after it was stopped with
+//! the node suppressed), put every cgroup file qoslet changed back to the
+//! runtime's value or the kernel's default: the besteffort parent's quota and
+//! cpuset, scaled LS quotas, bursts, group identity, SCHED_IDLE, memory QoS.
+//! The pods come from qoslet's checkpoint in its state dir; the config file
+//! gives the same cgroup roots, trust and policy qoslet ran with. Refused while
+//! a qoslet holds the state dir (it would put its settings back within a
+//! tick): stop it first, or let it do this itself on SIGTERM with
+//! `qosEngine.restoreOnExit: true`.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use qoslet_proxy::checkpoint::{Checkpoint, LoadError};
+use qoslet_proxy::statefile::{self, StateError};
+use qoslet_proxy::store::Store;
+
+use crate::{config, engine, isolation};
+
+#[derive(clap::Args)]
+pub struct RestoreArgs {
+    /// The YAML config file qoslet ran with (cgroup roots, trust, policy, state dir).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// qoslet's state dir (its checkpoint lists the pods); default from the config, else /var/lib/qoslet.
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    /// List what would be written; write nothing.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+pub async fn run(a: RestoreArgs) -> Result<()> {
+    let (path, explicit) = match &a.config {
+        Some(p) => (p.clone(), true),
+        None => (PathBuf::from(config::DEFAULT_CONFIG), false),
+    };
+    let file = config::load(&path, explicit)?;
+    let defaults = qoslet_proxy::ProxyConfig::default();
+    let state_dir = a
+        .state_dir
+        .clone()
+        .or(file.state_dir.clone())
+        .unwrap_or(defaults.state_dir);
+    let endpoint = file
+        .runtime_endpoint
+        .clone()
+        .unwrap_or(defaults.runtime_endpoint);
+    // a running qoslet would put its settings back at its next tick
+    let _lock = if state_dir.is_dir() {
+        match statefile::lock(&state_dir) {
+            Ok(l) => Some(l),
+            Err(StateError::Locked { path }) => bail!(
+                "a qoslet is running on this state dir ({} is locked): stop it first, \
+                 or set qosEngine.restoreOnExit so it restores on SIGTERM",
+                path.display()
+            ),
+            Err(e) => return Err(e).context("state dir"),
+        }
+    } else {
+        None
+    };
+    let store = Store::new();
+    match Checkpoint::new(&state_dir, &endpoint).load() {
+        Ok(snap) => store.replace(snap),
+        Err(LoadError::Missing(p)) => eprintln!(
+            "qoslet restore: no checkpoint at {}: only the besteffort parent and the kube QoS dirs are put back",
+            p.display()
+        ),
+        Err(e) => return Err(e).context("checkpoint"),
+    }
+    let cgroup_root = file
+        .cgroup_root
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup"));
+    let cgroups = qoslet_cgroups::Cgroups::detect(&cgroup_root)
+        .with_context(|| format!("cgroups under {}", cgroup_root.display()))?;
+    let policy_cfg = file.policy.clone().unwrap_or_default();
+    let proc_root = file
+        .proc_root
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("/proc"));
+    let sys_root = PathBuf::from("/sys");
+    let env = qoslet_qos_engine::engine::Env {
+        features: cgroups.host().features.clone(),
+        v2: cgroups.host().is_v2(),
+        devices: isolation::resolve_devices(&policy_cfg.resource_qos_strategy),
+        page_size: qoslet_cgroups::cgroup::page_size(),
+        node: isolation::node_facts(&sys_root, &proc_root, file.reserved_cpuset.as_deref()),
+    };
+    let engine_cfg = file.qos_engine.clone().unwrap_or_default();
+    let settings = engine::Settings {
+        interval: std::time::Duration::from_secs(1),
+        dry_run: a.dry_run,
+        be_parent: engine_cfg
+            .be_parent
+            .as_deref()
+            .map(qoslet_cgroups::CgroupPath::parse)
+            .transpose()
+            .context("qosEngine.beParent")?,
+        reserved_cores: engine_cfg.reserved_cpus.unwrap_or(0.0),
+        verify_every: 1,
+        config: None,
+        sys_root,
+        trust: file.trust.clone().unwrap_or_default(),
+        pod_root: match file.kubelet_cgroup_root.as_deref() {
+            Some(r) => qoslet_cgroups::PodRoot::new(r).context("kubeletCgroupRoot")?,
+            None => qoslet_cgroups::PodRoot::default(),
+        },
+        proc_root,
+        restore_on_exit: false,
+    };
+    let policy = policy_cfg.engine();
+    if a.dry_run {
+        for (w, p) in engine::restore_preview(&cgroups, &settings, &store, &policy, &env) {
+            let files: Vec<String> = p
+                .files
+                .iter()
+                .map(|(f, v)| format!("{f} = {v:?}"))
+                .collect();
+            println!(
+                "{:<11} {} {}",
+                p.state().as_str(),
+                w.cgroup,
+                files.join(", ")
+            );
+        }
+        return Ok(());
+    }
+    let r = engine::restore(&cgroups, &settings, &store, &policy, &env);
+    println!(
+        "qoslet restore: {} files written, {} already right, {} errors",
+        r.written,
+        r.unchanged,
+        r.errors.len()
+    );
+    for e in &r.errors {
+        eprintln!("  {e}");
+    }
+    if !r.errors.is_empty() {
+        bail!("{} files could not be put back", r.errors.len());
+    }
+    Ok(())
+}
