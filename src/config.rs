@@ -83,6 +83,12 @@ pub struct EngineConfig {
     /// runtime's value or the kernel's default (`qoslet restore`), so nothing
     /// qoslet did outlives it (default false: a restart keeps the isolation).
     pub restore_on_exit: Option<bool>,
+    /// kubelet's CPU manager policy: `auto` (default: read `policyName` from
+    /// kubelet's `/var/lib/kubelet/cpu_manager_state`), `none` or `static`. With
+    /// `static` the BE cpuset is written on BE containers only.
+    pub cpu_manager_policy: Option<String>,
+    /// kubelet's root dir, for `cpu_manager_state` (default /var/lib/kubelet).
+    pub kubelet_root_dir: Option<PathBuf>,
 }
 
 /// `policy:` — a Koordinator NodeSLO spec (or a whole NodeSLO object), as it

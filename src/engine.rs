@@ -5,7 +5,7 @@
 //! in force for the engine and the runtime hooks alike; an invalid file keeps
 //! the last good policy and the error is logged and shown by `qoslet plan`.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -49,6 +49,56 @@ pub struct Settings {
     pub proc_root: PathBuf,
     /// On shutdown, put back what the engine changed ([`restore`]).
     pub restore_on_exit: bool,
+    /// kubelet's CPU manager policy: `Some(true)` static, `Some(false)` none,
+    /// `None`: read from kubelet's `cpu_manager_state` file at this path.
+    pub cpu_manager: CpuManager,
+}
+
+/// `qosEngine.cpuManagerPolicy` and `kubeletRootDir` as a [`CpuManager`].
+pub fn cpu_manager(c: &crate::config::EngineConfig) -> anyhow::Result<CpuManager> {
+    Ok(match c.cpu_manager_policy.as_deref().unwrap_or("auto") {
+        "static" => CpuManager::Static,
+        "none" => CpuManager::None,
+        "auto" => CpuManager::Auto(
+            c.kubelet_root_dir
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("/var/lib/kubelet"))
+                .join("cpu_manager_state"),
+        ),
+        other => anyhow::bail!("qosEngine.cpuManagerPolicy: {other:?} is not auto, none or static"),
+    })
+}
+
+/// kubelet's CPU manager policy, as configured or found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CpuManager {
+    Static,
+    None,
+    /// Read `policyName` from kubelet's checkpoint (`/var/lib/kubelet/cpu_manager_state`).
+    Auto(PathBuf),
+}
+
+impl CpuManager {
+    /// Whether kubelet's CPU manager is static now (its checkpoint is read again
+    /// whenever the pods change: kubelet restarted with another policy).
+    pub fn is_static(&self) -> bool {
+        match self {
+            CpuManager::Static => true,
+            CpuManager::None => false,
+            CpuManager::Auto(path) => {
+                #[derive(serde::Deserialize)]
+                struct State {
+                    #[serde(rename = "policyName", default)]
+                    policy_name: String,
+                }
+                std::fs::read(path)
+                    .ok()
+                    .filter(|b| b.len() < 1 << 20)
+                    .and_then(|b| serde_json::from_slice::<State>(&b).ok())
+                    .is_some_and(|s| s.policy_name == "static")
+            }
+        }
+    }
 }
 
 /// One tick as the admin API shows it.
@@ -75,6 +125,8 @@ pub struct Shared {
     policy_error: Mutex<String>,
     /// NodeSLO fields of the policy in force that qoslet does not act on.
     not_implemented: Mutex<Vec<String>>,
+    /// What the engine left for [`Shared::restore_on_exit`].
+    on_exit: Mutex<Option<(Settings, Policy, Env)>>,
     ticks: AtomicU64,
     writes: AtomicU64,
     drift: AtomicU64,
@@ -346,6 +398,7 @@ impl Skeleton {
                         .as_ref()
                         .map(|r| r.memory_limit_in_bytes)
                         .unwrap_or(0),
+                    sandbox: cg.container(&p.id).ok(),
                     cpu_cores: 0.0,
                     containers,
                 });
@@ -369,6 +422,21 @@ impl Skeleton {
             generation,
             pods,
             entities,
+        }
+    }
+
+    /// Keeps the BE pods' sandbox cgroups that exist (the pause container's:
+    /// the cpuset suppress writes them with the containers; other pods' are not
+    /// read).
+    fn find_sandboxes(&mut self, cgroups: &Cgroups) {
+        for p in &mut self.pods {
+            if p.class != qoslet_hooks::QosClass::Be {
+                p.sandbox = None;
+            } else if let Some(sb) = &p.sandbox {
+                if cgroups.read(sb, "cpuset", "cgroup.procs").is_err() {
+                    p.sandbox = None;
+                }
+            }
         }
     }
 
@@ -435,7 +503,8 @@ fn restore_plan(
     policy: &Policy,
     env: &Env,
 ) -> qoslet_qos_engine::plan::Plan {
-    let k = Skeleton::build(store, &s.trust, &s.pod_root);
+    let mut k = Skeleton::build(store, &s.trust, &s.pod_root);
+    k.find_sandboxes(cgroups);
     let systemd = k
         .pods
         .first()
@@ -448,21 +517,45 @@ fn restore_plan(
     let capacity = std::thread::available_parallelism()
         .map(|n| n.get() as f64)
         .unwrap_or(1.0);
+    let be_parent = be_parent.unwrap_or_else(CgroupPath::root);
+    let v1 = !cgroups.host().is_v2();
+    let mut found = qoslet_qos_engine::engine::Found::default();
+    for p in &k.pods {
+        for cg in std::iter::once(&p.cgroup).chain(p.containers.iter().map(|c| &c.cgroup)) {
+            if let Some(q) = read_quota(cgroups, cg) {
+                found.quotas.insert(cg.clone(), q);
+            }
+        }
+    }
+    if !be_parent.as_str().is_empty() {
+        for pod in cgroups.children(&be_parent, "cpuset") {
+            found.be_subtree.extend(cgroups.children(&pod, "cpuset"));
+            found.be_subtree.push(pod);
+        }
+    }
     let state = NodeState {
         capacity_cores: capacity,
         node_usage_cores: 0.0,
         system_usage_cores: 0.0,
         reserved_cores: s.reserved_cores,
         pods: k.pods,
-        be_parent: be_parent.unwrap_or_else(CgroupPath::root),
+        cpuset_ceiling: be_parent
+            .parent()
+            .filter(|_| v1)
+            .and_then(|p| cgroups.read(&p, "cpuset", "cpuset.cpus").ok())
+            .and_then(|c| qoslet_qos_engine::cpuset::parse_cpus(&c))
+            .filter(|c| !c.is_empty()),
+        be_parent,
         be_quota_us,
         period_us,
         numa: numa(&s.sys_root, capacity),
         be_cpuset: None,
         qos_dirs: find_qos_dirs(cgroups, &s.pod_root, systemd),
+        static_cpu_manager: s.cpu_manager.is_static(),
+        ancestors: BTreeMap::new(),
         pods_generation: None,
     };
-    let plan = qoslet_qos_engine::engine::restore_plan(&state, policy, env);
+    let plan = qoslet_qos_engine::engine::restore_plan(&state, policy, env, &found);
     // pods removed since the store last saw them: nothing to put back
     let mut live = qoslet_qos_engine::plan::Plan::new();
     for w in plan.writes() {
@@ -506,6 +599,9 @@ fn node_state(
         numa: numa.to_vec(),
         be_cpuset: be.cpuset,
         qos_dirs,
+        cpuset_ceiling: None,
+        static_cpu_manager: false,
+        ancestors: BTreeMap::new(),
         pods_generation: Some(generation),
     }
 }
@@ -518,6 +614,7 @@ impl Shared {
             last: Mutex::new(None),
             policy_error: Mutex::new(String::new()),
             not_implemented: Mutex::new(Vec::new()),
+            on_exit: Mutex::new(None),
             ticks: AtomicU64::new(0),
             writes: AtomicU64::new(0),
             drift: AtomicU64::new(0),
@@ -590,6 +687,7 @@ impl Shared {
         let mut seq = 0u64;
         let mut skeleton: Option<Skeleton> = None;
         let mut seeded: HashSet<String> = HashSet::new();
+        let mut static_cpu_manager: Option<bool> = None;
         loop {
             tokio::select! {
                 _ = ticker.tick() => {}
@@ -643,7 +741,9 @@ impl Shared {
             let cg = &self.cgroups;
             let rebuilt = skeleton.as_ref().map(|k| k.generation) != Some(store.generation());
             if rebuilt {
-                skeleton = Some(Skeleton::build(&store, &s.trust, &s.pod_root));
+                let mut k = Skeleton::build(&store, &s.trust, &s.pod_root);
+                k.find_sandboxes(cg);
+                skeleton = Some(k);
             }
             // the cgroup driver kubelet's pods use (a node that switched drivers may
             // keep the other's empty kubepods)
@@ -716,6 +816,55 @@ impl Shared {
                 s.reserved_cores,
                 qos_dirs.clone(),
             );
+            let mut state = state;
+            if !cg.host().is_v2() {
+                state.cpuset_ceiling = state
+                    .be_parent
+                    .parent()
+                    .and_then(|p| cg.read(&p, "cpuset", "cpuset.cpus").ok())
+                    .and_then(|c| qoslet_qos_engine::cpuset::parse_cpus(&c))
+                    .filter(|c| !c.is_empty());
+            }
+            if rebuilt || static_cpu_manager.is_none() {
+                let now = s.cpu_manager.is_static();
+                if static_cpu_manager != Some(now) {
+                    info!(static_policy = now, "kubelet's CPU manager policy");
+                }
+                static_cpu_manager = Some(now);
+            }
+            state.static_cpu_manager = static_cpu_manager.unwrap_or(false);
+            if state.static_cpu_manager {
+                // the BE cpuset lives on BE containers only: read one of theirs
+                state.be_cpuset = state
+                    .pods
+                    .iter()
+                    .filter(|p| p.class == qoslet_hooks::QosClass::Be)
+                    .flat_map(|p| &p.containers)
+                    .find_map(|c| {
+                        cg.read(&c.cgroup, "cpuset", "cpuset.cpus")
+                            .ok()
+                            .and_then(|c| qoslet_qos_engine::cpuset::parse_cpus(&c))
+                            .filter(|c| !c.is_empty())
+                    });
+            }
+            if env.features.memory_qos {
+                // the ancestors' protection as another writer (kubelet) may have left it
+                for a in qoslet_qos_engine::engine::protected_ancestors(&state) {
+                    for (name, file) in [("memory-min", "memory.min"), ("memory-low", "memory.low")]
+                    {
+                        if let Ok(v) = cg.read(&a, "memory", file) {
+                            let v = match v.trim() {
+                                "max" => u64::MAX,
+                                n => match n.parse() {
+                                    Ok(n) => n,
+                                    Err(_) => continue,
+                                },
+                            };
+                            state.ancestors.insert((a.clone(), name), v);
+                        }
+                    }
+                }
+            }
             if rebuilt {
                 // burst scaling's state is the files': a container first seen (after a
                 // restart, say) starts from the quota its cgroup holds
@@ -822,18 +971,29 @@ impl Shared {
             }));
         }
         if s.restore_on_exit && !s.dry_run {
-            let r = restore(&self.cgroups, &s, &store, &policy, &env);
-            info!(
-                written = r.written,
-                unchanged = r.unchanged,
-                errors = r.errors.len(),
-                "restoreOnExit: the runtime's values and the kernel's defaults put back"
-            );
-            for e in &r.errors {
-                warn!(error = %e, "restore");
-            }
+            // done by the composition once the proxy has drained (calls still in
+            // flight may start pods and run hooks until then)
+            *lock(&self.on_exit) = Some((s, policy, env));
         }
         info!("QoS engine stopped");
+    }
+
+    /// `qosEngine.restoreOnExit`: after the engine stopped and the proxy drained,
+    /// puts back what qoslet changed for the pods the store holds now.
+    pub fn restore_on_exit(&self, store: &Store) {
+        let Some((s, policy, env)) = lock(&self.on_exit).take() else {
+            return;
+        };
+        let r = restore(&self.cgroups, &s, store, &policy, &env);
+        info!(
+            written = r.written,
+            unchanged = r.unchanged,
+            errors = r.errors.len(),
+            "restoreOnExit: the runtime's values and the kernel's defaults put back"
+        );
+        for e in &r.errors {
+            warn!(error = %e, "restore");
+        }
     }
 
     /// The latest tick for the admin API.

@@ -307,6 +307,7 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
         pod_root: pod_root.clone(),
         proc_root: proc_root.clone(),
         restore_on_exit: engine_cfg.restore_on_exit.unwrap_or(false),
+        cpu_manager: engine::cpu_manager(&engine_cfg)?,
     };
     let drift_every =
         config::metrics_interval(engine_cfg.drift_check_interval.as_deref().unwrap_or("10s"))
@@ -389,9 +390,14 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
     wait_for_signal().await?;
     tracing::info!("signal received; draining");
     // the state dir stays locked until the metrics snapshot is in it too
+    let store = running.store.clone();
     let state_lock = running.shutdown().await;
     for t in metric_tasks {
         let _ = t.await;
+    }
+    if let Some(engine) = slot.1.get().cloned() {
+        // after the drain: pods started by calls still in flight are put back too
+        let _ = tokio::task::spawn_blocking(move || engine.restore_on_exit(&store)).await;
     }
     drop(state_lock);
     tracing::info!("stopped");

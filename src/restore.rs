@@ -25,9 +25,13 @@ pub struct RestoreArgs {
     /// qoslet's state dir (its checkpoint lists the pods); default from the config, else /var/lib/qoslet.
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
-    /// List what would be written; write nothing.
+    /// List what would be written; write nothing (allowed while qoslet runs).
     #[arg(long)]
     dry_run: bool,
+    /// Go on without a state dir or checkpoint (only the besteffort subtree and
+    /// the kube QoS dirs are then put back).
+    #[arg(long)]
+    force: bool,
 }
 
 pub async fn run(a: RestoreArgs) -> Result<()> {
@@ -46,9 +50,22 @@ pub async fn run(a: RestoreArgs) -> Result<()> {
         .runtime_endpoint
         .clone()
         .unwrap_or(defaults.runtime_endpoint);
-    // a running qoslet would put its settings back at its next tick
-    let _lock = if state_dir.is_dir() {
-        match statefile::lock(&state_dir) {
+    // a running qoslet would put its settings back at its next tick: its admin
+    // socket answering, or its state dir locked, refuses the restore
+    let admin = file.admin_listen.clone().unwrap_or(defaults.admin_listen);
+    if !a.dry_run {
+        if let Ok(p) = qoslet_proxy::endpoint::parse_unix(&admin) {
+            if std::os::unix::net::UnixStream::connect(&p).is_ok() {
+                bail!(
+                    "a qoslet is running ({} answers): stop it first, or set \
+                     qosEngine.restoreOnExit so it restores on SIGTERM",
+                    p.display()
+                );
+            }
+        }
+    }
+    let _lock = match (state_dir.is_dir(), a.dry_run) {
+        (true, false) => match statefile::lock(&state_dir) {
             Ok(l) => Some(l),
             Err(StateError::Locked { path }) => bail!(
                 "a qoslet is running on this state dir ({} is locked): stop it first, \
@@ -56,15 +73,24 @@ pub async fn run(a: RestoreArgs) -> Result<()> {
                 path.display()
             ),
             Err(e) => return Err(e).context("state dir"),
-        }
-    } else {
-        None
+        },
+        (false, _) if !a.force => bail!(
+            "no state dir at {} (pass the --state-dir qoslet ran with, or --force to put back \
+             only the besteffort subtree and the kube QoS dirs)",
+            state_dir.display()
+        ),
+        _ => None,
     };
     let store = Store::new();
     match Checkpoint::new(&state_dir, &endpoint).load() {
         Ok(snap) => store.replace(snap),
-        Err(LoadError::Missing(p)) => eprintln!(
-            "qoslet restore: no checkpoint at {}: only the besteffort parent and the kube QoS dirs are put back",
+        Err(LoadError::Missing(p)) if a.force => eprintln!(
+            "qoslet restore: no checkpoint at {}: only the besteffort subtree and the kube QoS dirs are put back",
+            p.display()
+        ),
+        Err(LoadError::Missing(p)) => bail!(
+            "no checkpoint at {}: the pods qoslet changed are unknown (--force puts back only \
+             the besteffort subtree and the kube QoS dirs)",
             p.display()
         ),
         Err(e) => return Err(e).context("checkpoint"),
@@ -109,6 +135,7 @@ pub async fn run(a: RestoreArgs) -> Result<()> {
         },
         proc_root,
         restore_on_exit: false,
+        cpu_manager: engine::cpu_manager(&engine_cfg)?,
     };
     let policy = policy_cfg.engine();
     if a.dry_run {

@@ -317,10 +317,18 @@ impl Cgroups {
                 v.map(|b| self.pages(b).to_string())
                     .unwrap_or_else(|| "max".into()),
             )],
+            // v2: the empty value (inherit the parent's CPUs), which is what the
+            // runtime leaves; a newline, since a zero-byte write reaches no kernel
+            // handler (the kernel strips it)
+            Knob::CpusetCpus(s) if v2 && s.trim().is_empty() => {
+                vec![fw("cpuset", "cpuset.cpus", "\n")]
+            }
             Knob::CpusetCpus(s) => match canonical_cpu_list(s).filter(|c| !c.is_empty()) {
                 // as the kernel will show it, so a steady value compares equal
                 Some(c) => vec![fw("cpuset", "cpuset.cpus", c)],
-                None => return unsupported("empty or malformed cpu list"),
+                None => {
+                    return unsupported("empty or malformed cpu list (v1 has no inherited value)")
+                }
             },
             Knob::IoLimit { .. } if !f.blkio_throttle => {
                 return unsupported("this kernel has no blkio throttling (v1) / io controller (v2)")
@@ -374,10 +382,44 @@ impl Cgroups {
         CgFile::new(hierarchy, Path::new(cg.as_str()).join(w.file))
     }
 
+    /// The child cgroups of `cg` in `controller`'s hierarchy (directories only,
+    /// never followed through a symlink; names a [`CgroupPath`] refuses are left
+    /// out). Empty when `cg` is missing.
+    pub fn children(&self, cg: &CgroupPath, controller: &'static str) -> Vec<CgroupPath> {
+        let Ok(f) = self.path_of(cg, &fw(controller, "cgroup.procs", "")) else {
+            return Vec::new();
+        };
+        let Some(dir) = f.parent() else {
+            return Vec::new();
+        };
+        let mut out: Vec<CgroupPath> = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .filter_map(|e| cg.child(&e.file_name().to_string_lossy()).ok())
+            .collect();
+        out.sort();
+        out
+    }
+
     /// Applies `knob` to `cg`: Written if any file changed.
     pub fn apply(&self, cg: &CgroupPath, knob: &Knob) -> Result<Outcome, CgroupError> {
         let mut out = Outcome::Unchanged;
-        for w in self.plan(knob)? {
+        let mut writes = self.plan(knob)?;
+        // v1 checks each of the two files against the parent's quota/period ratio
+        // as it is written: a shorter period goes in after the quota (a longer one
+        // before it), so no step raises the ratio above both the old and the new
+        if let (Knob::CpuQuota { period, .. }, false) = (knob, self.host.is_v2()) {
+            let cur = self
+                .read(cg, "cpu", "cpu.cfs_period_us")
+                .ok()
+                .and_then(|p| p.trim().parse::<u64>().ok());
+            if cur.is_some_and(|c| *period < c) {
+                writes.reverse();
+            }
+        }
+        for w in writes {
             let p = self.path_of(cg, &w)?;
             let written = if w.keyed {
                 crate::fs::write_keyed_if_changed(&p, &w.value)?
@@ -452,6 +494,32 @@ impl Cgroups {
             let (cg, k) = &writes[i];
             if matches!(k, Knob::CpusetCpus(_)) {
                 return false; // widened first: now only shrinking, children first
+            }
+            if let Knob::CpuQuota { quota, period } = k {
+                // v1's rule is on the quota/period ratio, and a period may change too
+                let ratio = |q: Option<u64>, p: u64| match q {
+                    None => u128::MAX,
+                    Some(q) => (q as u128) * 1_000_000 / (p.max(1) as u128),
+                };
+                let cur = if self.host.is_v2() {
+                    self.read(cg, "cpu", "cpu.max").ok().map(|s| {
+                        let mut it = s.split_whitespace();
+                        let q = it.next().and_then(|q| q.parse().ok());
+                        let p = it.next().and_then(|p| p.parse().ok()).unwrap_or(100_000);
+                        ratio(q, p)
+                    })
+                } else {
+                    let q = self
+                        .read(cg, "cpu", "cpu.cfs_quota_us")
+                        .ok()
+                        .and_then(|q| q.trim().parse::<i64>().ok());
+                    let p = self
+                        .read(cg, "cpu", "cpu.cfs_period_us")
+                        .ok()
+                        .and_then(|p| p.trim().parse::<u64>().ok());
+                    q.zip(p).map(|(q, p)| ratio((q > 0).then_some(q as u64), p))
+                };
+                return ratio(*quota, *period) >= cur.unwrap_or(u128::MAX);
             }
             let Some(new) = k.magnitude() else {
                 return true;
@@ -941,6 +1009,36 @@ mod tests {
                 e.to_string().contains("cpu.cfs_quota_us") && e.to_string().contains("20000"),
                 "{e}"
             );
+            // a period change (review of issue 15 item 12): the parent allows 20 %; the
+            // child goes from 19000/100000 to 2000/10000 (both within 20 %). Period
+            // first would pass through 19000/10000 = 190 % (EINVAL): the quota goes first
+            let qp = |q: u64, p: u64| Knob::CpuQuota {
+                quota: Some(q),
+                period: p,
+            };
+            c.apply(&child, &qp(19_000, 100_000))?;
+            c.apply(&parent, &quota(20_000))?;
+            c.apply(&child, &qp(2_000, 10_000))?;
+            assert_eq!(c.read(&child, "cpu", "cpu.cfs_period_us")?, "10000");
+            // and back to the longer period (period first: 2000/100000 on the way)
+            c.apply(&child, &qp(19_000, 100_000))?;
+            assert_eq!(c.read(&child, "cpu", "cpu.cfs_quota_us")?, "19000");
+            // the order compares quota/period ratios: the child's 1500/10000 (15 %) is
+            // more than the parent's 2 % now, so the parent is lifted first, though
+            // 1500 < 2000 in absolute terms
+            c.apply(&child, &qp(2_000, 100_000))?;
+            c.apply(&parent, &quota(2_000))?;
+            c.apply_ordered(&[
+                (child.clone(), qp(1_500, 10_000)),
+                (
+                    parent.clone(),
+                    Knob::CpuQuota {
+                        quota: None,
+                        period: 100_000,
+                    },
+                ),
+            ])?;
+            assert_eq!(c.read(&child, "cpu", "cpu.cfs_quota_us")?, "1500");
             c.apply(&child, &Knob::CpuShares(2))?;
             assert_eq!(c.read(&child, "cpu", "cpu.shares")?, "2");
             if c.host().features.cpu_idle {

@@ -67,11 +67,17 @@ pub enum LoadError {
 /// `/run/x.sock`, `unix:///run//x.sock`): a config that switched spelling keeps
 /// its checkpoint.
 fn same_endpoint(a: &str, b: &str) -> bool {
-    match (
-        crate::endpoint::parse_unix(a),
-        crate::endpoint::parse_unix(b),
-    ) {
-        (Ok(x), Ok(y)) => x == y,
+    // the directory resolved (`/var/run` is often a link to `/run`), the name as is
+    let resolve = |e: &str| {
+        crate::endpoint::parse_unix(e).ok().map(|p| {
+            match (p.parent().map(std::fs::canonicalize), p.file_name()) {
+                (Some(Ok(dir)), Some(name)) => dir.join(name),
+                _ => p,
+            }
+        })
+    };
+    match (resolve(a), resolve(b)) {
+        (Some(x), Some(y)) => x == y,
         _ => a == b,
     }
 }
@@ -227,6 +233,17 @@ mod tests {
         for same in ["/a.sock", "unix:////a.sock", "unix:///./a.sock"] {
             assert_eq!(Checkpoint::new(&dir, same).load().unwrap(), snap, "{same}");
         }
+        // through a symlinked directory (/var/run -> /run)
+        let real = dir.join("run");
+        std::fs::create_dir_all(&real).unwrap();
+        std::os::unix::fs::symlink(&real, dir.join("varrun")).unwrap();
+        let linked = Checkpoint::new(&dir, format!("unix://{}/c.sock", real.display()));
+        linked.save(snap.clone()).unwrap();
+        let via = Checkpoint::new(&dir, format!("{}/varrun/c.sock", dir.display()));
+        assert_eq!(via.load().unwrap(), snap);
+        std::fs::remove_file(linked.path()).unwrap();
+        std::fs::remove_file(dir.join("varrun")).unwrap();
+        std::fs::remove_dir(&real).unwrap();
 
         std::fs::write(ck.path(), b"{\"format\":\"something-else\"}").unwrap();
         assert!(matches!(ck.load(), Err(LoadError::Foreign { .. })));

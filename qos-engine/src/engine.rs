@@ -82,10 +82,38 @@ pub struct NodeState {
     /// The kube QoS dirs this node has (`kubepods`, its burstable and besteffort
     /// children), for their group identity / SCHED_IDLE.
     pub qos_dirs: Vec<(KubeQos, CgroupPath)>,
+    /// v1: the CPUs of the besteffort parent's own parent. A CPU brought back
+    /// online returns to the root cpuset only, so "all CPUs" for the BE tree is
+    /// what the NUMA layout lists within these (`None`: no such bound).
+    pub cpuset_ceiling: Option<BTreeSet<u32>>,
+    /// kubelet's CPU manager policy is `static`: kubelet gives every container a
+    /// cpuset (the shared pool, or its own CPUs), so the BE cpuset is written on
+    /// BE containers only, as koordlet's `applyCPUSetWithStaticPolicy` does; the
+    /// besteffort parent and pods keep all CPUs, so a new BE container created
+    /// with the shared pool stays inside its parents (v1 refuses it otherwise).
+    /// `be_cpuset` is then a BE container's.
+    pub static_cpu_manager: bool,
+    /// memory.min / memory.low (`"memory-min"`, `"memory-low"`) of the pods'
+    /// ancestors (their QoS dir and `kubepods`) as read this tick; empty when not
+    /// read. A value qoslet did not write there (kubelet's MemoryQoS writes its
+    /// own) is kept if higher than qoslet's sum, never fought.
+    pub ancestors: BTreeMap<(CgroupPath, &'static str), u64>,
     /// Names this set of pods: the same value on the next tick promises the
     /// same pods, classes, annotations and limits (usage aside), so the
     /// reconcile writes are reused (`None`: always recomputed).
     pub pods_generation: Option<u64>,
+}
+
+impl NodeState {
+    /// Every CPU the BE tree may use: the NUMA layout's, within the ceiling.
+    pub fn all_cpus(&self) -> BTreeSet<u32> {
+        self.numa
+            .iter()
+            .flatten()
+            .copied()
+            .filter(|c| self.cpuset_ceiling.as_ref().is_none_or(|x| x.contains(c)))
+            .collect()
+    }
 }
 
 /// A tick's result.
@@ -123,7 +151,6 @@ pub fn reconcile_all(state: &NodeState, ctx: &Context) -> (Plan, BTreeSet<u32>) 
             exclusive.extend(crate::cpuset::parse_cpus(&cpus).unwrap_or_default());
         }
     }
-    memory_protection_up_the_tree(state, &mut plan);
     reconcile::kube_qos(&state.qos_dirs, ctx, &mut plan);
     (plan, exclusive)
 }
@@ -136,8 +163,11 @@ pub fn tick(
     env: &Env,
     burst_quota: &HashMap<String, u64>,
 ) -> TickResult {
-    tick_with(state, policy, env, burst_quota, None)
+    tick_with(state, policy, env, burst_quota, None, &BTreeMap::new())
 }
+
+/// What others asked of the pods' ancestors' memory.min/low (by cgroup and knob name).
+pub type Protection = BTreeMap<(CgroupPath, &'static str), u64>;
 
 /// [`tick`] with the reconcile writes and bound CPUs already known.
 fn tick_with(
@@ -146,14 +176,17 @@ fn tick_with(
     env: &Env,
     burst_quota: &HashMap<String, u64>,
     cached: Option<&(Plan, BTreeSet<u32>)>,
+    external: &Protection,
 ) -> TickResult {
     let mut warnings = Vec::new();
 
-    // 1. reconcile (reused when the pods and the policy are the last tick's)
+    // 1. reconcile (reused when the pods and the policy are the last tick's), then
+    // the ancestors' memory protection (which also follows what others wrote there)
     let (mut plan, exclusive) = match cached {
         Some(c) => (c.0.clone(), c.1.clone()),
         None => reconcile_all(state, &env.context(&policy.qos)),
     };
+    memory_protection_up_the_tree(state, &mut plan, external);
 
     // 2. suppress
     let (mut be, mut non_be) = (0.0, 0.0);
@@ -179,7 +212,11 @@ fn tick_with(
         .pods
         .iter()
         .filter(|p| p.class == QosClass::Be)
-        .flat_map(|p| std::iter::once(&p.cgroup).chain(p.containers.iter().map(|c| &c.cgroup)))
+        .flat_map(|p| {
+            std::iter::once(&p.cgroup)
+                .chain(p.sandbox.as_ref())
+                .chain(p.containers.iter().map(|c| &c.cgroup))
+        })
         .collect();
     let quota_on = t.enable && t.cpu_suppress_policy == CpuSuppressPolicy::CfsQuota;
     let cpuset_on = t.enable && t.cpu_suppress_policy == CpuSuppressPolicy::Cpuset;
@@ -215,7 +252,29 @@ fn tick_with(
             format!("{why}: the BE quota is put back to unlimited"),
         ));
     }
-    let all: BTreeSet<u32> = state.numa.iter().flatten().copied().collect();
+    let all = state.all_cpus();
+    if state.static_cpu_manager && !all.is_empty() {
+        // the besteffort parent, the BE pods and their sandboxes keep all CPUs
+        // (after a switch from the other mode too), so kubelet's shared pool fits
+        let list = if env.v2 {
+            String::new()
+        } else {
+            crate::cpuset::format_cpus(&all)
+        };
+        let rule = "kubelet's static CPU manager: the BE cpuset is set on BE containers; their parents keep all CPUs";
+        let containers: BTreeSet<&CgroupPath> = be_containers(state).map(|c| &c.cgroup).collect();
+        for cg in std::iter::once(&state.be_parent)
+            .chain(be_tree.iter().copied())
+            .filter(|cg| !containers.contains(cg))
+        {
+            plan.add(w(
+                cg,
+                Knob::CpusetCpus(list.clone()),
+                "cpu-suppress",
+                rule.into(),
+            ));
+        }
+    }
     if cpuset_on && !all.is_empty() {
         let c = crate::cpuset::Input {
             numa: state.numa.clone(),
@@ -232,7 +291,41 @@ fn tick_with(
                 cpus.len(),
                 exclusive.len()
             );
-            be_cpuset_everywhere(state, &be_tree, &list, &rule, &mut plan);
+            if state.static_cpu_manager {
+                for c in be_containers(state) {
+                    plan.add(w(
+                        &c.cgroup,
+                        Knob::CpusetCpus(list.clone()),
+                        "cpu-suppress",
+                        format!("{rule}; kubelet's static CPU manager: BE containers only"),
+                    ));
+                }
+            } else {
+                be_cpuset_everywhere(state, &be_tree, &list, &rule, &mut plan);
+            }
+        }
+    } else if state.static_cpu_manager && !all.is_empty() {
+        // not suppressing: BE containers keep (or get back) kubelet's own cpuset
+        for c in be_containers(state) {
+            let (list, rule) = if !c.cpuset_cpus.is_empty() {
+                (
+                    c.cpuset_cpus.clone(),
+                    "BE cpuset not suppressed: kubelet's cpuset (static CPU manager)",
+                )
+            } else if env.v2 {
+                (String::new(), "BE cpuset not suppressed: inherited (empty)")
+            } else {
+                (
+                    crate::cpuset::format_cpus(&all),
+                    "BE cpuset not suppressed: all CPUs",
+                )
+            };
+            plan.add(w(
+                &c.cgroup,
+                Knob::CpusetCpus(list),
+                "cpu-suppress",
+                rule.into(),
+            ));
         }
     } else if state.be_cpuset.as_ref().is_some_and(|c| *c != all) && !all.is_empty() {
         // v2: the empty value the runtime left (inherit the parent's), not a list
@@ -271,6 +364,14 @@ fn tick_with(
     }
 }
 
+fn be_containers(state: &NodeState) -> impl Iterator<Item = &Container> {
+    state
+        .pods
+        .iter()
+        .filter(|p| p.class == QosClass::Be)
+        .flat_map(|p| &p.containers)
+}
+
 /// The BE cpuset on the besteffort parent and every BE pod and container
 /// (on v1 a child's CPUs must lie within its parent's; the executor orders them).
 fn be_cpuset_everywhere(
@@ -290,6 +391,16 @@ fn be_cpuset_everywhere(
     }
 }
 
+/// What [`restore_plan`] needs from the files (the caller reads them).
+#[derive(Debug, Clone, Default)]
+pub struct Found {
+    /// CFS quota (`None`: unlimited) and period of the pods and containers.
+    pub quotas: HashMap<CgroupPath, (Option<u64>, u64)>,
+    /// Every cgroup under the besteffort parent (its pods, their containers and
+    /// sandboxes, in the store or not).
+    pub be_subtree: Vec<CgroupPath>,
+}
+
 /// What `qoslet restore` (and `qosEngine.restoreOnExit`) writes: every file
 /// qoslet may have changed, back to the runtime's value or the kernel's
 /// default, so that nothing qoslet did outlives it (new BE pods would inherit
@@ -303,10 +414,11 @@ fn be_cpuset_everywhere(
 /// * BE pods and containers: the cpuset back to all CPUs (or kubelet's own);
 /// * the kube QoS dirs: group identity and SCHED_IDLE off;
 /// * memory.min/low/high and I/O limits qoslet's policy sets: the kernel's defaults.
-pub fn restore_plan(state: &NodeState, policy: &Policy, env: &Env) -> Plan {
+pub fn restore_plan(state: &NodeState, policy: &Policy, env: &Env, found: &Found) -> Plan {
     const WHY: &str = "qoslet restore: the runtime's value / the kernel's default";
     let mut plan = Plan::new();
-    let (reconciled, _) = reconcile_all(state, &env.context(&policy.qos));
+    let (mut reconciled, _) = reconcile_all(state, &env.context(&policy.qos));
+    memory_protection_up_the_tree(state, &mut reconciled, &Protection::new());
     for r in reconciled.writes() {
         let knob = crate::execute::restore_value(&r.knob).unwrap_or_else(|| r.knob.clone());
         plan.add(w(&r.cgroup, knob, "restore", WHY.into()));
@@ -332,7 +444,7 @@ pub fn restore_plan(state: &NodeState, policy: &Policy, env: &Env) -> Plan {
     for (_, cg) in &state.qos_dirs {
         defaults(&mut plan, cg);
     }
-    let all: BTreeSet<u32> = state.numa.iter().flatten().copied().collect();
+    let all = state.all_cpus();
     let all_cpus = if env.v2 {
         Some(String::new())
     } else {
@@ -359,32 +471,42 @@ pub fn restore_plan(state: &NodeState, policy: &Policy, env: &Env) -> Plan {
     }
     let planned =
         |plan: &Plan, cg: &CgroupPath, name: &'static str| plan.contains(&(cg.clone(), name, None));
+    let known: BTreeSet<&CgroupPath> = state
+        .pods
+        .iter()
+        .flat_map(|p| p.containers.iter().map(|c| &c.cgroup))
+        .collect();
     for p in &state.pods {
         defaults(&mut plan, &p.cgroup);
-        let mut sum = 0u64;
-        let mut period0 = 0u64;
-        let mut all_limited = !p.containers.is_empty();
+        // quotas only where the file shows qoslet's change: a container above
+        // kubelet's limit (burst scaling) or below it (a BE cap) goes back to the
+        // limit; its pod loses exactly what scaling added (kubelet's own pod quota
+        // counts init containers and overhead the store does not know)
+        let pod_file = found.quotas.get(&p.cgroup).copied();
+        let mut delta: i128 = 0;
         for c in &p.containers {
             defaults(&mut plan, &c.cgroup);
             let period = c.cpu_period.max(1000) as u64;
-            if c.cpu_quota > 0 {
-                if period0 == 0 {
-                    period0 = period;
+            if c.cpu_quota > 0 && !planned(&plan, &c.cgroup, "cpu-quota") {
+                let limit = c.cpu_quota as u64;
+                if let Some((Some(q), fp)) = found.quotas.get(&c.cgroup).copied() {
+                    // compared at the container's own period
+                    let q = (q as u128 * period as u128 / fp.max(1) as u128) as u64;
+                    if q != limit {
+                        plan.add(w(
+                            &c.cgroup,
+                            Knob::CpuQuota {
+                                quota: Some(limit),
+                                period,
+                            },
+                            "restore",
+                            WHY.into(),
+                        ));
+                        if let Some((_, pp)) = pod_file {
+                            delta += (q as i128 - limit as i128) * pp as i128 / period as i128;
+                        }
+                    }
                 }
-                sum += (c.cpu_quota as f64 * period0 as f64 / period as f64) as u64;
-            } else {
-                all_limited = false;
-            }
-            if !planned(&plan, &c.cgroup, "cpu-quota") {
-                plan.add(w(
-                    &c.cgroup,
-                    Knob::CpuQuota {
-                        quota: (c.cpu_quota > 0).then_some(c.cpu_quota as u64),
-                        period,
-                    },
-                    "restore",
-                    WHY.into(),
-                ));
             }
             if p.class == QosClass::Be && !planned(&plan, &c.cgroup, "cpuset-cpus") {
                 let own = (!c.cpuset_cpus.is_empty()).then(|| c.cpuset_cpus.clone());
@@ -393,36 +515,73 @@ pub fn restore_plan(state: &NodeState, policy: &Policy, env: &Env) -> Plan {
                 }
             }
         }
-        if !planned(&plan, &p.cgroup, "cpu-quota") {
-            plan.add(w(
-                &p.cgroup,
-                Knob::CpuQuota {
-                    quota: all_limited.then_some(sum),
-                    period: if period0 == 0 { 100_000 } else { period0 },
-                },
-                "restore",
-                WHY.into(),
-            ));
-        }
-        if p.class == QosClass::Be && !planned(&plan, &p.cgroup, "cpuset-cpus") {
-            if let Some(c) = &all_cpus {
+        if let (Some((Some(pq), pp)), true) = (pod_file, delta != 0) {
+            if !planned(&plan, &p.cgroup, "cpu-quota") {
+                let back = (pq as i128 - delta).max(suppress::MIN_QUOTA_US as i128) as u64;
                 plan.add(w(
                     &p.cgroup,
-                    Knob::CpusetCpus(c.clone()),
+                    Knob::CpuQuota {
+                        quota: Some(back),
+                        period: pp,
+                    },
                     "restore",
                     WHY.into(),
                 ));
             }
         }
+        if p.class == QosClass::Be && !planned(&plan, &p.cgroup, "cpuset-cpus") {
+            if let Some(c) = &all_cpus {
+                for cg in std::iter::once(&p.cgroup).chain(p.sandbox.as_ref()) {
+                    plan.add(w(cg, Knob::CpusetCpus(c.clone()), "restore", WHY.into()));
+                }
+            }
+        }
+    }
+    // the besteffort subtree as the kernel lists it: pods created after qoslet
+    // stopped (v1 copies the parent's cpuset into a new cgroup) and sandboxes;
+    // with kubelet's static CPU manager, containers qoslet does not know keep
+    // kubelet's cpuset
+    if let Some(c) = &all_cpus {
+        for cg in &found.be_subtree {
+            let container_level = cg.parent().is_some_and(|p| p != state.be_parent);
+            if planned(&plan, cg, "cpuset-cpus")
+                || known.contains(cg)
+                || (state.static_cpu_manager && container_level)
+            {
+                continue;
+            }
+            plan.add(w(cg, Knob::CpusetCpus(c.clone()), "restore", WHY.into()));
+        }
     }
     plan
 }
 
+/// The ancestors whose memory.min/low qoslet sets: each pod's QoS dir and the
+/// one above it.
+pub fn protected_ancestors(state: &NodeState) -> BTreeSet<CgroupPath> {
+    let mut out = BTreeSet::new();
+    for p in &state.pods {
+        let mut up = p.cgroup.parent();
+        for _ in 0..2 {
+            match up {
+                Some(a) if !a.as_str().is_empty() => {
+                    up = a.parent();
+                    out.insert(a);
+                }
+                _ => break,
+            }
+        }
+    }
+    out
+}
+
 /// A cgroup's memory.min/low protects it only up to what its ancestors
 /// protect: the QoS dir above each pod (`kubepods/burstable`) and the one
-/// above that (`kubepods`) get the sum of their pods' protections (or more,
-/// when something else already asks for more: the higher value wins).
-fn memory_protection_up_the_tree(state: &NodeState, plan: &mut Plan) {
+/// above that (`kubepods`) get the sum of their pods' protections, or what
+/// something else asks there (`external`: kubelet's MemoryQoS writes its
+/// own every minute) when that is more: the higher value wins, so the two
+/// never take turns overwriting each other.
+fn memory_protection_up_the_tree(state: &NodeState, plan: &mut Plan, external: &Protection) {
     let mut sums: BTreeMap<(CgroupPath, &'static str), u64> = BTreeMap::new();
     for p in &state.pods {
         for (name, v) in ["memory-min", "memory-low"].into_iter().filter_map(|n| {
@@ -445,20 +604,24 @@ fn memory_protection_up_the_tree(state: &NodeState, plan: &mut Plan) {
         }
     }
     for ((cg, name), v) in sums {
+        let theirs = external.get(&(cg.clone(), name)).copied().unwrap_or(0);
         let knob = if name == "memory-min" {
-            Knob::MemoryMin(v)
+            Knob::MemoryMin(v.max(theirs))
         } else {
-            Knob::MemoryLow(v)
+            Knob::MemoryLow(v.max(theirs))
         };
-        plan.add(w(
-            &cg,
-            knob,
-            "memory-qos",
+        let rule = if theirs > v {
+            format!(
+                "{theirs} set there by another writer (kubelet's MemoryQoS) is above the sum of its pods' {} ({v}): kept",
+                name.replace('-', ".")
+            )
+        } else {
             format!(
                 "the sum of its pods' {} (a child is protected only up to its parent's)",
                 name.replace('-', ".")
-            ),
-        ));
+            )
+        };
+        plan.add(w(&cg, knob, "memory-qos", rule));
     }
 }
 
@@ -699,6 +862,10 @@ pub struct Engine {
     executor: Executor,
     burst_quota: HashMap<String, u64>,
     reconciled: Option<Reconciled>,
+    /// The ancestors' memory.min/low: what qoslet last planned there, and what
+    /// another writer last put there.
+    ours: Protection,
+    theirs: Protection,
 }
 
 /// The last reconcile: for which pods (generation), policy and host, and its
@@ -718,6 +885,8 @@ impl Engine {
             executor: Executor::new(verify_every),
             burst_quota: HashMap::new(),
             reconciled: None,
+            ours: Protection::new(),
+            theirs: Protection::new(),
         }
     }
 
@@ -739,8 +908,30 @@ impl Engine {
             });
         }
         let cached = self.reconciled.as_ref().map(|r| &r.out);
-        let t = tick_with(state, policy, env, &self.burst_quota, cached);
+        // a value in an ancestor's file that is not the one qoslet planned there
+        // was written by someone else (a first sight counts as qoslet's own: an
+        // earlier run's value must not pin the protection forever)
+        for (k, &file) in &state.ancestors {
+            match self.ours.get(k) {
+                Some(&mine) if mine != file => {
+                    self.theirs.insert(k.clone(), file);
+                }
+                _ => {}
+            }
+        }
+        self.theirs.retain(|k, _| state.ancestors.contains_key(k));
+        let t = tick_with(state, policy, env, &self.burst_quota, cached, &self.theirs);
         self.burst_quota = t.burst_quota.clone();
+        self.ours = state
+            .ancestors
+            .keys()
+            .filter_map(
+                |k| match t.plan.get(&(k.0.clone(), k.1, None)).map(|w| &w.knob) {
+                    Some(Knob::MemoryMin(v) | Knob::MemoryLow(v)) => Some((k.clone(), *v)),
+                    _ => None,
+                },
+            )
+            .collect();
         t
     }
 
@@ -785,6 +976,7 @@ mod tests {
             cgroup: cg.clone(),
             annotations: BTreeMap::new(),
             sandbox_memory_limit: 0,
+            sandbox: None,
             cpu_cores: cores,
             containers: vec![Container {
                 id: format!("c{id}"),
@@ -816,6 +1008,9 @@ mod tests {
             numa: vec![(0..16).collect()],
             be_cpuset: None,
             qos_dirs: Vec::new(),
+            cpuset_ceiling: None,
+            static_cpu_manager: false,
+            ancestors: BTreeMap::new(),
             pods_generation: None,
         }
     }
@@ -1103,6 +1298,72 @@ mod tests {
         assert_eq!(min("kubepods/besteffort"), Some(Knob::MemoryMin(1 << 30)));
         assert_eq!(min("kubepods"), Some(Knob::MemoryMin(1 << 30)));
         assert_eq!(min("kubepods/burstable"), None, "no LS protection asked");
+    }
+
+    /// Issue 15 item 10: kubelet's MemoryQoS writes its own memory.min on the
+    /// QoS dirs every minute. qoslet keeps the higher of that and its pods' sum
+    /// instead of writing its sum back each time; a value found at the first
+    /// sight (an earlier run's own) does not pin the protection.
+    #[test]
+    fn an_ancestors_memory_min_from_another_writer_is_kept_when_higher() {
+        let spec = r#"{"containers":{"main":{"requests":{"kubernetes.io/batch-memory":"1Gi"},"limits":{"kubernetes.io/batch-memory":"2Gi"}}}}"#;
+        let mut s = state(1.0, 1.0, None);
+        s.pods[1].annotations.insert(
+            "node.koordinator.sh/extended-resource-spec".into(),
+            spec.into(),
+        );
+        let mut p = cfs(50);
+        p.qos.be_class.memory_qos.enable = true;
+        p.qos.be_class.memory_qos.min_limit_percent = 100;
+        let env = Env {
+            features: Features {
+                memory_qos: true,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let kp = CgroupPath::parse("kubepods").unwrap();
+        let be = CgroupPath::parse("kubepods/besteffort").unwrap();
+        let gib = 1u64 << 30;
+        let files = |kubepods: u64, besteffort: u64| {
+            BTreeMap::from([
+                ((kp.clone(), "memory-min"), kubepods),
+                ((be.clone(), "memory-min"), besteffort),
+            ])
+        };
+        let min = |t: &TickResult, cg: &CgroupPath| match t
+            .plan
+            .get(&(cg.clone(), "memory-min", None))
+            .map(|w| &w.knob)
+        {
+            Some(Knob::MemoryMin(v)) => *v,
+            k => panic!("{k:?}"),
+        };
+        let mut e = Engine::new(1);
+        // an earlier run left 5 GiB: taken as qoslet's own, so its sum applies
+        s.ancestors = files(5 * gib, 0);
+        let t = e.plan(&s, &p, &env);
+        assert_eq!((min(&t, &kp), min(&t, &be)), (gib, gib));
+        // kubelet writes 3 GiB on kubepods: kept (no fight)
+        s.ancestors = files(3 * gib, gib);
+        let t = e.plan(&s, &p, &env);
+        assert_eq!(min(&t, &kp), 3 * gib);
+        assert!(t
+            .plan
+            .get(&(kp.clone(), "memory-min", None))
+            .unwrap()
+            .rule
+            .contains("kept"));
+        // and stays kept on the next tick (the file now holds what qoslet planned)
+        let t = e.plan(&s, &p, &env);
+        assert_eq!(min(&t, &kp), 3 * gib);
+        // kubelet lowers it below the pods' sum: the sum wins
+        s.ancestors = files(gib / 2, gib);
+        let t = e.plan(&s, &p, &env);
+        assert_eq!(min(&t, &kp), gib);
+        // the stateless tick (no files read) plans the sum
+        s.ancestors = files(3 * gib, gib);
+        assert_eq!(min(&tick(&s, &p, &env, &HashMap::new()), &kp), gib);
     }
 
     #[test]
@@ -1455,6 +1716,34 @@ mod tests {
             .iter()
             .filter(|w| w.knob.name() == "cpuset-cpus")
             .all(|w| w.knob == Knob::CpusetCpus("0-15".into())));
+        // and the v2 plan executes on a v2-shaped tree (the empty value is written)
+        let mut files = vec![(
+            "cgroup.controllers".to_string(),
+            "cpuset cpu io memory pids\n",
+        )];
+        for cg in [
+            "kubepods/besteffort",
+            "kubepods/besteffort/podbe",
+            "kubepods/besteffort/podbe/cbe",
+        ] {
+            files.push((format!("{cg}/cpuset.cpus"), "0-3\n"));
+        }
+        let d = crate::testing::tree("engine-v2-cpuset", &files);
+        let cg = Cgroups::detect(&d).unwrap();
+        assert!(cg.host().is_v2());
+        let env = Env {
+            v2: true,
+            ..Default::default()
+        };
+        let t = tick(&s, &Policy::default(), &env, &HashMap::new());
+        let r = Executor::new(1).execute(&t.plan, &cg);
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        assert_eq!(
+            std::fs::read_to_string(d.join("kubepods/besteffort/podbe/cbe/cpuset.cpus"))
+                .unwrap()
+                .trim(),
+            ""
+        );
     }
 
     /// Issue 15 item 11: the restore plan on a suppressed v1 tree puts the
@@ -1492,7 +1781,33 @@ mod tests {
             ..Default::default()
         };
         let s = state(1.0, 1.0, Some(2_000));
-        let plan = restore_plan(&s, &Policy::default(), &env);
+        // what the caller reads: the quotas, and the besteffort subtree (a pod the
+        // store never saw, left on CPU 15)
+        set(
+            "cpu/kubepods/besteffort/podbe/cbe/cpu.cfs_quota_us",
+            "50000\n",
+        );
+        set("cpu/kubepods/burstable/podls/cpu.cfs_quota_us", "650000\n");
+        std::fs::create_dir_all(d.join("cpuset/kubepods/besteffort/podnew")).unwrap();
+        set("cpuset/kubepods/besteffort/podnew/cpuset.cpus", "15\n");
+        let mut found = Found::default();
+        let q = |cg: &str, v: Option<u64>| (CgroupPath::parse(cg).unwrap(), (v, 100_000));
+        found.quotas.extend([
+            q("kubepods/burstable/podls/cls", Some(600_000)),
+            // kubelet's pod quota had 50000 more than its container (an init container, overhead)
+            q("kubepods/burstable/podls", Some(650_000)),
+            // a BE container kubelet gave no quota: not qoslet's to change
+            q("kubepods/besteffort/podbe/cbe", Some(50_000)),
+        ]);
+        found.be_subtree = [
+            "kubepods/besteffort/podbe",
+            "kubepods/besteffort/podbe/cbe",
+            "kubepods/besteffort/podnew",
+        ]
+        .iter()
+        .map(|c| CgroupPath::parse(c).unwrap())
+        .collect();
+        let plan = restore_plan(&s, &Policy::default(), &env, &found);
         let r = Executor::new(1).execute(&plan, &cg);
         assert!(r.errors.is_empty(), "{:?}", r.errors);
         let get = |f: &str| {
@@ -1518,11 +1833,55 @@ mod tests {
         );
         assert_eq!(
             get("cpu/kubepods/burstable/podls/cpu.cfs_quota_us"),
-            "200000"
+            "250000",
+            "the pod loses what scaling added, keeps kubelet's own extra"
         );
         assert_eq!(
             get("cpu/kubepods/besteffort/podbe/cbe/cpu.cfs_quota_us"),
-            "-1"
+            "50000"
+        );
+        assert_eq!(get("cpuset/kubepods/besteffort/podnew/cpuset.cpus"), "0-15");
+    }
+
+    /// Issue 15 item 10: with kubelet's static CPU manager the BE cpuset goes
+    /// on BE containers only (the parent and pods keep all CPUs, so a new BE
+    /// container given the shared pool is inside them), and comes back to
+    /// kubelet's own cpuset when suppression stops.
+    #[test]
+    fn static_cpu_manager_suppresses_on_containers_only() {
+        let mut s = state(6.0, 4.0, None);
+        s.static_cpu_manager = true;
+        s.pods[1].containers[0].cpuset_cpus = "0-13".into();
+        let mut p = cfs(50);
+        p.threshold.cpu_suppress_policy = CpuSuppressPolicy::Cpuset;
+        let sets = |t: &TickResult| -> Vec<(String, Knob)> {
+            t.plan
+                .writes()
+                .iter()
+                .filter(|w| w.knob.name() == "cpuset-cpus")
+                .map(|w| (w.cgroup.as_str().to_string(), w.knob.clone()))
+                .collect()
+        };
+        let t = tick(&s, &p, &Env::default(), &HashMap::new());
+        let got = sets(&t);
+        assert_eq!(got.len(), 3, "{got:?}");
+        for (cg, k) in &got {
+            if cg == "kubepods/besteffort/podbe/cbe" {
+                assert_eq!(*k, Knob::CpusetCpus("14-15".into()), "the suppressed set");
+            } else {
+                assert_eq!(*k, Knob::CpusetCpus("0-15".into()), "{cg} keeps all CPUs");
+            }
+        }
+        let t = tick(&s, &cfs(50), &Env::default(), &HashMap::new());
+        assert!(sets(&t).contains(&(
+            "kubepods/besteffort/podbe/cbe".to_string(),
+            Knob::CpusetCpus("0-13".into())
+        )));
+        // the same node without the static policy narrows the parent and the pod too
+        s.static_cpu_manager = false;
+        assert_eq!(
+            sets(&tick(&s, &p, &Env::default(), &HashMap::new())).len(),
+            3
         );
     }
 }

@@ -103,7 +103,15 @@ struct Known {
     knob: Knob,
     /// The tick (mod verify_every) on which this file is re-read.
     slot: u64,
+    /// Drift checks in a row that found someone else's value (another writer
+    /// fighting over this file), and the tick before which it is not checked
+    /// again: each repeat doubles the wait, up to [`MAX_BACKOFF`] checks.
+    drifts: u32,
+    quiet_until: u64,
 }
+
+/// The longest back-off on a file that keeps drifting, in drift-check intervals.
+pub const MAX_BACKOFF: u64 = 64;
 
 /// The value a setting goes back to when no plugin plans it any more, where
 /// the kernel has a default (what koordlet writes back when a feature is
@@ -198,7 +206,11 @@ impl Executor {
         for (at, w) in plan.writes().iter().enumerate() {
             let k = key(w);
             match self.known.get(&k) {
-                Some(kn) if kn.knob == w.knob && kn.slot != phase => r.skipped += 1,
+                Some(kn)
+                    if kn.knob == w.knob && (kn.slot != phase || self.tick < kn.quiet_until) =>
+                {
+                    r.skipped += 1
+                }
                 Some(kn) => {
                     let same = kn.knob == w.knob;
                     todo.push((w.cgroup.clone(), w.knob.clone()));
@@ -237,29 +249,52 @@ impl Executor {
                     } else {
                         WriteState::Unchanged
                     };
+                    let (slot, mut drifts) = match self.known.get(k) {
+                        Some(kn) => (kn.slot, kn.drifts),
+                        None => {
+                            self.next_slot += 1;
+                            (self.next_slot % self.verify_every, 0)
+                        }
+                    };
+                    let mut quiet_until = 0;
                     if o == Outcome::Written {
                         r.written += 1;
                         if *expected {
-                            r.drift.push(format!(
-                                "{cg}: {} was changed outside qoslet; put back to {knob:?}",
-                                knob.name()
-                            ));
+                            drifts = drifts.saturating_add(1);
+                            // a second drift in a row: another writer fights over this
+                            // file; check it less and less often instead of every time
+                            let wait = if drifts >= 2 {
+                                (1u64 << (drifts - 1).min(6)).min(MAX_BACKOFF)
+                            } else {
+                                0
+                            };
+                            quiet_until = self.tick + wait * self.verify_every;
+                            r.drift.push(if wait > 0 {
+                                format!(
+                                    "{cg}: {} was changed outside qoslet again ({drifts} checks in a row); put back to {knob:?}, next check in {} ticks",
+                                    knob.name(),
+                                    wait * self.verify_every
+                                )
+                            } else {
+                                format!(
+                                    "{cg}: {} was changed outside qoslet; put back to {knob:?}",
+                                    knob.name()
+                                )
+                            });
+                        } else {
+                            drifts = 0;
                         }
                     } else {
                         r.unchanged += 1;
+                        drifts = 0;
                     }
-                    let slot = match self.known.get(k) {
-                        Some(kn) => kn.slot,
-                        None => {
-                            self.next_slot += 1;
-                            self.next_slot % self.verify_every
-                        }
-                    };
                     self.known.insert(
                         k.clone(),
                         Known {
                             knob: knob.clone(),
                             slot,
+                            drifts,
+                            quiet_until,
                         },
                     );
                 }
@@ -496,6 +531,37 @@ mod tests {
                 .unwrap()
                 .trim(),
             "50000"
+        );
+    }
+
+    /// Issue 15 item 10: a file another writer keeps changing is put back
+    /// with a back-off (each repeat doubles the wait, up to 64 checks), not on
+    /// every check with a warning each time; a check that finds the value
+    /// right ends the back-off.
+    #[test]
+    fn a_file_that_keeps_drifting_is_checked_less_and_less_often() {
+        let d = tree("fight");
+        let cg = Cgroups::detect(&d).unwrap();
+        let f = d.join("cpu/kubepods/besteffort/cpu.cfs_quota_us");
+        let mut e = Executor::new(1);
+        let mut p = Plan::new();
+        p.add(quota("kubepods/besteffort", 50_000));
+        let mut put_back = 0;
+        for _ in 0..300 {
+            std::fs::write(&f, "-1\n").unwrap(); // the other writer, before every tick
+            put_back += e.execute(&p, &cg).drift.len();
+        }
+        // 1, 2, 4 ... 64 ticks apart: about 10 put-backs in 300 ticks instead of 299
+        assert!((5..=14).contains(&put_back), "{put_back}");
+        // the other writer stops: once the value is found right, checks are regular again
+        for _ in 0..200 {
+            e.execute(&p, &cg);
+        }
+        std::fs::write(&f, "-1\n").unwrap();
+        assert_eq!(
+            e.execute(&p, &cg).drift.len(),
+            1,
+            "checked on the next tick again"
         );
     }
 

@@ -28,6 +28,10 @@ pub struct Pod {
     pub annotations: BTreeMap<String, String>,
     /// The sandbox config's memory limit (0: none).
     pub sandbox_memory_limit: i64,
+    /// The sandbox (pause) container's own cgroup, a child of the pod's that no
+    /// CRI container record names (`None`: unknown or absent). On v1 a pod's
+    /// cpuset cannot shrink below a child's, so it is written with the containers'.
+    pub sandbox: Option<CgroupPath>,
     /// CPU used, cores (from the metrics cache; 0 when unknown).
     pub cpu_cores: f64,
     pub containers: Vec<Container>,
@@ -216,6 +220,7 @@ mod tests {
             )]
             .into(),
             sandbox_memory_limit: 0,
+            sandbox: None,
             cpu_cores: 0.0,
             containers: vec![Container {
                 id: "c1".into(),

@@ -169,6 +169,7 @@ mod tests {
             cgroup: CgroupPath::parse(&format!("/kubepods/besteffort/pod{id}")).unwrap(),
             annotations: Default::default(),
             sandbox_memory_limit: 0,
+            sandbox: None,
             cpu_cores: 0.0,
             containers: vec![
                 Container {

@@ -57,6 +57,9 @@ pub fn node_state(
         numa: vec![(0..cpus).collect()],
         be_cpuset: None,
         qos_dirs: Vec::new(),
+        cpuset_ceiling: None,
+        static_cpu_manager: false,
+        ancestors: std::collections::BTreeMap::new(),
         pods_generation: Some(1),
     }
 }
@@ -145,6 +148,7 @@ pub fn build(root: &Path, s: &Shape) -> io::Result<Vec<Pod>> {
                 cgroup: CgroupPath::parse(&pcg).expect("synthetic path"),
                 annotations: Default::default(),
                 sandbox_memory_limit: 0,
+                sandbox: None,
                 cpu_cores: 0.0,
                 containers,
             });
