@@ -384,30 +384,87 @@ fn applied(d: &ContainerDecision) -> String {
 /// not keep the others from being applied. Each failure is logged; the first
 /// is returned (the hook's failure policy counts it). Blocking: hooks run on
 /// the blocking pool (the pipeline's rule), so this is called inline there.
-fn write(cgroups: Option<&Cgroups>, cg: &CgroupPath, knobs: &[Knob]) -> Result<(), BoxError> {
-    let Some(c) = cgroups else { return Ok(()) };
-    let mut first = None;
+fn write(cgroups: Option<&Cgroups>, cg: &CgroupPath, knobs: &[Knob]) -> Written {
+    let Some(c) = cgroups else {
+        return Written::default();
+    };
+    let mut failed = Vec::new();
     for k in knobs {
         match c.apply(cg, k) {
             Ok(_) => debug!(cgroup = %cg, knob = ?k, "applied"),
             Err(e) => {
                 warn!(cgroup = %cg, knob = k.name(), error = %e, "cgroup setting not applied");
-                first.get_or_insert(e);
+                // the files this knob means here, to mark the rules behind them failed
+                let files = c
+                    .plan(k)
+                    .map(|fs| fs.into_iter().map(|f| f.file).collect())
+                    .unwrap_or_default();
+                failed.push((k.name(), files, e));
             }
         }
     }
-    first.map_or(Ok(()), |e| Err(Box::new(e) as BoxError))
+    Written { failed }
 }
 
-fn record(store: &Store, container: &str, class: QosClass, d: &ContainerDecision) {
-    store.set_container_applied(container, "class", class.as_str());
-    for r in &d.rules {
-        store.set_container_applied(
-            container,
-            &r.setting,
-            &format!("{} ({})", r.value, r.because),
-        );
+/// What [`write`] could not write: per knob, its name, its files, the error.
+#[derive(Default)]
+struct Written {
+    failed: Vec<(&'static str, Vec<&'static str>, qoslet_cgroups::CgroupError)>,
+}
+
+impl Written {
+    /// Why the write behind `setting` failed (`None`: it did not fail).
+    fn failure(&self, setting: &str) -> Option<&qoslet_cgroups::CgroupError> {
+        self.failed
+            .iter()
+            .find(|(name, files, _)| *name == setting || files.contains(&setting))
+            .map(|(_, _, e)| e)
     }
+
+    /// The hook's result: the first failure counts under its failure policy.
+    fn result(self) -> Result<(), BoxError> {
+        match self.failed.into_iter().next() {
+            Some((_, _, e)) => Err(Box::new(e) as BoxError),
+            None => Ok(()),
+        }
+    }
+
+    /// `applied` entries as they are: a setting whose write failed says so, and a
+    /// failure no rule names is kept under `error:<setting>`.
+    fn entries(&self, rules: &[decide::Rule]) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = rules
+            .iter()
+            .map(|r| {
+                let v = match self.failure(&r.setting) {
+                    Some(e) => format!("failed: {} ({}): {e}", r.value, r.because),
+                    None => format!("{} ({})", r.value, r.because),
+                };
+                (r.setting.clone(), v)
+            })
+            .collect();
+        for (name, files, e) in &self.failed {
+            if !rules
+                .iter()
+                .any(|r| r.setting == *name || files.contains(&r.setting.as_str()))
+            {
+                out.push((format!("error:{name}"), e.to_string()));
+            }
+        }
+        out
+    }
+}
+
+fn record(store: &Store, container: &str, class: QosClass, rules: &[(String, String)]) {
+    store.set_container_applied(container, "class", class.as_str());
+    for (k, v) in rules {
+        store.set_container_applied(container, k, v);
+    }
+}
+
+/// The rules as applied (nothing failed): for CRI-carried settings, which
+/// containerd applies or refuses as a whole.
+fn as_applied(rules: &[decide::Rule]) -> Vec<(String, String)> {
+    Written::default().entries(rules)
 }
 
 impl Hook for Isolation {
@@ -575,17 +632,10 @@ impl Hook for Isolation {
                         }
                     }
                     let written = write(cgroups.as_deref(), &cg, &d.cgroup);
-                    for r in &d.rules {
-                        ctx.store.set_pod_applied(
-                            &pod.id,
-                            &r.setting,
-                            &format!("{} ({})", r.value, r.because),
-                        );
+                    for (k, v) in written.entries(&d.rules) {
+                        ctx.store.set_pod_applied(&pod.id, &k, &v);
                     }
-                    if let Err(e) = &written {
-                        ctx.store.set_pod_applied(&pod.id, "error", &e.to_string());
-                    }
-                    written
+                    written.result()
                 }
                 (CriRequest::CreateContainer(r), CriResponse::CreateContainer(o)) => {
                     let Some(pod) = ctx.store.pod(&r.pod_sandbox_id) else {
@@ -594,6 +644,21 @@ impl Hook for Isolation {
                     let Some(class) = class_of(&pod, &shared.trust) else {
                         return Ok(());
                     };
+                    // the request as it reached the runtime: without the class annotation
+                    // the "before" hook's patch never made it (it timed out or failed
+                    // open), and nothing it decided may be recorded as applied
+                    let patched = r.config.as_ref().is_some_and(|c| {
+                        c.annotations.get(ANNOTATION_CLASS).map(String::as_str)
+                            == Some(class.class.as_str())
+                    });
+                    if !patched {
+                        ctx.store.set_container_applied(
+                            &o.container_id,
+                            "error",
+                            "the CreateContainer hook's settings did not reach the runtime (it timed out or failed, fail-open)",
+                        );
+                        return Ok(());
+                    }
                     let (name, res) = name_and_resources(r.config.as_ref());
                     let mut d = decide::container(
                         class,
@@ -603,7 +668,12 @@ impl Hook for Isolation {
                         &shared.ctx(),
                     );
                     d.rules.retain(|r| !is_cgroup_rule(&r.setting)); // cgroup-only settings are recorded at start
-                    record(&ctx.store, &o.container_id, class.class, &d);
+                    record(
+                        &ctx.store,
+                        &o.container_id,
+                        class.class,
+                        &as_applied(&d.rules),
+                    );
                     Ok(())
                 }
                 (CriRequest::StartContainer(r), _) => {
@@ -628,10 +698,16 @@ impl Hook for Isolation {
                             return Ok(());
                         }
                     };
-                    write(cgroups.as_deref(), &cg, &d.cgroup)?;
+                    let written = write(cgroups.as_deref(), &cg, &d.cgroup);
                     let mut only_cgroup = d.clone();
                     only_cgroup.rules.retain(|r| is_cgroup_rule(&r.setting));
-                    record(&ctx.store, &c.id, class.class, &only_cgroup);
+                    record(
+                        &ctx.store,
+                        &c.id,
+                        class.class,
+                        &written.entries(&only_cgroup.rules),
+                    );
+                    written.result()?;
                     let class = class.class;
                     if let (Some(rdt), Some(cgroups)) = (resctrl, cgroups) {
                         let q = shared.policy.of(class).resctrl_qos.clone();
@@ -697,6 +773,109 @@ mod tests {
             std::fs::write(f, c).unwrap();
         }
         d
+    }
+
+    /// Issue 15 item 5: `applied` says what happened. A cgroup write the kernel
+    /// refused is recorded as failed (not as applied), and a CreateContainer
+    /// whose "before" patch never reached the runtime (the hook timed out,
+    /// fail-open) records nothing as applied.
+    #[tokio::test]
+    async fn applied_records_failed_writes_and_unpatched_creates() {
+        let cid = "d".repeat(64);
+        // an Anolis-shaped root (group identity offered), a container cgroup without the file
+        let cgroups = tree(
+            "applied",
+            &[
+                ("cpu/cgroup.procs", ""),
+                ("cpu/cpu.bvt_warp_ns", "0\n"),
+                (
+                    &format!("cpu/kubepods/besteffort/pod2/{cid}/cgroup.procs"),
+                    "",
+                ),
+            ],
+        );
+        let mut policy = ResourceQosStrategy::default();
+        policy.be_class.cpu_qos.enable = true;
+        let hook = Isolation::new(
+            Some(Cgroups::detect(&cgroups).unwrap()),
+            None,
+            policy,
+            NodeFacts::default(),
+            Trust::default(),
+            PodRoot::default(),
+        );
+        let store = Store::new();
+        let mut pod = PodRecord {
+            id: "p2".into(),
+            name: "batch".into(),
+            cgroup_parent: "/kubepods/besteffort/pod2".into(),
+            ..Default::default()
+        };
+        pod.labels
+            .insert("koordinator.sh/qosClass".into(), "BE".into());
+        store.upsert_pod(pod);
+        store.upsert_container(ContainerRecord {
+            id: cid.clone(),
+            pod_id: "p2".into(),
+            name: "app".into(),
+            ..Default::default()
+        });
+        let ctx = HookContext {
+            store: store.clone(),
+        };
+        let r = hook
+            .after(
+                ctx.clone(),
+                Arc::new(CriRequest::StartContainer(cri::StartContainerRequest {
+                    container_id: cid.clone(),
+                })),
+                Arc::new(CriResponse::StartContainer(Default::default())),
+            )
+            .await;
+        assert!(
+            r.is_err(),
+            "the failure still counts under the failure policy"
+        );
+        let applied = store.container(&cid).unwrap().applied;
+        assert!(
+            applied["cpu.bvt_warp_ns"].starts_with("failed: -1"),
+            "{applied:?}"
+        );
+        // a CreateContainer that reached the runtime without qoslet's patch
+        let create = cri::CreateContainerRequest {
+            pod_sandbox_id: "p2".into(),
+            config: Some(cri::ContainerConfig {
+                metadata: Some(cri::ContainerMetadata {
+                    name: "late".into(),
+                    attempt: 0,
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        // (the proxy records the container before the "after" hooks run)
+        store.upsert_container(ContainerRecord {
+            id: "late".into(),
+            pod_id: "p2".into(),
+            name: "late".into(),
+            ..Default::default()
+        });
+        hook.after(
+            ctx,
+            Arc::new(CriRequest::CreateContainer(create)),
+            Arc::new(CriResponse::CreateContainer(cri::CreateContainerResponse {
+                container_id: "late".into(),
+            })),
+        )
+        .await
+        .unwrap();
+        let late = store.container("late").unwrap().applied;
+        assert!(!late.contains_key("class"), "{late:?}");
+        assert!(
+            late["error"].contains("did not reach the runtime"),
+            "{late:?}"
+        );
+        std::fs::remove_dir_all(&cgroups).unwrap();
     }
 
     /// StartContainer of a BE container with resctrl enabled, on kernel-shaped trees:

@@ -129,9 +129,10 @@ impl Forwarder {
                 self.stats.calls_passthrough.fetch_add(1, Ordering::Relaxed);
                 let resp = self.passthrough(req).await;
                 let shutdown = self.shutdown.clone();
+                let (store, cap) = (self.store.clone(), self.max_message);
                 resp.map(|b| {
                     Body::new(EndOnShutdown {
-                        inner: b,
+                        inner: crate::events::Tap::new(b, store, cap),
                         shutdown: Box::pin(async move { wait_true(shutdown).await }),
                         done: false,
                     })

@@ -25,6 +25,7 @@ pub mod backend;
 pub mod checkpoint;
 pub mod cri;
 pub mod endpoint;
+pub mod events;
 pub mod forward;
 pub mod grpc;
 pub mod h2frame;
