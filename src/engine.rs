@@ -56,48 +56,76 @@ pub struct Settings {
 
 /// `qosEngine.cpuManagerPolicy` and `kubeletRootDir` as a [`CpuManager`].
 pub fn cpu_manager(c: &crate::config::EngineConfig) -> anyhow::Result<CpuManager> {
+    let file = c
+        .kubelet_root_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("/var/lib/kubelet"))
+        .join("cpu_manager_state");
     Ok(match c.cpu_manager_policy.as_deref().unwrap_or("auto") {
-        "static" => CpuManager::Static,
+        "static" => CpuManager::Static(file),
         "none" => CpuManager::None,
-        "auto" => CpuManager::Auto(
-            c.kubelet_root_dir
-                .clone()
-                .unwrap_or_else(|| PathBuf::from("/var/lib/kubelet"))
-                .join("cpu_manager_state"),
-        ),
+        "auto" => CpuManager::Auto(file),
         other => anyhow::bail!("qosEngine.cpuManagerPolicy: {other:?} is not auto, none or static"),
     })
 }
 
-/// kubelet's CPU manager policy, as configured or found.
+/// kubelet's CPU manager policy, as configured or found, with kubelet's state
+/// file (`<kubeletRootDir>/cpu_manager_state`).
 #[derive(Debug, Clone, PartialEq)]
 pub enum CpuManager {
-    Static,
+    Static(PathBuf),
     None,
-    /// Read `policyName` from kubelet's checkpoint (`/var/lib/kubelet/cpu_manager_state`).
+    /// `policyName` read from the state file.
     Auto(PathBuf),
 }
 
+/// What kubelet's CPU manager state says now.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CpuManagerState {
+    pub is_static: bool,
+    /// `defaultCpuSet`: the shared pool (the other CPUs are pods' exclusive ones).
+    pub shared_pool: Option<BTreeSet<u32>>,
+}
+
 impl CpuManager {
-    /// Whether kubelet's CPU manager is static now (its checkpoint is read again
-    /// whenever the pods change: kubelet restarted with another policy).
-    pub fn is_static(&self) -> bool {
-        match self {
-            CpuManager::Static => true,
-            CpuManager::None => false,
-            CpuManager::Auto(path) => {
-                #[derive(serde::Deserialize)]
-                struct State {
-                    #[serde(rename = "policyName", default)]
-                    policy_name: String,
-                }
-                std::fs::read(path)
-                    .ok()
-                    .filter(|b| b.len() < 1 << 20)
-                    .and_then(|b| serde_json::from_slice::<State>(&b).ok())
-                    .is_some_and(|s| s.policy_name == "static")
-            }
+    /// Reads kubelet's state (again whenever the pods change: kubelet may have
+    /// restarted with another policy, and its pool changes as Guaranteed pods
+    /// come and go).
+    pub fn read(&self) -> CpuManagerState {
+        #[derive(serde::Deserialize)]
+        struct File {
+            #[serde(rename = "policyName", default)]
+            policy_name: String,
+            #[serde(rename = "defaultCpuSet", default)]
+            default_cpu_set: String,
         }
+        let file = |path: &Path| {
+            std::fs::read(path)
+                .ok()
+                .filter(|b| b.len() < 1 << 20)
+                .and_then(|b| serde_json::from_slice::<File>(&b).ok())
+        };
+        let pool = |f: &File| {
+            qoslet_qos_engine::cpuset::parse_cpus(&f.default_cpu_set).filter(|c| !c.is_empty())
+        };
+        match self {
+            CpuManager::None => CpuManagerState::default(),
+            CpuManager::Static(path) => CpuManagerState {
+                is_static: true,
+                shared_pool: file(path).as_ref().and_then(pool),
+            },
+            CpuManager::Auto(path) => match file(path) {
+                Some(f) if f.policy_name == "static" => CpuManagerState {
+                    is_static: true,
+                    shared_pool: pool(&f),
+                },
+                _ => CpuManagerState::default(),
+            },
+        }
+    }
+
+    pub fn is_static(&self) -> bool {
+        self.read().is_static
     }
 }
 
@@ -552,6 +580,7 @@ fn restore_plan(
         be_cpuset: None,
         qos_dirs: find_qos_dirs(cgroups, &s.pod_root, systemd),
         static_cpu_manager: s.cpu_manager.is_static(),
+        shared_pool: s.cpu_manager.read().shared_pool,
         ancestors: BTreeMap::new(),
         pods_generation: None,
     };
@@ -601,6 +630,7 @@ fn node_state(
         qos_dirs,
         cpuset_ceiling: None,
         static_cpu_manager: false,
+        shared_pool: None,
         ancestors: BTreeMap::new(),
         pods_generation: Some(generation),
     }
@@ -687,7 +717,7 @@ impl Shared {
         let mut seq = 0u64;
         let mut skeleton: Option<Skeleton> = None;
         let mut seeded: HashSet<String> = HashSet::new();
-        let mut static_cpu_manager: Option<bool> = None;
+        let mut cpu_manager: Option<CpuManagerState> = None;
         loop {
             tokio::select! {
                 _ = ticker.tick() => {}
@@ -743,6 +773,25 @@ impl Shared {
             if rebuilt {
                 let mut k = Skeleton::build(&store, &s.trust, &s.pod_root);
                 k.find_sandboxes(cg);
+                // a container whose cpuset kubelet changed (its update wrote the file,
+                // e.g. the static CPU manager's new shared pool) is written again now,
+                // not at its next drift check
+                if let Some(old) = &skeleton {
+                    let before: HashMap<&str, &str> = old
+                        .pods
+                        .iter()
+                        .flat_map(|p| &p.containers)
+                        .map(|c| (c.id.as_str(), c.cpuset_cpus.as_str()))
+                        .collect();
+                    for c in k.pods.iter().flat_map(|p| &p.containers) {
+                        if before
+                            .get(c.id.as_str())
+                            .is_some_and(|b| *b != c.cpuset_cpus)
+                        {
+                            engine.forget(&c.cgroup, "cpuset-cpus");
+                        }
+                    }
+                }
                 skeleton = Some(k);
             }
             // the cgroup driver kubelet's pods use (a node that switched drivers may
@@ -825,27 +874,35 @@ impl Shared {
                     .and_then(|c| qoslet_qos_engine::cpuset::parse_cpus(&c))
                     .filter(|c| !c.is_empty());
             }
-            if rebuilt || static_cpu_manager.is_none() {
-                let now = s.cpu_manager.is_static();
-                if static_cpu_manager != Some(now) {
-                    info!(static_policy = now, "kubelet's CPU manager policy");
+            if rebuilt || cpu_manager.is_none() {
+                let now = s.cpu_manager.read();
+                if cpu_manager.as_ref().map(|m| m.is_static) != Some(now.is_static) {
+                    info!(
+                        static_policy = now.is_static,
+                        "kubelet's CPU manager policy"
+                    );
                 }
-                static_cpu_manager = Some(now);
+                cpu_manager = Some(now);
             }
-            state.static_cpu_manager = static_cpu_manager.unwrap_or(false);
+            let m = cpu_manager.clone().unwrap_or_default();
+            state.static_cpu_manager = m.is_static;
+            state.shared_pool = m.shared_pool;
             if state.static_cpu_manager {
-                // the BE cpuset lives on BE containers only: read one of theirs
+                // the BE cpuset lives on BE containers only: the smallest of a few of
+                // theirs (one kubelet just created still has the whole shared pool)
                 state.be_cpuset = state
                     .pods
                     .iter()
                     .filter(|p| p.class == qoslet_hooks::QosClass::Be)
                     .flat_map(|p| &p.containers)
-                    .find_map(|c| {
+                    .filter_map(|c| {
                         cg.read(&c.cgroup, "cpuset", "cpuset.cpus")
                             .ok()
                             .and_then(|c| qoslet_qos_engine::cpuset::parse_cpus(&c))
                             .filter(|c| !c.is_empty())
-                    });
+                    })
+                    .take(4)
+                    .min_by_key(|c| c.len());
             }
             if env.features.memory_qos {
                 // the ancestors' protection as another writer (kubelet) may have left it
@@ -853,6 +910,7 @@ impl Shared {
                     for (name, file) in [("memory-min", "memory.min"), ("memory-low", "memory.low")]
                     {
                         if let Ok(v) = cg.read(&a, "memory", file) {
+                            // "max": full protection someone asked for (left alone)
                             let v = match v.trim() {
                                 "max" => u64::MAX,
                                 n => match n.parse() {

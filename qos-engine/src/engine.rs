@@ -93,6 +93,9 @@ pub struct NodeState {
     /// with the shared pool stays inside its parents (v1 refuses it otherwise).
     /// `be_cpuset` is then a BE container's.
     pub static_cpu_manager: bool,
+    /// kubelet's shared pool (`defaultCpuSet` of its `cpu_manager_state`) under
+    /// the static policy: CPUs outside it are pods' exclusive ones.
+    pub shared_pool: Option<BTreeSet<u32>>,
     /// memory.min / memory.low (`"memory-min"`, `"memory-low"`) of the pods'
     /// ancestors (their QoS dir and `kubepods`) as read this tick; empty when not
     /// read. A value qoslet did not write there (kubelet's MemoryQoS writes its
@@ -113,6 +116,16 @@ impl NodeState {
             .copied()
             .filter(|c| self.cpuset_ceiling.as_ref().is_none_or(|x| x.contains(c)))
             .collect()
+    }
+
+    /// The CPUs a BE cpuset may take: [`NodeState::all_cpus`], and under kubelet's
+    /// static CPU manager only its shared pool.
+    pub fn be_cpus(&self) -> BTreeSet<u32> {
+        let mut all = self.all_cpus();
+        if let (true, Some(pool)) = (self.static_cpu_manager, &self.shared_pool) {
+            all.retain(|c| pool.contains(c));
+        }
+        all
     }
 }
 
@@ -253,6 +266,7 @@ fn tick_with(
         ));
     }
     let all = state.all_cpus();
+    let pool = state.be_cpus();
     if state.static_cpu_manager && !all.is_empty() {
         // the besteffort parent, the BE pods and their sandboxes keep all CPUs
         // (after a switch from the other mode too), so kubelet's shared pool fits
@@ -277,7 +291,13 @@ fn tick_with(
     }
     if cpuset_on && !all.is_empty() {
         let c = crate::cpuset::Input {
-            numa: state.numa.clone(),
+            // within the ceiling (v1 hotplug) and, under kubelet's static CPU
+            // manager, its shared pool (the other CPUs are pods' exclusive ones)
+            numa: state
+                .numa
+                .iter()
+                .map(|n| n.iter().copied().filter(|c| pool.contains(c)).collect())
+                .collect(),
             exclusive: exclusive.clone(),
             allowance_cores: s.allowance_cores,
             current: state.be_cpuset.clone(),
@@ -418,7 +438,11 @@ pub fn restore_plan(state: &NodeState, policy: &Policy, env: &Env, found: &Found
     const WHY: &str = "qoslet restore: the runtime's value / the kernel's default";
     let mut plan = Plan::new();
     let (mut reconciled, _) = reconcile_all(state, &env.context(&policy.qos));
-    memory_protection_up_the_tree(state, &mut reconciled, &Protection::new());
+    // the QoS dirs' memory.min/low on v2 are kubelet's too (MemoryQoS): left as
+    // they are rather than zeroed under it; v1 has no other writer there
+    if !env.v2 {
+        memory_protection_up_the_tree(state, &mut reconciled, &Protection::new());
+    }
     for r in reconciled.writes() {
         let knob = crate::execute::restore_value(&r.knob).unwrap_or_else(|| r.knob.clone());
         plan.add(w(&r.cgroup, knob, "restore", WHY.into()));
@@ -502,7 +526,9 @@ pub fn restore_plan(state: &NodeState, policy: &Policy, env: &Env, found: &Found
                             "restore",
                             WHY.into(),
                         ));
-                        if let Some((_, pp)) = pod_file {
+                        // only burst scaling moved the pod with its containers (a BE
+                        // cap left the pod alone)
+                        if let (Some((_, pp)), true) = (pod_file, q > limit) {
                             delta += (q as i128 - limit as i128) * pp as i128 / period as i128;
                         }
                     }
@@ -582,46 +608,61 @@ pub fn protected_ancestors(state: &NodeState) -> BTreeSet<CgroupPath> {
 /// own every minute) when that is more: the higher value wins, so the two
 /// never take turns overwriting each other.
 fn memory_protection_up_the_tree(state: &NodeState, plan: &mut Plan, external: &Protection) {
-    let mut sums: BTreeMap<(CgroupPath, &'static str), u64> = BTreeMap::new();
-    for p in &state.pods {
-        for (name, v) in ["memory-min", "memory-low"].into_iter().filter_map(|n| {
-            match plan.get(&(p.cgroup.clone(), n, None)).map(|w| &w.knob) {
-                Some(Knob::MemoryMin(v)) | Some(Knob::MemoryLow(v)) => Some((n, *v)),
-                _ => None,
-            }
-        }) {
-            let mut up = p.cgroup.parent();
-            for _ in 0..2 {
-                match up {
-                    Some(a) if !a.as_str().is_empty() => {
-                        let e = sums.entry((a.clone(), name)).or_default();
-                        *e = e.saturating_add(v);
-                        up = a.parent();
-                    }
-                    _ => break,
-                }
+    // the managed ancestors (each pod's QoS dir and the one above), deepest first
+    let ancestors = protected_ancestors(state);
+    let mut order: Vec<&CgroupPath> = ancestors.iter().collect();
+    order.sort_by_key(|c| {
+        std::cmp::Reverse(c.as_str().split('/').filter(|s| !s.is_empty()).count())
+    });
+    for name in ["memory-min", "memory-low"] {
+        // what each ancestor's direct children claim: its pods' planned values, and
+        // (from the deeper level, below) its child QoS dirs' final values
+        let mut claims: BTreeMap<&CgroupPath, u64> = BTreeMap::new();
+        for p in &state.pods {
+            let v = match plan.get(&(p.cgroup.clone(), name, None)).map(|w| &w.knob) {
+                Some(Knob::MemoryMin(v)) | Some(Knob::MemoryLow(v)) => *v,
+                _ => continue,
+            };
+            if let Some(a) = p.cgroup.parent().and_then(|a| ancestors.get(&a)) {
+                let e = claims.entry(a).or_default();
+                *e = e.saturating_add(v);
             }
         }
-    }
-    for ((cg, name), v) in sums {
-        let theirs = external.get(&(cg.clone(), name)).copied().unwrap_or(0);
-        let knob = if name == "memory-min" {
-            Knob::MemoryMin(v.max(theirs))
-        } else {
-            Knob::MemoryLow(v.max(theirs))
-        };
-        let rule = if theirs > v {
-            format!(
-                "{theirs} set there by another writer (kubelet's MemoryQoS) is above the sum of its pods' {} ({v}): kept",
-                name.replace('-', ".")
-            )
-        } else {
-            format!(
-                "the sum of its pods' {} (a child is protected only up to its parent's)",
-                name.replace('-', ".")
-            )
-        };
-        plan.add(w(&cg, knob, "memory-qos", rule));
+        for a in &order {
+            let sum = claims.get(a).copied().unwrap_or(0);
+            let theirs = external.get(&((*a).clone(), name)).copied().unwrap_or(0);
+            if sum == 0 && theirs == 0 {
+                continue;
+            }
+            if theirs == u64::MAX {
+                // "max" set by another writer: full protection, left as it is
+                if let Some(up) = a.parent().and_then(|u| ancestors.get(&u)) {
+                    let e = claims.entry(up).or_default();
+                    *e = e.saturating_add(sum);
+                }
+                continue;
+            }
+            let v = sum.max(theirs);
+            // a parent protects its children only up to its own value: it claims
+            // what its children finally got, another writer's value included (so
+            // kubelet's value on a QoS dir is not shared out with BE's on kubepods)
+            if let Some(up) = a.parent().and_then(|u| ancestors.get(&u)) {
+                let e = claims.entry(up).or_default();
+                *e = e.saturating_add(v);
+            }
+            let what = name.replace('-', ".");
+            let rule = if theirs > sum {
+                format!("{theirs} set there by another writer (kubelet's MemoryQoS) is above what its children claim ({sum}): kept")
+            } else {
+                format!("what its children claim: their {what} (a child is protected only up to its parent's)")
+            };
+            let knob = if name == "memory-min" {
+                Knob::MemoryMin(v)
+            } else {
+                Knob::MemoryLow(v)
+            };
+            plan.add(w(a, knob, "memory-qos", rule));
+        }
     }
 }
 
@@ -911,9 +952,16 @@ impl Engine {
         // a value in an ancestor's file that is not the one qoslet planned there
         // was written by someone else (a first sight counts as qoslet's own: an
         // earlier run's value must not pin the protection forever)
+        let page = env.page_size.max(1);
         for (k, &file) in &state.ancestors {
+            if file == u64::MAX {
+                // "max" is never qoslet's own value
+                self.theirs.insert(k.clone(), file);
+                continue;
+            }
             match self.ours.get(k) {
-                Some(&mine) if mine != file => {
+                // the kernel keeps whole pages: qoslet's value reads back rounded down
+                Some(&mine) if mine / page * page != file && mine != file => {
                     self.theirs.insert(k.clone(), file);
                 }
                 _ => {}
@@ -922,13 +970,15 @@ impl Engine {
         self.theirs.retain(|k, _| state.ancestors.contains_key(k));
         let t = tick_with(state, policy, env, &self.burst_quota, cached, &self.theirs);
         self.burst_quota = t.burst_quota.clone();
+        // what qoslet planned on each ancestor read this tick (nothing planned: 0,
+        // so a value another writer puts there later is told apart)
         self.ours = state
             .ancestors
             .keys()
-            .filter_map(
+            .map(
                 |k| match t.plan.get(&(k.0.clone(), k.1, None)).map(|w| &w.knob) {
-                    Some(Knob::MemoryMin(v) | Knob::MemoryLow(v)) => Some((k.clone(), *v)),
-                    _ => None,
+                    Some(Knob::MemoryMin(v) | Knob::MemoryLow(v)) => (k.clone(), *v),
+                    _ => (k.clone(), 0),
                 },
             )
             .collect();
@@ -948,6 +998,12 @@ impl Engine {
         if let Some(q) = file_quota_us.filter(|q| *q > container.cpu_quota as u64) {
             self.burst_quota.insert(container.id.clone(), q);
         }
+    }
+
+    /// The next plan writes this file even if its value is unchanged (another
+    /// writer is known to have rewritten it, e.g. kubelet's cpuset update).
+    pub fn forget(&mut self, cgroup: &CgroupPath, name: &'static str) {
+        self.executor.forget(cgroup, name);
     }
 
     /// Applies a plan.
@@ -1010,6 +1066,7 @@ mod tests {
             qos_dirs: Vec::new(),
             cpuset_ceiling: None,
             static_cpu_manager: false,
+            shared_pool: None,
             ancestors: BTreeMap::new(),
             pods_generation: None,
         }
@@ -1298,6 +1355,76 @@ mod tests {
         assert_eq!(min("kubepods/besteffort"), Some(Knob::MemoryMin(1 << 30)));
         assert_eq!(min("kubepods"), Some(Knob::MemoryMin(1 << 30)));
         assert_eq!(min("kubepods/burstable"), None, "no LS protection asked");
+    }
+
+    /// Review of issue 15 item 10: a parent claims what its children finally
+    /// got (kubelet's value on the burstable dir plus BE's sum, not the larger
+    /// of the two, so BE does not share out LS's protection); qoslet's own value
+    /// read back page-rounded is not another writer's; and another writer's
+    /// value stays planned when qoslet's sum drops to 0 (never written down to 0).
+    #[test]
+    fn ancestors_claim_their_childrens_final_values() {
+        let spec = r#"{"containers":{"main":{"requests":{"kubernetes.io/batch-memory":"1Gi"},"limits":{"kubernetes.io/batch-memory":"2Gi"}}}}"#;
+        let mut s = state(1.0, 1.0, None);
+        s.pods[1].annotations.insert(
+            "node.koordinator.sh/extended-resource-spec".into(),
+            spec.into(),
+        );
+        let mut p = cfs(50);
+        p.qos.be_class.memory_qos.enable = true;
+        p.qos.be_class.memory_qos.min_limit_percent = 30;
+        let env = Env {
+            features: Features {
+                memory_qos: true,
+                ..Default::default()
+            },
+            page_size: 4096,
+            ..Default::default()
+        };
+        let kp = CgroupPath::parse("kubepods").unwrap();
+        let bu = CgroupPath::parse("kubepods/burstable").unwrap();
+        let be = CgroupPath::parse("kubepods/besteffort").unwrap();
+        let gib = 1u64 << 30;
+        let min = |t: &TickResult, cg: &CgroupPath| match t
+            .plan
+            .get(&(cg.clone(), "memory-min", None))
+            .map(|w| &w.knob)
+        {
+            Some(Knob::MemoryMin(v)) => Some(*v),
+            _ => None,
+        };
+        let be_min = gib * 30 / 100; // 322122547: not a whole number of pages
+        let mut e = Engine::new(1);
+        s.ancestors = BTreeMap::from([
+            ((kp.clone(), "memory-min"), 0),
+            ((bu.clone(), "memory-min"), 0),
+            ((be.clone(), "memory-min"), 0),
+        ]);
+        let t = e.plan(&s, &p, &env);
+        assert_eq!(min(&t, &be), Some(be_min));
+        // the files as the kernel keeps them (whole pages), kubelet's 8 GiB on burstable
+        s.ancestors = BTreeMap::from([
+            ((kp.clone(), "memory-min"), be_min / 4096 * 4096),
+            ((bu.clone(), "memory-min"), 8 * gib),
+            ((be.clone(), "memory-min"), be_min / 4096 * 4096),
+        ]);
+        let t = e.plan(&s, &p, &env);
+        assert_eq!(
+            min(&t, &be),
+            Some(be_min),
+            "its own rounded value is not another writer's"
+        );
+        assert_eq!(min(&t, &bu), Some(8 * gib), "kubelet's value kept");
+        assert_eq!(
+            min(&t, &kp),
+            Some(8 * gib + be_min),
+            "the children's claims, summed"
+        );
+        // BE's protection gone: burstable keeps kubelet's value (not written down to 0)
+        s.pods[1].annotations.clear();
+        let t = e.plan(&s, &p, &env);
+        assert_eq!(min(&t, &bu), Some(8 * gib));
+        assert_eq!(min(&t, &kp), Some(8 * gib));
     }
 
     /// Issue 15 item 10: kubelet's MemoryQoS writes its own memory.min on the
@@ -1883,5 +2010,57 @@ mod tests {
             sets(&tick(&s, &p, &Env::default(), &HashMap::new())).len(),
             3
         );
+    }
+
+    /// Review of issue 15 items 10-12: the BE cpuset never takes CPUs outside
+    /// kubelet's shared pool under the static policy (they are Guaranteed pods'
+    /// exclusive ones) nor above the v1 ceiling after a CPU came back online.
+    #[test]
+    fn be_cpuset_stays_in_the_shared_pool_and_under_the_ceiling() {
+        let mut p = cfs(50);
+        p.threshold.cpu_suppress_policy = CpuSuppressPolicy::Cpuset;
+        let set_of = |s: &NodeState| -> BTreeSet<u32> {
+            let t = tick(s, &p, &Env::default(), &HashMap::new());
+            let w = t
+                .plan
+                .get(&(s.pods[1].containers[0].cgroup.clone(), "cpuset-cpus", None))
+                .unwrap();
+            match &w.knob {
+                Knob::CpusetCpus(l) => crate::cpuset::parse_cpus(l).unwrap(),
+                k => panic!("{k:?}"),
+            }
+        };
+        let mut s = state(6.0, 4.0, None);
+        assert!(set_of(&s).contains(&15), "the highest CPUs first");
+        s.static_cpu_manager = true;
+        s.shared_pool = Some((0..12).collect());
+        let got = set_of(&s);
+        assert!(!got.is_empty() && got.iter().all(|c| *c < 12), "{got:?}");
+        let mut s = state(6.0, 4.0, None);
+        s.cpuset_ceiling = Some((0..15).collect());
+        let got = set_of(&s);
+        assert!(!got.is_empty() && !got.contains(&15), "{got:?}");
+    }
+
+    /// Review: a BE container capped below its limit is given its limit back
+    /// by restore, and its pod (which the cap did not touch) is left alone.
+    #[test]
+    fn restore_gives_a_capped_be_container_its_limit_and_leaves_its_pod() {
+        let mut s = state(1.0, 1.0, Some(2_000));
+        s.pods[1].containers[0].cpu_quota = 200_000;
+        let be_c = s.pods[1].containers[0].cgroup.clone();
+        let be_p = s.pods[1].cgroup.clone();
+        let mut found = Found::default();
+        found.quotas.insert(be_c.clone(), (Some(50_000), 100_000));
+        found.quotas.insert(be_p.clone(), (Some(200_000), 100_000));
+        let plan = restore_plan(&s, &Policy::default(), &Env::default(), &found);
+        assert_eq!(
+            plan.get(&(be_c, "cpu-quota", None)).map(|w| w.knob.clone()),
+            Some(Knob::CpuQuota {
+                quota: Some(200_000),
+                period: 100_000
+            })
+        );
+        assert!(plan.get(&(be_p, "cpu-quota", None)).is_none());
     }
 }

@@ -308,6 +308,12 @@ impl Executor {
         r
     }
 
+    /// Forgets what was applied to one file, so the next plan writes it even if
+    /// unchanged (its owner is known to have rewritten it: kubelet's update).
+    pub fn forget(&mut self, cgroup: &CgroupPath, name: &'static str) {
+        self.known.remove(&(cgroup.clone(), name, None));
+    }
+
     /// Settings waiting to be written back to their default.
     pub fn restoring(&self) -> usize {
         self.restoring.len()

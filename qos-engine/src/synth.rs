@@ -59,6 +59,7 @@ pub fn node_state(
         qos_dirs: Vec::new(),
         cpuset_ceiling: None,
         static_cpu_manager: false,
+        shared_pool: None,
         ancestors: std::collections::BTreeMap::new(),
         pods_generation: Some(1),
     }
