@@ -28,10 +28,7 @@ use qoslet_proxy::store::{ContainerRecord, PodRecord, Store};
 use qoslet_proxy::Hook;
 use tracing::{debug, warn};
 
-/// Annotation qoslet puts on containers it changed: the class.
-pub const ANNOTATION_CLASS: &str = "qoslet.io/qos-class";
-/// Annotation qoslet puts on containers it changed: what it set (`k=v,...`).
-pub const ANNOTATION_APPLIED: &str = "qoslet.io/applied";
+pub use qoslet_proxy::store::{ANNOTATION_APPLIED, ANNOTATION_CLASS, ANNOTATION_REQUESTED};
 
 pub struct Isolation {
     cgroups: Option<Arc<Cgroups>>,
@@ -519,6 +516,16 @@ impl Hook for Isolation {
                     .into();
                     if !d.rules.is_empty() {
                         annotations.insert(ANNOTATION_APPLIED.into(), applied(&d));
+                    }
+                    // what kubelet asked, before qoslet's patch: containerd keeps only
+                    // the patched config, and a store rebuilt from it must not take
+                    // qoslet's values for kubelet's
+                    if let (Some(r), false) = (res, d.patch.is_empty()) {
+                        if let Ok(json) =
+                            serde_json::to_string(&qoslet_proxy::store::Resources::from(r))
+                        {
+                            annotations.insert(ANNOTATION_REQUESTED.into(), json);
+                        }
                     }
                     let resources = (!d.patch.is_empty())
                         .then(|| resources_with(cri::LinuxContainerResources::default(), &d));

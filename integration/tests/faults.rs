@@ -150,6 +150,14 @@ async fn real_qoslet_kill9_restart_and_corrupt_checkpoint_rebuild_the_store() {
         "{}",
         q.log_text()
     );
+    // what qoslet applied comes back from the runtime's record (issue 15 item 4)
+    let ca = listed
+        .iter()
+        .find(|p| p.id == pod_a)
+        .and_then(|p| p.containers.iter().find(|c| c.id == ctr_a))
+        .expect("container A rebuilt from the runtime");
+    assert!(ca.applied.contains_key("class"), "{:?}", ca.applied);
+    assert_eq!(ca.requested.as_ref().unwrap().cpu_shares, 333);
     // a foreign one too
     q.kill9();
     std::fs::write(

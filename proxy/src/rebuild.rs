@@ -14,6 +14,7 @@ use tonic::transport::Channel;
 
 use crate::store::{
     ContainerRecord, ContainerState, PodRecord, PodState, Resources, Snapshot, Source,
+    ANNOTATION_APPLIED, ANNOTATION_CLASS, ANNOTATION_REQUESTED,
 };
 
 type Client = cri::runtime_service_client::RuntimeServiceClient<Channel>;
@@ -319,12 +320,40 @@ pub fn container_from_runtime(
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
-        requested: resources_from_json(&cfg["linux"]["resources"]),
+        // kubelet's own request where qoslet patched it (the runtime keeps the patched one)
+        requested: c
+            .annotations
+            .get(ANNOTATION_REQUESTED)
+            .filter(|v| v.len() <= MAX_RECORD_ANNOTATION)
+            .and_then(|v| serde_json::from_str::<Resources>(v).ok())
+            .or_else(|| resources_from_json(&cfg["linux"]["resources"])),
         state: ContainerState::from_cri(c.state),
         created_at: c.created_at,
         source: Source::Runtime,
-        applied: BTreeMap::new(),
+        applied: applied_from_annotations(&c.annotations),
     }
+}
+
+/// The longest qoslet annotation read back (what qoslet writes is far smaller).
+const MAX_RECORD_ANNOTATION: usize = 16 << 10;
+
+/// What qoslet applied at CreateContainer, as its annotations on the
+/// container record it (`qoslet.io/qos-class`, `qoslet.io/applied`); settings
+/// written to cgroups at start are re-derived by the QoS engine's reconcile.
+fn applied_from_annotations(a: &HashMap<String, String>) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    if let Some(c) = a.get(ANNOTATION_CLASS).filter(|c| c.len() <= 16) {
+        out.insert("class".to_string(), c.clone());
+    }
+    if let Some(list) = a
+        .get(ANNOTATION_APPLIED)
+        .filter(|v| v.len() <= MAX_RECORD_ANNOTATION)
+    {
+        for (k, v) in list.split(',').filter_map(|kv| kv.split_once('=')).take(64) {
+            out.insert(k.to_string(), format!("{v} (from the runtime's record)"));
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -334,6 +363,54 @@ mod tests {
     /// containerd 1.6.20's verbose PodSandboxStatus `info` (trimmed), as seen on this testbed.
     const POD_INFO: &str = r#"{"pid":4711,"processStatus":"running","config":{"metadata":{"name":"x","uid":"u1","namespace":"default"},"log_directory":"/tmp/x","labels":{"a":"b"},"annotations":{"k":"v"},"linux":{"cgroup_parent":"/qoslet-test/podu1","resources":{"cpu_shares":102,"memory_limit_in_bytes":67108864},"security_context":{"namespace_options":{"network":2,"pid":1}}}},"runtimeHandler":""}"#;
     const CTR_INFO: &str = r#"{"sandboxID":"sb","pid":1,"config":{"metadata":{"name":"w"},"image":{"image":"busybox"},"envs":[{"key":"A","value":"1"}],"linux":{"resources":{"cpu_shares":300,"cpu_quota":50000,"cpu_period":100000,"memory_limit_in_bytes":67108864,"unified":{"memory.high":"1000"}}}}}"#;
+
+    /// Issue 15 item 4: a container rebuilt from the runtime takes kubelet's
+    /// own request from qoslet's annotation (containerd keeps only the patched
+    /// config) and what qoslet applied from its record annotations.
+    #[test]
+    fn container_from_runtime_reads_qoslets_annotations() {
+        let info: HashMap<String, String> = [("info".to_string(), CTR_INFO.to_string())].into();
+        let mut c = cri::Container {
+            id: "c".into(),
+            pod_sandbox_id: "sb".into(),
+            ..Default::default()
+        };
+        let plain = container_from_runtime(&c, &info);
+        assert_eq!(
+            plain.requested.unwrap().cpu_quota,
+            50000,
+            "the runtime's config"
+        );
+        assert!(plain.applied.is_empty());
+        c.annotations.insert(ANNOTATION_CLASS.into(), "BE".into());
+        c.annotations.insert(
+            ANNOTATION_APPLIED.into(),
+            "cpu.cfs_quota_us=50000,cpu.shares=300".into(),
+        );
+        c.annotations.insert(
+            ANNOTATION_REQUESTED.into(),
+            r#"{"cpu_period":100000,"cpu_shares":2}"#.into(),
+        );
+        let r = container_from_runtime(&c, &info);
+        let req = r.requested.unwrap();
+        assert_eq!(
+            (req.cpu_quota, req.cpu_shares),
+            (0, 2),
+            "kubelet's, not the patch"
+        );
+        assert_eq!(r.applied["class"], "BE");
+        assert!(r.applied["cpu.cfs_quota_us"].starts_with("50000"));
+        // a malformed record falls back to the runtime's config
+        c.annotations
+            .insert(ANNOTATION_REQUESTED.into(), "{".into());
+        assert_eq!(
+            container_from_runtime(&c, &info)
+                .requested
+                .unwrap()
+                .cpu_quota,
+            50000
+        );
+    }
 
     #[test]
     fn pod_from_containerd_verbose_info() {

@@ -13,6 +13,14 @@ use qoslet_proto::cri;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
+/// Annotation qoslet puts on containers it changed: the class.
+pub const ANNOTATION_CLASS: &str = "qoslet.io/qos-class";
+/// Annotation qoslet puts on containers it changed: what it set (`k=v,...`).
+pub const ANNOTATION_APPLIED: &str = "qoslet.io/applied";
+/// Annotation qoslet puts on containers whose resources it patched: kubelet's
+/// own request (JSON [`Resources`]), since the runtime keeps only the patched one.
+pub const ANNOTATION_REQUESTED: &str = "qoslet.io/requested";
+
 /// Resources as kubelet expresses them for Linux (CRI `LinuxContainerResources`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
