@@ -275,8 +275,11 @@ pub struct Snapshot {
 
 #[derive(Default)]
 struct Inner {
-    pods: HashMap<String, PodRecord>,
-    containers: HashMap<String, ContainerRecord>,
+    // shared records: a snapshot (the checkpoint) takes references under the
+    // lock and copies outside it; a write copies a record only while a
+    // snapshot still holds it
+    pods: HashMap<String, Arc<PodRecord>>,
+    containers: HashMap<String, Arc<ContainerRecord>>,
     /// Counts kubelet's changes (the calls qoslet forwarded).
     seq: u64,
     /// Entry id -> `seq` of kubelet's last change to it, removals included (a
@@ -347,21 +350,21 @@ impl Store {
     pub fn upsert_pod(&self, pod: PodRecord) {
         self.write(|s| {
             s.touch(&pod.id);
-            s.pods.insert(pod.id.clone(), pod)
+            s.pods.insert(pod.id.clone(), Arc::new(pod))
         });
     }
 
     pub fn upsert_container(&self, c: ContainerRecord) {
         self.write(|s| {
             s.touch(&c.id);
-            s.containers.insert(c.id.clone(), c)
+            s.containers.insert(c.id.clone(), Arc::new(c))
         });
     }
 
     pub fn set_pod_state(&self, id: &str, state: PodState) {
         self.write(|s| {
             if let Some(p) = s.pods.get_mut(id) {
-                p.state = state;
+                Arc::make_mut(p).state = state;
             }
         });
     }
@@ -371,14 +374,14 @@ impl Store {
         self.write(|s| {
             s.touch(id);
             if let Some(p) = s.pods.get_mut(id) {
-                p.state = PodState::NotReady;
+                Arc::make_mut(p).state = PodState::NotReady;
             }
             let ids: Vec<String> = s
                 .containers
                 .values_mut()
                 .filter(|c| c.pod_id == id)
                 .map(|c| {
-                    c.state = ContainerState::Exited;
+                    Arc::make_mut(c).state = ContainerState::Exited;
                     c.id.clone()
                 })
                 .collect();
@@ -392,7 +395,7 @@ impl Store {
         self.write(|s| {
             s.touch(id);
             if let Some(c) = s.containers.get_mut(id) {
-                c.state = state;
+                Arc::make_mut(c).state = state;
             }
         });
     }
@@ -402,6 +405,7 @@ impl Store {
     pub fn set_container_resources(&self, id: &str, r: Resources) {
         self.write(|s| {
             if let Some(c) = s.containers.get_mut(id) {
+                let c = Arc::make_mut(c);
                 match &mut c.requested {
                     Some(cur) => cur.merge(&r),
                     None => c.requested = Some(r),
@@ -415,7 +419,7 @@ impl Store {
         self.write_if(|s| {
             let changed = match s.pods.get_mut(id) {
                 Some(p) if p.applied.get(key).map(String::as_str) != Some(value) => {
-                    p.applied.insert(key.into(), value.into());
+                    Arc::make_mut(p).applied.insert(key.into(), value.into());
                     true
                 }
                 _ => false,
@@ -429,7 +433,7 @@ impl Store {
         self.write_if(|s| {
             let changed = match s.containers.get_mut(id) {
                 Some(c) if c.applied.get(key).map(String::as_str) != Some(value) => {
-                    c.applied.insert(key.into(), value.into());
+                    Arc::make_mut(c).applied.insert(key.into(), value.into());
                     true
                 }
                 _ => false,
@@ -452,23 +456,23 @@ impl Store {
                 s.touch(&c);
                 s.containers.remove(&c);
             }
-            s.pods.remove(id)
+            s.pods.remove(id).map(Arc::unwrap_or_clone)
         })
     }
 
     pub fn remove_container(&self, id: &str) -> Option<ContainerRecord> {
         self.write(|s| {
             s.touch(id);
-            s.containers.remove(id)
+            s.containers.remove(id).map(Arc::unwrap_or_clone)
         })
     }
 
     pub fn pod(&self, id: &str) -> Option<PodRecord> {
-        self.read(|s| s.pods.get(id).cloned())
+        self.read(|s| s.pods.get(id).map(|p| PodRecord::clone(p)))
     }
 
     pub fn container(&self, id: &str) -> Option<ContainerRecord> {
-        self.read(|s| s.containers.get(id).cloned())
+        self.read(|s| s.containers.get(id).map(|c| ContainerRecord::clone(c)))
     }
 
     /// The pod a container belongs to.
@@ -477,7 +481,7 @@ impl Store {
             s.containers
                 .get(container_id)
                 .and_then(|c| s.pods.get(&c.pod_id))
-                .cloned()
+                .map(|p| PodRecord::clone(p))
         })
     }
 
@@ -485,7 +489,7 @@ impl Store {
     /// under the store's lock: keep it short).
     pub fn read_all<R>(
         &self,
-        f: impl FnOnce(&HashMap<String, PodRecord>, &HashMap<String, ContainerRecord>) -> R,
+        f: impl FnOnce(&HashMap<String, Arc<PodRecord>>, &HashMap<String, Arc<ContainerRecord>>) -> R,
     ) -> R {
         self.read(|s| f(&s.pods, &s.containers))
     }
@@ -497,16 +501,20 @@ impl Store {
 
     /// A sorted copy of everything (pods by namespace/name, containers by pod/name).
     pub fn snapshot(&self) -> Snapshot {
-        self.read(|s| {
-            let mut pods: Vec<_> = s.pods.values().cloned().collect();
-            pods.sort_by(|a, b| {
-                (&a.namespace, &a.name, &a.id).cmp(&(&b.namespace, &b.name, &b.id))
-            });
-            let mut containers: Vec<_> = s.containers.values().cloned().collect();
-            containers
-                .sort_by(|a, b| (&a.pod_id, &a.name, &a.id).cmp(&(&b.pod_id, &b.name, &b.id)));
-            Snapshot { pods, containers }
-        })
+        // only references are taken under the lock (kubelet's calls wait on it);
+        // the copies and the sorting happen after
+        let (pods, containers): (Vec<Arc<PodRecord>>, Vec<Arc<ContainerRecord>>) = self.read(|s| {
+            (
+                s.pods.values().cloned().collect(),
+                s.containers.values().cloned().collect(),
+            )
+        });
+        let mut pods: Vec<PodRecord> = pods.into_iter().map(Arc::unwrap_or_clone).collect();
+        pods.sort_by(|a, b| (&a.namespace, &a.name, &a.id).cmp(&(&b.namespace, &b.name, &b.id)));
+        let mut containers: Vec<ContainerRecord> =
+            containers.into_iter().map(Arc::unwrap_or_clone).collect();
+        containers.sort_by(|a, b| (&a.pod_id, &a.name, &a.id).cmp(&(&b.pod_id, &b.name, &b.id)));
+        Snapshot { pods, containers }
     }
 
     /// [`Store::snapshot`] with the point it was taken at, for a resync.
@@ -555,13 +563,13 @@ impl Store {
                 match s.pods.get_mut(&p.id) {
                     Some(_) if newer => {}
                     Some(cur) if cur.state != p.state => {
-                        cur.state = p.state;
+                        Arc::make_mut(cur).state = p.state;
                         states += 1;
                     }
                     Some(_) => {}
                     None if newer => {} // removed by kubelet during the listing
                     None => {
-                        s.pods.insert(p.id.clone(), p.clone());
+                        s.pods.insert(p.id.clone(), Arc::new(p.clone()));
                         added += 1;
                     }
                 }
@@ -571,13 +579,13 @@ impl Store {
                 match s.containers.get_mut(&c.id) {
                     Some(_) if newer => {}
                     Some(cur) if cur.state != c.state => {
-                        cur.state = c.state;
+                        Arc::make_mut(cur).state = c.state;
                         states += 1;
                     }
                     Some(_) => {}
                     None if newer => {}
                     None => {
-                        s.containers.insert(c.id.clone(), c.clone());
+                        s.containers.insert(c.id.clone(), Arc::new(c.clone()));
                         added += 1;
                     }
                 }
@@ -594,11 +602,15 @@ impl Store {
     /// Replaces the whole content (used by the rebuild at start).
     pub fn replace(&self, snap: Snapshot) {
         self.write(|s| {
-            s.pods = snap.pods.into_iter().map(|p| (p.id.clone(), p)).collect();
+            s.pods = snap
+                .pods
+                .into_iter()
+                .map(|p| (p.id.clone(), Arc::new(p)))
+                .collect();
             s.containers = snap
                 .containers
                 .into_iter()
-                .map(|c| (c.id.clone(), c))
+                .map(|c| (c.id.clone(), Arc::new(c)))
                 .collect();
         });
     }
