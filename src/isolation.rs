@@ -369,12 +369,33 @@ fn resources_with(
     r
 }
 
-fn applied(d: &ContainerDecision) -> String {
+/// `qoslet.io/applied`: setting -> value, as a JSON object.
+fn applied(rules: &[decide::Rule]) -> String {
+    let m: std::collections::BTreeMap<&str, &str> = rules
+        .iter()
+        .map(|r| (r.setting.as_str(), r.value.as_str()))
+        .collect();
+    serde_json::to_string(&m).unwrap_or_default()
+}
+
+/// Whether `setting` is one of the files the cgroup knobs of a decision write
+/// (after start) rather than a field CRI carries.
+fn cgroup_written(setting: &str, knobs: &[Knob], cgroups: Option<&Cgroups>) -> bool {
+    knobs.iter().any(|k| {
+        k.name() == setting
+            || cgroups
+                .and_then(|c| c.plan(k).ok())
+                .is_some_and(|fs| fs.iter().any(|f| f.file == setting))
+    })
+}
+
+/// The rules of settings CRI carries (not written to the cgroup at start).
+fn cri_rules(d: &ContainerDecision, cgroups: Option<&Cgroups>) -> Vec<decide::Rule> {
     d.rules
         .iter()
-        .map(|r| format!("{}={}", r.setting, r.value))
-        .collect::<Vec<_>>()
-        .join(",")
+        .filter(|r| !cgroup_written(&r.setting, &d.cgroup, cgroups))
+        .cloned()
+        .collect()
 }
 
 /// Writes knobs to a cgroup. Every knob is tried: one the kernel refuses does
@@ -514,18 +535,22 @@ impl Hook for Isolation {
                         class.class.as_str().to_string(),
                     )]
                     .into();
-                    if !d.rules.is_empty() {
-                        annotations.insert(ANNOTATION_APPLIED.into(), applied(&d));
+                    // the settings CRI carries (the runtime applies them with the
+                    // container), as a JSON object; those written to the cgroup at
+                    // start are recorded there, with their outcome
+                    let carried = cri_rules(&d, cgroups.as_deref());
+                    if !carried.is_empty() {
+                        annotations.insert(ANNOTATION_APPLIED.into(), applied(&carried));
                     }
                     // what kubelet asked, before qoslet's patch: containerd keeps only
                     // the patched config, and a store rebuilt from it must not take
-                    // qoslet's values for kubelet's
-                    if let (Some(r), false) = (res, d.patch.is_empty()) {
-                        if let Ok(json) =
-                            serde_json::to_string(&qoslet_proxy::store::Resources::from(r))
-                        {
-                            annotations.insert(ANNOTATION_REQUESTED.into(), json);
-                        }
+                    // qoslet's values for kubelet's (always written, so a value already
+                    // in the request is never taken for qoslet's)
+                    let kubelets = res
+                        .map(qoslet_proxy::store::Resources::from)
+                        .unwrap_or_default();
+                    if let Ok(json) = serde_json::to_string(&kubelets) {
+                        annotations.insert(ANNOTATION_REQUESTED.into(), json);
                     }
                     let resources = (!d.patch.is_empty())
                         .then(|| resources_with(cri::LinuxContainerResources::default(), &d));
@@ -666,20 +691,38 @@ impl Hook for Isolation {
                         );
                         return Ok(());
                     }
+                    // decided again from kubelet's own request (the one the runtime got
+                    // is patched), as the "before" hook decided it
                     let (name, res) = name_and_resources(r.config.as_ref());
-                    let mut d = decide::container(
-                        class,
-                        &name,
-                        &pod.annotations,
-                        &requested(res),
-                        &shared.ctx(),
-                    );
-                    d.rules.retain(|r| !is_cgroup_rule(&r.setting)); // cgroup-only settings are recorded at start
+                    let kubelets = r
+                        .config
+                        .as_ref()
+                        .and_then(|c| c.annotations.get(ANNOTATION_REQUESTED))
+                        .and_then(|j| {
+                            serde_json::from_str::<qoslet_proxy::store::Resources>(j).ok()
+                        });
+                    let d = match &kubelets {
+                        Some(k) => decide::container(
+                            class,
+                            &name,
+                            &pod.annotations,
+                            &stored_requested(k),
+                            &shared.ctx(),
+                        ),
+                        None => decide::container(
+                            class,
+                            &name,
+                            &pod.annotations,
+                            &requested(res),
+                            &shared.ctx(),
+                        ),
+                    };
+                    // settings written at start are recorded there, with their outcome
                     record(
                         &ctx.store,
                         &o.container_id,
                         class.class,
-                        &as_applied(&d.rules),
+                        &as_applied(&cri_rules(&d, cgroups.as_deref())),
                     );
                     Ok(())
                 }
@@ -706,13 +749,17 @@ impl Hook for Isolation {
                         }
                     };
                     let written = write(cgroups.as_deref(), &cg, &d.cgroup);
-                    let mut only_cgroup = d.clone();
-                    only_cgroup.rules.retain(|r| is_cgroup_rule(&r.setting));
+                    let only_cgroup: Vec<decide::Rule> = d
+                        .rules
+                        .iter()
+                        .filter(|r| cgroup_written(&r.setting, &d.cgroup, cgroups.as_deref()))
+                        .cloned()
+                        .collect();
                     record(
                         &ctx.store,
                         &c.id,
                         class.class,
-                        &written.entries(&only_cgroup.rules),
+                        &written.entries(&only_cgroup),
                     );
                     written.result()?;
                     let class = class.class;
@@ -759,11 +806,6 @@ impl Hook for Isolation {
             }
         })
     }
-}
-
-/// Settings written to cgroups after start (the rest travel through CRI).
-fn is_cgroup_rule(setting: &str) -> bool {
-    matches!(setting, "cpu.idle" | "cpu.bvt_warp_ns")
 }
 
 #[cfg(test)]

@@ -12,18 +12,22 @@ use bytes::{Bytes, BytesMut};
 use http_body::{Body as HttpBody, Frame};
 use prost::Message;
 use qoslet_proto::cri::{ContainerEventResponse, ContainerEventType};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::store::{ContainerState, Store};
 
 /// Applies one event to the store. Returns whether the store knew the entry.
+/// A container's state is taken from the statuses the event carries where it
+/// has one (the event type alone can arrive out of order: containerd watches a
+/// process for its exit before it sends "started"), and never goes back from
+/// exited; a sandbox that stopped makes only the pod not ready.
 pub fn apply(store: &Store, ev: &ContainerEventResponse) -> bool {
     let id = ev.container_id.as_str();
     let kind = ContainerEventType::try_from(ev.container_event_type).ok();
     // containerd sends the sandbox's own events under the sandbox id
-    if store.pod(id).is_some() {
+    if store.has_pod(id) {
         match kind {
-            Some(ContainerEventType::ContainerStoppedEvent) => store.set_pod_stopped(id),
+            Some(ContainerEventType::ContainerStoppedEvent) => store.observe_pod_not_ready(id),
             Some(ContainerEventType::ContainerDeletedEvent) => {
                 store.remove_pod(id);
             }
@@ -31,20 +35,26 @@ pub fn apply(store: &Store, ev: &ContainerEventResponse) -> bool {
         }
         return true;
     }
-    if store.container(id).is_none() {
+    if !store.has_container(id) {
         return false;
     }
-    match kind {
-        Some(ContainerEventType::ContainerStartedEvent) => {
-            store.set_container_state(id, ContainerState::Running)
-        }
-        Some(ContainerEventType::ContainerStoppedEvent) => {
-            store.set_container_state(id, ContainerState::Exited)
-        }
-        Some(ContainerEventType::ContainerDeletedEvent) => {
-            store.remove_container(id);
-        }
-        _ => {}
+    if kind == Some(ContainerEventType::ContainerDeletedEvent) {
+        store.remove_container(id);
+        return true;
+    }
+    let reported = ev
+        .containers_statuses
+        .iter()
+        .find(|s| s.id == id)
+        .map(|s| ContainerState::from_cri(s.state))
+        .filter(|s| *s != ContainerState::Unknown);
+    let by_kind = match kind {
+        Some(ContainerEventType::ContainerStartedEvent) => Some(ContainerState::Running),
+        Some(ContainerEventType::ContainerStoppedEvent) => Some(ContainerState::Exited),
+        _ => None,
+    };
+    if let Some(state) = reported.or(by_kind) {
+        store.observe_container_state(id, state);
     }
     true
 }
@@ -65,6 +75,9 @@ pub struct Tap<B> {
 
 impl<B> Tap<B> {
     pub fn new(inner: B, store: Store, cap: usize) -> Self {
+        info!(
+            "kubelet's container event stream opened through qoslet: container exits are observed"
+        );
         Self {
             inner,
             store,
@@ -104,6 +117,12 @@ impl<B> Tap<B> {
                 Err(e) => debug!(error = %e, "undecodable container event passed on"),
             }
         }
+    }
+}
+
+impl<B> Drop for Tap<B> {
+    fn drop(&mut self) {
+        info!("kubelet's container event stream closed: container exits reach the store at the next resync until it reopens");
     }
 }
 
@@ -188,6 +207,40 @@ mod tests {
         assert_eq!(store.container("c1").unwrap().state, ContainerState::Exited);
         assert!(store.container("c2").is_none());
         assert_ne!(store.pod("p").unwrap().state, PodState::Ready);
+        // a late "started" never undoes an exit; repeated events change nothing
+        let g = store.generation();
+        tap.feed(&framed(&ev(
+            "c1",
+            ContainerEventType::ContainerStartedEvent,
+        )));
+        tap.feed(&framed(&ev(
+            "c1",
+            ContainerEventType::ContainerStoppedEvent,
+        )));
+        tap.feed(&framed(&ev("p", ContainerEventType::ContainerStoppedEvent)));
+        assert_eq!(store.container("c1").unwrap().state, ContainerState::Exited);
+        assert_eq!(store.generation(), g, "no change, no new generation");
+        // the pause process dying makes the pod not ready, its running containers stay running
+        store.upsert_pod(PodRecord {
+            id: "p2".into(),
+            state: PodState::Ready,
+            ..Default::default()
+        });
+        store.upsert_container(ContainerRecord {
+            id: "c3".into(),
+            pod_id: "p2".into(),
+            state: ContainerState::Running,
+            ..Default::default()
+        });
+        tap.feed(&framed(&ev(
+            "p2",
+            ContainerEventType::ContainerStoppedEvent,
+        )));
+        assert_eq!(store.pod("p2").unwrap().state, PodState::NotReady);
+        assert_eq!(
+            store.container("c3").unwrap().state,
+            ContainerState::Running
+        );
         // an announced length over the cap stops decoding, never buffers it
         let mut tap = Tap::new((), store.clone(), 16);
         tap.feed(&[0, 0, 1, 0, 0]);

@@ -339,20 +339,22 @@ pub fn container_from_runtime(
 const MAX_RECORD_ANNOTATION: usize = 16 << 10;
 
 /// What qoslet applied at CreateContainer, as its annotations on the
-/// container record it (`qoslet.io/qos-class`, `qoslet.io/applied`); settings
-/// written to cgroups at start are re-derived by the QoS engine's reconcile.
+/// container record it (`qoslet.io/qos-class`, `qoslet.io/applied`: the
+/// settings CRI carried, a JSON object). Settings written to the cgroup at
+/// start are not in it (their outcome was the store's only); the QoS engine's
+/// reconcile writes them again.
 fn applied_from_annotations(a: &HashMap<String, String>) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     if let Some(c) = a.get(ANNOTATION_CLASS).filter(|c| c.len() <= 16) {
         out.insert("class".to_string(), c.clone());
     }
-    if let Some(list) = a
+    let settings = a
         .get(ANNOTATION_APPLIED)
         .filter(|v| v.len() <= MAX_RECORD_ANNOTATION)
-    {
-        for (k, v) in list.split(',').filter_map(|kv| kv.split_once('=')).take(64) {
-            out.insert(k.to_string(), format!("{v} (from the runtime's record)"));
-        }
+        .and_then(|v| serde_json::from_str::<BTreeMap<String, String>>(v).ok())
+        .unwrap_or_default();
+    for (k, v) in settings.into_iter().take(64) {
+        out.insert(k, format!("{v} (from the runtime's record)"));
     }
     out
 }
@@ -386,7 +388,7 @@ mod tests {
         c.annotations.insert(ANNOTATION_CLASS.into(), "BE".into());
         c.annotations.insert(
             ANNOTATION_APPLIED.into(),
-            "cpu.cfs_quota_us=50000,cpu.shares=300".into(),
+            r#"{"cpu.cfs_quota_us":"50000","cpuset.cpus":"0-3,8-11"}"#.into(),
         );
         c.annotations.insert(
             ANNOTATION_REQUESTED.into(),
@@ -401,6 +403,10 @@ mod tests {
         );
         assert_eq!(r.applied["class"], "BE");
         assert!(r.applied["cpu.cfs_quota_us"].starts_with("50000"));
+        assert!(
+            r.applied["cpuset.cpus"].starts_with("0-3,8-11"),
+            "a list with commas whole"
+        );
         // a malformed record falls back to the runtime's config
         c.annotations
             .insert(ANNOTATION_REQUESTED.into(), "{".into());

@@ -547,6 +547,11 @@ async fn upstream(
                             Route::Events => {
                                 stats.calls_passthrough.fetch_add(1, Ordering::Relaxed);
                                 st.events = true;
+                                static SAID: std::sync::atomic::AtomicBool =
+                                    std::sync::atomic::AtomicBool::new(false);
+                                if !SAID.swap(true, Ordering::Relaxed) {
+                                    tracing::warn!("relay: true relays kubelet's container event stream unread: container exits reach the store at the next resync (the default terminating path reads them)");
+                                }
                             }
                             _ => {
                                 stats.calls_passthrough.fetch_add(1, Ordering::Relaxed);

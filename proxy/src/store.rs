@@ -400,6 +400,56 @@ impl Store {
         });
     }
 
+    pub fn has_pod(&self, id: &str) -> bool {
+        self.read(|s| s.pods.contains_key(id))
+    }
+
+    pub fn has_container(&self, id: &str) -> bool {
+        self.read(|s| s.containers.contains_key(id))
+    }
+
+    /// A container state the runtime reported (an event): never back from
+    /// exited (the runtime never restarts an id; a late "started" event must not
+    /// undo an exit already seen), and a change only if it is one.
+    pub fn observe_container_state(&self, id: &str, state: ContainerState) {
+        self.write_if(|s| {
+            let changed = match s.containers.get_mut(id) {
+                Some(c)
+                    if c.state != state
+                        && !(c.state == ContainerState::Exited
+                            && state != ContainerState::Exited) =>
+                {
+                    Arc::make_mut(c).state = state;
+                    true
+                }
+                _ => false,
+            };
+            if changed {
+                s.touch(id);
+            }
+            ((), changed)
+        });
+    }
+
+    /// The runtime reported the sandbox stopped (its task exited): the pod is not
+    /// ready. Its containers keep their own states (they may still run until
+    /// kubelet stops them; their own events say when they exit).
+    pub fn observe_pod_not_ready(&self, id: &str) {
+        self.write_if(|s| {
+            let changed = match s.pods.get_mut(id) {
+                Some(p) if p.state == PodState::Ready => {
+                    Arc::make_mut(p).state = PodState::NotReady;
+                    true
+                }
+                _ => false,
+            };
+            if changed {
+                s.touch(id);
+            }
+            ((), changed)
+        });
+    }
+
     /// Records kubelet's `UpdateContainerResources`, merged over what it asked
     /// before as containerd merges it (a partial update keeps the rest).
     pub fn set_container_resources(&self, id: &str, r: Resources) {
