@@ -25,7 +25,6 @@ use qoslet_qos_engine::reconcile::{Container, Pod};
 use tokio::sync::watch;
 use tracing::{debug, error, info, warn};
 
-use crate::isolation::PolicyHandle;
 use crate::metrics::Metrics;
 
 /// Settings from flags and the config file.
@@ -38,8 +37,6 @@ pub struct Settings {
     pub reserved_cores: f64,
     /// Re-read each owned file once every this many ticks.
     pub verify_every: u64,
-    /// The config file to watch for policy changes (`None`: none).
-    pub config: Option<PathBuf>,
     pub sys_root: PathBuf,
     /// Whose class labels and scheduler annotations are taken as they are.
     pub trust: qoslet_hooks::Trust,
@@ -163,63 +160,6 @@ pub struct Shared {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Watches the config file: (modified, length) changes trigger a re-parse.
-struct Reloader {
-    path: PathBuf,
-    seen: Option<(std::time::SystemTime, u64)>,
-    current: crate::config::FileConfig,
-    /// The last change was invalid (a valid file then counts as a change, to clear the error).
-    failed: bool,
-}
-
-impl Reloader {
-    fn stamp(path: &Path) -> Option<(std::time::SystemTime, u64)> {
-        let m = std::fs::metadata(path).ok()?;
-        Some((m.modified().ok()?, m.len()))
-    }
-
-    fn new(path: PathBuf) -> Self {
-        let current = crate::config::load(&path, false).unwrap_or_default();
-        Self {
-            seen: Self::stamp(&path),
-            path,
-            current,
-            failed: false,
-        }
-    }
-
-    /// `Some(Ok(policy))` when the file changed and its policy with it;
-    /// `Some(Err(why))` when the changed file is invalid.
-    fn poll(&mut self) -> Option<Result<crate::config::PolicyConfig, String>> {
-        let stamp = Self::stamp(&self.path);
-        if stamp == self.seen {
-            return None;
-        }
-        self.seen = stamp;
-        let next = match crate::config::load(&self.path, false) {
-            Ok(c) => c,
-            Err(e) => {
-                self.failed = true;
-                return Some(Err(format!("{e:#}")));
-            }
-        };
-        let policy_changed = next.policy != self.current.policy || self.failed;
-        self.failed = false;
-        let others_changed = crate::config::FileConfig {
-            policy: None,
-            ..next.clone()
-        } != crate::config::FileConfig {
-            policy: None,
-            ..self.current.clone()
-        };
-        if others_changed {
-            warn!(path = %self.path.display(), "config keys other than policy changed; they take effect at the next restart");
-        }
-        self.current = next;
-        policy_changed.then(|| Ok(self.current.policy.clone().unwrap_or_default()))
-    }
 }
 
 /// The CPUs of each NUMA node (`/sys/devices/system/node/node*/cpulist`),
@@ -657,9 +597,8 @@ impl Shared {
     pub fn start(
         self: &Arc<Self>,
         s: Settings,
-        policy: Policy,
+        policy_rx: crate::policy::PolicyRx,
         env: Env,
-        hooks: Option<PolicyHandle>,
         rdt: Option<Resctrl>,
         metrics: Arc<Metrics>,
         store: Store,
@@ -676,9 +615,7 @@ impl Shared {
                     .enable_time()
                     .build()
                 {
-                    Ok(rt) => {
-                        rt.block_on(me.run(s, policy, env, hooks, rdt, metrics, store, shutdown))
-                    }
+                    Ok(rt) => rt.block_on(me.run(s, policy_rx, env, rdt, metrics, store, shutdown)),
                     Err(e) => error!(error = %e, "QoS engine runtime not started"),
                 }
                 let _ = done.send(());
@@ -695,17 +632,22 @@ impl Shared {
     async fn run(
         self: Arc<Self>,
         s: Settings,
-        mut policy: Policy,
+        mut policy_rx: crate::policy::PolicyRx,
         mut env: Env,
-        hooks: Option<PolicyHandle>,
         rdt: Option<Resctrl>,
         metrics: Arc<Metrics>,
         store: Store,
         mut shutdown: watch::Receiver<bool>,
     ) {
         info!(interval = ?s.interval, dry_run = s.dry_run, "QoS engine on");
+        let mut policy = {
+            let p = policy_rx.borrow_and_update().clone();
+            env.devices = p.devices.clone();
+            *lock(&self.policy_error) = p.error.clone().unwrap_or_default();
+            self.set_not_implemented(&p.policy.not_implemented);
+            p.policy.engine()
+        };
         let mut engine = Engine::new(s.verify_every);
-        let mut reloader = s.config.clone().map(Reloader::new);
         let mut ticker = tokio::time::interval(s.interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let mut last_ts = 0u32;
@@ -730,33 +672,13 @@ impl Shared {
                     _ = shutdown.changed() => break,
                 }
             }
-            if let Some(r) = reloader.as_mut() {
-                match r.poll() {
-                    Some(Ok(p)) => {
-                        policy = p.engine();
-                        match &hooks {
-                            Some(h) => {
-                                h.set(p.resource_qos_strategy.clone());
-                                env.devices = h.devices();
-                            }
-                            None => {
-                                env.devices =
-                                    crate::isolation::resolve_devices(&p.resource_qos_strategy)
-                            }
-                        }
-                        lock(&self.policy_error).clear();
-                        self.set_not_implemented(&p.not_implemented);
-                        for w in p.resource_qos_strategy.warnings() {
-                            warn!("{w}");
-                        }
-                        info!(path = %r.path.display(), "policy reloaded");
-                    }
-                    Some(Err(e)) => {
-                        error!(error = %e, "config file invalid; the last good policy stays in force");
-                        *lock(&self.policy_error) = e;
-                    }
-                    None => {}
-                }
+            // the policy source's latest (the hooks follow the same channel)
+            if policy_rx.has_changed().unwrap_or(false) {
+                let p = policy_rx.borrow_and_update().clone();
+                policy = p.policy.engine();
+                env.devices = p.devices.clone();
+                *lock(&self.policy_error) = p.error.clone().unwrap_or_default();
+                self.set_not_implemented(&p.policy.not_implemented);
             }
             let Some(t) = metrics.latest() else {
                 debug!("QoS engine: no metrics yet");
@@ -1129,11 +1051,6 @@ impl Shared {
         }
     }
 
-    /// The NodeSLO fields qoslet does not act on, as shown by `qoslet plan`.
-    pub fn not_implemented_mut(&self) -> std::sync::MutexGuard<'_, Vec<String>> {
-        lock(&self.not_implemented)
-    }
-
     /// Records (and logs, once per field) the NodeSLO fields qoslet does not act on.
     pub fn set_not_implemented(&self, fields: &[String]) {
         let mut cur = lock(&self.not_implemented);
@@ -1248,41 +1165,6 @@ mod tests {
         );
         std::fs::write(d.join("devices/system/cpu/online"), "0-3\n").unwrap();
         assert_eq!(t.refresh(&d, 4.0), [vec![0, 1], vec![2, 3]]);
-    }
-
-    #[test]
-    fn reloader_reports_policy_changes_and_invalid_files() {
-        let d = scratch("reload");
-        let f = d.join("qoslet.yaml");
-        std::fs::write(
-            &f,
-            "policy:\n  resourceUsedThresholdWithBE:\n    enable: true\n",
-        )
-        .unwrap();
-        let mut r = Reloader::new(f.clone());
-        assert!(r.poll().is_none(), "unchanged");
-        // a different length is a change whatever the clock's resolution
-        std::fs::write(&f, "policy:\n  resourceUsedThresholdWithBE:\n    enable: true\n    cpuSuppressThresholdPercent: 40\n").unwrap();
-        let p = r.poll().unwrap().unwrap();
-        assert_eq!(
-            p.resource_used_threshold_with_be
-                .cpu_suppress_threshold_percent,
-            40
-        );
-        std::fs::write(
-            &f,
-            "policy:\n  resourceUsedThresholdWithBE:\n    cpuSuppressThresholdPercent: 400\n",
-        )
-        .unwrap();
-        let e = r.poll().unwrap().unwrap_err();
-        assert!(e.contains("cpuSuppressThresholdPercent"), "{e}");
-        // the last good file again: the error clears (the policy itself is the same)
-        std::fs::write(&f, "policy:\n  resourceUsedThresholdWithBE:\n    enable: true\n    cpuSuppressThresholdPercent: 40\n").unwrap();
-        assert!(r.poll().unwrap().is_ok());
-        // a change of another key only: no new policy
-        std::fs::write(&f, "logLevel: debug\npolicy:\n  resourceUsedThresholdWithBE:\n    enable: true\n    cpuSuppressThresholdPercent: 40\n").unwrap();
-        assert!(r.poll().is_none());
-        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]

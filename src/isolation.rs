@@ -48,8 +48,23 @@ impl PolicyHandle {
         self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Puts `policy` in force for the next calls (block devices resolved again).
-    pub fn set(&self, policy: ResourceQosStrategy) {
+    /// Follows a policy source: each policy it publishes is in force for the
+    /// next calls (the devices come resolved; nothing here touches a file).
+    pub fn follow(&self, mut rx: crate::policy::PolicyRx) {
+        let me = self.clone();
+        tokio::spawn(async move {
+            while rx.changed().await.is_ok() {
+                let p = rx.borrow_and_update().clone();
+                me.set_resolved(p.policy.resource_qos_strategy.clone(), p.devices.clone());
+            }
+        });
+    }
+
+    fn set_resolved(
+        &self,
+        policy: ResourceQosStrategy,
+        devices: std::collections::BTreeMap<String, qoslet_cgroups::Device>,
+    ) {
         let cur = self.get();
         let next = Arc::new(Shared {
             features: cur.features.clone(),
@@ -58,15 +73,10 @@ impl PolicyHandle {
             node: cur.node.clone(),
             trust: cur.trust.clone(),
             pod_root: cur.pod_root.clone(),
-            devices: resolve_devices(&policy),
+            devices,
             policy,
         });
         *self.0.write().unwrap_or_else(|e| e.into_inner()) = next;
-    }
-
-    /// The policy in force and its devices.
-    pub fn devices(&self) -> std::collections::BTreeMap<String, qoslet_cgroups::Device> {
-        self.get().devices.clone()
     }
 }
 

@@ -7,6 +7,7 @@ mod config;
 mod engine;
 mod isolation;
 mod metrics;
+mod policy;
 mod restore;
 mod top;
 
@@ -199,7 +200,12 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
         file.reserved_cpuset.as_deref(),
     );
     let policy_cfg = file.policy.clone().unwrap_or_default();
-    let mut policy_handle = None;
+    // the one policy source: the config file's policy, watched off the serving thread
+    let policy_rx = policy::watch_file(
+        Some(path.clone()),
+        policy_cfg.clone(),
+        std::time::Duration::from_secs(1),
+    );
     let pipeline = if file.isolation.unwrap_or(true) {
         let root = file
             .cgroup_root
@@ -237,7 +243,7 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
             pod_root.clone(),
         )
         .with_sysctl(&proc_root);
-        policy_handle = Some(iso.policy_handle());
+        iso.policy_handle().follow(policy_rx.clone());
         let hook: std::sync::Arc<dyn qoslet_proxy::Hook> = std::sync::Arc::new(iso);
         qoslet_proxy::Pipeline::with_hooks(vec![(hook, settings)])
     } else {
@@ -301,7 +307,6 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
             .context("qosEngine.beParent")?,
         reserved_cores: engine_cfg.reserved_cpus.unwrap_or(0.0),
         verify_every: 0,
-        config: Some(path.clone()),
         sys_root: PathBuf::from("/sys"),
         trust: trust.clone(),
         pod_root: pod_root.clone(),
@@ -344,14 +349,7 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
                             let env = qoslet_qos_engine::engine::Env {
                                 features: cg.host().features.clone(),
                                 v2: cg.host().is_v2(),
-                                devices: policy_handle
-                                    .as_ref()
-                                    .map(|h| h.devices())
-                                    .unwrap_or_else(|| {
-                                        isolation::resolve_devices(
-                                            &policy_cfg.resource_qos_strategy,
-                                        )
-                                    }),
+                                devices: policy_rx.borrow().devices.clone(),
                                 page_size: qoslet_cgroups::cgroup::page_size(),
                                 node: node.clone(),
                             };
@@ -359,7 +357,6 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
                                 .ok()
                                 .flatten();
                             let shared = engine::Shared::new(cg, engine_settings.dry_run);
-                            *shared.not_implemented_mut() = policy_cfg.not_implemented.clone();
                             let render = shared.clone();
                             m.set_extra(std::sync::Arc::new(move |out: &mut String| {
                                 render.render(out)
@@ -367,9 +364,8 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
                             let _ = slot.1.set(shared.clone());
                             metric_tasks.push(shared.start(
                                 engine_settings,
-                                policy_cfg.engine(),
+                                policy_rx.clone(),
                                 env,
-                                policy_handle.clone(),
                                 rdt,
                                 m,
                                 running.store.clone(),

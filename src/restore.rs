@@ -126,7 +126,6 @@ pub async fn run(a: RestoreArgs) -> Result<()> {
             .context("qosEngine.beParent")?,
         reserved_cores: engine_cfg.reserved_cpus.unwrap_or(0.0),
         verify_every: 1,
-        config: None,
         sys_root,
         trust: file.trust.clone().unwrap_or_default(),
         pod_root: match file.kubelet_cgroup_root.as_deref() {

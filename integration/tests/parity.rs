@@ -159,3 +159,49 @@ async fn real_resize_down_below_a_burst_goes_through() {
     assert_eq!(cgroup_v1("cpu", &ccg, "cpu.cfs_quota_us"), "100000");
     assert_eq!(cgroup_v1("cpu", &ccg, "cpu.cfs_burst_us"), "100000");
 }
+
+/// Issue 16 item 2: the policy has one source that the hooks follow on their
+/// own, so a changed `policy:` reaches them with metrics and the QoS engine
+/// off (it used to reach them only through the engine's loop).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_policy_reload_reaches_the_hooks_with_the_engine_off() {
+    let tb = Testbed::main();
+    let dir = scratch("reload-no-engine");
+    let yaml = |be_cpu_qos: bool| {
+        format!(
+            "metrics: false\nqosEngine:\n  enable: false\npolicy:\n  resourceQOSStrategy:\n    beClass:\n      cpuQOS:\n        enable: {be_cpu_qos}\n"
+        )
+    };
+    let q = QosletProcess::with_config(&dir, &tb.sock, &yaml(false), &[]);
+    let mut via = Cri::connect(&q.sock).await;
+    let mut cleanup = Cleanup::new(&tb.sock);
+    let mut be_pod = |tag: &str| {
+        let name = unique(tag);
+        let cgp = tb.cgroup_parent_in("besteffort", &name);
+        cleanup.cgroups.push(cgp.clone());
+        (pod_config(&name, &cgp), cgp)
+    };
+    let (cfg1, cgp1) = be_pod("reload-before");
+    let (cfg2, cgp2) = be_pod("reload-after");
+    let p1 = via.run_pod(&cfg1).await.unwrap();
+    cleanup.pods.push(p1);
+    assert_eq!(
+        cgroup_v1("cpu", &cgp1, "cpu.idle"),
+        "0",
+        "cpuQOS off: not idle"
+    );
+    std::fs::write(dir.join("qoslet.yaml"), yaml(true)).unwrap();
+    eventually("the policy reloaded", Duration::from_secs(10), || async {
+        q.log_text().contains("policy reloaded").then_some(())
+    })
+    .await;
+    // the hooks' subscriber runs on the serving runtime: give it its turn
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let p2 = via.run_pod(&cfg2).await.unwrap();
+    cleanup.pods.push(p2);
+    assert_eq!(
+        cgroup_v1("cpu", &cgp2, "cpu.idle"),
+        "1",
+        "the reloaded policy (BE cpuQOS on: SCHED_IDLE where there is no bvt) is in force at the hooks"
+    );
+}

@@ -1,0 +1,239 @@
+//! The policy source: one place that knows where the policy comes from and
+//! publishes it, whole, on a `tokio::sync::watch` channel. The runtime hooks
+//! and the QoS engine (and later eviction and the NRI plane) subscribe; none
+//! of them reads the config file. Today the source is the config file's
+//! `policy:` section, watched on a thread of its own (its stat, parse and the
+//! block-device lookups never run on the thread that serves kubelet); a second
+//! source (a NodeSLO from the cluster) publishes on the same channel without
+//! touching the consumers. Reload works whichever of metrics, engine and
+//! isolation are on.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tracing::{error, info, warn};
+
+use crate::config::PolicyConfig;
+
+/// The policy in force, as published.
+#[derive(Debug, Clone, Default)]
+pub struct Published {
+    pub policy: PolicyConfig,
+    /// The policy's block devices resolved on this host.
+    pub devices: BTreeMap<String, qoslet_cgroups::Device>,
+    /// Why the last change was refused (the policy above is the last good one).
+    pub error: Option<String>,
+}
+
+impl Published {
+    pub fn new(policy: PolicyConfig) -> Self {
+        Self {
+            devices: crate::isolation::resolve_devices(&policy.resource_qos_strategy),
+            policy,
+            error: None,
+        }
+    }
+}
+
+/// Subscribers' end of the channel.
+pub type PolicyRx = watch::Receiver<Arc<Published>>;
+
+/// Publishes `initial`, then every change of `path`'s `policy:` section, checked
+/// every `every` on a thread of its own (`None`: no file, the initial policy
+/// stays). The thread ends once every subscriber is gone.
+pub fn watch_file(path: Option<PathBuf>, initial: PolicyConfig, every: Duration) -> PolicyRx {
+    let (tx, rx) = watch::channel(Arc::new(Published::new(initial)));
+    if let Some(path) = path {
+        // the file as it is now (start-up, before serving): a change from here on is seen
+        let mut r = Reloader::new(path);
+        let spawned = std::thread::Builder::new()
+            .name("qoslet-config".into())
+            .spawn(move || {
+                while !tx.is_closed() {
+                    std::thread::sleep(every);
+                    match r.poll() {
+                        Some(Ok(p)) => {
+                            for w in p.resource_qos_strategy.warnings() {
+                                warn!("{w}");
+                            }
+                            info!(path = %r.path.display(), "policy reloaded");
+                            let _ = tx.send(Arc::new(Published::new(p)));
+                        }
+                        Some(Err(e)) => {
+                            error!(error = %e, "config file invalid; the last good policy stays in force");
+                            tx.send_modify(|cur| {
+                                let mut next = Published::clone(cur);
+                                next.error = Some(e);
+                                *cur = Arc::new(next);
+                            });
+                        }
+                        None => {}
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            error!(error = %e, "config watcher not started; policy changes need a restart");
+        }
+    }
+    rx
+}
+
+/// Watches the config file: (modified, length) changes trigger a re-parse.
+pub(crate) struct Reloader {
+    path: PathBuf,
+    seen: Option<(std::time::SystemTime, u64)>,
+    current: crate::config::FileConfig,
+    /// The last change was invalid (a valid file then counts as a change, to clear the error).
+    failed: bool,
+}
+
+impl Reloader {
+    fn stamp(path: &Path) -> Option<(std::time::SystemTime, u64)> {
+        let m = std::fs::metadata(path).ok()?;
+        Some((m.modified().ok()?, m.len()))
+    }
+
+    pub(crate) fn new(path: PathBuf) -> Self {
+        let current = crate::config::load(&path, false).unwrap_or_default();
+        Self {
+            seen: Self::stamp(&path),
+            path,
+            current,
+            failed: false,
+        }
+    }
+
+    /// `Some(Ok(policy))` when the file changed and its policy with it;
+    /// `Some(Err(why))` when the changed file is invalid.
+    pub(crate) fn poll(&mut self) -> Option<Result<crate::config::PolicyConfig, String>> {
+        let stamp = Self::stamp(&self.path);
+        if stamp == self.seen {
+            return None;
+        }
+        self.seen = stamp;
+        let next = match crate::config::load(&self.path, false) {
+            Ok(c) => c,
+            Err(e) => {
+                self.failed = true;
+                return Some(Err(format!("{e:#}")));
+            }
+        };
+        let policy_changed = next.policy != self.current.policy || self.failed;
+        self.failed = false;
+        let others_changed = crate::config::FileConfig {
+            policy: None,
+            ..next.clone()
+        } != crate::config::FileConfig {
+            policy: None,
+            ..self.current.clone()
+        };
+        if others_changed {
+            warn!(path = %self.path.display(), "config keys other than policy changed; they take effect at the next restart");
+        }
+        self.current = next;
+        policy_changed.then(|| Ok(self.current.policy.clone().unwrap_or_default()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("qoslet-policy-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn reloader_reports_policy_changes_and_invalid_files() {
+        let d = scratch("reload");
+        let f = d.join("qoslet.yaml");
+        std::fs::write(
+            &f,
+            "policy:\n  resourceUsedThresholdWithBE:\n    enable: true\n",
+        )
+        .unwrap();
+        let mut r = Reloader::new(f.clone());
+        assert!(r.poll().is_none(), "unchanged");
+        // a different length is a change whatever the clock's resolution
+        std::fs::write(&f, "policy:\n  resourceUsedThresholdWithBE:\n    enable: true\n    cpuSuppressThresholdPercent: 40\n").unwrap();
+        let p = r.poll().unwrap().unwrap();
+        assert_eq!(
+            p.resource_used_threshold_with_be
+                .cpu_suppress_threshold_percent,
+            40
+        );
+        std::fs::write(
+            &f,
+            "policy:\n  resourceUsedThresholdWithBE:\n    cpuSuppressThresholdPercent: 400\n",
+        )
+        .unwrap();
+        let e = r.poll().unwrap().unwrap_err();
+        assert!(e.contains("cpuSuppressThresholdPercent"), "{e}");
+        // the last good file again: the error clears (the policy itself is the same)
+        std::fs::write(&f, "policy:\n  resourceUsedThresholdWithBE:\n    enable: true\n    cpuSuppressThresholdPercent: 40\n").unwrap();
+        assert!(r.poll().unwrap().is_ok());
+        // a change of another key only: no new policy
+        std::fs::write(&f, "logLevel: debug\npolicy:\n  resourceUsedThresholdWithBE:\n    enable: true\n    cpuSuppressThresholdPercent: 40\n").unwrap();
+        assert!(r.poll().is_none());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// One source, any subscriber: a changed policy is published whole, an
+    /// invalid file keeps the last good policy and carries the error.
+    #[tokio::test]
+    async fn the_file_source_publishes_changes_and_errors() {
+        let d = scratch("watch");
+        let f = d.join("qoslet.yaml");
+        std::fs::write(
+            &f,
+            "policy:\n  resourceUsedThresholdWithBE:\n    enable: true\n",
+        )
+        .unwrap();
+        let initial = crate::config::load(&f, true).unwrap().policy.unwrap();
+        let mut rx = watch_file(Some(f.clone()), initial, Duration::from_millis(10));
+        std::fs::write(&f, "policy:\n  resourceUsedThresholdWithBE:\n    enable: true\n    cpuSuppressThresholdPercent: 40\n").unwrap();
+        tokio::time::timeout(Duration::from_secs(5), rx.changed())
+            .await
+            .unwrap()
+            .unwrap();
+        let p = rx.borrow_and_update().clone();
+        assert_eq!(
+            p.policy
+                .resource_used_threshold_with_be
+                .cpu_suppress_threshold_percent,
+            40
+        );
+        assert!(p.error.is_none());
+        std::fs::write(
+            &f,
+            "policy:\n  resourceUsedThresholdWithBE:\n    cpuSuppressThresholdPercent: 400\n",
+        )
+        .unwrap();
+        tokio::time::timeout(Duration::from_secs(5), rx.changed())
+            .await
+            .unwrap()
+            .unwrap();
+        let p = rx.borrow_and_update().clone();
+        assert_eq!(
+            p.policy
+                .resource_used_threshold_with_be
+                .cpu_suppress_threshold_percent,
+            40,
+            "the last good one"
+        );
+        assert!(
+            p.error
+                .as_deref()
+                .is_some_and(|e| e.contains("cpuSuppressThresholdPercent")),
+            "{:?}",
+            p.error
+        );
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}
