@@ -777,26 +777,22 @@ impl Hook for Isolation {
                         let q = shared.policy.of(class).resctrl_qos.clone();
                         if q.enable {
                             let (id, store) = (c.id.clone(), ctx.store.clone());
-                            let group = match class {
-                                QosClass::Lse | QosClass::Lsr => "LSR",
-                                other => other.as_str(),
-                            };
-                            // blocking, inline: hooks run on the blocking pool
-                            let r = (|| -> Result<String, qoslet_cgroups::CgroupError> {
-                                let schemata = rdt.schemata(
-                                    q.cat_range_start_percent,
-                                    q.cat_range_end_percent,
-                                    q.mba_percent,
-                                );
-                                let dir = rdt.ensure_group(group, &schemata)?;
-                                let pids: Vec<u32> = cgroups
-                                    .read(&cg, "cpu", "cgroup.procs")?
-                                    .split_whitespace()
-                                    .filter_map(|p| p.parse().ok())
-                                    .collect();
-                                rdt.assign(&dir, &pids)?;
-                                Ok(schemata.trim().replace('\n', " "))
-                            })();
+                            let group = qoslet_qos_engine::resctrl::group_of(class);
+                            // blocking, inline: hooks run on the blocking pool; the engine's
+                            // assigner (every thread, as each tick does)
+                            let schemata = rdt.schemata(
+                                q.cat_range_start_percent,
+                                q.cat_range_end_percent,
+                                q.mba_percent,
+                            );
+                            let r = qoslet_qos_engine::resctrl::join(
+                                group,
+                                &schemata,
+                                std::slice::from_ref(&cg),
+                                &rdt,
+                                &cgroups,
+                            )
+                            .map(|_| schemata.trim().replace('\n', " "));
                             match r {
                                 Ok(schemata) => store.set_container_applied(
                                     &id,
@@ -949,6 +945,8 @@ mod tests {
                 ("cpu/cgroup.procs", ""),
                 ("cpu/cpu.idle", "0\n"),
                 (&format!("{cg}/cgroup.procs"), "123\n456\n"),
+                // 789 is a second thread of process 456: resctrl assigns threads
+                (&format!("{cg}/tasks"), "123\n456\n789\n"),
                 ("memory/cgroup.procs", ""),
             ],
         );
@@ -1004,10 +1002,11 @@ mod tests {
         )
         .await
         .unwrap();
-        // a plain file in the tree keeps the last single-line write of each task
+        // a plain file in the tree keeps the last single-line write of each task:
+        // the last is a thread no process list names (every thread is assigned)
         assert_eq!(
             std::fs::read_to_string(rdt.join("BE/tasks")).unwrap(),
-            "456"
+            "789"
         );
         assert_eq!(
             std::fs::read_to_string(rdt.join("BE/schemata")).unwrap(),

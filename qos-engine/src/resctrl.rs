@@ -82,48 +82,52 @@ pub fn sync(
     cgroups: &Cgroups,
 ) -> SyncReport {
     let mut r = SyncReport::default();
-    // threads are listed per cgroup in `tasks` (v1) / `cgroup.threads` (v2)
+    for (name, g) in groups {
+        match join(name, &g.schemata, &g.containers, rdt, cgroups) {
+            Ok(n) => {
+                r.groups += 1;
+                r.moved += n;
+            }
+            Err(e) => r.errors.push(format!("resctrl group {name}: {e}")),
+        }
+    }
+    r
+}
+
+/// Puts group `name` in line (its schemata) and moves every thread of
+/// `containers` that is not in it yet into it: the one assigner, used by the
+/// tick and by the hook at container start. Threads, not processes: `tasks`
+/// (v1) / `cgroup.threads` (v2), since resctrl assigns each thread on its own
+/// and a process's other threads would stay in the default group. Returns the
+/// threads moved; a container that exited meanwhile is skipped.
+pub fn join(
+    name: &str,
+    schemata: &str,
+    containers: &[CgroupPath],
+    rdt: &Resctrl,
+    cgroups: &Cgroups,
+) -> Result<usize, qoslet_cgroups::CgroupError> {
     let threads_file = if cgroups.host().is_v2() {
         "cgroup.threads"
     } else {
         "tasks"
     };
-    for (name, g) in groups {
-        let dir = match rdt.ensure_group(name, &g.schemata) {
-            Ok(d) => d,
-            Err(e) => {
-                r.errors.push(format!("resctrl group {name}: {e}"));
-                continue;
-            }
-        };
-        r.groups += 1;
-        let present: BTreeSet<u32> = match qoslet_cgroups::fs::read(&dir.join("tasks")) {
-            Ok(t) => t
-                .split_whitespace()
-                .filter_map(|t| t.parse().ok())
-                .collect(),
-            Err(e) => {
-                r.errors.push(format!("resctrl group {name}: {e}"));
-                continue;
-            }
-        };
-        let mut missing = Vec::new();
-        for cg in &g.containers {
-            // a container that just exited has no file: nothing to move
-            if let Ok(t) = cgroups.read(cg, "cpu", threads_file) {
-                missing.extend(
-                    t.split_whitespace()
-                        .filter_map(|t| t.parse::<u32>().ok())
-                        .filter(|t| !present.contains(t)),
-                );
-            }
-        }
-        match rdt.assign(&dir, &missing) {
-            Ok(n) => r.moved += n,
-            Err(e) => r.errors.push(format!("resctrl group {name}: {e}")),
+    let dir = rdt.ensure_group(name, schemata)?;
+    let present: BTreeSet<u32> = qoslet_cgroups::fs::read(&dir.join("tasks"))?
+        .split_whitespace()
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    let mut missing = Vec::new();
+    for cg in containers {
+        if let Ok(t) = cgroups.read(cg, "cpu", threads_file) {
+            missing.extend(
+                t.split_whitespace()
+                    .filter_map(|t| t.parse::<u32>().ok())
+                    .filter(|t| !present.contains(t)),
+            );
         }
     }
-    r
+    rdt.assign(&dir, &missing)
 }
 
 #[cfg(test)]
