@@ -83,7 +83,7 @@ impl ResourceQosStrategy {
     }
 
     /// Checks ranges; the error names the field.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), PolicyError> {
         for (name, c) in [
             ("lsrClass", &self.lsr_class),
             ("lsClass", &self.ls_class),
@@ -97,21 +97,22 @@ impl ResourceQosStrategy {
                 ("throttlingPercent", m.throttling_percent),
             ] {
                 if !(0..=100).contains(&v) {
-                    return Err(format!(
-                        "resourceQOSStrategy.{name}.memoryQOS.{f}: {v} is not a percentage (0-100)"
+                    return Err(PolicyError::new(
+                        format!("resourceQOSStrategy.{name}.memoryQOS.{f}"),
+                        format!("{v} is not a percentage (0-100)"),
                     ));
                 }
             }
             if !(0..=1).contains(&c.cpu_qos.sched_idle) {
-                return Err(format!(
-                    "resourceQOSStrategy.{name}.cpuQOS.schedIdle: {} is not 0 or 1",
-                    c.cpu_qos.sched_idle
+                return Err(PolicyError::new(
+                    format!("resourceQOSStrategy.{name}.cpuQOS.schedIdle"),
+                    format!("{} is not 0 or 1", c.cpu_qos.sched_idle),
                 ));
             }
             if !(-1..=2).contains(&c.cpu_qos.group_identity) {
-                return Err(format!(
-                    "resourceQOSStrategy.{name}.cpuQOS.groupIdentity: {} is not -1..=2",
-                    c.cpu_qos.group_identity
+                return Err(PolicyError::new(
+                    format!("resourceQOSStrategy.{name}.cpuQOS.groupIdentity"),
+                    format!("{} is not -1..=2", c.cpu_qos.group_identity),
                 ));
             }
             let r = &c.resctrl_qos;
@@ -122,17 +123,26 @@ impl ResourceQosStrategy {
                 || r.cat_range_end_percent > 100
                 || r.mba_percent > 100
             {
-                return Err(format!("resourceQOSStrategy.{name}.resctrlQOS: start {} / end {} / mba {} out of range", r.cat_range_start_percent, r.cat_range_end_percent, r.mba_percent));
+                return Err(PolicyError::new(
+                    format!("resourceQOSStrategy.{name}.resctrlQOS"),
+                    format!(
+                        "start {} / end {} / mba {} out of range",
+                        r.cat_range_start_percent, r.cat_range_end_percent, r.mba_percent
+                    ),
+                ));
             }
             for (i, b) in c.blkio_qos.blocks.iter().enumerate() {
                 let at = format!("resourceQOSStrategy.{name}.blkioQOS.blocks[{i}]");
                 if b.name.trim().is_empty() {
-                    return Err(format!("{at}.name: empty"));
+                    return Err(PolicyError::new(format!("{at}.name"), "empty"));
                 }
                 if !["device", "volumegroup", "podvolume"].contains(&b.block_type.as_str()) {
-                    return Err(format!(
-                        "{at}.type: {:?} is not a block type (device, volumegroup, podvolume)",
-                        b.block_type
+                    return Err(PolicyError::new(
+                        format!("{at}.type"),
+                        format!(
+                            "{:?} is not a block type (device, volumegroup, podvolume)",
+                            b.block_type
+                        ),
                     ));
                 }
                 for (f, v) in [
@@ -142,7 +152,10 @@ impl ResourceQosStrategy {
                     ("writeIOPS", b.write_iops),
                 ] {
                     if v < 0 {
-                        return Err(format!("{at}.ioCfg.{f}: {v} is negative (0 = no limit)"));
+                        return Err(PolicyError::new(
+                            format!("{at}.ioCfg.{f}"),
+                            format!("{v} is negative (0 = no limit)"),
+                        ));
                     }
                 }
             }
@@ -217,6 +230,24 @@ impl Default for MemoryQos {
             wmark_ratio: 95,
             wmark_scale_permill: 20,
             wmark_min_adj: 0,
+        }
+    }
+}
+
+/// A policy refused: the field's path (NodeSLO names, e.g.
+/// `resourceQOSStrategy.beClass.memoryQOS.minLimitPercent`) and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{path}: {message}")]
+pub struct PolicyError {
+    pub path: String,
+    pub message: String,
+}
+
+impl PolicyError {
+    pub fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            path: path.into(),
+            message: message.into(),
         }
     }
 }
@@ -498,7 +529,8 @@ mod tests {
         assert!(bad
             .validate()
             .unwrap_err()
-            .contains("lsClass.memoryQOS.minLimitPercent"));
+            .path
+            .ends_with("lsClass.memoryQOS.minLimitPercent"));
         assert!(
             serde_json::from_str::<ResourceQosStrategy>(r#"{"lsClass":{"memoryQoS":{}}}"#).is_err(),
             "unknown field"
@@ -533,7 +565,10 @@ mod tests {
             ))
             .unwrap();
             let e = s.validate().unwrap_err();
-            assert!(e.contains("beClass.blkioQOS") && e.contains(key), "{e}");
+            assert!(
+                e.path.contains("beClass.blkioQOS") && e.path.contains(key),
+                "{e}"
+            );
         }
         assert!(
             serde_json::from_str::<ResourceQosStrategy>(

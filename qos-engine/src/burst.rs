@@ -9,6 +9,7 @@
 //!   below; idle and throttled: quota × 1.2 up to limit × cfsQuotaBurstPercent;
 //!   overloaded: quota × 0.8 back down to the limit; cooling: unchanged.
 
+use qoslet_hooks::policy::PolicyError;
 use serde::Deserialize;
 
 /// `cpuBurstStrategy.policy`.
@@ -46,23 +47,26 @@ impl Default for CpuBurstStrategy {
 }
 
 impl CpuBurstStrategy {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), PolicyError> {
         if self.cpu_burst_percent < 0 {
-            return Err(format!(
-                "cpuBurstStrategy.cpuBurstPercent: {} is negative",
-                self.cpu_burst_percent
+            return Err(PolicyError::new(
+                "cpuBurstStrategy.cpuBurstPercent",
+                format!("{} is negative", self.cpu_burst_percent),
             ));
         }
         if self.cfs_quota_burst_percent < 100 {
-            return Err(format!(
-                "cpuBurstStrategy.cfsQuotaBurstPercent: {} is below 100 (the limit itself)",
-                self.cfs_quota_burst_percent
+            return Err(PolicyError::new(
+                "cpuBurstStrategy.cfsQuotaBurstPercent",
+                format!(
+                    "{} is below 100 (the limit itself)",
+                    self.cfs_quota_burst_percent
+                ),
             ));
         }
         if !(0..=100).contains(&self.share_pool_threshold_percent) {
-            return Err(format!(
-                "cpuBurstStrategy.sharePoolThresholdPercent: {} is not 0-100",
-                self.share_pool_threshold_percent
+            return Err(PolicyError::new(
+                "cpuBurstStrategy.sharePoolThresholdPercent",
+                format!("{} is not 0-100", self.share_pool_threshold_percent),
             ));
         }
         Ok(())
@@ -309,7 +313,8 @@ mod tests {
         }
         .validate()
         .unwrap_err()
-        .contains("cfsQuotaBurstPercent"));
+        .path
+        .ends_with("cfsQuotaBurstPercent"));
         assert!(serde_json::from_str::<CpuBurstStrategy>(r#"{"policy":"sometimes"}"#).is_err());
     }
 }

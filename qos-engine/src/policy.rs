@@ -1,6 +1,7 @@
 //! `resourceUsedThresholdWithBE`, with Koordinator's NodeSLO field names and
 //! defaults; every field optional in the config.
 
+use qoslet_hooks::policy::PolicyError;
 use serde::Deserialize;
 
 /// How BE CPU is suppressed.
@@ -59,13 +60,14 @@ impl ResourceThresholdStrategy {
     }
 
     /// Checks ranges; the error names the field.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), PolicyError> {
         let pct = |name: &str, v: i64| {
             if (0..=100).contains(&v) {
                 Ok(())
             } else {
-                Err(format!(
-                    "resourceUsedThresholdWithBE.{name}: {v} is not a percentage (0-100)"
+                Err(PolicyError::new(
+                    format!("resourceUsedThresholdWithBE.{name}"),
+                    format!("{v} is not a percentage (0-100)"),
                 ))
             }
         };
@@ -83,10 +85,13 @@ impl ResourceThresholdStrategy {
             self.cpu_evict_be_usage_threshold_percent,
         )?;
         if self.memory_evict_lower() > self.memory_evict_threshold_percent {
-            return Err(format!(
-                "resourceUsedThresholdWithBE.memoryEvictLowerPercent: {} is above memoryEvictThresholdPercent {}",
-                self.memory_evict_lower(),
-                self.memory_evict_threshold_percent
+            return Err(PolicyError::new(
+                "resourceUsedThresholdWithBE.memoryEvictLowerPercent",
+                format!(
+                    "{} is above memoryEvictThresholdPercent {}",
+                    self.memory_evict_lower(),
+                    self.memory_evict_threshold_percent
+                ),
             ));
         }
         Ok(())
@@ -126,7 +131,7 @@ mod tests {
             ),
         ] {
             let s: ResourceThresholdStrategy = serde_json::from_str(bad).unwrap();
-            assert!(s.validate().unwrap_err().contains(field), "{bad}");
+            assert!(s.validate().unwrap_err().path.contains(field), "{bad}");
         }
         assert!(serde_json::from_str::<ResourceThresholdStrategy>(
             r#"{"cpuSuppressPolicy":"quota"}"#
