@@ -61,7 +61,7 @@ pub async fn status(a: AdminArgs) -> Result<()> {
                     "callsTotal": c.calls_total, "callsPassthrough": c.calls_passthrough, "callsIntercepted": c.calls_intercepted,
                     "backendUnavailable": c.backend_unavailable, "hookErrors": c.hook_errors, "hookTimeouts": c.hook_timeouts,
                     "hookPanics": c.hook_panics, "callsRefused": c.calls_refused, "oversizedMessages": c.oversized_messages,
-                    "connectionsRelayed": c.connections_relayed, "connectionsTerminated": c.connections_terminated})),
+                    "connections": c.connections_terminated})),
             }))?
         );
         return Ok(());
@@ -92,10 +92,7 @@ pub async fn status(a: AdminArgs) -> Result<()> {
         "hooks: {} errors, {} timeouts, {} panics",
         c.hook_errors, c.hook_timeouts, c.hook_panics
     );
-    println!(
-        "connections: {} relayed, {} with HTTP/2 terminated",
-        c.connections_relayed, c.connections_terminated
-    );
+    println!("connections: {}", c.connections_terminated);
     Ok(())
 }
 

@@ -28,8 +28,8 @@ pub struct FileConfig {
     /// How often the store is reconciled with the runtime, e.g. `60s`.
     pub resync_interval: Option<String>,
     pub hooks: Option<HooksConfig>,
-    /// Relay HTTP/2 frames (default false: HTTP/2 is terminated for every call, hooks run
-    /// at every size; the relay skips hooks above 32 KiB).
+    /// Deprecated and ignored (the opt-in frame relay is gone: HTTP/2 is always
+    /// terminated); still accepted so an old config file keeps working, with a warning.
     pub relay: Option<bool>,
     /// Apply QoS isolation at the runtime hooks (default true); false: a pure proxy.
     pub isolation: Option<bool>,

@@ -155,7 +155,10 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
         cfg.state_dir = v;
     }
     if let Some(v) = file.relay {
-        cfg.relay = v;
+        tracing::warn!(
+            relay = v,
+            "config key relay is deprecated and ignored: HTTP/2 is always terminated (one data plane, hooks at every size)"
+        );
     }
     if let Some(v) = file.max_message_bytes {
         cfg.max_message_bytes = v as usize;

@@ -120,19 +120,8 @@ pub type Started = (
     std::path::PathBuf,
 );
 
-/// Starts an in-process proxy in front of `backend` with sockets under `dir`
-/// (the opt-in frame relay; the tests of both paths use [`start_proxy_mode`]).
+/// Starts an in-process proxy in front of `backend` with sockets under `dir`.
 pub async fn start_proxy(dir: &Path, backend: &Path, pipeline: qoslet_proxy::Pipeline) -> Started {
-    start_proxy_mode(dir, backend, pipeline, true).await
-}
-
-/// [`start_proxy`] with the relay on (opt-in) or off (HTTP/2 terminated per call, the default).
-pub async fn start_proxy_mode(
-    dir: &Path,
-    backend: &Path,
-    pipeline: qoslet_proxy::Pipeline,
-    relay: bool,
-) -> Started {
     let sock = dir.join("qoslet.sock");
     let admin = dir.join("admin.sock");
     let cfg = qoslet_proxy::ProxyConfig {
@@ -141,7 +130,6 @@ pub async fn start_proxy_mode(
         runtime_endpoint: format!("unix://{}", backend.display()),
         state_dir: dir.join("state"),
         drain_timeout: Duration::from_secs(5),
-        relay,
         ..Default::default()
     };
     let running = qoslet_proxy::start(cfg, pipeline)

@@ -10,7 +10,7 @@ use k8s_cri::v1 as cri;
 use prost::Message;
 use qoslet_integration::fake::{FakeBackend, Reply};
 use qoslet_integration::raw::{frame, unknown_field, RawClient};
-use qoslet_integration::{scratch, start_proxy_mode};
+use qoslet_integration::{scratch, start_proxy};
 use qoslet_proxy::cri::{CriRequest, HookPoint};
 use qoslet_proxy::pipeline::{BoxError, BoxFuture, HookContext, Stage};
 use qoslet_proxy::{FailurePolicy, Hook, HookSettings, Pipeline};
@@ -84,7 +84,7 @@ fn created_reply() -> Reply {
     )
 }
 
-async fn unknown_fields_survive_interception_with_and_without_a_patch(relay: bool) {
+async fn unknown_fields_survive_interception_with_and_without_a_patch() {
     for patched in [false, true] {
         let dir = scratch("unknown-field");
         let fake = FakeBackend::start(&dir.join("backend.sock"), |_| created_reply()).await;
@@ -96,7 +96,7 @@ async fn unknown_fields_survive_interception_with_and_without_a_patch(relay: boo
         } else {
             Pipeline::new()
         };
-        let (running, sock, _) = start_proxy_mode(&dir, &fake.sock, pipeline, relay).await;
+        let (running, sock, _) = start_proxy(&dir, &fake.sock, pipeline).await;
         // a newer kubelet's request: a field (number 99) qoslet's CRI proto does not have
         let mut msg = create_request().encode_to_vec();
         let unknown = unknown_field(99, b"from-a-newer-kubelet");
@@ -153,7 +153,7 @@ async fn unknown_fields_survive_interception_with_and_without_a_patch(relay: boo
         );
         // the client sends content-length (hyper does): whatever reaches the runtime carries
         // none or the true one, for the intercepted call whose body grew and for a later
-        // pass-through call on the same connection (after the relay began re-encoding
+        // pass-through call on the same connection (after the interception
         // header blocks)
         let later = "/runtime.v1.RuntimeService/Version";
         let resp = c
@@ -182,7 +182,7 @@ async fn unknown_fields_survive_interception_with_and_without_a_patch(relay: boo
     }
 }
 
-async fn unknown_methods_metadata_deadline_and_statuses_pass_through(relay: bool) {
+async fn unknown_methods_metadata_deadline_and_statuses_pass_through() {
     let dir = scratch("passthrough");
     let fake = FakeBackend::start(&dir.join("backend.sock"), |s| match s.path.as_str() {
         "/runtime.v1.RuntimeService/UpdatePodSandboxResources" => {
@@ -200,7 +200,7 @@ async fn unknown_methods_metadata_deadline_and_statuses_pass_through(relay: bool
         _ => Reply::status(12, "unexpected", &[]),
     })
     .await;
-    let (running, sock, _) = start_proxy_mode(&dir, &fake.sock, Pipeline::new(), relay).await;
+    let (running, sock, _) = start_proxy(&dir, &fake.sock, Pipeline::new()).await;
     let mut c = RawClient::connect(&sock).await.unwrap();
 
     // a method qoslet's CRI proto does not have
@@ -285,7 +285,7 @@ async fn unknown_methods_metadata_deadline_and_statuses_pass_through(relay: bool
     running.shutdown().await;
 }
 
-async fn concurrent_calls_do_not_serialize(relay: bool) {
+async fn concurrent_calls_do_not_serialize() {
     let dir = scratch("concurrency");
     let fake = FakeBackend::start(&dir.join("backend.sock"), |_| {
         Reply::ok(
@@ -298,7 +298,7 @@ async fn concurrent_calls_do_not_serialize(relay: bool) {
         .delayed(Duration::from_millis(400))
     })
     .await;
-    let (running, sock, _) = start_proxy_mode(&dir, &fake.sock, Pipeline::new(), relay).await;
+    let (running, sock, _) = start_proxy(&dir, &fake.sock, Pipeline::new()).await;
     let t0 = Instant::now();
     let mut tasks = vec![];
     for i in 0..32 {
@@ -326,7 +326,7 @@ async fn concurrent_calls_do_not_serialize(relay: bool) {
     running.shutdown().await;
 }
 
-async fn server_streams_flow_through_as_they_come(relay: bool) {
+async fn server_streams_flow_through_as_they_come() {
     let dir = scratch("stream");
     let fake = FakeBackend::start(&dir.join("backend.sock"), |_| Reply {
         chunks: (0..3)
@@ -345,7 +345,7 @@ async fn server_streams_flow_through_as_they_come(relay: bool) {
         ..Default::default()
     })
     .await;
-    let (running, sock, _) = start_proxy_mode(&dir, &fake.sock, Pipeline::new(), relay).await;
+    let (running, sock, _) = start_proxy(&dir, &fake.sock, Pipeline::new()).await;
     // watch arrival times through a streaming client
     let io = tokio::net::UnixStream::connect(&sock).await.unwrap();
     let (mut sender, conn) = hyper::client::conn::http2::handshake(
@@ -388,7 +388,7 @@ async fn server_streams_flow_through_as_they_come(relay: bool) {
     running.shutdown().await;
 }
 
-async fn oversized_messages_are_refused_both_ways_and_the_proxy_keeps_serving(relay: bool) {
+async fn oversized_messages_are_refused_both_ways_and_the_proxy_keeps_serving() {
     let dir = scratch("oversized");
     let big = vec![b'x'; (16 << 20) + 1];
     let big_reply = frame(&big);
@@ -401,7 +401,7 @@ async fn oversized_messages_are_refused_both_ways_and_the_proxy_keeps_serving(re
         _ => Reply::ok(b""),
     })
     .await;
-    let (running, sock, _) = start_proxy_mode(&dir, &fake.sock, Pipeline::new(), relay).await;
+    let (running, sock, _) = start_proxy(&dir, &fake.sock, Pipeline::new()).await;
     let mut c = RawClient::connect(&sock).await.unwrap();
     for path in ["/runtime.v1.RuntimeService/Version", CREATE] {
         let r = c.call(path, &[], frame(&big)).await.unwrap();
@@ -448,7 +448,7 @@ async fn oversized_messages_are_refused_both_ways_and_the_proxy_keeps_serving(re
     let _ = Bytes::new();
 }
 
-async fn undecodable_intercepted_request_is_forwarded_unchanged(relay: bool) {
+async fn undecodable_intercepted_request_is_forwarded_unchanged() {
     let dir = scratch("undecodable");
     let fake = FakeBackend::start(&dir.join("backend.sock"), |_| {
         Reply::status(3, "runtime says invalid", &[])
@@ -461,7 +461,7 @@ async fn undecodable_intercepted_request_is_forwarded_unchanged(relay: bool) {
             policy: FailurePolicy::FailClosed,
         },
     )]);
-    let (running, sock, _) = start_proxy_mode(&dir, &fake.sock, pipeline, relay).await;
+    let (running, sock, _) = start_proxy(&dir, &fake.sock, pipeline).await;
     let mut c = RawClient::connect(&sock).await.unwrap();
     let garbage = frame(b"\xff\xff\xff\xff\x0f");
     let r = c.call(CREATE, &[], garbage.clone()).await.unwrap();
@@ -481,10 +481,10 @@ async fn undecodable_intercepted_request_is_forwarded_unchanged(relay: bool) {
     running.shutdown().await;
 }
 
-async fn large_intercepted_requests_still_reach_the_runtime_unchanged(relay: bool) {
+async fn large_intercepted_requests_still_reach_the_runtime_unchanged() {
     let dir = scratch("large");
     let fake = FakeBackend::start(&dir.join("backend.sock"), |_| created_reply()).await;
-    let (running, sock, _) = start_proxy_mode(&dir, &fake.sock, Pipeline::new(), relay).await;
+    let (running, sock, _) = start_proxy(&dir, &fake.sock, Pipeline::new()).await;
     // 2,000 environment variables (~60 KiB): more than the relay holds for interception
     let mut req = create_request();
     req.config.as_mut().unwrap().envs = (0..2000)
@@ -506,63 +506,35 @@ async fn large_intercepted_requests_still_reach_the_runtime_unchanged(relay: boo
     running.shutdown().await;
 }
 
-/// Every test runs against both paths: the frame relay and the HTTP/2-terminating proxy.
-mod both_paths {
+/// The tests above, on the one data plane.
+mod one_plane {
     #[tokio::test]
-    async fn large_intercepted_requests_still_reach_the_runtime_unchanged_relay() {
-        super::large_intercepted_requests_still_reach_the_runtime_unchanged(true).await
+    async fn large_intercepted_requests_still_reach_the_runtime_unchanged() {
+        super::large_intercepted_requests_still_reach_the_runtime_unchanged().await
     }
     #[tokio::test]
-    async fn large_intercepted_requests_still_reach_the_runtime_unchanged_terminating() {
-        super::large_intercepted_requests_still_reach_the_runtime_unchanged(false).await
+    async fn unknown_fields_survive_interception_with_and_without_a_patch() {
+        super::unknown_fields_survive_interception_with_and_without_a_patch().await
     }
     #[tokio::test]
-    async fn unknown_fields_survive_interception_with_and_without_a_patch_relay() {
-        super::unknown_fields_survive_interception_with_and_without_a_patch(true).await
+    async fn unknown_methods_metadata_deadline_and_statuses_pass_through() {
+        super::unknown_methods_metadata_deadline_and_statuses_pass_through().await
     }
     #[tokio::test]
-    async fn unknown_fields_survive_interception_with_and_without_a_patch_terminating() {
-        super::unknown_fields_survive_interception_with_and_without_a_patch(false).await
+    async fn concurrent_calls_do_not_serialize() {
+        super::concurrent_calls_do_not_serialize().await
     }
     #[tokio::test]
-    async fn unknown_methods_metadata_deadline_and_statuses_pass_through_relay() {
-        super::unknown_methods_metadata_deadline_and_statuses_pass_through(true).await
+    async fn server_streams_flow_through_as_they_come() {
+        super::server_streams_flow_through_as_they_come().await
     }
     #[tokio::test]
-    async fn unknown_methods_metadata_deadline_and_statuses_pass_through_terminating() {
-        super::unknown_methods_metadata_deadline_and_statuses_pass_through(false).await
+    async fn oversized_messages_are_refused_both_ways_and_the_proxy_keeps_serving() {
+        super::oversized_messages_are_refused_both_ways_and_the_proxy_keeps_serving().await
     }
     #[tokio::test]
-    async fn concurrent_calls_do_not_serialize_relay() {
-        super::concurrent_calls_do_not_serialize(true).await
-    }
-    #[tokio::test]
-    async fn concurrent_calls_do_not_serialize_terminating() {
-        super::concurrent_calls_do_not_serialize(false).await
-    }
-    #[tokio::test]
-    async fn server_streams_flow_through_as_they_come_relay() {
-        super::server_streams_flow_through_as_they_come(true).await
-    }
-    #[tokio::test]
-    async fn server_streams_flow_through_as_they_come_terminating() {
-        super::server_streams_flow_through_as_they_come(false).await
-    }
-    #[tokio::test]
-    async fn oversized_messages_are_refused_both_ways_and_the_proxy_keeps_serving_relay() {
-        super::oversized_messages_are_refused_both_ways_and_the_proxy_keeps_serving(true).await
-    }
-    #[tokio::test]
-    async fn oversized_messages_are_refused_both_ways_and_the_proxy_keeps_serving_terminating() {
-        super::oversized_messages_are_refused_both_ways_and_the_proxy_keeps_serving(false).await
-    }
-    #[tokio::test]
-    async fn undecodable_intercepted_request_is_forwarded_unchanged_relay() {
-        super::undecodable_intercepted_request_is_forwarded_unchanged(true).await
-    }
-    #[tokio::test]
-    async fn undecodable_intercepted_request_is_forwarded_unchanged_terminating() {
-        super::undecodable_intercepted_request_is_forwarded_unchanged(false).await
+    async fn undecodable_intercepted_request_is_forwarded_unchanged() {
+        super::undecodable_intercepted_request_is_forwarded_unchanged().await
     }
 }
 
@@ -585,7 +557,7 @@ async fn the_final_checkpoint_holds_calls_that_drained() {
         _ => Reply::ok(b""),
     })
     .await;
-    let (running, sock, _) = start_proxy_mode(&dir, &fake.sock, Pipeline::new(), false).await;
+    let (running, sock, _) = start_proxy(&dir, &fake.sock, Pipeline::new()).await;
     let req = cri::RunPodSandboxRequest {
         config: Some(qoslet_integration::testbed::pod_config(
             "slow",

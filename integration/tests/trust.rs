@@ -164,7 +164,6 @@ async fn real_hostile_annotation_neither_stalls_nor_pins() {
     let _serial = SERIAL.lock().await;
     let tb = Testbed::main();
     let dir = scratch("trust-hostile");
-    // the default path (the opt-in frame relay skips hooks above 32 KiB: issue 11)
     let q = QosletProcess::with_config(&dir, &tb.sock, "hooks:\n  timeout: 2s\n", &[]);
     let mut via = Cri::connect(&q.sock).await;
     let mut cleanup = Cleanup::new(&tb.sock);

@@ -95,8 +95,8 @@ impl Admin for AdminService {
                 calls_refused: l(&s.calls_refused),
                 oversized_messages: l(&s.oversized_messages),
                 undecodable_messages: l(&s.undecodable_messages),
-                connections_relayed: l(&s.connections_relayed),
                 connections_terminated: l(&s.connections_terminated),
+                ..Default::default()
             }),
         }))
     }

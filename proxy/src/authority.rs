@@ -26,7 +26,8 @@ use crate::h2frame::{
     headers_fragment, literal_block, write_header_frames, ACK, CONTINUATION, END_HEADERS,
     END_STREAM, FRAME_HEADER, HEADERS, PREFACE, SETTINGS,
 };
-use crate::hpack::Decoder;
+/// The client's HPACK decoding context (fluke-hpack: maintained, fuzzed).
+type Decoder = fluke_hpack::Decoder<'static>;
 /// A header block larger than this is not decoded (passed on for h2 to judge).
 const MAX_BLOCK: usize = 1 << 20;
 
@@ -133,7 +134,7 @@ impl<S> AuthorityFix<S> {
                     }
                     let p = self.inbuf.split_to(PREFACE.len());
                     self.out.extend_from_slice(&p);
-                    self.mode = Mode::Detect(Box::default());
+                    self.mode = Mode::Detect(Box::new(Decoder::new()));
                 }
                 Mode::Detect(_) | Mode::Rewrite(_) | Mode::Scan => {
                     if self.inbuf.len() < FRAME_HEADER {

@@ -46,7 +46,6 @@ pub struct ProxyStats {
     pub calls_refused: AtomicU64,
     pub oversized_messages: AtomicU64,
     pub undecodable_messages: AtomicU64,
-    pub connections_relayed: AtomicU64,
     pub connections_terminated: AtomicU64,
 }
 
@@ -405,18 +404,6 @@ impl Forwarder {
             rparts,
             Body::new(StreamBody::new(tokio_stream::iter(frames(data, trailers)))),
         )
-    }
-
-    pub(crate) fn max_message(&self) -> usize {
-        self.max_message
-    }
-
-    pub(crate) fn backend_path(&self) -> &std::path::Path {
-        self.backend.socket_path()
-    }
-
-    pub(crate) fn shutdown_signal(&self) -> watch::Receiver<bool> {
-        self.shutdown.clone()
     }
 }
 

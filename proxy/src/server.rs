@@ -47,12 +47,6 @@ pub struct ProxyConfig {
     pub resync_interval: Duration,
     /// Minimum time between two checkpoint writes.
     pub checkpoint_interval: Duration,
-    /// Relay HTTP/2 frames (opt-in) instead of terminating HTTP/2 for every call.
-    /// Off by default: the relay passes intercepted requests over 32 KiB on
-    /// without hooks (a pod author could skip its isolation with one large
-    /// annotation) and has flow-control defects the terminating path does not
-    /// (issue 11 replaces both with one plane).
-    pub relay: bool,
 }
 
 impl Default for ProxyConfig {
@@ -66,7 +60,6 @@ impl Default for ProxyConfig {
             drain_timeout: Duration::from_secs(30),
             resync_interval: Duration::from_secs(60),
             checkpoint_interval: Duration::from_millis(100),
-            relay: false,
         }
     }
 }
@@ -228,7 +221,6 @@ pub async fn start_with(
             forwarder,
             rx.clone(),
             cfg.drain_timeout,
-            cfg.relay,
         )),
         tokio::spawn(serve_admin(admin_listener, admin, rx.clone())),
         tokio::spawn(resync(
@@ -260,7 +252,6 @@ async fn serve_proxy(
     fwd: Arc<Forwarder>,
     mut shutdown: watch::Receiver<bool>,
     drain: Duration,
-    relay: bool,
 ) {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
@@ -271,9 +262,8 @@ async fn serve_proxy(
         .initial_stream_window_size(Some(4 << 20))
         .initial_connection_window_size(Some(16 << 20))
         .max_send_buf_size(4 << 20);
-    let relays = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     loop {
-        let mut stream = tokio::select! {
+        let stream = tokio::select! {
             r = listener.accept() => match r {
                 Ok((s, _)) => s,
                 Err(e) => {
@@ -287,101 +277,29 @@ async fn serve_proxy(
         let fwd = fwd.clone();
         let watcher = graceful.watcher();
         let builder = builder.clone();
-        let relays = relays.clone();
         tokio::spawn(async move {
-            let (replay, ack_dropped, runtime_down) = if relay {
-                match crate::relay::start(&mut stream, fwd.backend_path()).await {
-                    crate::relay::Start::Closed => return,
-                    crate::relay::Start::Relay {
-                        backend,
-                        pending,
-                        dec,
-                        ack_dropped,
-                    } => {
-                        relays.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                        fwd.stats()
-                            .connections_relayed
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        crate::relay::relay(stream, backend, pending, dec, ack_dropped, fwd).await;
-                        relays.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-                        return;
-                    }
-                    crate::relay::Start::Terminate {
-                        replay,
-                        ack_dropped,
-                        runtime_down,
-                    } => (Some(replay), ack_dropped, runtime_down),
-                }
-            } else {
-                (None, true, false)
-            };
-            // the HTTP/2-terminating path; the handler future is boxed: hyper spawns
-            // one task per stream, and a large inline future would be copied on every spawn
+            // HTTP/2 terminated per connection (h2, under hyper); the handler future is
+            // boxed: hyper spawns one task per stream, and a large inline future would
+            // be copied on every spawn
             fwd.stats()
                 .connections_terminated
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let backend_path = fwd.backend_path().to_path_buf();
-            let mut stop = fwd.shutdown_signal();
             let svc = hyper::service::service_fn(move |req| {
                 let fwd = fwd.clone();
                 let fut: BoxedResponse =
                     Box::pin(async move { Ok::<_, Infallible>(fwd.handle(req).await) });
                 fut
             });
-            let mut io = AuthorityFix::new(crate::relay::Replay::new(
-                replay.unwrap_or_default(),
-                stream,
-            ));
-            if !ack_dropped {
-                io = io.dropping_first_settings_ack();
+            let conn = builder.serve_connection(TokioIo::new(AuthorityFix::new(stream)), svc);
+            if let Err(e) = watcher.watch(conn).await {
+                debug!(error = %e, "proxy connection ended with an error");
             }
-            let conn = builder.serve_connection(TokioIo::new(io), svc);
-            if !runtime_down {
-                if let Err(e) = watcher.watch(conn).await {
-                    debug!(error = %e, "proxy connection ended with an error");
-                }
-                return;
-            }
-            // accepted while the runtime was down: once it is back, close this connection
-            // gracefully (GOAWAY, in-flight calls finish) so the client reconnects to the relay
-            relays.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            tokio::pin!(conn);
-            let mut closing = false;
-            loop {
-                tokio::select! {
-                    r = conn.as_mut() => {
-                        if let Err(e) = r {
-                            debug!(error = %e, "proxy connection ended with an error");
-                        }
-                        break;
-                    }
-                    _ = runtime_up(&backend_path), if !closing => {
-                        debug!("runtime is back; moving this connection to the relay");
-                        conn.as_mut().graceful_shutdown();
-                        closing = true;
-                    }
-                    _ = stopped(&mut stop), if !closing => {
-                        conn.as_mut().graceful_shutdown();
-                        closing = true;
-                    }
-                }
-            }
-            relays.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
         });
     }
     drop(listener);
-    info!(
-        connections = graceful.count(),
-        relayed = relays.load(std::sync::atomic::Ordering::SeqCst),
-        "draining proxy connections"
-    );
-    let relays_done = async {
-        while relays.load(std::sync::atomic::Ordering::SeqCst) > 0 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    };
+    info!(connections = graceful.count(), "draining proxy connections");
     tokio::select! {
-        _ = async { tokio::join!(graceful.shutdown(), relays_done) } => info!("proxy drained"),
+        _ = graceful.shutdown() => info!("proxy drained"),
         _ = tokio::time::sleep(drain) => warn!(timeout = ?drain, "drain timeout; closing remaining calls"),
     }
 }
@@ -481,16 +399,6 @@ async fn resync(
                 };
             }
             Err(e) => debug!(error = %e, "resync failed"),
-        }
-    }
-}
-
-/// Resolves once the runtime's socket accepts connections (checked every second).
-async fn runtime_up(path: &std::path::Path) {
-    loop {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        if tokio::net::UnixStream::connect(path).await.is_ok() {
-            return;
         }
     }
 }

@@ -91,13 +91,11 @@ where
             &paths.relay_async,
             &paths.relay_threads,
             &paths.qoslet,
-            &paths.qoslet_relay,
         ],
         f,
     )
     .await;
     report(name, &s[0], &s[3], 1.10);
-    report("  qoslet, frame relay (opt-in)", &s[0], &s[4], 1.10);
     report("  byte relay (async)", &s[0], &s[1], 1.10);
     report("  byte relay (threads)", &s[0], &s[2], 1.10);
     let floor = if s[1].pct(0.5) <= s[2].pct(0.5) {
@@ -117,10 +115,8 @@ struct Paths {
     direct: Cri,
     relay_async: Cri,
     relay_threads: Cri,
-    /// qoslet as deployed by default (HTTP/2 terminated per call).
+    /// qoslet (HTTP/2 terminated per call: the one data plane).
     qoslet: Cri,
-    /// qoslet with `relay: true`.
-    qoslet_relay: Cri,
 }
 
 async fn lifecycle(mut c: Cri, tb: &Testbed, tag: &str) {
@@ -233,7 +229,6 @@ async fn main() {
         }
     }
     let q = QosletProcess::start(&dir, &tb.sock);
-    let q_relay = QosletProcess::with_config(&dir.join("relay"), &tb.sock, "relay: true\n", &[]);
     let direct = Cri::connect(&tb.sock).await;
     let via = Cri::connect(&q.sock).await;
     println!(
@@ -280,7 +275,6 @@ async fn main() {
         relay_async: Cri::connect(&relays[0].0).await,
         relay_threads: Cri::connect(&relays[1].0).await,
         qoslet: via.clone(),
-        qoslet_relay: Cri::connect(&q_relay.sock).await,
     };
     // warm every path (connections, caches) before timing
     rotated(
@@ -290,7 +284,6 @@ async fn main() {
             &paths.relay_async,
             &paths.relay_threads,
             &paths.qoslet,
-            &paths.qoslet_relay,
         ],
         |mut c| async move {
             c.rt.version(cri::VersionRequest::default()).await.unwrap();
@@ -381,7 +374,7 @@ async fn main() {
     // RSS across lifecycles (2 at a time, like kubelet's parallel pod workers), through the
     // whole agent and through a proxy-only qoslet (`metrics: false`, so no engine either): the
     // agent keeps a removed container's series for the cache's raw window (10 minutes), the
-    // proxy path (relay, hooks, store, checkpoint) keeps nothing of a removed pod
+    // proxy path (hooks, store, checkpoint) keeps nothing of a removed pod
     let q_lean =
         QosletProcess::with_config(&dir.join("proxy-only"), &tb.sock, "metrics: false\n", &[]);
     let via_lean = Cri::connect(&q_lean.sock).await;
