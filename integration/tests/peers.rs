@@ -262,3 +262,53 @@ fn hex_decode(s: &str) -> Vec<u8> {
         .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
         .collect()
 }
+
+/// Review of issue 11: five clients that stop reading 12 MiB answers hold back
+/// only their own connections; another client's call still gets through at
+/// once (with one backend connection for all, what their stalled answers left
+/// unread, 4 MiB each beyond what qoslet buffers to send, filled its 16 MiB
+/// window and every call on the node hung).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_readers_do_not_stall_other_clients() {
+    let dir = scratch("peers-stalled-many");
+    const SLOW: &str = "/runtime.v1.RuntimeService/ListMetricDescriptors";
+    let fake = FakeBackend::start(&dir.join("runtime.sock"), |s| match s.path.as_str() {
+        SLOW => Reply::ok(&vec![7u8; 12 << 20]),
+        "/runtime.v1.RuntimeService/Version" => Reply::ok(
+            &cri::VersionResponse {
+                version: "0.1.0".into(),
+                runtime_name: "fake".into(),
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        ),
+        _ => Reply::ok(b""),
+    })
+    .await;
+    let q = QosletProcess::start(&dir, &fake.sock);
+    let mut stalled = Vec::new();
+    for _ in 0..5 {
+        let mut child = python(&q.sock, &["slow-reader", SLOW])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let first: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+        assert_eq!(first["started"], true);
+        stalled.push(child);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await; // their answers are in flight, stalled
+    let mut c = Cri::connect(&q.sock).await;
+    let v = tokio::time::timeout(
+        Duration::from_secs(3),
+        c.rt.version(cri::VersionRequest::default()),
+    )
+    .await
+    .expect("another client's call is not held back by the stalled ones")
+    .unwrap();
+    assert_eq!(v.into_inner().runtime_name, "fake");
+    for mut s in stalled {
+        let _ = s.kill();
+        let _ = s.wait();
+    }
+}

@@ -30,6 +30,18 @@ use crate::h2frame::{
 type Decoder = fluke_hpack::Decoder<'static>;
 /// A header block larger than this is not decoded (passed on for h2 to judge).
 const MAX_BLOCK: usize = 1 << 20;
+/// The most a block may decode to (names + values + 32 per field, as RFC 7541
+/// counts): a small block of references to one large table entry (an HPACK
+/// bomb) stops being read here instead of allocating gigabytes.
+const MAX_DECODED: usize = 1 << 20;
+/// CONTINUATION frames one block may take (h2's own limit at these settings is 20).
+const MAX_CONTINUATIONS: u32 = 20;
+/// The largest frame qoslet's HTTP/2 server accepts (`SETTINGS_MAX_FRAME_SIZE`),
+/// and the size rewritten header blocks are split at.
+pub const SERVER_MAX_FRAME: usize = 1 << 20;
+/// The dynamic table size qoslet's HTTP/2 server advertises (h2's default):
+/// a client's size update above it is a decoding error (RFC 7541 §6.3).
+const SERVER_HEADER_TABLE: usize = 4096;
 
 /// Whether `v` is acceptable to h2 as an `:authority`.
 pub fn valid_authority(v: &[u8]) -> bool {
@@ -41,6 +53,49 @@ struct Block {
     end_stream: bool,
     fragment: BytesMut,
     raw: BytesMut,
+    continuations: u32,
+}
+
+/// What decoding a client's header block gave.
+enum Decoded {
+    /// The headers, and whether an `:authority` h2 would refuse is among them.
+    Headers(Vec<(Vec<u8>, Vec<u8>)>, bool),
+    /// Over [`MAX_DECODED`].
+    TooBig,
+    /// Not HPACK (or a decoder panic, caught: fluke-hpack unwraps some integers).
+    Bad,
+}
+
+fn decode(decoder: &mut Decoder, block: &[u8]) -> Decoded {
+    let (mut size, mut over, mut bad) = (0usize, false, false);
+    let mut out = Vec::new();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        decoder.decode_with_cb(block, |n, v| {
+            if over {
+                return;
+            }
+            size = size.saturating_add(n.len() + v.len() + 32);
+            if size > MAX_DECODED {
+                over = true;
+                return;
+            }
+            if &*n == b":authority" && !valid_authority(&v) {
+                bad = true;
+            }
+            out.push((n.into_owned(), v.into_owned()));
+        })
+    }));
+    match r {
+        Ok(Ok(())) if over => Decoded::TooBig,
+        Ok(Ok(())) => Decoded::Headers(out, bad),
+        _ => Decoded::Bad,
+    }
+}
+
+fn new_decoder() -> Box<Decoder> {
+    let mut d = Decoder::new();
+    d.set_max_allowed_table_size(SERVER_HEADER_TABLE);
+    Box::new(d)
 }
 
 enum Mode {
@@ -55,6 +110,9 @@ enum Mode {
 /// A connection wrapper that repairs invalid `:authority` values (see module docs).
 pub struct AuthorityFix<S> {
     io: S,
+    /// The connection is beyond repair (a block qoslet could not re-encode after
+    /// it began rewriting): reads fail, so the HTTP/2 server closes it.
+    failed: bool,
     inbuf: BytesMut,
     out: BytesMut,
     mode: Mode,
@@ -68,6 +126,7 @@ impl<S> AuthorityFix<S> {
     pub fn new(io: S) -> Self {
         Self {
             io,
+            failed: false,
             inbuf: BytesMut::new(),
             out: BytesMut::new(),
             mode: Mode::Preface,
@@ -134,7 +193,7 @@ impl<S> AuthorityFix<S> {
                     }
                     let p = self.inbuf.split_to(PREFACE.len());
                     self.out.extend_from_slice(&p);
-                    self.mode = Mode::Detect(Box::new(Decoder::new()));
+                    self.mode = Mode::Detect(new_decoder());
                 }
                 Mode::Detect(_) | Mode::Rewrite(_) | Mode::Scan => {
                     if self.inbuf.len() < FRAME_HEADER {
@@ -142,6 +201,10 @@ impl<S> AuthorityFix<S> {
                     }
                     let len = u32::from_be_bytes([0, self.inbuf[0], self.inbuf[1], self.inbuf[2]])
                         as usize;
+                    if len > SERVER_MAX_FRAME {
+                        // never buffered: h2 refuses it (FRAME_SIZE_ERROR)
+                        return self.give_up();
+                    }
                     if self.inbuf.len() < FRAME_HEADER + len {
                         return;
                     }
@@ -177,6 +240,7 @@ impl<S> AuthorityFix<S> {
                     end_stream: flags & END_STREAM != 0,
                     fragment: BytesMut::from(fragment),
                     raw: BytesMut::from(&frame[..]),
+                    continuations: 0,
                 });
             }
             CONTINUATION
@@ -188,11 +252,19 @@ impl<S> AuthorityFix<S> {
                 let b = self.block.as_mut().expect("checked");
                 b.fragment.extend_from_slice(payload);
                 b.raw.extend_from_slice(&frame);
-                if b.fragment.len() > MAX_BLOCK {
-                    return self.passthrough();
+                b.continuations += 1;
+                // empty CONTINUATIONs grow nothing but the frame count
+                if b.fragment.len() > MAX_BLOCK || b.continuations > MAX_CONTINUATIONS {
+                    return self.give_up();
                 }
             }
-            _ if self.block.is_some() => return self.passthrough_with(&frame), // h2 will call this a protocol error
+            // h2 calls this a protocol error
+            _ if self.block.is_some() => {
+                if matches!(self.mode, Mode::Rewrite(_)) {
+                    return self.fail();
+                }
+                return self.passthrough_with(&frame);
+            }
             _ => {
                 self.out.extend_from_slice(&frame);
                 return;
@@ -202,6 +274,24 @@ impl<S> AuthorityFix<S> {
             let b = self.block.take().expect("block in progress");
             self.finish(b);
         }
+    }
+
+    /// Stops parsing. Before any rewrite everything goes to h2 as it came (h2
+    /// judges it with its own limits); once blocks have been rewritten, h2's
+    /// HPACK state no longer matches the client's, so the connection is closed.
+    fn give_up(&mut self) {
+        if matches!(self.mode, Mode::Rewrite(_)) {
+            self.fail()
+        } else {
+            self.passthrough()
+        }
+    }
+
+    fn fail(&mut self) {
+        self.failed = true;
+        self.block = None;
+        self.inbuf.clear();
+        self.mode = Mode::Passthrough;
     }
 
     fn passthrough_with(&mut self, frame: &[u8]) {
@@ -217,16 +307,13 @@ impl<S> AuthorityFix<S> {
             Mode::Detect(d) | Mode::Rewrite(d) => d,
             _ => unreachable!("finish only runs while parsing"),
         };
-        let headers = match decoder.decode(&b.fragment) {
-            Ok(h) => h,
-            Err(_) => {
-                self.out.extend_from_slice(&b.raw);
-                return self.passthrough();
+        let (headers, bad) = match decode(decoder, &b.fragment) {
+            Decoded::Headers(h, bad) => (h, bad),
+            Decoded::TooBig | Decoded::Bad => {
+                self.block = Some(b);
+                return self.give_up();
             }
         };
-        let bad = headers
-            .iter()
-            .any(|(n, v)| n == b":authority" && !valid_authority(v));
         if matches!(self.mode, Mode::Detect(_)) {
             if !bad {
                 // a well-behaved client: never look at this connection again
@@ -248,7 +335,13 @@ impl<S> AuthorityFix<S> {
             (name.as_slice(), value)
         }));
         self.rewritten += 1;
-        write_header_frames(&mut self.out, b.stream_id, b.end_stream, &block);
+        write_header_frames(
+            &mut self.out,
+            b.stream_id,
+            b.end_stream,
+            &block,
+            SERVER_MAX_FRAME,
+        );
     }
 }
 
@@ -260,6 +353,12 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityFix<S> {
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
         loop {
+            if this.failed && this.out.is_empty() {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "client header block qoslet could not re-encode after rewriting :authority",
+                )));
+            }
             if !this.out.is_empty() {
                 let n = this.out.len().min(buf.remaining());
                 buf.put_slice(&this.out[..n]);
@@ -532,5 +631,73 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Review of issue 11: an HPACK bomb (one 4 KiB table entry, then a
+    /// megabyte of one-byte references to it: 4 GB once decoded) stops at the
+    /// decode budget; a size update whose integer does not end (which panics
+    /// inside fluke-hpack) is caught; a size update above the server's table
+    /// size is refused.
+    #[test]
+    fn hpack_bombs_and_decoder_panics_are_contained() {
+        let mut block = vec![0x40, 0x01, b'x', 0x7f, 0xe0, 0x1f]; // literal, indexed name "x", 4063-byte value
+        let mut len_rest = 4063 - 127;
+        block.truncate(3);
+        block.push(0x7f);
+        while len_rest >= 128 {
+            block.push((len_rest % 128) as u8 | 0x80);
+            len_rest /= 128;
+        }
+        block.push(len_rest as u8);
+        block.extend(std::iter::repeat_n(b'v', 4063));
+        block.extend(std::iter::repeat_n(0xbe, 1 << 20)); // index 62: the entry above
+        assert!(matches!(
+            decode(&mut new_decoder(), &block),
+            Decoded::TooBig
+        ));
+        assert!(matches!(decode(&mut new_decoder(), &[0x3f]), Decoded::Bad));
+        assert!(matches!(
+            decode(&mut new_decoder(), &[0x3f, 0x80, 0x80, 0x80, 0x80]),
+            Decoded::Bad
+        ));
+        // a size update to 8192, above the 4096 h2 advertised
+        assert!(matches!(
+            decode(&mut new_decoder(), &[0x3f, 0xe1, 0x3f, 0x82]),
+            Decoded::Bad
+        ));
+        // through the filter: passed on to h2 as it came, nothing rewritten
+        let mut f = AuthorityFix::new(());
+        let mut input = BytesMut::from(PREFACE);
+        write_frame(&mut input, HEADERS, END_HEADERS, 1, &[0x3f]);
+        f.inbuf.extend_from_slice(&input);
+        f.process();
+        assert_eq!(&f.out[..], &input[..]);
+        assert_eq!(f.rewritten(), 0);
+    }
+
+    /// Review of issue 11: empty CONTINUATION frames (which grow no fragment)
+    /// end the parsing after 20, and a frame longer than the server's maximum
+    /// is never buffered.
+    #[test]
+    fn empty_continuations_and_oversized_frames_are_not_held() {
+        let mut f = AuthorityFix::new(());
+        let mut input = BytesMut::from(PREFACE);
+        write_frame(&mut input, HEADERS, 0, 1, &[0x82]);
+        for _ in 0..30 {
+            write_frame(&mut input, CONTINUATION, 0, 1, &[]);
+        }
+        f.inbuf.extend_from_slice(&input);
+        f.process();
+        assert!(f.block.is_none() && matches!(f.mode, Mode::Passthrough));
+        assert_eq!(&f.out[..], &input[..], "passed on as it came");
+
+        let mut f = AuthorityFix::new(());
+        let mut input = BytesMut::from(PREFACE);
+        input.extend_from_slice(&[0x20, 0x00, 0x00, HEADERS, END_HEADERS, 0, 0, 0, 1]); // 2 MiB announced
+        input.extend_from_slice(&[0; 100]);
+        f.inbuf.extend_from_slice(&input);
+        f.process();
+        assert!(matches!(f.mode, Mode::Passthrough));
+        assert!(f.inbuf.is_empty(), "not held waiting for 2 MiB");
     }
 }

@@ -1,5 +1,6 @@
-//! The backend runtime (containerd): one raw HTTP/2 connection for forwarding
-//! bytes (all calls multiplexed on it, as kubelet does), and a typed CRI channel
+//! The backend runtime (containerd): a raw HTTP/2 connection per client
+//! connection for forwarding bytes (that client's calls multiplexed on it, as
+//! its own connection to containerd would carry them), and a typed CRI channel
 //! for qoslet's own calls (Version, List*, *Status).
 //!
 //! Both reconnect on their own: when containerd restarts, calls fail while it
@@ -122,6 +123,24 @@ impl Backend {
             raw,
             typed,
         })
+    }
+
+    /// The same backend with a raw connection of its own (made on first use):
+    /// each kubelet connection gets one, so a client that stops reading stalls
+    /// only its own connection's window, never every client's (one shared
+    /// connection window would let a few stalled 4 MiB answers freeze all CRI
+    /// calls on the node).
+    pub fn own_connection(&self) -> Self {
+        Self {
+            endpoint: self.endpoint.clone(),
+            path: self.path.clone(),
+            raw: Arc::new(RawConn {
+                path: self.path.clone(),
+                current: Default::default(),
+                connecting: Default::default(),
+            }),
+            typed: self.typed.clone(),
+        }
     }
 
     pub fn endpoint(&self) -> &str {

@@ -61,7 +61,14 @@ pub struct Forwarder {
     reflection_v1alpha: LocalService,
     max_message: usize,
     shutdown: watch::Receiver<bool>,
+    /// Bytes of unary request bodies held at once, in KiB, across every
+    /// connection: a body is charged its announced size before it is buffered,
+    /// so clients cannot make qoslet hold 16 MiB × streams × connections.
+    budget: Arc<tokio::sync::Semaphore>,
 }
+
+/// [`Forwarder`]'s budget for buffered request bodies (256 MiB).
+pub const BUFFER_BUDGET_KIB: u32 = 256 * 1024;
 
 struct InFlight<'a>(&'a AtomicU64);
 impl Drop for InFlight<'_> {
@@ -96,7 +103,13 @@ impl Forwarder {
             reflection_v1alpha: LocalService::new(reflection_v1alpha),
             max_message,
             shutdown,
+            budget: Arc::new(tokio::sync::Semaphore::new(BUFFER_BUDGET_KIB as usize)),
         }
+    }
+
+    /// A backend with a connection of its own (for one client connection).
+    pub fn own_backend(&self) -> Backend {
+        self.backend.own_connection()
     }
 
     pub fn stats(&self) -> &Arc<ProxyStats> {
@@ -105,6 +118,14 @@ impl Forwarder {
 
     /// Handles one request. Never fails: errors are gRPC statuses.
     pub async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
+        self.handle_on(req, &self.backend).await
+    }
+
+    /// [`Forwarder::handle`] on the given backend connection (one per client
+    /// connection: a client that stops reading holds back only its own calls,
+    /// as it would direct to containerd, never another client's through a
+    /// shared connection window).
+    pub async fn handle_on(&self, req: Request<Incoming>, backend: &Backend) -> Response<Body> {
         self.stats.calls_total.fetch_add(1, Ordering::Relaxed);
         self.stats.calls_in_flight.fetch_add(1, Ordering::Relaxed);
         let _guard = InFlight(&self.stats.calls_in_flight);
@@ -122,11 +143,11 @@ impl Forwarder {
             }
             Route::Intercept(point) => {
                 self.stats.calls_intercepted.fetch_add(1, Ordering::Relaxed);
-                Box::pin(self.intercept(point, req)).await
+                Box::pin(self.intercept(point, req, backend)).await
             }
             Route::Events => {
                 self.stats.calls_passthrough.fetch_add(1, Ordering::Relaxed);
-                let resp = self.passthrough(req).await;
+                let resp = self.passthrough(req, backend).await;
                 let shutdown = self.shutdown.clone();
                 let (store, cap) = (self.store.clone(), self.max_message);
                 resp.map(|b| {
@@ -139,7 +160,7 @@ impl Forwarder {
             }
             Route::Passthrough => {
                 self.stats.calls_passthrough.fetch_add(1, Ordering::Relaxed);
-                self.passthrough(req).await
+                self.passthrough(req, backend).await
             }
         }
     }
@@ -149,21 +170,23 @@ impl Forwarder {
     /// frame header before anything is sent, and the backend gets headers and
     /// message in one write. Other services' bodies stream through, limited as
     /// they go.
-    async fn passthrough(&self, req: Request<Incoming>) -> Response<Body> {
+    async fn passthrough(&self, req: Request<Incoming>, backend: &Backend) -> Response<Body> {
         let (parts, body) = req.into_parts();
         let limit = self.max_message;
-        let body = if parts.uri.path().starts_with("/runtime.v1.") {
+        // a unary body is charged against the budget until the runtime answered
+        let (body, _charged) = if parts.uri.path().starts_with("/runtime.v1.") {
             match self.read_unary(body).await {
-                Ok(bytes) => Body::new(Full::new(bytes)),
+                Ok((bytes, charged)) => (Body::new(Full::new(bytes)), charged),
                 Err(resp) => return resp,
             }
         } else {
             let stats = self.stats.clone();
-            Body::new(FrameLimit::request(body, limit).on_violation(move || {
+            let b = Body::new(FrameLimit::request(body, limit).on_violation(move || {
                 stats.oversized_messages.fetch_add(1, Ordering::Relaxed);
-            }))
+            }));
+            (b, None)
         };
-        match self.send(parts, body).await {
+        match self.send(parts, body, backend).await {
             Ok(resp) => {
                 let stats = self.stats.clone();
                 resp.map(|b| {
@@ -178,10 +201,14 @@ impl Forwarder {
 
     /// Reads a unary request body. Refuses (RESOURCE_EXHAUSTED) as soon as the
     /// frame header announces more than the limit, or the body outgrows it.
-    async fn read_unary(&self, mut body: Incoming) -> Result<Bytes, Response<Body>> {
+    async fn read_unary(
+        &self,
+        mut body: Incoming,
+    ) -> Result<(Bytes, Option<tokio::sync::OwnedSemaphorePermit>), Response<Body>> {
         let limit = self.max_message;
         let mut buf = BytesMut::new();
         let mut first: Option<Bytes> = None;
+        let mut charged: Option<tokio::sync::OwnedSemaphorePermit> = None;
         loop {
             match body.frame().await {
                 Some(Ok(f)) => {
@@ -205,6 +232,18 @@ impl Forwarder {
             let seen = first.as_deref().unwrap_or(&buf);
             let oversized = parse_header(seen).map(|h| h.len > limit).unwrap_or(false)
                 || seen.len() > limit + FRAME_HEADER;
+            if let (None, Some(h), false) = (&charged, parse_header(seen), oversized) {
+                // charged what the message announces before more of it is read
+                let kib = (h.len + FRAME_HEADER)
+                    .div_ceil(1024)
+                    .clamp(1, BUFFER_BUDGET_KIB as usize);
+                charged = self
+                    .budget
+                    .clone()
+                    .acquire_many_owned(kib as u32)
+                    .await
+                    .ok();
+            }
             if oversized {
                 self.stats
                     .oversized_messages
@@ -213,7 +252,7 @@ impl Forwarder {
                 return Err(status_response(too_large(len, limit)));
             }
         }
-        Ok(first.unwrap_or_else(|| buf.freeze()))
+        Ok((first.unwrap_or_else(|| buf.freeze()), charged))
     }
 
     /// Sends a request to the backend with the original method, path, headers
@@ -222,6 +261,7 @@ impl Forwarder {
         &self,
         mut parts: http::request::Parts,
         body: Body,
+        backend: &Backend,
     ) -> Result<Response<Incoming>, Status> {
         let authority = parts
             .uri
@@ -241,7 +281,7 @@ impl Forwarder {
             .map_err(|e| Status::invalid_argument(format!("qoslet: bad request URI: {e}")))?;
         parts.version = http::Version::HTTP_2;
         let req = Request::from_parts(parts, body);
-        self.backend.request(req).await.map_err(|e| {
+        backend.request(req).await.map_err(|e| {
             self.stats
                 .backend_unavailable
                 .fetch_add(1, Ordering::Relaxed);
@@ -255,7 +295,7 @@ impl Forwarder {
             debug!(error = %msg, "backend unavailable");
             Status::unavailable(format!(
                 "qoslet: runtime {} unavailable: {msg}",
-                self.backend.endpoint()
+                backend.endpoint()
             ))
         })
     }
@@ -353,10 +393,16 @@ impl Forwarder {
 
     /// An intercepted call: decode once, run hooks, forward, record, return the
     /// backend's answer unchanged.
-    async fn intercept(&self, point: HookPoint, req: Request<Incoming>) -> Response<Body> {
+    async fn intercept(
+        &self,
+        point: HookPoint,
+        req: Request<Incoming>,
+        backend: &Backend,
+    ) -> Response<Body> {
         let (mut parts, body) = req.into_parts();
         let limit = self.max_message;
-        let bytes = match self.read_unary(body).await {
+        // charged against the budget until this call is answered
+        let (bytes, _charged) = match self.read_unary(body).await {
             Ok(b) => b,
             Err(resp) => return resp,
         };
@@ -368,14 +414,14 @@ impl Forwarder {
             } => (original, request, body),
             Prepared::Refuse(status) => return status_response(status),
             Prepared::Opaque(bytes) => {
-                return match self.send(parts, Body::new(Full::new(bytes))).await {
+                return match self.send(parts, Body::new(Full::new(bytes)), backend).await {
                     Ok(resp) => resp.map(Body::new),
                     Err(s) => status_response(s),
                 };
             }
         };
         parts.headers.remove(http::header::CONTENT_LENGTH);
-        let resp = match self.send(parts, Body::new(Full::new(body))).await {
+        let resp = match self.send(parts, Body::new(Full::new(body)), backend).await {
             Ok(r) => r,
             Err(s) => return status_response(s),
         };

@@ -130,13 +130,19 @@ pub fn put_literal(out: &mut BytesMut, name: &[u8], value: &[u8]) {
 }
 
 /// HEADERS (+ CONTINUATION) frames carrying `block`.
-pub fn write_header_frames(out: &mut BytesMut, stream_id: u32, end_stream: bool, block: &[u8]) {
+pub fn write_header_frames(
+    out: &mut BytesMut,
+    stream_id: u32,
+    end_stream: bool,
+    block: &[u8],
+    max_frame: usize,
+) {
     let es = if end_stream { END_STREAM } else { 0 };
     if block.is_empty() {
         write_frame(out, HEADERS, END_HEADERS | es, stream_id, &[]);
         return;
     }
-    let mut chunks = block.chunks(MAX_OUT_FRAME).peekable();
+    let mut chunks = block.chunks(max_frame.max(1)).peekable();
     let mut first = true;
     while let Some(c) = chunks.next() {
         let last = chunks.peek().is_none();
@@ -210,7 +216,7 @@ pub fn trailers_only(out: &mut BytesMut, stream_id: u32, status: &tonic::Status)
         (b"grpc-status", code.as_bytes()),
         (b"grpc-message", msg.as_bytes()),
     ]);
-    write_header_frames(out, stream_id, true, &block);
+    write_header_frames(out, stream_id, true, &block, MAX_OUT_FRAME);
 }
 
 /// Trailers (no :status) carrying a gRPC status, ending the stream.
@@ -221,7 +227,7 @@ pub fn trailers(out: &mut BytesMut, stream_id: u32, status: &tonic::Status) {
         (&b"grpc-status"[..], code.as_bytes()),
         (b"grpc-message", msg.as_bytes()),
     ]);
-    write_header_frames(out, stream_id, true, &block);
+    write_header_frames(out, stream_id, true, &block, MAX_OUT_FRAME);
 }
 
 /// gRPC's grpc-message encoding (percent-encode outside printable ASCII and '%').

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use tokio::net::UnixListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -254,15 +254,21 @@ async fn serve_proxy(
     drain: Duration,
 ) {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    let streams = TrackedExecutor::default();
+    let mut builder = hyper::server::conn::http2::Builder::new(streams.clone());
     builder
         .max_concurrent_streams(Some(1024))
         .max_header_list_size(16 << 20)
-        .max_frame_size(Some(1 << 20))
+        .max_frame_size(Some(crate::authority::SERVER_MAX_FRAME as u32))
         .initial_stream_window_size(Some(4 << 20))
         .initial_connection_window_size(Some(16 << 20))
-        .max_send_buf_size(4 << 20);
+        // per stream, what qoslet holds of an answer its client has not read yet
+        .max_send_buf_size(1 << 20);
+    // the connection tasks, so the ones still running at the drain deadline end
+    // there (not after the final checkpoint and restoreOnExit)
+    let mut conns = tokio::task::JoinSet::new();
     loop {
+        while conns.try_join_next().is_some() {}
         let stream = tokio::select! {
             r = listener.accept() => match r {
                 Ok((s, _)) => s,
@@ -277,17 +283,21 @@ async fn serve_proxy(
         let fwd = fwd.clone();
         let watcher = graceful.watcher();
         let builder = builder.clone();
-        tokio::spawn(async move {
+        conns.spawn(async move {
             // HTTP/2 terminated per connection (h2, under hyper); the handler future is
             // boxed: hyper spawns one task per stream, and a large inline future would
             // be copied on every spawn
             fwd.stats()
                 .connections_terminated
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            // this client's own connection to the runtime, closed with it
+            let backend = fwd.own_backend();
             let svc = hyper::service::service_fn(move |req| {
-                let fwd = fwd.clone();
+                let (fwd, backend) = (fwd.clone(), backend.clone());
                 let fut: BoxedResponse =
-                    Box::pin(async move { Ok::<_, Infallible>(fwd.handle(req).await) });
+                    Box::pin(
+                        async move { Ok::<_, Infallible>(fwd.handle_on(req, &backend).await) },
+                    );
                 fut
             });
             let conn = builder.serve_connection(TokioIo::new(AuthorityFix::new(stream)), svc);
@@ -300,7 +310,40 @@ async fn serve_proxy(
     info!(connections = graceful.count(), "draining proxy connections");
     tokio::select! {
         _ = graceful.shutdown() => info!("proxy drained"),
-        _ = tokio::time::sleep(drain) => warn!(timeout = ?drain, "drain timeout; closing remaining calls"),
+        _ = tokio::time::sleep(drain) => {
+            warn!(timeout = ?drain, "drain timeout; closing remaining calls");
+        }
+    }
+    // calls still running past the deadline end here: their tasks (hyper runs
+    // each stream in one) and the connections'
+    streams.abort_all();
+    conns.abort_all();
+    while conns.join_next().await.is_some() {}
+}
+
+/// hyper's executor for the proxy's streams: tokio tasks whose handles are
+/// kept, so the drain deadline can end the calls still running.
+#[derive(Clone, Default)]
+struct TrackedExecutor(Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>);
+
+impl TrackedExecutor {
+    fn abort_all(&self) {
+        for h in self.0.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+            h.abort();
+        }
+    }
+}
+
+impl<F> hyper::rt::Executor<F> for TrackedExecutor
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn execute(&self, fut: F) {
+        let h = tokio::spawn(fut).abort_handle();
+        let mut all = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        all.retain(|h| !h.is_finished());
+        all.push(h);
     }
 }
 
