@@ -7,9 +7,9 @@ on stdout for the Rust test that runs it (integration/tests/peers.rs).
     h2_peer.py SOCKET SCENARIO [ARGS...]
 
 Scenarios:
-  reset-held            6 CreateContainer calls whose bodies stop at 10 KB and are reset,
-                        then 10 Version calls and 10 calls with a 30 KB body on the same
-                        connection; reports the send window left and the answers
+  reset-held            24 CreateContainer calls whose bodies stop at 1 MiB and are reset
+                        (24 MiB, more than any window), then 10 Version calls and 10 calls
+                        with a 30 KB body on the same connection; reports the answers
   continuation-flood    HEADERS without END_HEADERS, then CONTINUATION frames (20 MiB in
                         all); reports how the server ended it and how fast
   small-header-table    SETTINGS_HEADER_TABLE_SIZE 0, then 20 Version calls
@@ -158,12 +158,14 @@ class Peer:
 
 def reset_held(path):
     p = Peer(path)
-    for _ in range(6):
+    p.pump(lambda: False, timeout=0.3)  # the server's SETTINGS and window first
+    # 24 CreateContainer bodies announced at 2 MiB, each reset after 1 MiB: 24 MiB
+    # sent in all, more than any window qoslet opens (16 MiB), so this only goes
+    # through if qoslet credits back what reset streams held
+    for _ in range(24):
         sid = p.conn.get_next_available_stream_id()
         p.conn.send_headers(sid, headers(CREATE))
-        # a message announced at 20 KB, of which 10 KB arrive before the reset
-        p.send(sid, struct.pack(">?I", False, 20000) + b"\x0a" * 10000, False)
-        time.sleep(0.05)
+        p.send(sid, struct.pack(">?I", False, 2 << 20) + b"\x0a" * (1 << 20), False)
         p.conn.reset_stream(sid, error_code=8)  # CANCEL
         p.flush()
     time.sleep(0.3)
@@ -247,31 +249,41 @@ def slow_reader(path, method):
     p.conn.send_headers(sid, headers(method))
     p.conn.send_data(sid, grpc_frame(b""), end_stream=True)
     p.flush()
-    out(started=True)
     # no acknowledge_received_data: nothing is credited back. From here on the
     # frames are read raw (a GOAWAY may be followed by a PING, which the h2
     # library refuses on a connection it already considers closed)
+    buf = b""
+    data = 0
+    goaway = None
+    started = False
     t0 = time.monotonic()
     deadline = t0 + 30
-    buf = b""
-    goaway = None
-    p.sock.settimeout(1)
+    p.sock.settimeout(0.2)
     while goaway is None and time.monotonic() < deadline:
         try:
-            data = p.sock.recv(65536)
+            got = p.sock.recv(65536)
         except socket.timeout:
             continue
-        if not data:
+        if not got:
             break
-        buf += data
+        buf += got
         while len(buf) >= 9:
             ln = int.from_bytes(buf[0:3], "big")
             if len(buf) < 9 + ln:
                 break
+            if buf[3] == 0x0:
+                data += ln
             if buf[3] == 0x7 and ln >= 8:
                 goaway = int.from_bytes(buf[13:17], "big")
             buf = buf[9 + ln:]
-    out(goaway=goaway is not None, error=goaway, waited=round(time.monotonic() - t0, 3))
+        if not started and data >= 60000:
+            # the answer is flowing and now stalled on this client's window
+            started = True
+            out(started=True, data=data)
+    out(goaway=goaway is not None, error=goaway, data=data)
+    # stay connected, still not reading: qoslet must end the call at its drain
+    # deadline, not wait for this client
+    time.sleep(8)
 
 
 def grpcio_unary(path, method, payload, show_hex):

@@ -171,9 +171,9 @@ async fn sigterm_with_a_stalled_reader_sends_goaway_and_exits_in_time() {
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    // the answer flowing, then stalled on the client's window
     let first: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
     assert_eq!(first["started"], true);
-    tokio::time::sleep(Duration::from_millis(500)).await; // the answer is in flight, stalled
     let t = Instant::now();
     qoslet_integration::process::signal(q.pid(), libc::SIGTERM);
     let second = tokio::task::spawn_blocking(move || lines.next().unwrap().unwrap())
@@ -189,6 +189,12 @@ async fn sigterm_with_a_stalled_reader_sends_goaway_and_exits_in_time() {
     let status = qoslet_integration::process::wait_timeout(&mut q.child, Duration::from_secs(6))
         .expect("qoslet exited within drainTimeout (3 s) and a margin");
     assert!(status.success(), "{status:?}");
+    assert!(
+        t.elapsed() >= Duration::from_millis(2500),
+        "the stalled call was given the drain time, not cut at SIGTERM: {:?}",
+        t.elapsed()
+    );
+    let _ = child.kill();
     let _ = child.wait();
 }
 
@@ -311,4 +317,66 @@ async fn stalled_readers_do_not_stall_other_clients() {
         let _ = s.kill();
         let _ = s.wait();
     }
+}
+
+/// Review of issue 11: the runtime's connection breaks off in the middle of an
+/// answer (containerd killed while streaming): the client gets UNAVAILABLE, as
+/// a client of containerd itself would, not the INTERNAL reset an HTTP/2 body
+/// error would otherwise become.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_broken_off_by_the_runtime_is_unavailable() {
+    let dir = scratch("peers-broken");
+    const SLOW: &str = "/runtime.v1.RuntimeService/ListMetricDescriptors";
+    // the fake runtime on a runtime of its own, so that dropping it closes every
+    // connection it has (as a killed containerd would)
+    let sock = dir.join("runtime.sock");
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let (kill_tx, kill_rx) = std::sync::mpsc::channel::<()>();
+    let s2 = sock.clone();
+    let runtime_thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let _fake = rt.block_on(FakeBackend::start(&s2, |s| {
+            if s.path == SLOW {
+                // the headers and half a message, then nothing
+                let mut r = Reply::ok(b"");
+                r.chunks = vec![
+                    (
+                        Duration::ZERO,
+                        bytes::Bytes::from(vec![0, 0, 1, 0, 0, 1, 2, 3]),
+                    ),
+                    (Duration::from_secs(30), bytes::Bytes::from_static(b"never")),
+                ];
+                r
+            } else {
+                Reply::ok(b"")
+            }
+        }));
+        ready_tx.send(()).unwrap();
+        let _ = kill_rx.recv();
+        rt.shutdown_background();
+    });
+    ready_rx.recv().unwrap();
+    struct FakeSock {
+        sock: std::path::PathBuf,
+    }
+    let fake = FakeSock { sock };
+    let q = QosletProcess::start(&dir, &fake.sock);
+    let mut c = qoslet_integration::raw::RawClient::connect(&q.sock)
+        .await
+        .unwrap();
+    let call =
+        tokio::spawn(async move { c.call(SLOW, &[], qoslet_integration::raw::frame(b"")).await });
+    tokio::time::sleep(Duration::from_millis(500)).await; // the first bytes are through
+    kill_tx.send(()).unwrap(); // the runtime's side of the connection goes away mid-answer
+    runtime_thread.join().unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(10), call)
+        .await
+        .expect("the call ends")
+        .unwrap()
+        .expect("an HTTP/2 answer, not a reset");
+    assert_eq!(r.grpc_status().map(|s| s.0), Some(14), "{r:?}");
 }

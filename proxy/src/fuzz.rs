@@ -197,3 +197,37 @@ fn the_event_tap_never_panics_and_stays_within_its_cap() {
         }
     }
 }
+
+/// The property the patch scheme rests on (original bytes + encoded patch are
+/// sent, never a re-encoded request): the runtime's decoding of the two back
+/// to back equals the patch merged into the decoded original.
+#[test]
+fn original_plus_patch_decodes_as_the_merge() {
+    let valid = create_request();
+    let mut rng = Rng::new(14);
+    let mut checked = 0;
+    for _ in 0..20_000 {
+        let original = if rng.below(2) == 0 {
+            valid.clone()
+        } else {
+            rng.mutate(&valid)
+        };
+        let patch = rng.mutate(&valid);
+        let p = HookPoint::CreateContainer;
+        let (Ok(mut merged), Ok(_)) = (p.decode_request(&original), p.decode_request(&patch))
+        else {
+            continue;
+        };
+        if merged.merge(&patch).is_err() {
+            continue;
+        }
+        let mut both = original.clone();
+        both.extend_from_slice(&patch);
+        let decoded = p
+            .decode_request(&both)
+            .expect("two valid messages back to back decode");
+        assert_eq!(decoded, merged);
+        checked += 1;
+    }
+    assert!(checked > 500, "enough cases were valid: {checked}");
+}

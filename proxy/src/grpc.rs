@@ -202,6 +202,18 @@ where
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
+            // the runtime's connection broke off mid-answer (containerd killed): the
+            // client gets UNAVAILABLE, as a client of containerd itself would, not
+            // the INTERNAL reset an HTTP/2 body error becomes
+            Poll::Ready(Some(Err(e))) if this.as_trailers => {
+                this.done = true;
+                let e: crate::pipeline::BoxError = e.into();
+                let status =
+                    Status::unavailable(format!("qoslet: the runtime's answer broke off: {e}"));
+                let mut map = HeaderMap::new();
+                let _ = status.add_header(&mut map);
+                Poll::Ready(Some(Ok(Frame::trailers(map))))
+            }
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
             Poll::Ready(None) => Poll::Ready(None),
             Poll::Pending => Poll::Pending,
@@ -308,5 +320,43 @@ mod tests {
         assert!(!err);
         let (_, tr, err) = run(vec![all], 10, false).await;
         assert!(tr.is_none() && err);
+    }
+
+    /// Issue 11 item 4: the size limit follows gRPC message boundaries across
+    /// any chunking: random messages (some over the limit, some with lengths
+    /// that claim gigabytes) split at random points give the same verdict as
+    /// reading them whole.
+    #[test]
+    fn frame_limit_scan_agrees_with_the_whole_stream_under_any_chunking() {
+        let mut rng = crate::fuzz::Rng::new(31);
+        let limit = 1000;
+        for _ in 0..5_000 {
+            let mut stream = Vec::new();
+            let mut first_over = None;
+            for _ in 0..1 + rng.below(6) {
+                let len = match rng.below(10) {
+                    0 => u32::MAX as usize,
+                    1 => limit + 1 + rng.below(100),
+                    _ => rng.below(limit + 1),
+                };
+                stream.push(rng.below(2) as u8);
+                stream.extend_from_slice(&(len as u32).to_be_bytes());
+                if len > limit {
+                    first_over.get_or_insert(len);
+                    break; // nothing after it is read
+                }
+                let body = rng.bytes(len);
+                stream.extend_from_slice(&body);
+            }
+            let mut f = FrameLimit::response((), limit);
+            let mut verdict = None;
+            let mut at = 0;
+            while at < stream.len() && verdict.is_none() {
+                let end = (at + 1 + rng.below(300)).min(stream.len());
+                verdict = f.scan(&stream[at..end]);
+                at = end;
+            }
+            assert_eq!(verdict, first_over);
+        }
     }
 }
