@@ -9,18 +9,23 @@
 //! backend, one connection), re-established on the first call after it closed.
 
 use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::Uri;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use http_body::{Body as HttpBody, Frame};
+use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 use tonic::body::Body;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::endpoint::{parse_unix, EndpointError};
 
-type Sender = hyper::client::conn::http2::SendRequest<Body>;
+type Sender = h2::client::SendRequest<Bytes>;
 
 /// Why a request could not be sent to the backend.
 #[derive(Debug, thiserror::Error)]
@@ -33,27 +38,37 @@ pub enum BackendError {
     #[error("HTTP/2 handshake with {path} timed out")]
     HandshakeTimeout { path: PathBuf },
     #[error("HTTP/2 with {path}: {source}")]
-    Http { path: PathBuf, source: hyper::Error },
+    Http { path: PathBuf, source: h2::Error },
 }
 
-/// The raw connection, shared by all forwarded calls.
+/// What a forwarded call sends: a unary message known whole (its headers and
+/// body go out in one write), or a body that streams.
+pub enum Outgoing {
+    Bytes(Bytes),
+    Stream(Body),
+}
+
+/// A raw connection: h2's client, driven directly (a unary call's HEADERS and
+/// DATA are queued together and leave in one write; through hyper's client they
+/// left in two, each a wake-up of containerd's reader).
 struct RawConn {
     path: Arc<PathBuf>,
-    current: std::sync::Mutex<Option<Sender>>,
+    current: std::sync::Mutex<Option<(Sender, Arc<AtomicBool>)>>,
     connecting: tokio::sync::Mutex<()>,
 }
 
 impl RawConn {
-    fn live(&self) -> Option<Sender> {
+    fn live(&self) -> Option<(Sender, Arc<AtomicBool>)> {
         self.current
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
-            .filter(|s| !s.is_closed())
+            .filter(|(_, closed)| !closed.load(Ordering::Acquire))
             .cloned()
     }
 
-    async fn sender(&self) -> Result<Sender, BackendError> {
+    /// The connection (made if there is none), and the flag that retires it.
+    async fn sender(&self) -> Result<(Sender, Arc<AtomicBool>), BackendError> {
         if let Some(s) = self.live() {
             return Ok(s);
         }
@@ -68,12 +83,12 @@ impl RawConn {
                 path: path.clone(),
                 source,
             })?;
-        let handshake = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        let handshake = h2::client::Builder::new()
             .max_frame_size(1 << 20)
-            .initial_stream_window_size(4 << 20)
+            .initial_window_size(4 << 20)
             .initial_connection_window_size(16 << 20)
             .max_header_list_size(16 << 20)
-            .handshake(TokioIo::new(io));
+            .handshake::<_, Bytes>(io);
         let (sender, conn) = tokio::time::timeout(Duration::from_secs(5), handshake)
             .await
             .map_err(|_| BackendError::HandshakeTimeout { path: path.clone() })?
@@ -81,15 +96,102 @@ impl RawConn {
                 path: path.clone(),
                 source,
             })?;
+        let closed = Arc::new(AtomicBool::new(false));
+        let c = closed.clone();
         tokio::spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "backend connection ended");
             }
+            c.store(true, Ordering::Release);
         });
         tracing::debug!(path = %path.display(), "connected to the runtime");
-        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(sender.clone());
-        Ok(sender)
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((sender.clone(), closed.clone()));
+        Ok((sender, closed))
     }
+}
+
+/// The runtime's answer body: h2's stream, its window credited back as each
+/// chunk is taken (so a client that stops reading stops this stream only).
+pub struct H2Body {
+    recv: h2::RecvStream,
+    data_done: bool,
+    done: bool,
+}
+
+impl HttpBody for H2Body {
+    type Data = Bytes;
+    type Error = h2::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        if !self.data_done {
+            match ready!(self.recv.poll_data(cx)) {
+                Some(Ok(b)) => {
+                    let _ = self.recv.flow_control().release_capacity(b.len());
+                    return Poll::Ready(Some(Ok(Frame::data(b))));
+                }
+                Some(Err(e)) => {
+                    self.done = true;
+                    return Poll::Ready(Some(Err(e)));
+                }
+                None => self.data_done = true,
+            }
+        }
+        let t = ready!(self.recv.poll_trailers(cx));
+        self.done = true;
+        match t {
+            Ok(Some(t)) => Poll::Ready(Some(Ok(Frame::trailers(t)))),
+            Ok(None) => Poll::Ready(None),
+            Err(e) => Poll::Ready(Some(Err(e))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+    }
+}
+
+/// Feeds a streaming request body into h2, as the runtime's window allows.
+async fn pump(mut body: Body, mut send: h2::SendStream<Bytes>) {
+    use http_body_util::BodyExt;
+    while let Some(frame) = body.frame().await {
+        let frame = match frame {
+            Ok(f) => f,
+            Err(_) => {
+                send.send_reset(h2::Reason::CANCEL);
+                return;
+            }
+        };
+        match frame.into_data() {
+            Ok(mut data) => {
+                while !data.is_empty() {
+                    send.reserve_capacity(data.len());
+                    let cap = match std::future::poll_fn(|cx| send.poll_capacity(cx)).await {
+                        Some(Ok(n)) if n > 0 => n,
+                        Some(Ok(_)) => continue,
+                        _ => return, // the stream is gone
+                    };
+                    let chunk = data.split_to(cap.min(data.len()));
+                    if send.send_data(chunk, false).is_err() {
+                        return;
+                    }
+                }
+            }
+            Err(frame) => {
+                if let Ok(t) = frame.into_trailers() {
+                    let _ = send.send_trailers(t);
+                    return;
+                }
+            }
+        }
+    }
+    let _ = send.send_data(Bytes::new(), true);
 }
 
 /// Connections to the backend runtime.
@@ -151,25 +253,54 @@ impl Backend {
         &self.path
     }
 
-    /// Sends a request as it is (the URI needs a scheme and authority) on the
-    /// shared raw connection, reconnecting first if it closed.
+    /// Sends a request as it is (the URI needs a scheme and authority) on this
+    /// backend's raw connection, reconnecting first if it closed.
     pub async fn request(
         &self,
-        req: http::Request<Body>,
-    ) -> Result<http::Response<hyper::body::Incoming>, BackendError> {
-        let mut sender = self.raw.sender().await?;
+        parts: http::request::Parts,
+        body: Outgoing,
+    ) -> Result<http::Response<H2Body>, BackendError> {
         let path = || (*self.raw.path).clone();
-        sender.ready().await.map_err(|source| BackendError::Http {
-            path: path(),
-            source,
-        })?;
-        sender
-            .send_request(req)
-            .await
-            .map_err(|source| BackendError::Http {
+        let (sender, closed) = self.raw.sender().await?;
+        // a connection that refuses new streams (containerd's GOAWAY) is retired:
+        // the next call makes a new one
+        let http = |source: h2::Error| {
+            if source.is_go_away() || source.is_io() {
+                closed.store(true, Ordering::Release);
+            }
+            BackendError::Http {
                 path: path(),
                 source,
-            })
+            }
+        };
+        let mut sender = sender.ready().await.map_err(http)?;
+        let head = http::Request::from_parts(parts, ());
+        let (answer, mut send) = match body {
+            Outgoing::Bytes(b) if b.is_empty() => sender.send_request(head, true).map_err(http)?,
+            Outgoing::Bytes(b) => {
+                let (answer, mut send) = sender.send_request(head, false).map_err(http)?;
+                // queued with the HEADERS: one write (h2 holds what the window defers)
+                send.send_data(b, true).map_err(http)?;
+                (answer, send)
+            }
+            Outgoing::Stream(body) => {
+                let (answer, send) = sender.send_request(head, false).map_err(http)?;
+                tokio::spawn(pump(body, send));
+                let resp = answer.await.map_err(http)?;
+                return Ok(resp.map(|recv| H2Body {
+                    recv,
+                    data_done: false,
+                    done: false,
+                }));
+            }
+        };
+        let _ = &mut send;
+        let resp = answer.await.map_err(http)?;
+        Ok(resp.map(|recv| H2Body {
+            recv,
+            data_done: false,
+            done: false,
+        }))
     }
 
     /// A typed CRI RuntimeService client.

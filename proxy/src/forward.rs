@@ -19,14 +19,14 @@ use std::task::{Context, Poll};
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Request, Response, Uri};
 use http_body::{Body as HttpBody, Frame};
-use http_body_util::{BodyExt, Full, Limited, StreamBody};
+use http_body_util::{BodyExt, Limited, StreamBody};
 use hyper::body::Incoming;
 use tokio::sync::watch;
 use tonic::body::Body;
 use tonic::{Code, Status};
 use tracing::{debug, warn};
 
-use crate::backend::Backend;
+use crate::backend::{Backend, H2Body, Outgoing};
 use crate::cri::{route, CriRequest, CriResponse, HookPoint, Route};
 use crate::grpc::{
     encode_frame, parse_header, split_unary, status_of, status_response, too_large, FrameLimit,
@@ -176,7 +176,7 @@ impl Forwarder {
         // a unary body is charged against the budget until the runtime answered
         let (body, _charged) = if parts.uri.path().starts_with("/runtime.v1.") {
             match self.read_unary(body).await {
-                Ok((bytes, charged)) => (Body::new(Full::new(bytes)), charged),
+                Ok((bytes, charged)) => (Outgoing::Bytes(bytes), charged),
                 Err(resp) => return resp,
             }
         } else {
@@ -184,7 +184,7 @@ impl Forwarder {
             let b = Body::new(FrameLimit::request(body, limit).on_violation(move || {
                 stats.oversized_messages.fetch_add(1, Ordering::Relaxed);
             }));
-            (b, None)
+            (Outgoing::Stream(b), None)
         };
         match self.send(parts, body, backend).await {
             Ok(resp) => {
@@ -260,9 +260,9 @@ impl Forwarder {
     async fn send(
         &self,
         mut parts: http::request::Parts,
-        body: Body,
+        body: Outgoing,
         backend: &Backend,
-    ) -> Result<Response<Incoming>, Status> {
+    ) -> Result<Response<H2Body>, Status> {
         let authority = parts
             .uri
             .authority()
@@ -280,8 +280,7 @@ impl Forwarder {
             .build()
             .map_err(|e| Status::invalid_argument(format!("qoslet: bad request URI: {e}")))?;
         parts.version = http::Version::HTTP_2;
-        let req = Request::from_parts(parts, body);
-        backend.request(req).await.map_err(|e| {
+        backend.request(parts, body).await.map_err(|e| {
             self.stats
                 .backend_unavailable
                 .fetch_add(1, Ordering::Relaxed);
@@ -414,14 +413,14 @@ impl Forwarder {
             } => (original, request, body),
             Prepared::Refuse(status) => return status_response(status),
             Prepared::Opaque(bytes) => {
-                return match self.send(parts, Body::new(Full::new(bytes)), backend).await {
+                return match self.send(parts, Outgoing::Bytes(bytes), backend).await {
                     Ok(resp) => resp.map(Body::new),
                     Err(s) => status_response(s),
                 };
             }
         };
         parts.headers.remove(http::header::CONTENT_LENGTH);
-        let resp = match self.send(parts, Body::new(Full::new(body)), backend).await {
+        let resp = match self.send(parts, Outgoing::Bytes(body), backend).await {
             Ok(r) => r,
             Err(s) => return status_response(s),
         };
