@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response};
-use http_body_util::{BodyExt, StreamBody};
+use http_body_util::{BodyExt, Either, Empty, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::UnixListener;
@@ -30,6 +30,9 @@ pub struct Reply {
     pub chunks: Vec<(Duration, Bytes)>,
     /// Trailers (grpc-status etc.).
     pub trailers: HeaderMap,
+    /// Send the trailers as the response headers, with END_STREAM and no body
+    /// (gRPC's "trailers-only" answer, what grpc-go sends for an error status).
+    pub trailers_only: bool,
 }
 
 impl Reply {
@@ -50,6 +53,15 @@ impl Reply {
         }
         Self {
             trailers,
+            ..Default::default()
+        }
+    }
+
+    /// [`Reply::status`] as a trailers-only answer (one HEADERS frame with END_STREAM).
+    pub fn trailers_only(code: i32, message: &str) -> Self {
+        Self {
+            trailers: status_map(code, message),
+            trailers_only: true,
             ..Default::default()
         }
     }
@@ -134,7 +146,10 @@ impl Drop for FakeBackend {
     }
 }
 
-type Body = StreamBody<tokio_stream::wrappers::ReceiverStream<Result<Frame<Bytes>, Infallible>>>;
+type Body = Either<
+    StreamBody<tokio_stream::wrappers::ReceiverStream<Result<Frame<Bytes>, Infallible>>>,
+    Empty<Bytes>,
+>;
 
 async fn handle(
     req: Request<Incoming>,
@@ -155,6 +170,13 @@ async fn handle(
     let reply = respond(&s);
     seen.lock().unwrap().push(s);
     tokio::time::sleep(reply.delay).await;
+    if reply.trailers_only {
+        let mut b = Response::builder().header("content-type", "application/grpc");
+        for (k, v) in &reply.trailers {
+            b = b.header(k, v);
+        }
+        return b.body(Either::Right(Empty::new())).unwrap();
+    }
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     tokio::spawn(async move {
         for (d, c) in reply.chunks {
@@ -168,8 +190,8 @@ async fn handle(
     Response::builder()
         .header("content-type", "application/grpc")
         .header("x-backend", "fake")
-        .body(StreamBody::new(
+        .body(Either::Left(StreamBody::new(
             tokio_stream::wrappers::ReceiverStream::new(rx),
-        ))
+        )))
         .unwrap()
 }

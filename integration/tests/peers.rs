@@ -380,3 +380,32 @@ async fn an_answer_broken_off_by_the_runtime_is_unavailable() {
         .expect("an HTTP/2 answer, not a reset");
     assert_eq!(r.grpc_status().map(|s| s.0), Some(14), "{r:?}");
 }
+
+/// Review of the h2 client: containerd answers an error as "trailers-only"
+/// (one HEADERS frame with END_STREAM carrying grpc-status). gRPC C-core, as
+/// grpc-go in kubelet, reads a status only from headers that end the stream:
+/// through qoslet the answer must keep that shape, for a passed-through call
+/// (ContainerStatus) and an intercepted one (RunPodSandbox); otherwise the
+/// client sees INTERNAL instead of NotFound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trailers_only_errors_keep_their_status() {
+    let dir = scratch("peers-trailers-only");
+    let fake = FakeBackend::start(&dir.join("runtime.sock"), |s| match s.path.as_str() {
+        "/runtime.v1.RuntimeService/ContainerStatus"
+        | "/runtime.v1.RuntimeService/RunPodSandbox" => {
+            Reply::trailers_only(5, "container not found")
+        }
+        _ => Reply::ok(b""),
+    })
+    .await;
+    let q = QosletProcess::start(&dir, &fake.sock);
+    for method in [
+        "/runtime.v1.RuntimeService/ContainerStatus",
+        "/runtime.v1.RuntimeService/RunPodSandbox",
+    ] {
+        let direct = peer(&fake.sock, &["grpcio-unary", method, ""]);
+        assert_eq!(direct["code"], "NOT_FOUND", "{method} direct: {direct}");
+        let via = peer(&q.sock, &["grpcio-unary", method, ""]);
+        assert_eq!(via["code"], "NOT_FOUND", "{method} through qoslet: {via}");
+    }
+}

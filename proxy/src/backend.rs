@@ -117,6 +117,8 @@ pub struct H2Body {
     recv: h2::RecvStream,
     data_done: bool,
     done: bool,
+    /// Dropped with the answer: stops a streaming request's pump.
+    _cancel: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl HttpBody for H2Body {
@@ -153,17 +155,58 @@ impl HttpBody for H2Body {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.done
+        // h2 knows before the body is polled when the answer was one HEADERS
+        // frame with END_STREAM (gRPC's trailers-only error answer): hyper then
+        // sends it on the same way, and kubelet reads the status from it
+        self.done || self.recv.is_end_stream()
     }
 }
 
 /// Feeds a streaming request body into h2, as the runtime's window allows.
-async fn pump(mut body: Body, mut send: h2::SendStream<Bytes>) {
-    use http_body_util::BodyExt;
-    while let Some(frame) = body.frame().await {
-        let frame = match frame {
-            Ok(f) => f,
-            Err(_) => {
+/// It stops, and resets the runtime's stream, when the answer is dropped (the
+/// client went away: `cancel`), and stops when the runtime reset the stream.
+async fn pump(
+    mut body: Body,
+    mut send: h2::SendStream<Bytes>,
+    mut cancel: tokio::sync::oneshot::Receiver<()>,
+) {
+    use std::future::{poll_fn, Future};
+    enum Stop {
+        Cancelled,
+        ResetByRuntime,
+    }
+    // checked on every wait: the answer dropped, or the runtime's reset
+    fn stopped(
+        send: &mut h2::SendStream<Bytes>,
+        cancel: &mut tokio::sync::oneshot::Receiver<()>,
+        cx: &mut Context<'_>,
+    ) -> Option<Stop> {
+        if Pin::new(cancel).poll(cx).is_ready() {
+            return Some(Stop::Cancelled);
+        }
+        if send.poll_reset(cx).is_ready() {
+            return Some(Stop::ResetByRuntime);
+        }
+        None
+    }
+    let end = |send: &mut h2::SendStream<Bytes>, why: Stop| {
+        if matches!(why, Stop::Cancelled) {
+            send.send_reset(h2::Reason::CANCEL);
+        }
+    };
+    loop {
+        let next = poll_fn(|cx| {
+            if let Some(why) = stopped(&mut send, &mut cancel, cx) {
+                return Poll::Ready(Err(why));
+            }
+            Pin::new(&mut body).poll_frame(cx).map(Ok)
+        })
+        .await;
+        let frame = match next {
+            Err(why) => return end(&mut send, why),
+            Ok(None) => break,
+            Ok(Some(Ok(f))) => f,
+            Ok(Some(Err(_))) => {
                 send.send_reset(h2::Reason::CANCEL);
                 return;
             }
@@ -172,12 +215,20 @@ async fn pump(mut body: Body, mut send: h2::SendStream<Bytes>) {
             Ok(mut data) => {
                 while !data.is_empty() {
                     send.reserve_capacity(data.len());
-                    let cap = match std::future::poll_fn(|cx| send.poll_capacity(cx)).await {
-                        Some(Ok(n)) if n > 0 => n,
-                        Some(Ok(_)) => continue,
-                        _ => return, // the stream is gone
+                    let cap = poll_fn(|cx| {
+                        if let Some(why) = stopped(&mut send, &mut cancel, cx) {
+                            return Poll::Ready(Err(why));
+                        }
+                        send.poll_capacity(cx).map(Ok)
+                    })
+                    .await;
+                    let n = match cap {
+                        Err(why) => return end(&mut send, why),
+                        Ok(Some(Ok(n))) if n > 0 => n,
+                        Ok(Some(Ok(_))) => continue,
+                        Ok(_) => return, // the stream is gone
                     };
-                    let chunk = data.split_to(cap.min(data.len()));
+                    let chunk = data.split_to(n.min(data.len()));
                     if send.send_data(chunk, false).is_err() {
                         return;
                     }
@@ -185,7 +236,9 @@ async fn pump(mut body: Body, mut send: h2::SendStream<Bytes>) {
             }
             Err(frame) => {
                 if let Ok(t) = frame.into_trailers() {
-                    let _ = send.send_trailers(t);
+                    if send.send_trailers(t).is_err() {
+                        send.send_reset(h2::Reason::INTERNAL_ERROR);
+                    }
                     return;
                 }
             }
@@ -275,7 +328,7 @@ impl Backend {
         };
         let mut sender = sender.ready().await.map_err(http)?;
         let head = http::Request::from_parts(parts, ());
-        let (answer, mut send) = match body {
+        let (answer, send) = match body {
             Outgoing::Bytes(b) if b.is_empty() => sender.send_request(head, true).map_err(http)?,
             Outgoing::Bytes(b) => {
                 let (answer, mut send) = sender.send_request(head, false).map_err(http)?;
@@ -285,21 +338,24 @@ impl Backend {
             }
             Outgoing::Stream(body) => {
                 let (answer, send) = sender.send_request(head, false).map_err(http)?;
-                tokio::spawn(pump(body, send));
+                let (cancel, cancelled) = tokio::sync::oneshot::channel();
+                tokio::spawn(pump(body, send, cancelled));
                 let resp = answer.await.map_err(http)?;
                 return Ok(resp.map(|recv| H2Body {
                     recv,
                     data_done: false,
                     done: false,
+                    _cancel: Some(cancel),
                 }));
             }
         };
-        let _ = &mut send;
+        drop(send);
         let resp = answer.await.map_err(http)?;
         Ok(resp.map(|recv| H2Body {
             recv,
             data_done: false,
             done: false,
+            _cancel: None,
         }))
     }
 

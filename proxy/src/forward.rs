@@ -445,6 +445,12 @@ impl Forwarder {
         if let Err(status) = self.complete(point, &original, request, code, &data).await {
             return status_response(status);
         }
+        // a trailers-only answer (the status in its headers, END_STREAM on them)
+        // goes back as one: an empty body kubelet's client would read as a stream
+        // closed without trailers (INTERNAL)
+        if data.is_empty() && trailers.is_none() {
+            return Response::from_parts(rparts, Body::empty());
+        }
         Response::from_parts(
             rparts,
             Body::new(StreamBody::new(tokio_stream::iter(frames(data, trailers)))),
