@@ -1146,7 +1146,7 @@ mod tests {
     /// Issue 15 item 12: the NUMA layout follows CPU hotplug.
     #[test]
     fn topology_is_read_again_when_cpus_go_online() {
-        let d = scratch("numa");
+        let d = scratch("topology");
         let node = |n: u32, cpus: &str| {
             let p = d.join(format!("devices/system/node/node{n}"));
             std::fs::create_dir_all(&p).unwrap();
