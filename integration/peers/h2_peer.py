@@ -16,6 +16,8 @@ Scenarios:
   concurrent N          N Version calls open at once on one connection
   slow-reader PATH      one call whose answer is never read (no WINDOW_UPDATE); reports
                         when a GOAWAY arrives (the test sends SIGTERM to qoslet meanwhile)
+  goaway-server         (SOCKET is where it listens) a runtime that turns the first Version
+                        call away with GOAWAY and answers the rest with an empty OK
   grpcio-unary PATH HEX|@FILE [hex]
                         one unary call through gRPC C-core; reports its code, the answer's
                         size (and, with `hex`, the answer)
@@ -30,6 +32,7 @@ import time
 import h2.config
 import h2.connection
 import h2.events
+import h2.exceptions
 import h2.settings
 
 VERSION = "/runtime.v1.RuntimeService/Version"
@@ -307,6 +310,77 @@ def grpcio_unary(path, method, payload, show_hex):
     ch.close()
 
 
+def goaway_server(path):
+    """A runtime that turns the first Version call away with GOAWAY (last stream
+    id below it: never processed) and answers everything else with an empty OK
+    message. Prints one JSON line per event; runs until killed."""
+    import os
+    import threading
+
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    lsock.bind(path)
+    lsock.listen(16)
+    state = {"goaway": 0, "version_ok": 0}
+    lock = threading.Lock()
+    out(listening=True)
+
+    def serve(conn_sock):
+        conn = h2.connection.H2Connection(
+            h2.config.H2Configuration(client_side=False, header_encoding="utf-8")
+        )
+        conn.initiate_connection()
+        conn_sock.sendall(conn.data_to_send())
+        requests = {}
+        while True:
+            try:
+                data = conn_sock.recv(65536)
+            except OSError:
+                return
+            if not data:
+                return
+            try:
+                events = conn.receive_data(data)
+            except h2.exceptions.ProtocolError:
+                return
+            for ev in events:
+                if isinstance(ev, h2.events.RequestReceived):
+                    requests[ev.stream_id] = dict(ev.headers)[":path"]
+                elif isinstance(ev, h2.events.DataReceived):
+                    conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+                if isinstance(ev, h2.events.StreamEnded) or (
+                    isinstance(ev, h2.events.RequestReceived) and ev.stream_ended
+                ):
+                    sid = ev.stream_id
+                    p = requests.get(sid, "")
+                    with lock:
+                        refuse = p == VERSION and state["goaway"] == 0
+                        if refuse:
+                            state["goaway"] += 1
+                        elif p == VERSION:
+                            state["version_ok"] += 1
+                    if refuse:
+                        conn.close_connection(error_code=0, last_stream_id=max(0, sid - 2))
+                        conn_sock.sendall(conn.data_to_send())
+                        out(goaway_sent=True, refused_stream=sid)
+                        time.sleep(0.2)
+                        conn_sock.close()
+                        return
+                    conn.send_headers(sid, [(":status", "200"), ("content-type", "application/grpc")])
+                    conn.send_data(sid, grpc_frame(b""))
+                    conn.send_headers(sid, [("grpc-status", "0")], end_stream=True)
+                    if p == VERSION:
+                        out(version_answered=sid)
+            conn_sock.sendall(conn.data_to_send())
+
+    while True:
+        c, _ = lsock.accept()
+        threading.Thread(target=serve, args=(c,), daemon=True).start()
+
+
 def main():
     path, scenario, *args = sys.argv[1:]
     if scenario == "reset-held":
@@ -319,6 +393,8 @@ def main():
         concurrent(path, int(args[0]))
     elif scenario == "slow-reader":
         slow_reader(path, args[0])
+    elif scenario == "goaway-server":
+        goaway_server(path)
     elif scenario == "grpcio-unary":
         payload = open(args[1][1:], "rb").read() if args[1].startswith("@") else bytes.fromhex(args[1])
         grpcio_unary(path, args[0], payload, len(args) > 2 and args[2] == "hex")

@@ -409,3 +409,40 @@ async fn trailers_only_errors_keep_their_status() {
         assert_eq!(via["code"], "NOT_FOUND", "{method} through qoslet: {via}");
     }
 }
+
+/// Review of the h2 client: a runtime that turns a call away with GOAWAY
+/// (its last stream id below the call's: never processed, as containerd does
+/// when it restarts) gets the call again on a fresh connection, as grpc-go's
+/// transparent retry would for kubelet talking to containerd directly; the
+/// client sees the answer, not UNAVAILABLE.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_turned_away_by_the_runtimes_goaway_is_retried() {
+    let dir = scratch("peers-goaway");
+    let runtime = dir.join("runtime.sock");
+    let mut server = python(&runtime, &["goaway-server"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
+    let first: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    assert_eq!(first["listening"], true);
+    let q = QosletProcess::start(&dir, &runtime);
+    let mut c = Cri::connect(&q.sock).await;
+    let v = tokio::time::timeout(
+        Duration::from_secs(10),
+        c.rt.version(cri::VersionRequest::default()),
+    )
+    .await
+    .expect("answered");
+    let _ = server.kill();
+    let _ = server.wait();
+    let events: Vec<Value> = lines
+        .map_while(Result::ok)
+        .filter_map(|l| serde_json::from_str(&l).ok())
+        .collect();
+    assert!(
+        events.iter().any(|e| e["goaway_sent"] == true),
+        "the runtime turned the first call away: {events:?}"
+    );
+    assert!(v.is_ok(), "retried on a fresh connection: {v:?}");
+}

@@ -313,6 +313,40 @@ impl Backend {
         parts: http::request::Parts,
         body: Outgoing,
     ) -> Result<http::Response<H2Body>, BackendError> {
+        let Outgoing::Bytes(bytes) = &body else {
+            return self.request_once(parts, body).await;
+        };
+        // a unary call containerd's GOAWAY (or REFUSED_STREAM) turned away was never
+        // processed: it is sent once more on a fresh connection, as grpc-go's own
+        // transparent retry would do for kubelet talking to containerd directly
+        let again = (
+            parts.method.clone(),
+            parts.uri.clone(),
+            parts.version,
+            parts.headers.clone(),
+            bytes.clone(),
+        );
+        match self.request_once(parts, body).await {
+            Err(BackendError::Http { source, .. })
+                if source.is_go_away() || source.reason() == Some(h2::Reason::REFUSED_STREAM) =>
+            {
+                let (method, uri, version, headers, bytes) = again;
+                let (mut p, ()) = http::Request::new(()).into_parts();
+                p.method = method;
+                p.uri = uri;
+                p.version = version;
+                p.headers = headers;
+                self.request_once(p, Outgoing::Bytes(bytes)).await
+            }
+            r => r,
+        }
+    }
+
+    async fn request_once(
+        &self,
+        parts: http::request::Parts,
+        body: Outgoing,
+    ) -> Result<http::Response<H2Body>, BackendError> {
         let path = || (*self.raw.path).clone();
         let (sender, closed) = self.raw.sender().await?;
         // a connection that refuses new streams (containerd's GOAWAY) is retired:
