@@ -25,6 +25,18 @@ use qoslet_integration::{eventually, scratch, unique};
 /// would see (and restore, or suppress) the other's pods: they run one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// This host's CPUs, as the root cpuset lists them.
+fn host_cpus() -> Vec<u32> {
+    qoslet_cgroups::cgroup::parse_cpu_list(&cgroup_v1("cpuset", "", "cpuset.cpus"))
+        .unwrap()
+        .into_iter()
+        .collect()
+}
+
+fn fmt_cpus(cpus: &[u32]) -> String {
+    qoslet_cgroups::cgroup::format_cpu_list(&cpus.iter().copied().collect())
+}
+
 fn write_v1(controller: &str, cgroup: &str, file: &str, value: &str) {
     let p = std::path::Path::new("/sys/fs/cgroup")
         .join(controller)
@@ -150,17 +162,19 @@ async fn real_restart_reads_scaled_quotas_and_restore_puts_a_suppressed_node_bac
 
     // a suppressed node, as a stopped qoslet (or anything else) left it
     assert!(q.sigterm(Duration::from_secs(20)).success());
+    // suppressed to this host's last CPU
+    let narrow = host_cpus().last().unwrap().to_string();
     let suppress = || {
         write_v1("cpu", &be_parent, "cpu.cfs_quota_us", "2000");
         // children first (the pod's sandbox container too): v1's containment rule
         let pod_dir = format!("/sys/fs/cgroup/cpuset{be_cgp}");
         for e in std::fs::read_dir(&pod_dir).unwrap().flatten() {
             if e.path().is_dir() {
-                std::fs::write(e.path().join("cpuset.cpus"), "1").unwrap();
+                std::fs::write(e.path().join("cpuset.cpus"), &narrow).unwrap();
             }
         }
         for cg in [&be_cgp, &be_parent] {
-            write_v1("cpuset", cg, "cpuset.cpus", "1");
+            write_v1("cpuset", cg, "cpuset.cpus", &narrow);
         }
     };
     suppress();
@@ -230,12 +244,15 @@ async fn real_restart_reads_scaled_quotas_and_restore_puts_a_suppressed_node_bac
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_static_cpu_manager_keeps_be_containers_creatable_under_suppression() {
     let _serial = SERIAL.lock().await;
-    let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
-    if online.trim() != "0-1" {
-        // the CPU lists below are this 2-CPU test machine's (LSR on 0, BE on 1)
-        eprintln!("SKIPPED: needs exactly CPUs 0-1 online, this host has {online}");
-        return;
-    }
+    // this host's CPUs: an LSR pod takes all but the last, BE is left the last
+    let cpus = host_cpus();
+    assert!(
+        cpus.len() >= 2,
+        "this test needs at least two CPUs: {cpus:?}"
+    );
+    let all = fmt_cpus(&cpus);
+    let last = fmt_cpus(&cpus[cpus.len() - 1..]);
+    let lsr_cpus = fmt_cpus(&cpus[..cpus.len() - 1]);
     let tb = Testbed::main();
     let dir = scratch("static-cpu");
     let root = tb.cgroup_parent(&unique("static"));
@@ -252,7 +269,7 @@ async fn real_static_cpu_manager_keeps_be_containers_creatable_under_suppression
     let mut via = Cri::connect(&q.sock).await;
     let mut cleanup = Cleanup::new(&tb.sock);
 
-    // an LSR pod bound to CPU 0: the BE share pool is CPU 1
+    // an LSR pod bound to all CPUs but the last: the BE share pool is the last
     let lsr = unique("lsr");
     let lsr_cgp = format!("{root}/pod{lsr}");
     let mut lsr_cfg = pod_config(&lsr, &lsr_cgp);
@@ -261,7 +278,7 @@ async fn real_static_cpu_manager_keeps_be_containers_creatable_under_suppression
         .insert("koordinator.sh/qosClass".into(), "LSR".into());
     lsr_cfg.annotations.insert(
         "scheduling.koordinator.sh/resource-status".into(),
-        r#"{"cpuset":"0"}"#.into(),
+        format!(r#"{{"cpuset":"{lsr_cpus}"}}"#),
     );
     let lsr_pod = via.run_pod(&lsr_cfg).await.unwrap();
     cleanup.pods.push(lsr_pod.clone());
@@ -274,7 +291,8 @@ async fn real_static_cpu_manager_keeps_be_containers_creatable_under_suppression
                 SLEEP_LOOP,
                 Some(cri::LinuxContainerResources {
                     cpu_period: 100_000,
-                    cpu_quota: 100_000,
+                    // an untrusted LSR pod binds to no more CPUs than its limit
+                    cpu_quota: 100_000 * (cpus.len() as i64 - 1),
                     cpu_shares: 1024,
                     memory_limit_in_bytes: 64 << 20,
                     ..Default::default()
@@ -302,7 +320,7 @@ async fn real_static_cpu_manager_keeps_be_containers_creatable_under_suppression
     let shared = || cri::LinuxContainerResources {
         cpu_period: 100_000,
         cpu_shares: 2,
-        cpuset_cpus: "0-1".into(),
+        cpuset_cpus: all.clone(),
         ..Default::default()
     };
     let first = via
@@ -317,7 +335,7 @@ async fn real_static_cpu_manager_keeps_be_containers_creatable_under_suppression
     eventually(
         "BE suppressed to CPU 1 on the parent",
         Duration::from_secs(20),
-        || async { (cgroup_v1("cpuset", &be_parent, "cpuset.cpus") == "1").then_some(()) },
+        || async { (cgroup_v1("cpuset", &be_parent, "cpuset.cpus") == last).then_some(()) },
     )
     .await;
     // the defect: a new BE container with the shared pool cannot start
@@ -337,32 +355,32 @@ async fn real_static_cpu_manager_keeps_be_containers_creatable_under_suppression
     // static mode: the parent and the pod get all CPUs back, the containers are narrowed
     assert!(q.sigterm(Duration::from_secs(20)).success());
     std::fs::write(&yaml, policy("static")).unwrap();
-    write_v1("cpuset", &be_parent, "cpuset.cpus", "1"); // as the old mode left it
+    write_v1("cpuset", &be_parent, "cpuset.cpus", &last); // as the old mode left it
     q.restart();
     let mut via = Cri::connect(&q.sock).await;
     // the parent the other mode narrowed gets all CPUs back by itself
     eventually(
         "the parent back to all CPUs",
         Duration::from_secs(20),
-        || async { (cgroup_v1("cpuset", &be_parent, "cpuset.cpus") == "0-1").then_some(()) },
+        || async { (cgroup_v1("cpuset", &be_parent, "cpuset.cpus") == all).then_some(()) },
     )
     .await;
     eventually(
         "the first BE container narrowed to CPU 1",
         Duration::from_secs(20),
         || async {
-            (cgroup_v1("cpuset", &format!("{be_cgp}/{first}"), "cpuset.cpus") == "1").then_some(())
+            (cgroup_v1("cpuset", &format!("{be_cgp}/{first}"), "cpuset.cpus") == last).then_some(())
         },
     )
     .await;
     assert_eq!(
         cgroup_v1("cpuset", &be_parent, "cpuset.cpus"),
-        "0-1",
+        all,
         "the parent keeps all CPUs"
     );
     assert_eq!(
         cgroup_v1("cpuset", &be_cgp, "cpuset.cpus"),
-        "0-1",
+        all,
         "the pod keeps all CPUs"
     );
     let third = via
@@ -378,7 +396,7 @@ async fn real_static_cpu_manager_keeps_be_containers_creatable_under_suppression
         "the new BE container narrowed to CPU 1",
         Duration::from_secs(20),
         || async {
-            (cgroup_v1("cpuset", &format!("{be_cgp}/{third}"), "cpuset.cpus") == "1").then_some(())
+            (cgroup_v1("cpuset", &format!("{be_cgp}/{third}"), "cpuset.cpus") == last).then_some(())
         },
     )
     .await;
