@@ -51,6 +51,44 @@ pub struct Settings {
     pub cpu_manager: CpuManager,
 }
 
+impl Settings {
+    /// The settings the config's `qosEngine:` section gives (with the trust,
+    /// pod root and procfs the rest of the config names); one place for both
+    /// the agent and `qoslet restore`.
+    pub fn from_config(
+        c: &crate::config::EngineConfig,
+        trust: qoslet_hooks::Trust,
+        pod_root: qoslet_cgroups::PodRoot,
+        proc_root: PathBuf,
+        dry_run_flag: bool,
+    ) -> anyhow::Result<Self> {
+        use anyhow::Context;
+        let interval = crate::config::metrics_interval(c.interval.as_deref().unwrap_or("1s"))
+            .context("qosEngine.interval")?;
+        let drift_every =
+            crate::config::metrics_interval(c.drift_check_interval.as_deref().unwrap_or("10s"))
+                .context("qosEngine.driftCheckInterval")?;
+        Ok(Self {
+            interval,
+            dry_run: dry_run_flag || c.dry_run.unwrap_or(false),
+            be_parent: c
+                .be_parent
+                .as_deref()
+                .map(CgroupPath::parse)
+                .transpose()
+                .context("qosEngine.beParent")?,
+            reserved_cores: c.reserved_cpus.unwrap_or(0.0),
+            verify_every: (drift_every.as_secs() / interval.as_secs()).max(1),
+            sys_root: PathBuf::from("/sys"),
+            trust,
+            pod_root,
+            proc_root,
+            restore_on_exit: c.restore_on_exit.unwrap_or(false),
+            cpu_manager: cpu_manager(c)?,
+        })
+    }
+}
+
 /// `qosEngine.cpuManagerPolicy` and `kubeletRootDir` as a [`CpuManager`].
 pub fn cpu_manager(c: &crate::config::EngineConfig) -> anyhow::Result<CpuManager> {
     let file = c

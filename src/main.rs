@@ -298,32 +298,13 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
         .as_ref()
         .map(|_| slot.clone() as std::sync::Arc<dyn qoslet_proxy::AgentView>);
     let engine_cfg = file.qos_engine.clone().unwrap_or_default();
-    let engine_settings = engine::Settings {
-        interval: config::metrics_interval(engine_cfg.interval.as_deref().unwrap_or("1s"))
-            .context("qosEngine.interval")?,
-        dry_run: a.dry_run || engine_cfg.dry_run.unwrap_or(false),
-        be_parent: engine_cfg
-            .be_parent
-            .as_deref()
-            .map(qoslet_cgroups::CgroupPath::parse)
-            .transpose()
-            .context("qosEngine.beParent")?,
-        reserved_cores: engine_cfg.reserved_cpus.unwrap_or(0.0),
-        verify_every: 0,
-        sys_root: PathBuf::from("/sys"),
-        trust: trust.clone(),
-        pod_root: pod_root.clone(),
-        proc_root: proc_root.clone(),
-        restore_on_exit: engine_cfg.restore_on_exit.unwrap_or(false),
-        cpu_manager: engine::cpu_manager(&engine_cfg)?,
-    };
-    let drift_every =
-        config::metrics_interval(engine_cfg.drift_check_interval.as_deref().unwrap_or("10s"))
-            .context("qosEngine.driftCheckInterval")?;
-    let engine_settings = engine::Settings {
-        verify_every: (drift_every.as_secs() / engine_settings.interval.as_secs()).max(1),
-        ..engine_settings
-    };
+    let engine_settings = engine::Settings::from_config(
+        &engine_cfg,
+        trust.clone(),
+        pod_root.clone(),
+        proc_root.clone(),
+        a.dry_run,
+    )?;
     let resctrl_root = file
         .resctrl_root
         .clone()

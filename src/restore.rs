@@ -116,25 +116,18 @@ pub async fn run(a: RestoreArgs) -> Result<()> {
     };
     let engine_cfg = file.qos_engine.clone().unwrap_or_default();
     let settings = engine::Settings {
-        interval: std::time::Duration::from_secs(1),
         dry_run: a.dry_run,
-        be_parent: engine_cfg
-            .be_parent
-            .as_deref()
-            .map(qoslet_cgroups::CgroupPath::parse)
-            .transpose()
-            .context("qosEngine.beParent")?,
-        reserved_cores: engine_cfg.reserved_cpus.unwrap_or(0.0),
-        verify_every: 1,
-        sys_root,
-        trust: file.trust.clone().unwrap_or_default(),
-        pod_root: match file.kubelet_cgroup_root.as_deref() {
-            Some(r) => qoslet_cgroups::PodRoot::new(r).context("kubeletCgroupRoot")?,
-            None => qoslet_cgroups::PodRoot::default(),
-        },
-        proc_root,
         restore_on_exit: false,
-        cpu_manager: engine::cpu_manager(&engine_cfg)?,
+        ..engine::Settings::from_config(
+            &engine_cfg,
+            file.trust.clone().unwrap_or_default(),
+            match file.kubelet_cgroup_root.as_deref() {
+                Some(r) => qoslet_cgroups::PodRoot::new(r).context("kubeletCgroupRoot")?,
+                None => qoslet_cgroups::PodRoot::default(),
+            },
+            proc_root.clone(),
+            false,
+        )?
     };
     let policy = policy_cfg.engine();
     if a.dry_run {

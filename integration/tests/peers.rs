@@ -45,6 +45,22 @@ fn peer(sock: &Path, args: &[&str]) -> Value {
         .unwrap_or_else(|e| panic!("peer {args:?}: {e}: {}", String::from_utf8_lossy(&o.stdout)))
 }
 
+/// Starts a scenario that keeps running; returns it, its output lines, and its
+/// first JSON line (read once it is printed).
+fn spawn_peer(
+    sock: &Path,
+    args: &[&str],
+) -> (
+    std::process::Child,
+    std::io::Lines<BufReader<std::process::ChildStdout>>,
+    Value,
+) {
+    let mut child = python(sock, args).stdout(Stdio::piped()).spawn().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    (child, lines, first)
+}
+
 /// Defect 2 of the old relay: a client that resets streams holding bytes
 /// (six CreateContainer bodies cut at 10 KB) left the connection's send window
 /// 5,541 bytes short of anything and every later call with a body hung. Now the
@@ -166,13 +182,8 @@ async fn sigterm_with_a_stalled_reader_sends_goaway_and_exits_in_time() {
     })
     .await;
     let mut q = QosletProcess::with_config(&dir, &fake.sock, "drainTimeout: 3s\n", &[]);
-    let mut child = python(&q.sock, &["slow-reader", SLOW])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     // the answer flowing, then stalled on the client's window
-    let first: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    let (mut child, mut lines, first) = spawn_peer(&q.sock, &["slow-reader", SLOW]);
     assert_eq!(first["started"], true);
     let t = Instant::now();
     qoslet_integration::process::signal(q.pid(), libc::SIGTERM);
@@ -294,12 +305,7 @@ async fn stalled_readers_do_not_stall_other_clients() {
     let q = QosletProcess::start(&dir, &fake.sock);
     let mut stalled = Vec::new();
     for _ in 0..5 {
-        let mut child = python(&q.sock, &["slow-reader", SLOW])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let first: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+        let (child, _, first) = spawn_peer(&q.sock, &["slow-reader", SLOW]);
         assert_eq!(first["started"], true);
         stalled.push(child);
     }
@@ -419,12 +425,7 @@ async fn trailers_only_errors_keep_their_status() {
 async fn a_call_turned_away_by_the_runtimes_goaway_is_retried() {
     let dir = scratch("peers-goaway");
     let runtime = dir.join("runtime.sock");
-    let mut server = python(&runtime, &["goaway-server"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
-    let first: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    let (mut server, lines, first) = spawn_peer(&runtime, &["goaway-server"]);
     assert_eq!(first["listening"], true);
     let q = QosletProcess::start(&dir, &runtime);
     let mut c = Cri::connect(&q.sock).await;
