@@ -5,25 +5,23 @@
 //!
 //! Both reconnect on their own: when containerd restarts, calls fail while it
 //! is down and succeed again afterwards, without restarting qoslet. The raw
-//! connection is a bare `hyper::client::conn::http2` sender (no pool: one
+//! connection is a bare `h2::client` sender (no pool: one
 //! backend, one connection), re-established on the first call after it closed.
 
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::Uri;
-use http_body::{Body as HttpBody, Frame};
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 use tonic::body::Body;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::endpoint::{parse_unix, EndpointError};
+pub use crate::h2io::H2Body;
 
 type Sender = h2::client::SendRequest<Bytes>;
 
@@ -109,142 +107,6 @@ impl RawConn {
             Some((sender.clone(), closed.clone()));
         Ok((sender, closed))
     }
-}
-
-/// The runtime's answer body: h2's stream, its window credited back as each
-/// chunk is taken (so a client that stops reading stops this stream only).
-pub struct H2Body {
-    recv: h2::RecvStream,
-    data_done: bool,
-    done: bool,
-    /// Dropped with the answer: stops a streaming request's pump.
-    _cancel: Option<tokio::sync::oneshot::Sender<()>>,
-}
-
-impl HttpBody for H2Body {
-    type Data = Bytes;
-    type Error = h2::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
-        if self.done {
-            return Poll::Ready(None);
-        }
-        if !self.data_done {
-            match ready!(self.recv.poll_data(cx)) {
-                Some(Ok(b)) => {
-                    let _ = self.recv.flow_control().release_capacity(b.len());
-                    return Poll::Ready(Some(Ok(Frame::data(b))));
-                }
-                Some(Err(e)) => {
-                    self.done = true;
-                    return Poll::Ready(Some(Err(e)));
-                }
-                None => self.data_done = true,
-            }
-        }
-        let t = ready!(self.recv.poll_trailers(cx));
-        self.done = true;
-        match t {
-            Ok(Some(t)) => Poll::Ready(Some(Ok(Frame::trailers(t)))),
-            Ok(None) => Poll::Ready(None),
-            Err(e) => Poll::Ready(Some(Err(e))),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        // h2 knows before the body is polled when the answer was one HEADERS
-        // frame with END_STREAM (gRPC's trailers-only error answer): hyper then
-        // sends it on the same way, and kubelet reads the status from it
-        self.done || self.recv.is_end_stream()
-    }
-}
-
-/// Feeds a streaming request body into h2, as the runtime's window allows.
-/// It stops, and resets the runtime's stream, when the answer is dropped (the
-/// client went away: `cancel`), and stops when the runtime reset the stream.
-async fn pump(
-    mut body: Body,
-    mut send: h2::SendStream<Bytes>,
-    mut cancel: tokio::sync::oneshot::Receiver<()>,
-) {
-    use std::future::{poll_fn, Future};
-    enum Stop {
-        Cancelled,
-        ResetByRuntime,
-    }
-    // checked on every wait: the answer dropped, or the runtime's reset
-    fn stopped(
-        send: &mut h2::SendStream<Bytes>,
-        cancel: &mut tokio::sync::oneshot::Receiver<()>,
-        cx: &mut Context<'_>,
-    ) -> Option<Stop> {
-        if Pin::new(cancel).poll(cx).is_ready() {
-            return Some(Stop::Cancelled);
-        }
-        if send.poll_reset(cx).is_ready() {
-            return Some(Stop::ResetByRuntime);
-        }
-        None
-    }
-    let end = |send: &mut h2::SendStream<Bytes>, why: Stop| {
-        if matches!(why, Stop::Cancelled) {
-            send.send_reset(h2::Reason::CANCEL);
-        }
-    };
-    loop {
-        let next = poll_fn(|cx| {
-            if let Some(why) = stopped(&mut send, &mut cancel, cx) {
-                return Poll::Ready(Err(why));
-            }
-            Pin::new(&mut body).poll_frame(cx).map(Ok)
-        })
-        .await;
-        let frame = match next {
-            Err(why) => return end(&mut send, why),
-            Ok(None) => break,
-            Ok(Some(Ok(f))) => f,
-            Ok(Some(Err(_))) => {
-                send.send_reset(h2::Reason::CANCEL);
-                return;
-            }
-        };
-        match frame.into_data() {
-            Ok(mut data) => {
-                while !data.is_empty() {
-                    send.reserve_capacity(data.len());
-                    let cap = poll_fn(|cx| {
-                        if let Some(why) = stopped(&mut send, &mut cancel, cx) {
-                            return Poll::Ready(Err(why));
-                        }
-                        send.poll_capacity(cx).map(Ok)
-                    })
-                    .await;
-                    let n = match cap {
-                        Err(why) => return end(&mut send, why),
-                        Ok(Some(Ok(n))) if n > 0 => n,
-                        Ok(Some(Ok(_))) => continue,
-                        Ok(_) => return, // the stream is gone
-                    };
-                    let chunk = data.split_to(n.min(data.len()));
-                    if send.send_data(chunk, false).is_err() {
-                        return;
-                    }
-                }
-            }
-            Err(frame) => {
-                if let Ok(t) = frame.into_trailers() {
-                    if send.send_trailers(t).is_err() {
-                        send.send_reset(h2::Reason::INTERNAL_ERROR);
-                    }
-                    return;
-                }
-            }
-        }
-    }
-    let _ = send.send_data(Bytes::new(), true);
 }
 
 /// Connections to the backend runtime.
@@ -371,26 +233,19 @@ impl Backend {
                 (answer, send)
             }
             Outgoing::Stream(body) => {
-                let (answer, send) = sender.send_request(head, false).map_err(http)?;
+                let (answer, mut send) = sender.send_request(head, false).map_err(http)?;
+                // the body streams in its own task; dropping the answer ends it
                 let (cancel, cancelled) = tokio::sync::oneshot::channel();
-                tokio::spawn(pump(body, send, cancelled));
+                tokio::spawn(async move {
+                    crate::h2io::pipe(body, &mut send, Some(cancelled), h2::Reason::CANCEL).await
+                });
                 let resp = answer.await.map_err(http)?;
-                return Ok(resp.map(|recv| H2Body {
-                    recv,
-                    data_done: false,
-                    done: false,
-                    _cancel: Some(cancel),
-                }));
+                return Ok(resp.map(|recv| H2Body::with_cancel(recv, cancel)));
             }
         };
         drop(send);
         let resp = answer.await.map_err(http)?;
-        Ok(resp.map(|recv| H2Body {
-            recv,
-            data_done: false,
-            done: false,
-            _cancel: None,
-        }))
+        Ok(resp.map(H2Body::new))
     }
 
     /// A typed CRI RuntimeService client.

@@ -20,7 +20,6 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Request, Response, Uri};
 use http_body::{Body as HttpBody, Frame};
 use http_body_util::{BodyExt, Limited, StreamBody};
-use hyper::body::Incoming;
 use tokio::sync::watch;
 use tonic::body::Body;
 use tonic::{Code, Status};
@@ -49,7 +48,7 @@ pub struct ProxyStats {
     pub connections_terminated: AtomicU64,
 }
 
-type LocalService = tower::util::BoxCloneSyncService<Request<Incoming>, Response<Body>, Infallible>;
+type LocalService = tower::util::BoxCloneSyncService<Request<H2Body>, Response<Body>, Infallible>;
 
 /// The proxy's request handler. Shared by all connections.
 pub struct Forwarder {
@@ -117,7 +116,7 @@ impl Forwarder {
     }
 
     /// Handles one request. Never fails: errors are gRPC statuses.
-    pub async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
+    pub async fn handle(&self, req: Request<H2Body>) -> Response<Body> {
         self.handle_on(req, &self.backend).await
     }
 
@@ -125,7 +124,7 @@ impl Forwarder {
     /// connection: a client that stops reading holds back only its own calls,
     /// as it would direct to containerd, never another client's through a
     /// shared connection window).
-    pub async fn handle_on(&self, req: Request<Incoming>, backend: &Backend) -> Response<Body> {
+    pub async fn handle_on(&self, req: Request<H2Body>, backend: &Backend) -> Response<Body> {
         self.stats.calls_total.fetch_add(1, Ordering::Relaxed);
         self.stats.calls_in_flight.fetch_add(1, Ordering::Relaxed);
         let _guard = InFlight(&self.stats.calls_in_flight);
@@ -170,7 +169,7 @@ impl Forwarder {
     /// frame header before anything is sent, and the backend gets headers and
     /// message in one write. Other services' bodies stream through, limited as
     /// they go.
-    async fn passthrough(&self, req: Request<Incoming>, backend: &Backend) -> Response<Body> {
+    async fn passthrough(&self, req: Request<H2Body>, backend: &Backend) -> Response<Body> {
         let (parts, body) = req.into_parts();
         let limit = self.max_message;
         // a unary body is charged against the budget until the runtime answered
@@ -203,7 +202,7 @@ impl Forwarder {
     /// frame header announces more than the limit, or the body outgrows it.
     async fn read_unary(
         &self,
-        mut body: Incoming,
+        mut body: H2Body,
     ) -> Result<(Bytes, Option<tokio::sync::OwnedSemaphorePermit>), Response<Body>> {
         let limit = self.max_message;
         let mut buf = BytesMut::new();
@@ -263,22 +262,28 @@ impl Forwarder {
         body: Outgoing,
         backend: &Backend,
     ) -> Result<Response<H2Body>, Status> {
-        let authority = parts
-            .uri
-            .authority()
-            .map(|a| a.as_str().to_string())
-            .unwrap_or_else(|| "localhost".into());
-        let pq = parts
-            .uri
-            .path_and_query()
-            .map(|p| p.as_str())
-            .unwrap_or("/");
-        parts.uri = Uri::builder()
-            .scheme("http")
-            .authority(authority.as_str())
-            .path_and_query(pq)
-            .build()
-            .map_err(|e| Status::invalid_argument(format!("qoslet: bad request URI: {e}")))?;
+        // h2 hands over an absolute URI when the client sent :scheme and
+        // :authority (gRPC clients do): kept as it is, not parsed again
+        if parts.uri.scheme().is_none() || parts.uri.authority().is_none() {
+            let mut uri = http::uri::Parts::default();
+            uri.scheme = Some(http::uri::Scheme::HTTP);
+            uri.authority = Some(
+                parts
+                    .uri
+                    .authority()
+                    .cloned()
+                    .unwrap_or_else(|| http::uri::Authority::from_static("localhost")),
+            );
+            uri.path_and_query = Some(
+                parts
+                    .uri
+                    .path_and_query()
+                    .cloned()
+                    .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
+            );
+            parts.uri = Uri::from_parts(uri)
+                .map_err(|e| Status::invalid_argument(format!("qoslet: bad request URI: {e}")))?;
+        }
         parts.version = http::Version::HTTP_2;
         backend.request(parts, body).await.map_err(|e| {
             self.stats
@@ -395,7 +400,7 @@ impl Forwarder {
     async fn intercept(
         &self,
         point: HookPoint,
-        req: Request<Incoming>,
+        req: Request<H2Body>,
         backend: &Backend,
     ) -> Response<Body> {
         let (mut parts, body) = req.into_parts();

@@ -2,13 +2,12 @@
 //! its interception pipeline, the pod/container store and the admin API.
 //!
 //! Layout:
-//! * [`server`]: wiring (sockets, store rebuild, serve, drain).
-//! * [`relay`]: the default path: an HTTP/2 frame relay, kubelet's connection
-//!   paired 1:1 with one to the runtime.
-//! * [`forward`]: the per-request logic, HTTP/2 terminated (reflection clients,
-//!   runtime down, `relay: false`), and the interception steps both paths share.
+//! * [`server`]: wiring (sockets, store rebuild, serve, drain), and each
+//!   kubelet connection served on h2, paired with a runtime connection of its own.
+//! * [`forward`]: the per-call logic: pass-through as bytes, interception, reflection.
+//! * [`h2io`]: bodies read from and written into h2 streams (both sides).
 //! * [`grpc`]: gRPC framing, status responses and size limits.
-//! * [`h2frame`], [`hpack`]: HTTP/2 frames and header blocks, for the relay.
+//! * [`h2frame`]: the few HTTP/2 frame helpers the `:authority` filter needs.
 //! * [`cri`]: which CRI calls are intercepted, as typed values.
 //! * [`pipeline`]: hooks, their timeouts and failure policies.
 //! * [`store`], [`checkpoint`], [`rebuild`]: the pod/container store and its persistence.
@@ -31,6 +30,7 @@ pub mod forward;
 mod fuzz;
 pub mod grpc;
 pub mod h2frame;
+pub mod h2io;
 pub mod pipeline;
 pub mod rebuild;
 pub mod server;

@@ -1,12 +1,12 @@
 //! Wiring: binds the proxy and admin sockets, rebuilds the store, and serves
 //! until shutdown, then drains in-flight calls.
 
-use std::convert::Infallible;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hyper_util::rt::TokioIo;
+use bytes::Bytes;
+use http_body::Body as _;
 use tokio::net::UnixListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -14,19 +14,12 @@ use tracing::{debug, info, warn};
 
 use crate::admin::AdminService;
 use crate::authority::AuthorityFix;
-use crate::backend::Backend;
+use crate::backend::{Backend, H2Body};
 use crate::checkpoint::{Checkpoint, LoadError};
 use crate::endpoint::{bind_unix, parse_unix, EndpointError};
 use crate::forward::{Forwarder, ProxyStats};
 use crate::pipeline::Pipeline;
 use crate::store::{Snapshot, Store};
-
-type BoxedResponse = std::pin::Pin<
-    Box<
-        dyn std::future::Future<Output = Result<http::Response<tonic::body::Body>, Infallible>>
-            + Send,
-    >,
->;
 
 /// Settings of the proxy (the binary fills them from flags and the config file).
 #[derive(Debug, Clone)]
@@ -253,20 +246,11 @@ async fn serve_proxy(
     mut shutdown: watch::Receiver<bool>,
     drain: Duration,
 ) {
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let streams = TrackedExecutor::default();
-    let mut builder = hyper::server::conn::http2::Builder::new(streams.clone());
-    builder
-        .max_concurrent_streams(Some(1024))
-        .max_header_list_size(16 << 20)
-        .max_frame_size(Some(crate::authority::SERVER_MAX_FRAME as u32))
-        .initial_stream_window_size(Some(4 << 20))
-        .initial_connection_window_size(Some(16 << 20))
-        // per stream, what qoslet holds of an answer its client has not read yet
-        .max_send_buf_size(1 << 20);
-    // the connection tasks, so the ones still running at the drain deadline end
-    // there (not after the final checkpoint and restoreOnExit)
+    // the connection tasks (each owning its calls' tasks), so the ones still
+    // running at the drain deadline end there (not after the final checkpoint
+    // and restoreOnExit)
     let mut conns = tokio::task::JoinSet::new();
+    let (deadline, deadline_rx) = watch::channel(false);
     loop {
         while conns.try_join_next().is_some() {}
         let stream = tokio::select! {
@@ -280,74 +264,136 @@ async fn serve_proxy(
             },
             _ = stopped(&mut shutdown) => break,
         };
-        let fwd = fwd.clone();
-        let watcher = graceful.watcher();
-        let builder = builder.clone();
-        conns.spawn(async move {
-            // HTTP/2 terminated per connection (h2, under hyper); the handler future is
-            // boxed: hyper spawns one task per stream, and a large inline future would
-            // be copied on every spawn
-            fwd.stats()
-                .connections_terminated
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            // this client's own connection to the runtime, closed with it
-            let backend = fwd.own_backend();
-            let svc = hyper::service::service_fn(move |req| {
-                let (fwd, backend) = (fwd.clone(), backend.clone());
-                let fut: BoxedResponse =
-                    Box::pin(
-                        async move { Ok::<_, Infallible>(fwd.handle_on(req, &backend).await) },
-                    );
-                fut
-            });
-            let conn = builder.serve_connection(TokioIo::new(AuthorityFix::new(stream)), svc);
-            if let Err(e) = watcher.watch(conn).await {
-                debug!(error = %e, "proxy connection ended with an error");
-            }
-        });
+        conns.spawn(serve_connection(
+            stream,
+            fwd.clone(),
+            shutdown.clone(),
+            deadline_rx.clone(),
+        ));
     }
     drop(listener);
-    info!(connections = graceful.count(), "draining proxy connections");
-    tokio::select! {
-        _ = graceful.shutdown() => info!("proxy drained"),
-        _ = tokio::time::sleep(drain) => {
-            warn!(timeout = ?drain, "drain timeout; closing remaining calls");
-        }
+    info!(connections = conns.len(), "draining proxy connections");
+    let all_done = async { while conns.join_next().await.is_some() {} };
+    if tokio::time::timeout(drain, all_done).await.is_ok() {
+        info!("proxy drained");
+        return;
     }
-    // calls still running past the deadline end here: their tasks (hyper runs
-    // each stream in one) and the connections'
-    streams.abort_all();
-    conns.abort_all();
-    while conns.join_next().await.is_some() {}
-}
-
-/// hyper's executor for the proxy's streams: tokio tasks whose handles are
-/// kept, so the drain deadline can end the calls still running.
-#[derive(Clone, Default)]
-struct TrackedExecutor(Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>);
-
-impl TrackedExecutor {
-    fn abort_all(&self) {
-        for h in self.0.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
-            h.abort();
-        }
+    warn!(timeout = ?drain, "drain timeout; closing remaining calls");
+    // calls still running past the deadline end here: each connection aborts
+    // its calls and waits until they are gone, so none touches the store after
+    // the final checkpoint; a connection that does not answer within a second
+    // (it cannot: nothing it waits on blocks) is aborted
+    let _ = deadline.send(true);
+    let all_gone = async { while conns.join_next().await.is_some() {} };
+    if tokio::time::timeout(Duration::from_secs(1), all_gone)
+        .await
+        .is_err()
+    {
+        conns.abort_all();
+        while conns.join_next().await.is_some() {}
     }
 }
 
-impl<F> hyper::rt::Executor<F> for TrackedExecutor
-where
-    F: std::future::Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    fn execute(&self, fut: F) {
-        let h = tokio::spawn(fut).abort_handle();
-        let mut all = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        // finished calls are dropped when the list doubles (amortized O(1) per
-        // call, not a walk over every live stream on each one)
-        if all.len() >= 64 && all.len().is_power_of_two() {
-            all.retain(|h| !h.is_finished());
+/// qoslet's HTTP/2 server settings for kubelet's connections.
+fn server_settings() -> h2::server::Builder {
+    let mut b = h2::server::Builder::new();
+    b.max_concurrent_streams(1024)
+        .max_header_list_size(16 << 20)
+        .max_frame_size(crate::authority::SERVER_MAX_FRAME as u32)
+        .initial_window_size(4 << 20)
+        .initial_connection_window_size(16 << 20)
+        // per stream, what qoslet holds of an answer its client has not read yet
+        .max_send_buffer_size(1 << 20);
+    b
+}
+
+/// One kubelet connection, HTTP/2 terminated on h2 (driven directly: each call
+/// a task of this connection, its answer's HEADERS, DATA and trailers queued
+/// together so they leave in one write), with a runtime connection of its own.
+/// At shutdown: GOAWAY (graceful, then final), in-flight calls finish, event
+/// streams end with UNAVAILABLE.
+async fn serve_connection(
+    stream: tokio::net::UnixStream,
+    fwd: Arc<Forwarder>,
+    mut shutdown: watch::Receiver<bool>,
+    mut deadline: watch::Receiver<bool>,
+) {
+    fwd.stats()
+        .connections_terminated
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let handshake = server_settings().handshake::<_, Bytes>(AuthorityFix::new(stream));
+    let mut conn = match tokio::select! {
+        r = handshake => r,
+        _ = stopped(&mut shutdown) => return,
+    } {
+        Ok(c) => c,
+        Err(e) => {
+            debug!(error = %e, "proxy connection: HTTP/2 handshake failed");
+            return;
         }
-        all.push(h);
+    };
+    // this client's own connection to the runtime, closed with it
+    let backend = fwd.own_backend();
+    // aborted and awaited when the connection ends (or at the drain deadline)
+    let mut calls = tokio::task::JoinSet::new();
+    let mut draining = *shutdown.borrow();
+    if draining {
+        conn.graceful_shutdown();
+    }
+    loop {
+        tokio::select! {
+            r = conn.accept() => match r {
+                Some(Ok((req, respond))) => {
+                    calls.spawn(serve_call(fwd.clone(), backend.clone(), req, respond));
+                }
+                Some(Err(e)) => {
+                    debug!(error = %e, "proxy connection ended with an error");
+                    break;
+                }
+                None => break,
+            },
+            Some(_) = calls.join_next(), if !calls.is_empty() => {}
+            _ = stopped(&mut shutdown), if !draining => {
+                draining = true;
+                conn.graceful_shutdown();
+            }
+            _ = stopped(&mut deadline) => break,
+        }
+    }
+    // the connection is gone (or out of time): what is still running cannot answer
+    calls.abort_all();
+    while calls.join_next().await.is_some() {}
+}
+
+/// One call: the forwarder's answer, written back as the client's window allows.
+/// A client that resets the stream cancels the call (and so the runtime's stream).
+async fn serve_call(
+    fwd: Arc<Forwarder>,
+    backend: Backend,
+    req: http::Request<h2::RecvStream>,
+    mut respond: h2::server::SendResponse<Bytes>,
+) {
+    // boxed: the call's future is large, and a task's future is copied as it
+    // is spawned and again as its stage changes (callgrind: 2-3k instructions a call)
+    let call = Box::pin(fwd.handle_on(req.map(H2Body::new), &backend));
+    let resp = tokio::select! {
+        biased;
+        r = call => r,
+        _ = std::future::poll_fn(|cx| respond.poll_reset(cx)) => return,
+    };
+    let (head, body) = resp.into_parts();
+    // a trailers-only answer (the status in its HEADERS) keeps END_STREAM on them
+    let end = body.is_end_stream();
+    let mut send = match respond.send_response(http::Response::from_parts(head, ()), end) {
+        Ok(s) => s,
+        Err(e) => {
+            debug!(error = %e, "answer not sent");
+            respond.send_reset(h2::Reason::INTERNAL_ERROR);
+            return;
+        }
+    };
+    if !end {
+        crate::h2io::pipe(body, &mut send, None, h2::Reason::INTERNAL_ERROR).await;
     }
 }
 
