@@ -693,6 +693,8 @@ impl Shared {
         let mut be_parent: Option<CgroupPath> = None;
         let mut qos_dirs: Vec<(qoslet_hooks::KubeQos, CgroupPath)> = Vec::new();
         let mut logged: HashSet<String> = HashSet::new();
+        // the last node and system CPU figures the collector gave
+        let (mut last_node, mut last_system): (Option<f64>, Option<f64>) = (None, None);
         let mut level = qoslet_qos_engine::suppress::Level::None;
         let mut seq = 0u64;
         let mut skeleton: Option<Skeleton> = None;
@@ -826,6 +828,21 @@ impl Shared {
                 qos_dirs.clone(),
             );
             let mut state = state;
+            // a figure the collector could not know this tick (its first, a
+            // counter reset) is the last known one, or the busiest it can be:
+            // never 0, which would hand BE the system's share for a tick
+            let known =
+                |m: Metric, from: &[(Metric, f64)], last: &mut Option<f64>| match sample(from, m) {
+                    Some(v) => {
+                        *last = Some(v);
+                        Some(v)
+                    }
+                    None => *last,
+                };
+            state.node_usage_cores =
+                known(Metric::CpuUsage, &t.node, &mut last_node).unwrap_or(state.capacity_cores);
+            state.system_usage_cores = known(Metric::CpuUsage, &t.system, &mut last_system)
+                .unwrap_or(state.node_usage_cores);
             if !cg.host().is_v2() {
                 state.cpuset_ceiling = state
                     .be_parent

@@ -13,7 +13,7 @@ use anyhow::{Context, Result};
 use bytes::Bytes;
 use http_body_util::Full;
 use qoslet_cgroups::{CgroupPath, Host};
-use qoslet_metrics::collect::{Collector, Kind, Target, Tick};
+use qoslet_metrics::collect::{Collector, Groups, Kind, Target, Tick};
 use qoslet_metrics::metric::sample as get;
 use qoslet_metrics::{Agg, Metric, Tsdb};
 use qoslet_proto::admin;
@@ -125,6 +125,26 @@ pub fn targets(
         }
         out
     })
+}
+
+/// The kube QoS cgroups (the pods' root, besteffort) of the cgroup driver the
+/// pods' paths show; none without pods (nothing runs there then).
+pub fn groups(targets: &[Arc<Target>], pod_root: &qoslet_cgroups::PodRoot) -> Groups {
+    let Some(pod) = targets.iter().find(|t| t.kind == Kind::Pod) else {
+        return Groups::default();
+    };
+    let p = pod.cgroup.as_str();
+    for systemd in [false, true] {
+        let [pods, _, besteffort] = pod_root.qos_dirs(systemd);
+        let root = pods.as_str();
+        if p.len() > root.len() && p.starts_with(root) && p.as_bytes()[root.len()] == b'/' {
+            return Groups {
+                pods: Some(pods),
+                besteffort: Some(besteffort),
+            };
+        }
+    }
+    Groups::default()
 }
 
 /// Records a tick into the cache.
@@ -314,7 +334,8 @@ async fn collect_loop(
     let started = Instant::now();
     let mut n = 0u64;
     // rebuilt only when the store changed
-    let mut cached: (u64, Arc<Vec<Arc<Target>>>) = (u64::MAX, Arc::new(Vec::new()));
+    let mut cached: (u64, Arc<Vec<Arc<Target>>>, Groups) =
+        (u64::MAX, Arc::new(Vec::new()), Groups::default());
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
@@ -322,17 +343,17 @@ async fn collect_loop(
         }
         let generation = m.store.generation();
         if generation != cached.0 {
-            cached = (
-                generation,
-                Arc::new(targets(&m.store, &m.trust, &m.pod_root)),
-            );
+            let t = targets(&m.store, &m.trust, &m.pod_root);
+            let g = groups(&t, &m.pod_root);
+            cached = (generation, Arc::new(t), g);
         }
-        let targets = cached.1.clone();
+        let (targets, groups) = (cached.1.clone(), cached.2.clone());
         let Some(mut c) = collector.take() else { break };
         let t0 = Instant::now();
         let mono = started.elapsed().as_nanos() as u64;
         let ts = unix_now();
         let r = tokio::task::spawn_blocking(move || {
+            c.set_groups(groups);
             let tick = c.tick(ts, mono, &targets);
             (c, tick)
         })
@@ -589,5 +610,46 @@ impl qoslet_proxy::AgentView for Metrics {
             collection_seconds: self.collect_ns.load(Ordering::Relaxed) as f64 / 1e9,
             cpi: self.cpi.clone(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(cg: &str) -> Arc<Target> {
+        Arc::new(Target {
+            entity: "pod/p".into(),
+            kind: Kind::Pod,
+            cgroup: CgroupPath::parse(cg).unwrap(),
+            namespace: "ns".into(),
+            pod: "p".into(),
+            container: String::new(),
+            qos_class: String::new(),
+            pod_entity: "pod/p".into(),
+        })
+    }
+
+    #[test]
+    fn qos_groups_follow_the_pods_cgroup_driver() {
+        let root = qoslet_cgroups::PodRoot::default();
+        assert_eq!(groups(&[], &root), Groups::default(), "no pods: no groups");
+        let g = groups(&[pod("/kubepods/besteffort/pod1")], &root);
+        assert_eq!(g.pods.unwrap().as_str(), "kubepods");
+        assert_eq!(g.besteffort.unwrap().as_str(), "kubepods/besteffort");
+        let g = groups(
+            &[pod(
+                "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice",
+            )],
+            &root,
+        );
+        assert_eq!(g.pods.unwrap().as_str(), "kubepods.slice");
+        assert_eq!(
+            g.besteffort.unwrap().as_str(),
+            "kubepods.slice/kubepods-besteffort.slice"
+        );
+        // a pod outside kubepods: the node's aggregates stay whole-node
+        assert_eq!(groups(&[pod("/custom/pod1")], &root), Groups::default());
+        assert_eq!(groups(&[pod("/kubepodsx/pod1")], &root), Groups::default());
     }
 }

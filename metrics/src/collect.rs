@@ -6,6 +6,20 @@
 //! file skips that entity's sample for this tick; a counter that went
 //! backwards (a cgroup recreated under the same name) restarts the rate, so
 //! there is never a bogus spike.
+//!
+//! No movement is lost: each cgroup's rates use the monotonic instant of its
+//! own read (a slow pass over a thousand cgroups skews none of them), and a
+//! counter is left unread only while it is known to stand still (v1 throttling
+//! and I/O while the cgroup's CPU usage does not move; on v2 I/O also needs no
+//! dirty or writeback pages, as writeback goes on while the tasks sleep). A
+//! rate divides by the time since the counter was last read or known still;
+//! a counter that moved although it was believed still (seen on the slow
+//! re-read every [`SLOW_EVERY`] ticks) is averaged over the whole time since
+//! its last read: never a spike, never a dropped delta.
+//!
+//! System and BE figures come from the kube QoS cgroups ([`Groups`]): system
+//! = node − the pods' root cgroup, BE = the besteffort cgroup, not a sum over
+//! the pods that happened to have a rate this tick.
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -99,14 +113,63 @@ pub fn cpi_status(sys_root: &Path) -> String {
     "unavailable: hardware PMU present, but qoslet does not open perf events".into()
 }
 
+/// What is read every tick, as last read.
 #[derive(Debug, Clone, Copy)]
 struct Prev {
     mono_ns: u64,
     cpu_ns: u64,
-    cpu: CpuStat,
-    /// All devices together: read/write bytes and ops.
-    io: Option<[u64; 4]>,
     psi: [Option<Psi>; 3],
+}
+
+/// A counter read only when it may have moved.
+#[derive(Debug, Clone)]
+struct Counter<T> {
+    value: T,
+    /// Until when the value is known to hold: its read, or a later tick at
+    /// which it was known to stand still.
+    known_at: u64,
+    /// When it was last actually read.
+    read_at: u64,
+}
+
+/// Advances a counter to instant `at`: with `read` (a fresh value) or without
+/// (known still). Returns the previous value and the nanoseconds the delta
+/// spans (`None` on the first read). `carried` says whether the ticks it was
+/// not read were truly still (it is read now because it started moving): the
+/// delta then spans the time since it was last known still; otherwise (a
+/// scheduled re-read found it moved) the whole time since its last read.
+fn step<T: PartialEq + Clone>(
+    c: &mut Option<Counter<T>>,
+    read: Option<T>,
+    at: u64,
+    carried: bool,
+) -> Option<(T, u64)> {
+    let Some(cur) = c.as_mut() else {
+        *c = read.map(|value| Counter {
+            value,
+            known_at: at,
+            read_at: at,
+        });
+        return None;
+    };
+    match read {
+        None => {
+            let dt = at.saturating_sub(cur.known_at);
+            cur.known_at = at;
+            Some((cur.value.clone(), dt))
+        }
+        Some(v) => {
+            let since = if v != cur.value && !carried {
+                cur.read_at
+            } else {
+                cur.known_at
+            };
+            let prev = std::mem::replace(&mut cur.value, v);
+            cur.known_at = at;
+            cur.read_at = at;
+            Some((prev, at.saturating_sub(since)))
+        }
+    }
 }
 
 fn io_totals(io: &BTreeMap<String, Io>) -> Option<[u64; 4]> {
@@ -163,30 +226,27 @@ struct Files {
     reads: u64,
     /// The OOM kill count as last read (it is read every [`SLOW_EVERY`] ticks).
     oom_kills: Option<u64>,
-    /// v1 cpu.stat as last read, and whether it stood still then (no CFS
-    /// quota, or not running): such a file is re-read every [`SLOW_EVERY`] ticks.
-    cpu_last: Option<CpuStat>,
-    cpu_idle: bool,
-    /// I/O counters as last read, and whether they stood still (idle I/O is
-    /// re-read every [`SLOW_EVERY`] ticks, like an unthrottled cpu.stat).
-    io_last: Option<Arc<BTreeMap<String, Io>>>,
-    io_idle: bool,
-    /// The counters of the previous tick (rates are deltas against them).
+    /// v1 cpu.stat (periods, throttling): read when the CPU usage moved.
+    stat: Option<Counter<CpuStat>>,
+    /// I/O counters: read when the CPU usage moved (or, v2, pages are dirty).
+    io_counters: Option<Counter<Arc<BTreeMap<String, Io>>>>,
+    /// The bytes of cpu.stat and of the I/O files as last read: the same bytes
+    /// again are the same counters, not parsed again.
+    stat_raw: Vec<u8>,
+    io_raw: Vec<u8>,
+    /// memory.stat as read the previous tick (its page-in signs).
+    mem_prev: Option<Memory>,
+    /// Whether the I/O counters moved at their last read (kept read every
+    /// tick while the cgroup runs, until they stand still).
+    io_moving: bool,
+    /// What was read the previous tick (usage, pressure).
     prev: Option<Prev>,
     /// The tick this cgroup was last asked for.
     seen: u64,
 }
 
-/// Counters read again after standing still: their first delta may span
-/// several ticks, so no rate is computed from it (no bogus spike).
-#[derive(Debug, Clone, Copy, Default)]
-struct Rebase {
-    cpu_stat: bool,
-    io: bool,
-}
-
-/// Rarely-changing files (OOM kill counts) and the removed-cgroup check on
-/// file trees are read every this many ticks.
+/// Rarely-changing files (OOM kill counts), the counters believed still, and
+/// the removed-cgroup check on file trees are read every this many ticks.
 const SLOW_EVERY: u64 = 10;
 
 impl Files {
@@ -210,10 +270,12 @@ impl Files {
             psi,
             reads: 0,
             oom_kills: None,
-            cpu_last: None,
-            cpu_idle: false,
-            io_last: None,
-            io_idle: false,
+            stat: None,
+            io_counters: None,
+            stat_raw: Vec::new(),
+            io_raw: Vec::new(),
+            mem_prev: None,
+            io_moving: false,
             prev: None,
             seen: 0,
         }
@@ -242,6 +304,24 @@ fn fd_budget(proc_root: &Path) -> usize {
     soft.saturating_sub(512)
 }
 
+/// The kube QoS cgroups the node's aggregates come from (`None`: no pods known,
+/// so nothing runs in them).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Groups {
+    /// The pods' root (`kubepods`, `kubepods.slice`).
+    pub pods: Option<CgroupPath>,
+    /// The besteffort QoS cgroup.
+    pub besteffort: Option<CgroupPath>,
+}
+
+/// A monotonic clock in nanoseconds (injected in tests).
+pub type Clock = Box<dyn FnMut() -> u64 + Send>;
+
+fn real_clock() -> Clock {
+    let start = std::time::Instant::now();
+    Box::new(move || start.elapsed().as_nanos() as u64)
+}
+
 /// Reads the node and cgroups and turns counters into rates.
 pub struct Collector {
     host: Host,
@@ -253,6 +333,11 @@ pub struct Collector {
     fds_open: usize,
     buf: Vec<u8>,
     buf2: Vec<u8>,
+    clock: Clock,
+    /// The tick's monotonic instant and the clock's reading when it began.
+    tick_mono: u64,
+    tick_clock: u64,
+    groups: Groups,
 }
 
 /// Why one cgroup was not read this tick.
@@ -346,7 +431,28 @@ impl Collector {
             fds_open: 0,
             buf: Vec::with_capacity(READ_CHUNK),
             buf2: Vec::with_capacity(READ_CHUNK),
+            clock: real_clock(),
+            tick_mono: 0,
+            tick_clock: 0,
+            groups: Groups::default(),
         }
+    }
+
+    /// The same collector on another clock (tests: a read pass that takes time).
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The kube QoS cgroups for system and BE figures (from the pods' paths).
+    pub fn set_groups(&mut self, groups: Groups) {
+        self.groups = groups;
+    }
+
+    /// The monotonic instant now, on the tick's time line.
+    fn at(&mut self) -> u64 {
+        let elapsed = (self.clock)().saturating_sub(self.tick_clock);
+        self.tick_mono.saturating_add(elapsed)
     }
 
     pub fn host(&self) -> &Host {
@@ -358,22 +464,54 @@ impl Collector {
         self.fds_open
     }
 
-    /// One tick at Unix time `ts`, monotonic `mono_ns`, over `targets`.
+    /// One tick at Unix time `ts`, monotonic `mono_ns` (when it begins), over
+    /// `targets`. Each cgroup's rates use the instant of its own read.
     pub fn tick(&mut self, ts: u32, mono_ns: u64, targets: &[Arc<Target>]) -> Tick {
         let mut t = Tick {
             ts,
             ..Default::default()
         };
+        self.tick_mono = mono_ns;
+        self.tick_clock = (self.clock)();
+        let at = self.at();
         match self.read_node() {
             Ok(raw) => {
-                t.node = self.node_samples(mono_ns, &raw);
+                t.node = self.node_samples(at, &raw);
                 t.node_raw = Some(raw);
             }
             Err(e) => tracing::debug!(error = %e, "node metrics unreadable this tick"),
         }
         self.tick_no += 1;
+        // the QoS groups right after the node, so their figures and the node's
+        // span the same time
+        let groups = self.groups.clone();
+        let group = |c: &mut Self, name: &str, cg: &Option<CgroupPath>| {
+            let cg = cg.as_ref()?;
+            let target = Target {
+                entity: format!("group/{name}"),
+                kind: Kind::Pod,
+                cgroup: cg.clone(),
+                namespace: String::new(),
+                pod: String::new(),
+                container: String::new(),
+                qos_class: String::new(),
+                pod_entity: String::new(),
+            };
+            let at = c.at();
+            match c.read_cgroup(&target, at) {
+                Ok((_, samples)) => Some(samples),
+                Err(e) => {
+                    tracing::debug!(group = name, error = %e, "QoS group unreadable this tick");
+                    c.forget(&target.entity);
+                    None
+                }
+            }
+        };
+        let pods_group = group(self, "pods", &groups.pods);
+        let be_group = group(self, "besteffort", &groups.besteffort);
         for target in targets {
-            match self.read_cgroup(target, mono_ns) {
+            let at = self.at();
+            match self.read_cgroup(target, at) {
                 Ok((raw, samples)) => t.readings.push(Reading {
                     target: target.clone(),
                     samples,
@@ -397,7 +535,7 @@ impl Collector {
             }
             keep
         });
-        aggregate(&mut t);
+        aggregate(&mut t, &groups, pods_group.as_deref(), be_group.as_deref());
         t
     }
 
@@ -502,7 +640,7 @@ impl Collector {
     fn read_cgroup(
         &mut self,
         t: &Target,
-        mono_ns: u64,
+        at: u64,
     ) -> Result<(CgroupRaw, Vec<(Metric, f64)>), ReadError> {
         if !self.files.contains_key(&t.entity) {
             let f = self.files_of(t)?;
@@ -525,60 +663,136 @@ impl Collector {
             move |source| ReadError::Parse { path, source }
         };
         let mut raw = CgroupRaw::default();
-        let mut rebase = Rebase::default();
-        // v2's cpu.stat carries the usage: read every tick
-        if v2 || !f.cpu_idle || slow || f.cpu_last.is_none() {
-            let n = read_file(&mut f.cpu_stat, buf, budget, open)?;
-            let c = parse::cpu_stat(text(&buf[..n]), v2).map_err(perr(&f.cpu_stat.path()))?;
-            let (was_idle, same) = (f.cpu_idle, f.cpu_last == Some(c));
-            rebase.cpu_stat = was_idle && !same;
-            f.cpu_idle = !v2 && same;
-            f.cpu_last = Some(c);
-        }
-        raw.cpu = f.cpu_last.unwrap_or_default();
-        match &mut f.cpu_usage {
+        let prev_usage = f.prev.map(|p| p.cpu_ns);
+        // the CPU usage first: whether it moved decides what else is read
+        let (usage, stat) = match &mut f.cpu_usage {
             Some(u) => {
                 let n = read_file(u, buf, budget, open)?;
-                raw.cpu_ns = parse::single(text(&buf[..n])).map_err(perr(&u.path()))?;
+                (
+                    parse::single(text(&buf[..n])).map_err(perr(&u.path()))?,
+                    None,
+                )
             }
-            None => raw.cpu_ns = raw.cpu.usage_ns.unwrap_or(0),
-        }
+            // v2: the usage is in cpu.stat, read every tick
+            None => {
+                let n = read_file(&mut f.cpu_stat, buf, budget, open)?;
+                let c = parse::cpu_stat(text(&buf[..n]), v2).map_err(perr(&f.cpu_stat.path()))?;
+                (c.usage_ns.unwrap_or(0), Some(c))
+            }
+        };
+        let moved = prev_usage != Some(usage);
+        // v1 cpu.stat: its periods and throttling move only while the cgroup
+        // runs with a CFS quota (periods are counted only then: none so far, no
+        // quota; one set later is found on the slow re-read)
+        let quota = f.stat.as_ref().is_some_and(|c| c.value.nr_periods > 0);
+        let stat = match stat {
+            Some(c) => Some(c),
+            None if (moved && quota) || slow || f.stat.is_none() => {
+                let n = read_file(&mut f.cpu_stat, buf, budget, open)?;
+                match &f.stat {
+                    Some(c) if f.stat_raw == buf[..n] => Some(c.value),
+                    _ => {
+                        let c = parse::cpu_stat(text(&buf[..n]), v2)
+                            .map_err(perr(&f.cpu_stat.path()))?;
+                        f.stat_raw.clear();
+                        f.stat_raw.extend_from_slice(&buf[..n]);
+                        Some(c)
+                    }
+                }
+            }
+            None => None,
+        };
+        let throttle = step(&mut f.stat, stat, at, moved && quota);
+        raw.cpu = f.stat.as_ref().map(|c| c.value).unwrap_or_default();
+        raw.cpu_ns = usage;
         let n = read_file(&mut f.mem_usage, buf, budget, open)?;
         let n2 = read_file(&mut f.mem_stat, buf2, budget, open)?;
-        raw.memory = Some(
-            parse::memory(text(&buf[..n]), text(&buf2[..n2]), v2)
-                .map_err(perr(&f.mem_stat.path()))?,
-        );
+        let memory = parse::memory(text(&buf[..n]), text(&buf2[..n2]), v2)
+            .map_err(perr(&f.mem_stat.path()))?;
+        raw.memory = Some(memory);
         if let (Some(e), true) = (&mut f.events, slow) {
             if let Ok(n) = read_file(e, buf, budget, open) {
                 f.oom_kills = parse::oom_kills(text(&buf[..n]));
             }
         }
         raw.oom_kills = f.oom_kills;
-        if !f.io_idle || slow || f.io_last.is_none() {
-            let io = match f.io.as_mut_slice() {
-                [stat] => read_file(stat, buf, budget, open)
-                    .ok()
-                    .map(|n| parse::io_stat_v2(text(&buf[..n]))),
+        // I/O is issued by running tasks (v1 charges writeback to the root), and
+        // a running task that reads from disk leaves signs in memory.stat: pages
+        // charged, major faults, a page cache that changed, dirty pages to sync.
+        // On v2 writeback is the cgroup's own while its tasks sleep. Counters
+        // still moving at their last read are read again while the tasks run.
+        let signs = match f.mem_prev.replace(memory) {
+            Some(p) => {
+                memory.pgpgin != p.pgpgin
+                    || memory.pgmajfault != p.pgmajfault
+                    || memory.cache != p.cache
+                    || memory.dirty > 0
+            }
+            None => true,
+        };
+        let writeback = v2 && memory.dirty > 0;
+        let wanted = (moved && (signs || f.io_moving)) || writeback;
+        let io = if wanted || slow || f.io_counters.is_none() {
+            // the same bytes as last time: the same counters (no parse, no allocation)
+            let same = |raw: &Vec<u8>, parts: &[&[u8]]| {
+                raw.len() == parts.iter().map(|p| p.len()).sum::<usize>()
+                    && parts
+                        .iter()
+                        .scan(0, |at, p| {
+                            let r = &raw[*at..*at + p.len()] == *p;
+                            *at += p.len();
+                            Some(r)
+                        })
+                        .all(|r| r)
+            };
+            let last = f.io_counters.as_ref().map(|c| c.value.clone());
+            match f.io.as_mut_slice() {
+                [stat] => read_file(stat, buf, budget, open).ok().map(|n| {
+                    let parts = [&buf[..n]];
+                    match last {
+                        Some(v) if same(&f.io_raw, &parts) => v,
+                        _ => {
+                            f.io_raw = buf[..n].to_vec();
+                            Arc::new(parse::io_stat_v2(text(&buf[..n])))
+                        }
+                    }
+                }),
                 [bytes, ops] => match (
                     read_file(bytes, buf, budget, open),
                     read_file(ops, buf2, budget, open),
                 ) {
-                    (Ok(n), Ok(n2)) => Some(parse::blkio_v1(text(&buf[..n]), text(&buf2[..n2]))),
+                    (Ok(n), Ok(n2)) => {
+                        let parts = [&buf[..n], &buf2[..n2]];
+                        Some(match last {
+                            Some(v) if same(&f.io_raw, &parts) => v,
+                            _ => {
+                                f.io_raw = parts.concat();
+                                Arc::new(parse::blkio_v1(text(&buf[..n]), text(&buf2[..n2])))
+                            }
+                        })
+                    }
                     _ => None,
                 },
                 _ => None,
-            };
-            if let Some(io) = io {
-                let same = f.io_last.as_deref() == Some(&io);
-                rebase.io = f.io_idle && !same;
-                f.io_idle = same;
-                if !same {
-                    f.io_last = Some(Arc::new(io));
-                }
             }
+        } else {
+            None
+        };
+        // an unreadable I/O file is not "still": no I/O rate this tick
+        let io_unreadable = io.is_none() && (wanted || slow);
+        if let (Some(now), Some(c)) = (&io, &f.io_counters) {
+            f.io_moving = **now != *c.value;
         }
-        raw.io = f.io_last.clone().unwrap_or_default();
+        let io_step = if io_unreadable {
+            None
+        } else {
+            step(&mut f.io_counters, io, at, wanted)
+        };
+        raw.io = f
+            .io_counters
+            .as_ref()
+            .map(|c| c.value.clone())
+            .unwrap_or_default();
         for (i, p) in f.psi.iter_mut().enumerate() {
             if let Some(p) = p {
                 if let Ok(n) = read_file(p, buf, budget, open) {
@@ -586,18 +800,49 @@ impl Collector {
                 }
             }
         }
-        let samples = samples(&mut f.prev, mono_ns, &raw, rebase);
+        let mut samples = samples(&mut f.prev, at, &raw);
+        if let Some((p, dt)) = throttle {
+            throttle_rates(&raw.cpu, &p, dt, &mut samples);
+        }
+        if let Some((p, dt)) = io_step {
+            if let (Some(n), Some(b)) = (io_totals(&raw.io), io_totals(&p)) {
+                if let Some(io) = io_rates(n, b, dt as f64) {
+                    samples.extend(io);
+                }
+            }
+        }
         Ok((raw, samples))
     }
 }
 
-/// Samples of one cgroup: gauges, and rates against `prev` (then replaced by now).
-fn samples(
-    prev: &mut Option<Prev>,
-    mono_ns: u64,
-    raw: &CgroupRaw,
-    rebase: Rebase,
-) -> Vec<(Metric, f64)> {
+/// Throttled share of periods and throttled time per second, over `dt_ns`
+/// since `p`; nothing on a reset (the cgroup recreated).
+fn throttle_rates(now: &CpuStat, p: &CpuStat, dt_ns: u64, out: &mut Vec<(Metric, f64)>) {
+    let (Some(periods), Some(throttled), Some(time)) = (
+        now.nr_periods.checked_sub(p.nr_periods),
+        now.nr_throttled.checked_sub(p.nr_throttled),
+        now.throttled_ns.checked_sub(p.throttled_ns),
+    ) else {
+        return;
+    };
+    out.push((
+        Metric::CpuThrottledRatio,
+        if periods == 0 {
+            0.0
+        } else {
+            (throttled as f64 / periods as f64).min(1.0)
+        },
+    ));
+    if dt_ns > 0 {
+        out.push((Metric::CpuThrottledTime, time as f64 / dt_ns as f64));
+    } else if time == 0 {
+        out.push((Metric::CpuThrottledTime, 0.0));
+    }
+}
+
+/// Samples of one cgroup: gauges, and the CPU usage and pressure rates against
+/// `prev` (then replaced by now).
+fn samples(prev: &mut Option<Prev>, mono_ns: u64, raw: &CgroupRaw) -> Vec<(Metric, f64)> {
     let mut out = Vec::with_capacity(16);
     if let Some(m) = raw.memory {
         out.push((Metric::MemoryUsage, m.usage as f64));
@@ -611,46 +856,18 @@ fn samples(
     let now = Prev {
         mono_ns,
         cpu_ns: raw.cpu_ns,
-        cpu: raw.cpu,
-        io: io_totals(&raw.io),
         psi: raw.psi,
     };
-    let Some(prev) = prev.replace(now) else {
+    let Some(p) = prev.replace(now) else {
         return out;
     };
-    let dt = mono_ns.saturating_sub(prev.mono_ns) as f64;
+    let dt = mono_ns.saturating_sub(p.mono_ns) as f64;
     if dt <= 0.0 {
         return out;
     }
-    let p = &prev;
     // a counter that went backwards: the cgroup was recreated; rates restart next tick
-    let reset = raw.cpu_ns < p.cpu_ns
-        || raw.cpu.nr_periods < p.cpu.nr_periods
-        || raw.cpu.nr_throttled < p.cpu.nr_throttled
-        || raw.cpu.throttled_ns < p.cpu.throttled_ns;
-    if reset {
-        return out;
-    }
-    out.push((Metric::CpuUsage, (raw.cpu_ns - p.cpu_ns) as f64 / dt));
-    if !rebase.cpu_stat {
-        let periods = raw.cpu.nr_periods - p.cpu.nr_periods;
-        out.push((
-            Metric::CpuThrottledRatio,
-            if periods == 0 {
-                0.0
-            } else {
-                (raw.cpu.nr_throttled - p.cpu.nr_throttled) as f64 / periods as f64
-            },
-        ));
-        out.push((
-            Metric::CpuThrottledTime,
-            (raw.cpu.throttled_ns - p.cpu.throttled_ns) as f64 / dt,
-        ));
-    }
-    if let (Some(n), Some(b), false) = (now.io, p.io, rebase.io) {
-        if let Some(io) = io_rates(n, b, dt) {
-            out.extend(io);
-        }
+    if let Some(d) = raw.cpu_ns.checked_sub(p.cpu_ns) {
+        out.push((Metric::CpuUsage, d as f64 / dt));
     }
     psi_rates(&raw.psi, &p.psi, dt, &mut out);
     out
@@ -658,13 +875,20 @@ fn samples(
 
 impl Collector {
     fn node_samples(&mut self, mono_ns: u64, raw: &NodeRaw) -> Vec<(Metric, f64)> {
-        let used = raw.memory.total.saturating_sub(raw.memory.available) as f64;
+        let mem = &raw.memory;
+        let used = mem.total.saturating_sub(mem.available) as f64;
+        // the cgroups' definition (usage minus inactive page cache), so that
+        // node − pods is system memory, not pods' active cache counted twice
+        let working_set = match mem.inactive_file {
+            Some(i) => mem.total.saturating_sub(mem.free).saturating_sub(i) as f64,
+            None => used,
+        };
         let mut out = vec![
             (Metric::CpuCapacity, raw.cpu.cpus as f64),
             (Metric::MemoryTotal, raw.memory.total as f64),
             (Metric::MemoryAvailable, raw.memory.available as f64),
             (Metric::MemoryUsage, used),
-            (Metric::MemoryWorkingSet, used),
+            (Metric::MemoryWorkingSet, working_set),
             (Metric::MemoryCache, raw.memory.cached as f64),
             (Metric::Load1, raw.load[0]),
             (Metric::Load5, raw.load[1]),
@@ -736,33 +960,36 @@ fn psi_rates(
     }
 }
 
-/// System (node minus pods) and BE aggregates from the pod readings.
-fn aggregate(t: &mut Tick) {
-    let pods = t.readings.iter().filter(|r| r.target.kind == Kind::Pod);
-    let (mut cpu, mut mem, mut be_cpu, mut be_mem, mut be_pods) = (0.0, 0.0, 0.0, 0.0, 0usize);
-    let mut cpu_known = true;
-    for r in pods {
-        let c = get(&r.samples, Metric::CpuUsage);
-        cpu_known &= c.is_some();
-        let m = get(&r.samples, Metric::MemoryWorkingSet).unwrap_or(0.0);
-        cpu += c.unwrap_or(0.0);
-        mem += m;
-        if r.target.qos_class == "BE" {
-            be_cpu += c.unwrap_or(0.0);
-            be_mem += m;
-            be_pods += 1;
+/// System (node minus the pods' root cgroup) and BE (the besteffort cgroup)
+/// figures. A figure that cannot be known this tick (the root's first read, a
+/// counter reset) is left out, never guessed as 0.
+fn aggregate(
+    t: &mut Tick,
+    groups: &Groups,
+    pods: Option<&[(Metric, f64)]>,
+    be: Option<&[(Metric, f64)]>,
+) {
+    for m in [Metric::CpuUsage, Metric::MemoryWorkingSet] {
+        let Some(node) = get(&t.node, m) else {
+            continue;
+        };
+        // no pods known: nothing runs in the QoS groups
+        let in_pods = match (&groups.pods, pods) {
+            (None, _) => Some(0.0),
+            (Some(_), Some(s)) => get(s, m),
+            (Some(_), None) => None,
+        };
+        if let Some(p) = in_pods {
+            t.system.push((m, (node - p).max(0.0)));
         }
-    }
-    if let Some(n) = get(&t.node, Metric::MemoryWorkingSet) {
-        t.system
-            .push((Metric::MemoryWorkingSet, (n - mem).max(0.0)));
-    }
-    if let (Some(n), true) = (get(&t.node, Metric::CpuUsage), cpu_known) {
-        t.system.push((Metric::CpuUsage, (n - cpu).max(0.0)));
-        t.be.push((Metric::CpuUsage, be_cpu));
-    }
-    if be_pods > 0 || cpu_known {
-        t.be.push((Metric::MemoryWorkingSet, be_mem));
+        let in_be = match (&groups.besteffort, be) {
+            (None, _) => Some(0.0),
+            (Some(_), Some(s)) => get(s, m),
+            (Some(_), None) => None,
+        };
+        if let Some(b) = in_be {
+            t.be.push((m, b.max(0.0)));
+        }
     }
 }
 
@@ -779,6 +1006,11 @@ mod tests {
             std::fs::write(f, c).unwrap();
         }
         d
+    }
+
+    /// A clock that stands still: each cgroup is read at the tick's instant.
+    fn frozen() -> Clock {
+        Box::new(|| 0)
     }
 
     fn put(d: &Path, p: &str, c: impl ToString) {
@@ -837,10 +1069,12 @@ mod tests {
             (
                 format!("cg/memory/{cg}/memory.stat"),
                 format!(
-                    "total_cache {}\ntotal_rss {}\ntotal_inactive_file {}\n",
+                    "total_cache {}\ntotal_rss {}\ntotal_inactive_file {}\ntotal_pgpgin {}\n",
                     usage / 4,
                     usage / 2,
-                    usage / 8
+                    usage / 8,
+                    // pages come in as the cgroup reads from disk
+                    cpu_ns / 1000 / 4096
                 ),
             ),
             (
@@ -872,13 +1106,14 @@ mod tests {
             .into_iter()
             .map(|(a, b)| (a.to_string(), b))
             .collect();
-        files.extend(v1_cgroup("kubepods/be1", 0, 0, 0, 64 << 20));
+        // be1 has a CFS quota: the kernel has counted periods already
+        files.extend(v1_cgroup("kubepods/be1", 0, 10, 0, 64 << 20));
         files.extend(v1_cgroup("kubepods/be1/c1", 0, 0, 0, 60 << 20));
         files.extend(v1_cgroup("kubepods/ls1", 0, 0, 0, 32 << 20));
         let refs: Vec<(&str, String)> =
             files.iter().map(|(a, b)| (a.as_str(), b.clone())).collect();
         let d = tree("v1", &refs);
-        let mut c = Collector::new(v1_host(&d), &d.join("proc"));
+        let mut c = Collector::new(v1_host(&d), &d.join("proc")).with_clock(frozen());
         let targets = vec![
             target("pod/be1", Kind::Pod, "/kubepods/be1", "BE"),
             target("container/c1", Kind::Container, "/kubepods/be1/c1", "BE"),
@@ -907,7 +1142,7 @@ mod tests {
         assert_eq!(get(be, Metric::CpuUsage), None, "no rate on the first tick");
 
         // one second later: be1 used 0.5 s of CPU, 40 of 100 periods throttled
-        for (p, v) in v1_cgroup("kubepods/be1", 500_000_000, 100, 40, 64 << 20) {
+        for (p, v) in v1_cgroup("kubepods/be1", 500_000_000, 110, 40, 64 << 20) {
             put(&d, &p, v);
         }
         for (p, v) in v1_cgroup("kubepods/ls1", 600_000_000, 0, 0, 32 << 20) {
@@ -938,17 +1173,9 @@ mod tests {
         assert_eq!(get(&t.node, Metric::CpuCapacity), Some(2.0));
         assert_eq!(get(&t.node, Metric::MemoryUsage), Some(600.0 * 1024.0));
         assert_eq!(get(&t.node, Metric::Load1), Some(1.5));
-        // system = node - pods; BE = BE pods
-        assert!((get(&t.system, Metric::CpuUsage).unwrap() - 0.4).abs() < 1e-9);
-        assert_eq!(
-            get(&t.system, Metric::MemoryWorkingSet),
-            Some(600.0 * 1024.0 - ((56u64 << 20) + (28u64 << 20)) as f64).map(|v| v.max(0.0))
-        );
-        assert!((get(&t.be, Metric::CpuUsage).unwrap() - 0.5).abs() < 1e-9);
-        assert_eq!(
-            get(&t.be, Metric::MemoryWorkingSet),
-            Some((56u64 << 20) as f64)
-        );
+        // no QoS groups known: system is the whole node, BE nothing
+        assert!((get(&t.system, Metric::CpuUsage).unwrap() - 1.5).abs() < 1e-9);
+        assert_eq!(get(&t.be, Metric::CpuUsage), Some(0.0));
 
         // a counter reset (cgroup recreated): no rate this tick, no spike
         for (p, v) in v1_cgroup("kubepods/be1", 1_000, 1, 0, 64 << 20) {
@@ -985,68 +1212,265 @@ mod tests {
         std::fs::remove_dir_all(&d).unwrap();
     }
 
-    /// Counters that stand still (no quota, no I/O) are re-read every SLOW_EVERY
-    /// ticks; when they move again, the first delta (spanning several ticks)
-    /// yields no rate, so there is no spike; afterwards rates are exact.
-    #[test]
-    fn idle_counters_are_reread_slowly_without_spikes() {
+    fn v1_tree(tag: &str, cgroups: &[&str]) -> PathBuf {
         let mut files: Vec<(String, String)> = proc_files(100, 100)
             .into_iter()
             .map(|(a, b)| (a.to_string(), b))
             .collect();
-        files.extend(v1_cgroup("kubepods/idle", 0, 0, 0, 1 << 20));
+        for cg in cgroups {
+            files.extend(v1_cgroup(cg, 0, 0, 0, 1 << 20));
+        }
         let refs: Vec<(&str, String)> =
             files.iter().map(|(a, b)| (a.as_str(), b.clone())).collect();
-        let d = tree("idle", &refs);
-        let mut c = Collector::new(v1_host(&d), &d.join("proc"));
-        let targets = vec![Arc::new(target("pod/i", Kind::Pod, "/kubepods/idle", "LS"))];
-        let sec = 1_000_000_000u64;
-        // cpuacct.usage moves every tick; cpu.stat and I/O stand still
-        let mut n = 0u64;
-        let mut tick = |c: &mut Collector, usage: u64| {
-            n += 1;
-            put(&d, "cg/cpuacct/kubepods/idle/cpuacct.usage", usage);
-            c.tick(1000 + n as u32, n * sec, &targets)
-        };
-        for i in 0..3 {
-            tick(&mut c, i * 1000);
-        }
-        // a quota is set and I/O starts: counters jump between slow re-reads
-        let stat = |p: u64, t: u64| {
-            format!(
-                "nr_periods {p}\nnr_throttled {t}\nthrottled_time {}\n",
-                t * 10_000_000
-            )
-        };
-        put(&d, "cg/cpu/kubepods/idle/cpu.stat", stat(1000, 500));
+        tree(tag, &refs)
+    }
+
+    fn v1_counters(d: &Path, cg: &str, usage: u64, periods: u64, throttled: u64, read_bytes: u64) {
+        put(d, &format!("cg/cpuacct/{cg}/cpuacct.usage"), usage);
         put(
-            &d,
-            "cg/blkio/kubepods/idle/blkio.throttle.io_service_bytes_recursive",
-            "254:0 Read 1000000000\n254:0 Write 0\nTotal 0\n",
+            d,
+            &format!("cg/cpu/{cg}/cpu.stat"),
+            format!(
+                "nr_periods {periods}\nnr_throttled {throttled}\nthrottled_time {}\n",
+                throttled * 10_000_000
+            ),
         );
-        let mut reread = false;
-        for i in 3..(3 + SLOW_EVERY + 1) {
-            let t = tick(&mut c, i * 1000);
-            let s = &t.readings[0].samples;
-            for m in [Metric::CpuThrottledTime, Metric::IoReadBytes] {
-                assert!(
-                    get(s, m).unwrap_or(0.0) <= 0.0,
-                    "no spike from {m:?}: {s:?}"
-                );
+        put(
+            d,
+            &format!("cg/blkio/{cg}/blkio.throttle.io_service_bytes_recursive"),
+            format!("254:0 Read {read_bytes}\n254:0 Write 0\nTotal {read_bytes}\n"),
+        );
+        // what a buffered read leaves in memory.stat: pages charged
+        put(
+            d,
+            &format!("cg/memory/{cg}/memory.stat"),
+            format!(
+                "total_cache 262144\ntotal_rss 524288\ntotal_inactive_file 131072\ntotal_pgpgin {}\n",
+                read_bytes / 4096
+            ),
+        );
+    }
+
+    /// A 3 s burst (CPU, throttling, I/O) after idle ticks, at any phase of the
+    /// slow re-read: every burst tick shows its exact rates, and the I/O rate
+    /// summed over the ticks is every byte read.
+    #[test]
+    fn short_bursts_are_seen_whole() {
+        let sec = 1_000_000_000u64;
+        for phase in 0..SLOW_EVERY {
+            let d = v1_tree(&format!("burst{phase}"), &["kubepods/b"]);
+            let mut c = Collector::new(v1_host(&d), &d.join("proc")).with_clock(frozen());
+            let targets = vec![Arc::new(target("pod/b", Kind::Pod, "/kubepods/b", "LS"))];
+            // it has a CFS quota and ran before: the kernel counted periods
+            let (mut usage, mut periods, mut throttled, mut bytes) = (sec, 100u64, 0u64, 0u64);
+            let mut seen_bytes = 0.0;
+            let mut seen_ratio = Vec::new();
+            for n in 0..(30 + phase) {
+                let burst = (20 + phase..23 + phase).contains(&n);
+                if burst {
+                    usage += sec / 2;
+                    periods += 10;
+                    throttled += 5;
+                    bytes += 4 << 20;
+                }
+                v1_counters(&d, "kubepods/b", usage, periods, throttled, bytes);
+                let t = c.tick(1000 + n as u32, n * sec, &targets);
+                let s = &t.readings[0].samples;
+                if n == 0 {
+                    continue;
+                }
+                let io = get(s, Metric::IoReadBytes).expect("an I/O rate every tick");
+                seen_bytes += io; // each sample stands for one second
+                let ratio = get(s, Metric::CpuThrottledRatio).expect("a ratio every tick");
+                if burst {
+                    assert!(
+                        (io - (4 << 20) as f64).abs() < 1e-6,
+                        "phase {phase} tick {n}: {s:?}"
+                    );
+                    assert!((get(s, Metric::CpuThrottledTime).unwrap() - 0.05).abs() < 1e-9);
+                    seen_ratio.push(ratio);
+                } else {
+                    assert_eq!(io, 0.0, "phase {phase} tick {n}");
+                    assert_eq!(ratio, 0.0);
+                }
             }
-            if t.readings[0].raw.cpu.nr_periods == 1000 {
-                reread = true;
+            assert_eq!(seen_ratio, vec![0.5; 3], "phase {phase}");
+            assert!(
+                (seen_bytes - (12u64 << 20) as f64).abs() < 1e-3,
+                "phase {phase}: {seen_bytes}"
+            );
+            std::fs::remove_dir_all(&d).unwrap();
+        }
+    }
+
+    /// I/O that moves while the CPU stands still (v1: it cannot, except through
+    /// a file tree; v2: writeback) is found on the slow re-read and averaged over
+    /// the whole time since the last read: no spike, and no byte dropped.
+    #[test]
+    fn a_counter_moving_while_believed_still_is_averaged_not_dropped() {
+        let sec = 1_000_000_000u64;
+        let d = v1_tree("believed", &["kubepods/q"]);
+        let mut c = Collector::new(v1_host(&d), &d.join("proc")).with_clock(frozen());
+        let targets = vec![Arc::new(target("pod/q", Kind::Pod, "/kubepods/q", "LS"))];
+        v1_counters(&d, "kubepods/q", 7, 0, 0, 0);
+        let mut last_read = 0u64;
+        let mut found = None;
+        for n in 0..=SLOW_EVERY + 1 {
+            if n == 2 {
+                v1_counters(&d, "kubepods/q", 7, 0, 0, 50_000_000);
+            }
+            let t = c.tick(1000 + n as u32, n * sec, &targets);
+            let io = get(&t.readings[0].samples, Metric::IoReadBytes);
+            if io.is_some_and(|v| v > 0.0) {
+                found = Some((n, io.unwrap()));
                 break;
             }
+            if n == 0 || n % SLOW_EVERY == 0 {
+                last_read = n;
+            }
         }
-        assert!(reread, "re-read within SLOW_EVERY ticks");
-        // moving now: read every tick, exact rates
-        put(&d, "cg/cpu/kubepods/idle/cpu.stat", stat(1010, 505));
-        let t = tick(&mut c, 99_000);
-        let s = &t.readings[0].samples;
-        assert_eq!(get(s, Metric::CpuThrottledRatio), Some(0.5));
-        assert!((get(s, Metric::CpuThrottledTime).unwrap() - 0.05).abs() < 1e-9);
+        let (n, rate) = found.expect("seen on the slow re-read");
+        let span = (n - last_read) as f64;
+        assert!(span > 1.0);
+        assert!(
+            (rate - 50_000_000.0 / span).abs() < 1e-3,
+            "{rate} over {span} s"
+        );
         std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Each cgroup's rate uses the instant of its own read: a read pass that
+    /// takes 150 ms per cgroup one tick and 10 ms the next skews none of them
+    /// (one tick timestamp for all made the later ones read far off).
+    #[test]
+    fn rates_use_each_cgroups_own_read_instant() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let names: Vec<String> = (0..8).map(|i| format!("kubepods/s{i}")).collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let d = v1_tree("slowpass", &refs);
+        let now = Arc::new(AtomicU64::new(0));
+        let step = Arc::new(AtomicU64::new(0));
+        let (clock_now, clock_step, dir, cgs) =
+            (now.clone(), step.clone(), d.clone(), names.clone());
+        // each look at the clock is `step` later (150 ms, then 10 ms: a pass
+        // whose pace changes), and every cgroup has used exactly one core up to
+        // that instant (its file shows it)
+        let clock: Clock = Box::new(move || {
+            let s = clock_step.load(Ordering::SeqCst);
+            let t = clock_now.fetch_add(s, Ordering::SeqCst) + s;
+            for cg in &cgs {
+                put(&dir, &format!("cg/cpuacct/{cg}/cpuacct.usage"), t);
+            }
+            t
+        });
+        let mut c = Collector::new(v1_host(&d), &d.join("proc")).with_clock(clock);
+        let targets: Vec<Arc<Target>> = names
+            .iter()
+            .map(|cg| {
+                Arc::new(target(
+                    &format!("pod/{cg}"),
+                    Kind::Pod,
+                    &format!("/{cg}"),
+                    "LS",
+                ))
+            })
+            .collect();
+        for n in 0..4u64 {
+            step.store(
+                if n % 2 == 0 { 150_000_000 } else { 10_000_000 },
+                Ordering::SeqCst,
+            );
+            // the tick begins at the clock's next reading
+            let mono = now.load(Ordering::SeqCst) + step.load(Ordering::SeqCst);
+            let t = c.tick(1000 + n as u32, mono, &targets);
+            if n == 0 {
+                continue;
+            }
+            for r in &t.readings {
+                let u = get(&r.samples, Metric::CpuUsage).unwrap();
+                assert!((u - 1.0).abs() < 1e-9, "{}: {u}", r.target.entity);
+            }
+        }
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// System and BE figures come from the QoS cgroups: a pod without a rate
+    /// this tick (its first, or a reset) does not remove them.
+    #[test]
+    fn aggregates_survive_pod_churn() {
+        let sec = 1_000_000_000u64;
+        let d = v1_tree(
+            "churn",
+            &[
+                "kubepods",
+                "kubepods/besteffort",
+                "kubepods/besteffort/p1",
+                "kubepods/p2",
+            ],
+        );
+        let mut c = Collector::new(v1_host(&d), &d.join("proc")).with_clock(frozen());
+        c.set_groups(Groups {
+            pods: Some(CgroupPath::parse("/kubepods").unwrap()),
+            besteffort: Some(CgroupPath::parse("/kubepods/besteffort").unwrap()),
+        });
+        let mut targets = vec![Arc::new(target(
+            "pod/p1",
+            Kind::Pod,
+            "/kubepods/besteffort/p1",
+            "BE",
+        ))];
+        let t = c.tick(1000, 0, &targets);
+        assert_eq!(
+            get(&t.system, Metric::CpuUsage),
+            None,
+            "no rate for the pods' root yet: not guessed"
+        );
+        // a second later: node 1.5 cores busy, pods 1.0, BE 0.25; a new pod arrives
+        put(
+            &d,
+            "proc/stat",
+            "cpu  103 0 0 101 0 0 0 0 0 0\ncpu0 0\ncpu1 0\n",
+        );
+        put(&d, "cg/cpuacct/kubepods/cpuacct.usage", sec);
+        put(&d, "cg/cpuacct/kubepods/besteffort/cpuacct.usage", sec / 4);
+        targets.push(Arc::new(target("pod/p2", Kind::Pod, "/kubepods/p2", "LS")));
+        let t = c.tick(1001, sec, &targets);
+        assert_eq!(
+            get(&t.readings[1].samples, Metric::CpuUsage),
+            None,
+            "the new pod's first tick"
+        );
+        assert!(
+            (get(&t.system, Metric::CpuUsage).unwrap() - 0.5).abs() < 1e-9,
+            "{:?}",
+            t.system
+        );
+        assert!(
+            (get(&t.be, Metric::CpuUsage).unwrap() - 0.25).abs() < 1e-9,
+            "{:?}",
+            t.be
+        );
+        // memory: node working set (total − free − inactive file) minus the pods' root
+        put(
+            &d,
+            "proc/meminfo",
+            "MemTotal: 4000000 kB\nMemFree: 1000000 kB\nMemAvailable: 2500000 kB\nCached: 1500000 kB\nInactive(file): 1000000 kB\n",
+        );
+        let t = c.tick(1002, 2 * sec, &targets);
+        let node_ws = get(&t.node, Metric::MemoryWorkingSet).unwrap();
+        assert_eq!(node_ws, 2_000_000.0 * 1024.0);
+        let pods_ws = (1u64 << 20) - (1u64 << 20) / 8;
+        assert_eq!(
+            get(&t.system, Metric::MemoryWorkingSet),
+            Some(node_ws - pods_ws as f64)
+        );
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn steal_is_not_busy() {
+        let c = parse::proc_stat("cpu  100 0 0 300 0 0 0 100 0 0\ncpu0 0\n").unwrap();
+        assert_eq!((c.busy, c.total), (100, 500));
     }
 
     #[test]
@@ -1057,7 +1481,8 @@ mod tests {
                 ("cg/cgroup.controllers".into(), "cpu io memory pids\n".into()),
                 (format!("cg/{cg}/cpu.stat"), format!("usage_usec {usage_usec}\nuser_usec 0\nsystem_usec 0\nnr_periods 0\nnr_throttled 0\nthrottled_usec 0\n")),
                 (format!("cg/{cg}/memory.current"), "1048576\n".into()),
-                (format!("cg/{cg}/memory.stat"), "anon 524288\nfile 262144\ninactive_file 131072\n".into()),
+                // the page cache grows by what is read
+                (format!("cg/{cg}/memory.stat"), format!("anon 524288\nfile {}\ninactive_file 131072\n", 262144 + rbytes)),
                 (format!("cg/{cg}/memory.events"), "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n".into()),
                 (format!("cg/{cg}/io.stat"), format!("8:0 rbytes={rbytes} wbytes=0 rios=0 wios=0 dbytes=0 dios=0\n")),
                 (format!("cg/{cg}/cpu.pressure"), format!("some avg10=0.00 avg60=0.00 avg300=0.00 total={some}\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")),
@@ -1071,7 +1496,8 @@ mod tests {
         all.extend(files(1_000_000, 0, 0));
         let refs: Vec<(&str, String)> = all.iter().map(|(a, b)| (a.as_str(), b.clone())).collect();
         let d = tree("v2", &refs);
-        let mut c = Collector::new(Host::detect(&d.join("cg")).unwrap(), &d.join("proc"));
+        let mut c = Collector::new(Host::detect(&d.join("cg")).unwrap(), &d.join("proc"))
+            .with_clock(frozen());
         let targets = vec![Arc::new(target(
             "pod/1",
             Kind::Pod,

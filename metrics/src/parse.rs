@@ -91,6 +91,13 @@ pub struct Memory {
     pub working_set: u64,
     pub rss: u64,
     pub cache: u64,
+    /// Page cache dirty or under writeback (0 when memory.stat lacks the fields):
+    /// on v2 the cgroup's own I/O may go on while its tasks sleep.
+    pub dirty: u64,
+    /// Pages charged (v1 `total_pgpgin`; 0 on v2) and major faults: with the
+    /// page cache size, the signs that the cgroup's tasks read from disk.
+    pub pgpgin: u64,
+    pub pgmajfault: u64,
 }
 
 /// From the usage file and memory.stat. v1 uses the hierarchical `total_*`
@@ -107,11 +114,25 @@ pub fn memory(usage: &str, stat: &str, v2: bool) -> Result<Memory, ParseError> {
         [Some(a), Some(b), Some(c)] => [a, b, c],
         _ => return Err(bad("memory.stat", stat)),
     };
+    let more = if v2 {
+        ["file_dirty", "file_writeback", "pgpgin", "pgmajfault"]
+    } else {
+        [
+            "total_dirty",
+            "total_writeback",
+            "total_pgpgin",
+            "total_pgmajfault",
+        ]
+    };
+    let [d, w, pgpgin, pgmajfault] = keyed(stat, more);
     Ok(Memory {
         usage,
         working_set: usage.saturating_sub(inactive_file),
         rss,
         cache,
+        dirty: d.unwrap_or(0).saturating_add(w.unwrap_or(0)),
+        pgpgin: pgpgin.unwrap_or(0),
+        pgmajfault: pgmajfault.unwrap_or(0),
     })
 }
 
@@ -218,7 +239,7 @@ pub fn psi(content: &str) -> Result<Psi, ParseError> {
 /// Node CPU time from `/proc/stat`'s `cpu` line, in USER_HZ ticks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CpuTimes {
-    /// Everything but idle and iowait.
+    /// Everything but idle, iowait and steal.
     pub busy: u64,
     pub total: u64,
     /// `cpuN` lines: online CPUs.
@@ -233,14 +254,17 @@ pub fn proc_stat(content: &str) -> Result<CpuTimes, ParseError> {
         match it.next() {
             Some("cpu") => {
                 // user nice system idle iowait irq softirq steal guest guest_nice;
-                // guest time is already in user, so it is not added again
+                // guest time is already in user, so it is not added again. Steal
+                // (time the hypervisor gave another guest) is in the total, not
+                // in busy: this node did not run anything then.
                 let v: Vec<u64> = it.take(8).filter_map(|x| x.parse().ok()).collect();
                 if v.len() < 4 {
                     return Err(bad("/proc/stat", content));
                 }
                 let idle = v[3] + v.get(4).copied().unwrap_or(0);
+                let steal = v.get(7).copied().unwrap_or(0);
                 out.total = v.iter().sum();
-                out.busy = out.total.saturating_sub(idle);
+                out.busy = out.total.saturating_sub(idle).saturating_sub(steal);
                 found = true;
             }
             Some(c) if c.starts_with("cpu") => out.cpus += 1,
@@ -260,6 +284,8 @@ pub struct MemInfo {
     pub available: u64,
     pub free: u64,
     pub cached: u64,
+    /// `Inactive(file)`: page cache the kernel reclaims first (`None`: absent).
+    pub inactive_file: Option<u64>,
 }
 
 pub fn meminfo(content: &str) -> Result<MemInfo, ParseError> {
@@ -285,6 +311,7 @@ pub fn meminfo(content: &str) -> Result<MemInfo, ParseError> {
         available: get("MemAvailable")?,
         free: get("MemFree")?,
         cached: get("Cached").unwrap_or(0),
+        inactive_file: get("Inactive(file)").ok(),
     })
 }
 
@@ -409,7 +436,11 @@ mod tests {
         let c = proc_stat(PROC_STAT).unwrap();
         assert_eq!(c.cpus, 2);
         assert_eq!(c.total, 354813 + 335 + 89503 + 890468 + 6862 + 1625 + 64);
-        assert_eq!(c.busy, c.total - 890468 - 6862);
+        assert_eq!(
+            c.busy,
+            c.total - 890468 - 6862 - 64,
+            "idle, iowait and steal are not busy"
+        );
         assert!(proc_stat("intr 1\n").is_err());
         let m = meminfo(MEMINFO).unwrap();
         assert_eq!(m.total, 24_684_092 * 1024);

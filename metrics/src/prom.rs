@@ -385,6 +385,9 @@ mod tests {
                 working_set: 80,
                 rss: 50,
                 cache: 50,
+                dirty: 0,
+                pgpgin: 0,
+                pgmajfault: 0,
             }),
             oom_kills: Some(0),
             io: std::sync::Arc::new(

@@ -120,6 +120,13 @@ fn move_counters(tree: &Tree, n: u64, mix: Mix) {
         .unwrap();
         if mix == Mix::All || i % 4 == 0 {
             std::fs::write(tree.root.join("cpu").join(cg).join("cpu.stat"), format!("nr_periods {}\nnr_throttled {}\nthrottled_time {}\nnr_bursts 0\nburst_time 0\n", n * 10, n * 3, n * 3_000_000)).unwrap();
+        } else {
+            // no CFS quota: the kernel counts no periods
+            std::fs::write(
+                tree.root.join("cpu").join(cg).join("cpu.stat"),
+                "nr_periods 0\nnr_throttled 0\nthrottled_time 0\nnr_bursts 0\nburst_time 0\n",
+            )
+            .unwrap();
         }
         if mix == Mix::All || i % 5 == 0 {
             let b = tree.root.join("blkio").join(cg);
