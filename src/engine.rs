@@ -200,6 +200,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Ticks a node or system CPU figure the collector could not measure is
+/// replaced by the last measured one.
+const STALE_TICKS: u32 = 5;
+
+/// A figure and the ticks since it was measured.
+type Aged = (f64, u32);
+
 /// The CPUs of each NUMA node (`/sys/devices/system/node/node*/cpulist`),
 /// else all online CPUs as one node, else `0..capacity`.
 fn numa(sys_root: &Path, capacity: f64) -> Vec<Vec<u32>> {
@@ -543,6 +550,8 @@ fn restore_plan(
         capacity_cores: capacity,
         node_usage_cores: 0.0,
         system_usage_cores: 0.0,
+        pods_usage_cores: None,
+        usage_known: true,
         reserved_cores: s.reserved_cores,
         pods: k.pods,
         cpuset_ceiling: be_parent
@@ -598,6 +607,8 @@ fn node_state(
         capacity_cores: g(&t.node, Metric::CpuCapacity),
         node_usage_cores: g(&t.node, Metric::CpuUsage),
         system_usage_cores: g(&t.system, Metric::CpuUsage),
+        pods_usage_cores: sample(&t.pods_root, Metric::CpuUsage),
+        usage_known: true,
         reserved_cores: reserved,
         pods,
         be_parent: be.path,
@@ -693,8 +704,8 @@ impl Shared {
         let mut be_parent: Option<CgroupPath> = None;
         let mut qos_dirs: Vec<(qoslet_hooks::KubeQos, CgroupPath)> = Vec::new();
         let mut logged: HashSet<String> = HashSet::new();
-        // the last node and system CPU figures the collector gave
-        let (mut last_node, mut last_system): (Option<f64>, Option<f64>) = (None, None);
+        // the last node and system CPU figures the collector gave, and their age in ticks
+        let (mut last_node, mut last_system): (Option<Aged>, Option<Aged>) = (None, None);
         let mut level = qoslet_qos_engine::suppress::Level::None;
         let mut seq = 0u64;
         let mut skeleton: Option<Skeleton> = None;
@@ -828,21 +839,27 @@ impl Shared {
                 qos_dirs.clone(),
             );
             let mut state = state;
-            // a figure the collector could not know this tick (its first, a
-            // counter reset) is the last known one, or the busiest it can be:
-            // never 0, which would hand BE the system's share for a tick
-            let known =
-                |m: Metric, from: &[(Metric, f64)], last: &mut Option<f64>| match sample(from, m) {
-                    Some(v) => {
-                        *last = Some(v);
-                        Some(v)
-                    }
-                    None => *last,
-                };
-            state.node_usage_cores =
-                known(Metric::CpuUsage, &t.node, &mut last_node).unwrap_or(state.capacity_cores);
-            state.system_usage_cores = known(Metric::CpuUsage, &t.system, &mut last_system)
-                .unwrap_or(state.node_usage_cores);
+            // a figure the collector could not measure this tick (a counter
+            // reset) is the last measured one for a few ticks; before any, or
+            // older, it is unknown and suppress leaves the BE quota as it is:
+            // never read as 0 (BE would get the system's share) nor as the
+            // whole node (BE would be crushed after every restart)
+            let fresh = |v: Option<f64>, last: &mut Option<(f64, u32)>| match v {
+                Some(v) => {
+                    *last = Some((v, 0));
+                    Some(v)
+                }
+                None => {
+                    let (v, age) = last.as_mut()?;
+                    *age += 1;
+                    (*age <= STALE_TICKS).then_some(*v)
+                }
+            };
+            let node = fresh(sample(&t.node, Metric::CpuUsage), &mut last_node);
+            let system = fresh(sample(&t.system, Metric::CpuUsage), &mut last_system);
+            state.usage_known = node.is_some() && system.is_some();
+            state.node_usage_cores = node.unwrap_or(0.0);
+            state.system_usage_cores = system.unwrap_or(0.0);
             if !cg.host().is_v2() {
                 state.cpuset_ceiling = state
                     .be_parent

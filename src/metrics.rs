@@ -350,10 +350,11 @@ async fn collect_loop(
         let (targets, groups) = (cached.1.clone(), cached.2.clone());
         let Some(mut c) = collector.take() else { break };
         let t0 = Instant::now();
-        let mono = started.elapsed().as_nanos() as u64;
         let ts = unix_now();
         let r = tokio::task::spawn_blocking(move || {
             c.set_groups(groups);
+            // taken where the reads begin (not before the blocking pool ran this)
+            let mono = started.elapsed().as_nanos() as u64;
             let tick = c.tick(ts, mono, &targets);
             (c, tick)
         })

@@ -98,6 +98,8 @@ pub struct Tick {
     pub system: Vec<(Metric, f64)>,
     /// All BE pods together.
     pub be: Vec<(Metric, f64)>,
+    /// The pods' root cgroup (every pod), when its QoS groups are known.
+    pub pods_root: Vec<(Metric, f64)>,
     /// Entities skipped this tick (vanished or unreadable).
     pub skipped: usize,
 }
@@ -126,54 +128,48 @@ struct Prev {
 struct Counter<T> {
     value: T,
     /// Until when the value is known to hold: its read, or a later tick at
-    /// which it was known to stand still.
+    /// which it was proven to stand still.
     known_at: u64,
-    /// When it was last actually read.
-    read_at: u64,
 }
 
-/// Advances a counter to instant `at`: with `read` (a fresh value) or without
-/// (known still). Returns the previous value and the nanoseconds the delta
-/// spans (`None` on the first read). `carried` says whether the ticks it was
-/// not read were truly still (it is read now because it started moving): the
-/// delta then spans the time since it was last known still; otherwise (a
-/// scheduled re-read found it moved) the whole time since its last read.
+/// Advances a counter to instant `at`: with `read` (a fresh value) or without.
+/// Returns the previous value and the nanoseconds the delta spans (`None` on
+/// the first read). Unread, it is `proven` still (v1: the cgroup did not run)
+/// or only believed still: a later read's delta spans the time since it was
+/// last read or proven still, so movement that the belief missed is averaged
+/// over that time, never charged to one tick (no spike).
 fn step<T: PartialEq + Clone>(
     c: &mut Option<Counter<T>>,
     read: Option<T>,
     at: u64,
-    carried: bool,
+    proven: bool,
 ) -> Option<(T, u64)> {
     let Some(cur) = c.as_mut() else {
         *c = read.map(|value| Counter {
             value,
             known_at: at,
-            read_at: at,
         });
         return None;
     };
+    let dt = at.saturating_sub(cur.known_at);
     match read {
         None => {
-            let dt = at.saturating_sub(cur.known_at);
-            cur.known_at = at;
+            if proven {
+                cur.known_at = at;
+            }
             Some((cur.value.clone(), dt))
         }
         Some(v) => {
-            let since = if v != cur.value && !carried {
-                cur.read_at
-            } else {
-                cur.known_at
-            };
             let prev = std::mem::replace(&mut cur.value, v);
             cur.known_at = at;
-            cur.read_at = at;
-            Some((prev, at.saturating_sub(since)))
+            Some((prev, dt))
         }
     }
 }
 
 fn io_totals(io: &BTreeMap<String, Io>) -> Option<[u64; 4]> {
-    (!io.is_empty()).then(|| {
+    // no device yet (a fresh v2 cgroup's empty io.stat) is zero, not unknown
+    Some({
         io.values().fold([0u64; 4], |a, i| {
             [
                 a[0].saturating_add(i.read_bytes),
@@ -684,7 +680,8 @@ impl Collector {
         // v1 cpu.stat: its periods and throttling move only while the cgroup
         // runs with a CFS quota (periods are counted only then: none so far, no
         // quota; one set later is found on the slow re-read)
-        let quota = f.stat.as_ref().is_some_and(|c| c.value.nr_periods > 0);
+        let quota =
+            f.stat.as_ref().is_some_and(|c| c.value.nr_periods > 0) || f.reads <= SLOW_EVERY;
         let stat = match stat {
             Some(c) => Some(c),
             None if (moved && quota) || slow || f.stat.is_none() => {
@@ -702,7 +699,7 @@ impl Collector {
             }
             None => None,
         };
-        let throttle = step(&mut f.stat, stat, at, moved && quota);
+        let throttle = step(&mut f.stat, stat, at, !moved);
         raw.cpu = f.stat.as_ref().map(|c| c.value).unwrap_or_default();
         raw.cpu_ns = usage;
         let n = read_file(&mut f.mem_usage, buf, budget, open)?;
@@ -716,11 +713,12 @@ impl Collector {
             }
         }
         raw.oom_kills = f.oom_kills;
-        // I/O is issued by running tasks (v1 charges writeback to the root), and
-        // a running task that reads from disk leaves signs in memory.stat: pages
+        // v1: I/O is issued by running tasks (writeback is charged to the root),
+        // and a task that reads from disk leaves signs in memory.stat: pages
         // charged, major faults, a page cache that changed, dirty pages to sync.
-        // On v2 writeback is the cgroup's own while its tasks sleep. Counters
-        // still moving at their last read are read again while the tasks run.
+        // Counters still moving at their last read are read while the tasks
+        // run. Direct I/O into buffers already allocated leaves no sign: it is
+        // found on the slow re-read, averaged over the time since the last read.
         let signs = match f.mem_prev.replace(memory) {
             Some(p) => {
                 memory.pgpgin != p.pgpgin
@@ -730,8 +728,9 @@ impl Collector {
             }
             None => true,
         };
-        let writeback = v2 && memory.dirty > 0;
-        let wanted = (moved && (signs || f.io_moving)) || writeback;
+        // v2: read every tick (one file; writeback, swap-out and reclaim are
+        // charged to the cgroup while its tasks sleep)
+        let wanted = v2 || signs || (moved && f.io_moving);
         let io = if wanted || slow || f.io_counters.is_none() {
             // the same bytes as last time: the same counters (no parse, no allocation)
             let same = |raw: &Vec<u8>, parts: &[&[u8]]| {
@@ -786,7 +785,7 @@ impl Collector {
         let io_step = if io_unreadable {
             None
         } else {
-            step(&mut f.io_counters, io, at, wanted)
+            step(&mut f.io_counters, io, at, !moved)
         };
         raw.io = f
             .io_counters
@@ -879,8 +878,13 @@ impl Collector {
         let used = mem.total.saturating_sub(mem.available) as f64;
         // the cgroups' definition (usage minus inactive page cache), so that
         // node − pods is system memory, not pods' active cache counted twice
+        // (the HugeTLB pool is in MemTotal and never in a memory cgroup)
         let working_set = match mem.inactive_file {
-            Some(i) => mem.total.saturating_sub(mem.free).saturating_sub(i) as f64,
+            Some(i) => mem
+                .total
+                .saturating_sub(mem.free)
+                .saturating_sub(i)
+                .saturating_sub(mem.hugetlb) as f64,
             None => used,
         };
         let mut out = vec![
@@ -919,6 +923,9 @@ impl Collector {
 /// Read/write bytes and ops per second over all devices; `None` after a reset
 /// (a counter went backwards, or a device went away).
 fn io_rates(now: [u64; 4], prev: [u64; 4], dt_ns: f64) -> Option<[(Metric, f64); 4]> {
+    if dt_ns <= 0.0 {
+        return None;
+    }
     let mut d = [0u64; 4];
     for i in 0..4 {
         d[i] = now[i].checked_sub(prev[i])?;
@@ -962,35 +969,58 @@ fn psi_rates(
 
 /// System (node minus the pods' root cgroup) and BE (the besteffort cgroup)
 /// figures. A figure that cannot be known this tick (the root's first read, a
-/// counter reset) is left out, never guessed as 0.
+/// counter reset) is left out, never guessed as 0. Without QoS groups (no pods,
+/// or pods outside the kubelet root qoslet knows) they are summed over the
+/// pods, and only when every pod has its figure.
 fn aggregate(
     t: &mut Tick,
     groups: &Groups,
     pods: Option<&[(Metric, f64)]>,
     be: Option<&[(Metric, f64)]>,
 ) {
+    if let Some(p) = pods {
+        t.pods_root = p.to_vec();
+    }
+    let pod_readings: Vec<&Reading> = t
+        .readings
+        .iter()
+        .filter(|r| r.target.kind == Kind::Pod)
+        .collect();
+    let sum = |m: Metric, be_only: bool| -> Option<f64> {
+        pod_readings
+            .iter()
+            .filter(|r| !be_only || r.target.qos_class == "BE")
+            .map(|r| get(&r.samples, m))
+            .sum()
+    };
+    let mut system = Vec::new();
+    let mut best_effort = Vec::new();
     for m in [Metric::CpuUsage, Metric::MemoryWorkingSet] {
         let Some(node) = get(&t.node, m) else {
             continue;
         };
-        // no pods known: nothing runs in the QoS groups
-        let in_pods = match (&groups.pods, pods) {
-            (None, _) => Some(0.0),
-            (Some(_), Some(s)) => get(s, m),
-            (Some(_), None) => None,
+        let (in_pods, in_be) = match (&groups.pods, pods) {
+            (Some(_), Some(s)) => (
+                get(s, m),
+                match (&groups.besteffort, be) {
+                    (Some(_), Some(b)) => get(b, m),
+                    (Some(_), None) => None,
+                    (None, _) => Some(0.0),
+                },
+            ),
+            (Some(_), None) => (None, None),
+            // no groups: the pods' own figures (no pods at all: 0)
+            (None, _) => (sum(m, false), sum(m, true)),
         };
         if let Some(p) = in_pods {
-            t.system.push((m, (node - p).max(0.0)));
+            system.push((m, (node - p).max(0.0)));
         }
-        let in_be = match (&groups.besteffort, be) {
-            (None, _) => Some(0.0),
-            (Some(_), Some(s)) => get(s, m),
-            (Some(_), None) => None,
-        };
         if let Some(b) = in_be {
-            t.be.push((m, b.max(0.0)));
+            best_effort.push((m, b.max(0.0)));
         }
     }
+    t.system = system;
+    t.be = best_effort;
 }
 
 #[cfg(test)]
@@ -1173,9 +1203,9 @@ mod tests {
         assert_eq!(get(&t.node, Metric::CpuCapacity), Some(2.0));
         assert_eq!(get(&t.node, Metric::MemoryUsage), Some(600.0 * 1024.0));
         assert_eq!(get(&t.node, Metric::Load1), Some(1.5));
-        // no QoS groups known: system is the whole node, BE nothing
-        assert!((get(&t.system, Metric::CpuUsage).unwrap() - 1.5).abs() < 1e-9);
-        assert_eq!(get(&t.be, Metric::CpuUsage), Some(0.0));
+        // no QoS groups known: system = node - the pods (every pod has a rate), BE = BE pods
+        assert!((get(&t.system, Metric::CpuUsage).unwrap() - 0.4).abs() < 1e-9);
+        assert!((get(&t.be, Metric::CpuUsage).unwrap() - 0.5).abs() < 1e-9);
 
         // a counter reset (cgroup recreated): no rate this tick, no spike
         for (p, v) in v1_cgroup("kubepods/be1", 1_000, 1, 0, 64 << 20) {
@@ -1303,40 +1333,64 @@ mod tests {
         }
     }
 
-    /// I/O that moves while the CPU stands still (v1: it cannot, except through
-    /// a file tree; v2: writeback) is found on the slow re-read and averaged over
-    /// the whole time since the last read: no spike, and no byte dropped.
+    /// Direct I/O leaves no sign in memory.stat: while the CPU runs, the I/O
+    /// counters are believed still until the slow re-read finds them moved; the
+    /// bytes are then averaged over the whole time since their last read (no
+    /// spike), and once moving they are read every tick (exact rates).
     #[test]
-    fn a_counter_moving_while_believed_still_is_averaged_not_dropped() {
+    fn io_without_signs_is_averaged_then_followed() {
         let sec = 1_000_000_000u64;
         let d = v1_tree("believed", &["kubepods/q"]);
         let mut c = Collector::new(v1_host(&d), &d.join("proc")).with_clock(frozen());
         let targets = vec![Arc::new(target("pod/q", Kind::Pod, "/kubepods/q", "LS"))];
-        v1_counters(&d, "kubepods/q", 7, 0, 0, 0);
-        let mut last_read = 0u64;
-        let mut found = None;
-        for n in 0..=SLOW_EVERY + 1 {
-            if n == 2 {
-                v1_counters(&d, "kubepods/q", 7, 0, 0, 50_000_000);
+        let io = |d: &Path, bytes: u64| {
+            put(
+                d,
+                "cg/blkio/kubepods/q/blkio.throttle.io_service_bytes_recursive",
+                format!("254:0 Read {bytes}\n254:0 Write 0\nTotal {bytes}\n"),
+            )
+        };
+        let mut bytes = 0u64;
+        let mut samples = Vec::new();
+        for n in 0..=2 * SLOW_EVERY {
+            // the CPU runs every tick; from tick 3, 10 MB/s of direct reads
+            put(&d, "cg/cpuacct/kubepods/q/cpuacct.usage", (n + 1) * sec / 2);
+            if n >= 3 {
+                bytes += 10_000_000;
             }
+            io(&d, bytes);
             let t = c.tick(1000 + n as u32, n * sec, &targets);
-            let io = get(&t.readings[0].samples, Metric::IoReadBytes);
-            if io.is_some_and(|v| v > 0.0) {
-                found = Some((n, io.unwrap()));
-                break;
-            }
-            if n == 0 || n % SLOW_EVERY == 0 {
-                last_read = n;
-            }
+            samples.push(get(&t.readings[0].samples, Metric::IoReadBytes));
         }
-        let (n, rate) = found.expect("seen on the slow re-read");
-        let span = (n - last_read) as f64;
-        assert!(span > 1.0);
-        assert!(
-            (rate - 50_000_000.0 / span).abs() < 1e-3,
-            "{rate} over {span} s"
-        );
+        let first = samples.iter().position(|v| v.is_some_and(|v| v > 0.0));
+        let first = first.expect("found on the slow re-read");
+        assert_eq!(first as u64, SLOW_EVERY, "the slow re-read: {samples:?}");
+        // averaged over the SLOW_EVERY seconds since the last read, never above the true rate
+        let avg = samples[first].unwrap();
+        let want = (SLOW_EVERY - 2) as f64 * 10_000_000.0 / SLOW_EVERY as f64;
+        assert!((avg - want).abs() < 1e-3, "{avg} vs {want}");
+        // then read every tick while it moves: exact
+        for v in &samples[first + 1..] {
+            assert!((v.unwrap() - 10_000_000.0).abs() < 1e-3, "{samples:?}");
+        }
         std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// A counter that the belief "still" missed (here v1 cpu.stat moving while
+    /// the usage stands still, which a file tree allows) never makes a spike:
+    /// its delta spans the time since it was last read.
+    #[test]
+    fn a_moved_counter_never_spikes() {
+        let mut c: Option<Counter<u64>> = None;
+        assert_eq!(step(&mut c, Some(5), 0, false), None);
+        // believed still for 9 ticks, then read: 90 over 10 s
+        for t in 1..10 {
+            assert_eq!(step(&mut c, None, t, false), Some((5, t)));
+        }
+        assert_eq!(step(&mut c, Some(95), 10, false), Some((5, 10)));
+        // proven still, then read: the delta spans one tick
+        assert_eq!(step(&mut c, None, 11, true), Some((95, 1)));
+        assert_eq!(step(&mut c, Some(96), 12, true), Some((95, 1)));
     }
 
     /// Each cgroup's rate uses the instant of its own read: a read pass that

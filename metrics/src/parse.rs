@@ -286,6 +286,8 @@ pub struct MemInfo {
     pub cached: u64,
     /// `Inactive(file)`: page cache the kernel reclaims first (`None`: absent).
     pub inactive_file: Option<u64>,
+    /// `Hugetlb`: the huge page pool, free or used (0: absent).
+    pub hugetlb: u64,
 }
 
 pub fn meminfo(content: &str) -> Result<MemInfo, ParseError> {
@@ -312,6 +314,7 @@ pub fn meminfo(content: &str) -> Result<MemInfo, ParseError> {
         free: get("MemFree")?,
         cached: get("Cached").unwrap_or(0),
         inactive_file: get("Inactive(file)").ok(),
+        hugetlb: get("Hugetlb").unwrap_or(0),
     })
 }
 

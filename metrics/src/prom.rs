@@ -413,6 +413,7 @@ mod tests {
         };
         Tick {
             ts: 1,
+            pods_root: Vec::new(),
             node: vec![(Metric::CpuUsage, 1.25), (Metric::CpuCapacity, 2.0)],
             node_raw: Some(NodeRaw {
                 load: [0.5, 0.25, 0.125],

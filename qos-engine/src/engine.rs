@@ -67,6 +67,14 @@ pub struct NodeState {
     pub node_usage_cores: f64,
     /// Node usage minus all pods.
     pub system_usage_cores: f64,
+    /// CPU use of the pods' root cgroup (every pod), when known: the non-BE
+    /// share is it minus the BE pods', so a pod without a reading this tick
+    /// (its first, a read error) still counts.
+    pub pods_usage_cores: Option<f64>,
+    /// Whether the node and system figures are measured (not this agent's
+    /// first tick): when not, CPU suppress leaves the BE quota and cpuset as
+    /// they are rather than act on a guess.
+    pub usage_known: bool,
     /// kubelet's system + kube reserved CPU.
     pub reserved_cores: f64,
     pub pods: Vec<Pod>,
@@ -209,6 +217,9 @@ fn tick_with(
             _ => non_be += p.cpu_cores,
         }
     }
+    if let Some(all) = state.pods_usage_cores {
+        non_be = non_be.max(all - be);
+    }
     let t = &policy.threshold;
     let input = suppress::Input {
         capacity_cores: state.capacity_cores,
@@ -220,7 +231,11 @@ fn tick_with(
         current_quota_us: state.be_quota_us,
         period_us: state.period_us,
     };
-    let s = suppress::cfs_quota(&input, t);
+    let mut s = suppress::cfs_quota(&input, t);
+    if !state.usage_known {
+        s.quota_us = None;
+        s.rule = "node and system CPU not measured yet: the BE quota is left as it is".into();
+    }
     let be_tree: Vec<&CgroupPath> = state
         .pods
         .iter()
@@ -302,7 +317,11 @@ fn tick_with(
             allowance_cores: s.allowance_cores,
             current: state.be_cpuset.clone(),
         };
-        let next = crate::cpuset::be_cpuset(&c);
+        let next = if state.usage_known {
+            crate::cpuset::be_cpuset(&c)
+        } else {
+            None
+        };
         if let Some(cpus) = next.or_else(|| state.be_cpuset.clone()) {
             let list = crate::cpuset::format_cpus(&cpus);
             let rule = format!(
@@ -1050,6 +1069,8 @@ mod tests {
 
     fn state(ls: f64, be: f64, quota: Option<u64>) -> NodeState {
         NodeState {
+            pods_usage_cores: None,
+            usage_known: true,
             capacity_cores: 16.0,
             node_usage_cores: ls + be + 0.5,
             system_usage_cores: 0.5,
@@ -1182,6 +1203,45 @@ mod tests {
             assert_eq!(read(c), "0", "{c}");
         }
         std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Issue 13: figures the collector has not measured (the agent's first
+    /// tick) leave the BE quota as it is; a pod without a reading this tick is
+    /// still counted through the pods' root cgroup.
+    #[test]
+    fn unmeasured_usage_leaves_the_quota_and_unread_pods_still_count() {
+        let env = Env::default();
+        let p = cfs(50);
+        let mut e = Engine::new(10);
+        let mut s = state(6.0, 4.0, Some(300_000));
+        s.usage_known = false;
+        let t = e.plan(&s, &p, &env);
+        let w = suppress_writes(&t);
+        assert_eq!(
+            w[0].knob,
+            Knob::CpuQuota {
+                quota: Some(300_000),
+                period: 100_000
+            },
+            "left as it is: {w:?}"
+        );
+        assert!(w[0].rule.contains("not measured"), "{}", w[0].rule);
+        // an unlimited quota stays unlimited
+        let mut s = state(6.0, 4.0, None);
+        s.usage_known = false;
+        assert!(suppress_writes(&e.plan(&s, &p, &env)).is_empty());
+        // the LS pod has no reading (0), but the pods' root used 10 cores, 4 of
+        // them BE: LS is 6, so BE gets 16 x 50% - 6 - 1 = 1 core, not 7
+        let mut s = state(0.0, 4.0, None);
+        s.pods_usage_cores = Some(10.0);
+        let t = e.plan(&s, &p, &env);
+        assert_eq!(
+            suppress_writes(&t)[0].knob,
+            Knob::CpuQuota {
+                quota: Some(100_000),
+                period: 100_000
+            }
+        );
     }
 
     #[test]

@@ -46,6 +46,8 @@ pub fn node_state(
     be_quota_us: Option<u64>,
 ) -> NodeState {
     NodeState {
+        pods_usage_cores: None,
+        usage_known: true,
         capacity_cores: f64::from(cpus),
         node_usage_cores,
         system_usage_cores,
