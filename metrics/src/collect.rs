@@ -245,6 +245,11 @@ struct Files {
 /// the removed-cgroup check on file trees are read every this many ticks.
 const SLOW_EVERY: u64 = 10;
 
+/// A cgroup's first reads, during which cpu.stat is read whenever the CPU usage
+/// moved even without periods counted yet (a container with a quota that has
+/// not run a full period at its first read).
+const QUOTA_UNKNOWN_READS: u64 = 3;
+
 impl Files {
     /// A cgroup's files (`mem`: the usage file and memory.stat), nothing read yet.
     fn new(
@@ -680,8 +685,8 @@ impl Collector {
         // v1 cpu.stat: its periods and throttling move only while the cgroup
         // runs with a CFS quota (periods are counted only then: none so far, no
         // quota; one set later is found on the slow re-read)
-        let quota =
-            f.stat.as_ref().is_some_and(|c| c.value.nr_periods > 0) || f.reads <= SLOW_EVERY;
+        let quota = f.stat.as_ref().is_some_and(|c| c.value.nr_periods > 0)
+            || f.reads <= QUOTA_UNKNOWN_READS;
         let stat = match stat {
             Some(c) => Some(c),
             None if (moved && quota) || slow || f.stat.is_none() => {

@@ -105,26 +105,32 @@ pub struct Memory {
 /// Working set = usage - inactive file, as kubelet computes it.
 pub fn memory(usage: &str, stat: &str, v2: bool) -> Result<Memory, ParseError> {
     let usage = single(usage)?;
+    // one pass over the file for every field
     let keys = if v2 {
-        ["inactive_file", "anon", "file"]
-    } else {
-        ["total_inactive_file", "total_rss", "total_cache"]
-    };
-    let [inactive_file, rss, cache] = match keyed(stat, keys) {
-        [Some(a), Some(b), Some(c)] => [a, b, c],
-        _ => return Err(bad("memory.stat", stat)),
-    };
-    let more = if v2 {
-        ["file_dirty", "file_writeback", "pgpgin", "pgmajfault"]
+        [
+            "inactive_file",
+            "anon",
+            "file",
+            "file_dirty",
+            "file_writeback",
+            "pgpgin",
+            "pgmajfault",
+        ]
     } else {
         [
+            "total_inactive_file",
+            "total_rss",
+            "total_cache",
             "total_dirty",
             "total_writeback",
             "total_pgpgin",
             "total_pgmajfault",
         ]
     };
-    let [d, w, pgpgin, pgmajfault] = keyed(stat, more);
+    let [inactive_file, rss, cache, d, w, pgpgin, pgmajfault] = keyed(stat, keys);
+    let (Some(inactive_file), Some(rss), Some(cache)) = (inactive_file, rss, cache) else {
+        return Err(bad("memory.stat", stat));
+    };
     Ok(Memory {
         usage,
         working_set: usage.saturating_sub(inactive_file),
