@@ -236,15 +236,28 @@ impl Metrics {
     pub fn render(&self) -> String {
         let latest = lock(&self.latest).clone();
         let series = lock(&self.tsdb).series_count();
-        let mut out = match latest {
-            Some(t) => qoslet_metrics::prom::render(
-                &t,
+        // a collector that stopped (or never ran) is visible, and its last
+        // values are not served as if they were current
+        let stale = self.healthy().is_err();
+        let mut out = match (&latest, stale) {
+            (Some(t), false) => qoslet_metrics::prom::render(
+                t,
                 series,
                 self.collect_ns.load(Ordering::Relaxed) as f64 / 1e9,
                 self.skipped_total.load(Ordering::Relaxed),
             ),
-            None => String::new(),
+            _ => String::new(),
         };
+        let last = latest.as_ref().map(|t| t.ts).unwrap_or(0);
+        out.push_str(&format!(
+            "# HELP qoslet_metrics_last_collection_timestamp_seconds When the collector last read the node and cgroups (Unix time; 0: never).\n\
+             # TYPE qoslet_metrics_last_collection_timestamp_seconds gauge\n\
+             qoslet_metrics_last_collection_timestamp_seconds {last}\n\
+             # HELP qoslet_metrics_stale 1 when the last collection is older than 3 intervals (at least 10 s): node, pod and container values are then not served.\n\
+             # TYPE qoslet_metrics_stale gauge\n\
+             qoslet_metrics_stale {}\n",
+            u8::from(stale)
+        ));
         if let Some(f) = self.extra.get() {
             f(&mut out);
         }
@@ -629,6 +642,38 @@ mod tests {
             qos_class: String::new(),
             pod_entity: "pod/p".into(),
         })
+    }
+
+    #[test]
+    fn a_stopped_collector_is_visible_and_its_values_are_not_served() {
+        let m = Metrics {
+            tsdb: Mutex::new(Tsdb::new(1)),
+            latest: Mutex::new(Some(Arc::new(Tick {
+                ts: 1_700_000_000,
+                node: vec![(Metric::CpuUsage, 1.25), (Metric::CpuCapacity, 2.0)],
+                ..Default::default()
+            }))),
+            collect_ns: AtomicU64::new(0),
+            skipped_total: AtomicU64::new(0),
+            last_tick: Mutex::new(Some(Instant::now())),
+            interval: Duration::from_secs(1),
+            cpi: String::new(),
+            store: Store::new(),
+            trust: Default::default(),
+            pod_root: Default::default(),
+            ticked: tokio::sync::Notify::new(),
+            extra: std::sync::OnceLock::new(),
+        };
+        let fresh = m.render();
+        assert!(fresh.contains("qoslet_metrics_stale 0\n"), "{fresh}");
+        assert!(fresh.contains("qoslet_metrics_last_collection_timestamp_seconds 1700000000\n"));
+        assert!(fresh.contains("qoslet_node_cpu"), "{fresh}");
+        // the collector stopped a minute ago
+        *lock(&m.last_tick) = Instant::now().checked_sub(Duration::from_secs(60));
+        let stale = m.render();
+        assert!(stale.contains("qoslet_metrics_stale 1\n"), "{stale}");
+        assert!(stale.contains("qoslet_metrics_last_collection_timestamp_seconds 1700000000\n"));
+        assert!(!stale.contains("qoslet_node_cpu"), "{stale}");
     }
 
     #[test]
