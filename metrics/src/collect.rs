@@ -226,10 +226,6 @@ struct Files {
     stat: Option<Counter<CpuStat>>,
     /// I/O counters: read when the CPU usage moved (or, v2, pages are dirty).
     io_counters: Option<Counter<Arc<BTreeMap<String, Io>>>>,
-    /// The bytes of cpu.stat and of the I/O files as last read: the same bytes
-    /// again are the same counters, not parsed again.
-    stat_raw: Vec<u8>,
-    io_raw: Vec<u8>,
     /// memory.stat as read the previous tick (its page-in signs).
     mem_prev: Option<Memory>,
     /// Whether the I/O counters moved at their last read (kept read every
@@ -273,8 +269,6 @@ impl Files {
             oom_kills: None,
             stat: None,
             io_counters: None,
-            stat_raw: Vec::new(),
-            io_raw: Vec::new(),
             mem_prev: None,
             io_moving: false,
             prev: None,
@@ -691,16 +685,7 @@ impl Collector {
             Some(c) => Some(c),
             None if (moved && quota) || slow || f.stat.is_none() => {
                 let n = read_file(&mut f.cpu_stat, buf, budget, open)?;
-                match &f.stat {
-                    Some(c) if f.stat_raw == buf[..n] => Some(c.value),
-                    _ => {
-                        let c = parse::cpu_stat(text(&buf[..n]), v2)
-                            .map_err(perr(&f.cpu_stat.path()))?;
-                        f.stat_raw.clear();
-                        f.stat_raw.extend_from_slice(&buf[..n]);
-                        Some(c)
-                    }
-                }
+                Some(parse::cpu_stat(text(&buf[..n]), v2).map_err(perr(&f.cpu_stat.path()))?)
             }
             None => None,
         };
@@ -737,44 +722,18 @@ impl Collector {
         // charged to the cgroup while its tasks sleep)
         let wanted = v2 || signs || (moved && f.io_moving);
         let io = if wanted || slow || f.io_counters.is_none() {
-            // the same bytes as last time: the same counters (no parse, no allocation)
-            let same = |raw: &Vec<u8>, parts: &[&[u8]]| {
-                raw.len() == parts.iter().map(|p| p.len()).sum::<usize>()
-                    && parts
-                        .iter()
-                        .scan(0, |at, p| {
-                            let r = &raw[*at..*at + p.len()] == *p;
-                            *at += p.len();
-                            Some(r)
-                        })
-                        .all(|r| r)
-            };
-            let last = f.io_counters.as_ref().map(|c| c.value.clone());
             match f.io.as_mut_slice() {
-                [stat] => read_file(stat, buf, budget, open).ok().map(|n| {
-                    let parts = [&buf[..n]];
-                    match last {
-                        Some(v) if same(&f.io_raw, &parts) => v,
-                        _ => {
-                            f.io_raw = buf[..n].to_vec();
-                            Arc::new(parse::io_stat_v2(text(&buf[..n])))
-                        }
-                    }
-                }),
+                [stat] => read_file(stat, buf, budget, open)
+                    .ok()
+                    .map(|n| Arc::new(parse::io_stat_v2(text(&buf[..n])))),
                 [bytes, ops] => match (
                     read_file(bytes, buf, budget, open),
                     read_file(ops, buf2, budget, open),
                 ) {
-                    (Ok(n), Ok(n2)) => {
-                        let parts = [&buf[..n], &buf2[..n2]];
-                        Some(match last {
-                            Some(v) if same(&f.io_raw, &parts) => v,
-                            _ => {
-                                f.io_raw = parts.concat();
-                                Arc::new(parse::blkio_v1(text(&buf[..n]), text(&buf2[..n2])))
-                            }
-                        })
-                    }
+                    (Ok(n), Ok(n2)) => Some(Arc::new(parse::blkio_v1(
+                        text(&buf[..n]),
+                        text(&buf2[..n2]),
+                    ))),
                     _ => None,
                 },
                 _ => None,
