@@ -47,6 +47,9 @@ pub struct FileConfig {
     pub metrics_listen: Option<String>,
     /// Keep the metrics cache across restarts in the state dir (default true).
     pub metrics_snapshot: Option<bool>,
+    /// Series the metrics cache holds at most (default 50,000; the entity seen
+    /// longest ago is dropped first beyond it).
+    pub metrics_max_series: Option<usize>,
     /// Root of procfs (default /proc).
     pub proc_root: Option<PathBuf>,
     /// The QoS engine's loop.
@@ -182,6 +185,11 @@ pub fn parse(text: &str) -> Result<FileConfig> {
     }
     if let Some(v) = &cfg.metrics_interval {
         metrics_interval(v).context("key metricsInterval")?;
+    }
+    if let Some(n) = cfg.metrics_max_series {
+        if !(100..=10_000_000).contains(&n) {
+            anyhow::bail!("key metricsMaxSeries: {n} is not 100 to 10000000");
+        }
     }
     if let Some(v) = cfg.metrics_listen.as_deref().filter(|v| !v.is_empty()) {
         v.parse::<std::net::SocketAddr>()
@@ -433,6 +441,8 @@ mod tests {
             "metricsInterval: 0.5s\n",
             "metricsInterval: 11m\n",
             "metricsListen: nowhere\n",
+            "metricsMaxSeries: 10\n",
+            "metricsMaxSeries: -1\n",
         ] {
             let e = format!("{:#}", parse(bad).unwrap_err());
             assert!(e.contains(bad.split(':').next().unwrap()), "{e}");
@@ -440,6 +450,12 @@ mod tests {
         assert!(
             parse("metricsListen: \"\"\n").is_ok(),
             "empty: no HTTP endpoint"
+        );
+        assert_eq!(
+            parse("metricsMaxSeries: 20000\n")
+                .unwrap()
+                .metrics_max_series,
+            Some(20_000)
         );
     }
 

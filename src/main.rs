@@ -288,6 +288,9 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
             sys_root: PathBuf::from("/sys"),
             trust: trust.clone(),
             pod_root: pod_root.clone(),
+            max_series: file
+                .metrics_max_series
+                .unwrap_or(qoslet_metrics::tsdb::DEFAULT_MAX_SERIES),
         })
     } else {
         None

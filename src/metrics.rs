@@ -15,7 +15,7 @@ use http_body_util::Full;
 use qoslet_cgroups::{CgroupPath, Host};
 use qoslet_metrics::collect::{Collector, Groups, Kind, Target, Tick};
 use qoslet_metrics::metric::sample as get;
-use qoslet_metrics::{Agg, Metric, Tsdb};
+use qoslet_metrics::{Agg, Metric, NodeIdentity, SeriesClock, Tsdb};
 use qoslet_proto::admin;
 use qoslet_proxy::store::{ContainerState, PodState, Store};
 use tokio::sync::watch;
@@ -36,7 +36,13 @@ pub struct Settings {
     pub trust: qoslet_hooks::Trust,
     /// Where kubelet puts pods (`kubeletCgroupRoot`).
     pub pod_root: qoslet_cgroups::PodRoot,
+    /// Series the cache holds at most (`metricsMaxSeries`).
+    pub max_series: usize,
 }
+
+/// The snapshot is rewritten this often (and at shutdown), so a crash loses
+/// at most this much history.
+pub const SNAPSHOT_EVERY: Duration = Duration::from_secs(300);
 
 /// More Prometheus lines, appended to every scrape.
 pub type Extra = Arc<dyn Fn(&mut String) + Send + Sync>;
@@ -57,6 +63,13 @@ pub struct Metrics {
     ticked: tokio::sync::Notify,
     /// More Prometheus lines (the QoS engine's), appended to every scrape.
     extra: std::sync::OnceLock<Extra>,
+    /// Series time (monotonic since `mono0`).
+    clock: Mutex<SeriesClock>,
+    mono0: tokio::time::Instant,
+    /// This node, as recorded in snapshots.
+    identity: NodeIdentity,
+    /// The wall clock (Unix seconds); a test's own in tests.
+    wall: fn() -> u32,
 }
 
 fn unix_now() -> u32 {
@@ -180,11 +193,20 @@ impl Metrics {
             }
         };
         let interval_s = s.interval.as_secs() as u32;
+        let identity = NodeIdentity::of_host(&s.proc_root);
         let tsdb = s
             .snapshot
             .as_ref()
-            .and_then(|p| load_snapshot(p, interval_s))
-            .unwrap_or_else(|| Tsdb::new(interval_s));
+            .and_then(|p| load_snapshot(p, &identity, interval_s))
+            .unwrap_or_else(|| Tsdb::new(interval_s))
+            .with_max_series(s.max_series);
+        let clock = SeriesClock::new(unix_now(), tsdb.newest());
+        if clock.behind_at_start() > 0 {
+            warn!(
+                seconds = clock.behind_at_start(),
+                "the wall clock is behind the metrics snapshot's newest sample; series time goes on from the snapshot"
+            );
+        }
         let cpi = qoslet_metrics::collect::cpi_status(&s.sys_root);
         info!(interval = ?s.interval, cpi = %cpi, "metrics collection on");
         let m = Arc::new(Metrics {
@@ -200,6 +222,10 @@ impl Metrics {
             pod_root: s.pod_root.clone(),
             ticked: tokio::sync::Notify::new(),
             extra: std::sync::OnceLock::new(),
+            clock: Mutex::new(clock),
+            mono0: tokio::time::Instant::now(),
+            identity,
+            wall: unix_now,
         });
         let mut tasks = vec![tokio::spawn(collect_loop(
             m.clone(),
@@ -248,7 +274,7 @@ impl Metrics {
             ),
             _ => String::new(),
         };
-        let last = latest.as_ref().map(|t| t.ts).unwrap_or(0);
+        let last = latest.as_ref().map(|t| t.wall).unwrap_or(0);
         out.push_str(&format!(
             "# HELP qoslet_metrics_last_collection_timestamp_seconds When the collector last read the node and cgroups (Unix time; 0: never).\n\
              # TYPE qoslet_metrics_last_collection_timestamp_seconds gauge\n\
@@ -296,7 +322,7 @@ impl Metrics {
 /// A metrics snapshot larger than this is refused at load (the whole cache is a few MiB).
 const SNAPSHOT_MAX_BYTES: u64 = 256 << 20;
 
-fn load_snapshot(p: &std::path::Path, interval: u32) -> Option<Tsdb> {
+fn load_snapshot(p: &std::path::Path, here: &NodeIdentity, interval: u32) -> Option<Tsdb> {
     let b = match qoslet_proxy::statefile::read_capped(p, SNAPSHOT_MAX_BYTES) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
@@ -305,18 +331,15 @@ fn load_snapshot(p: &std::path::Path, interval: u32) -> Option<Tsdb> {
             return None;
         }
     };
-    match Tsdb::from_snapshot(&b) {
-        Ok(db) if db.interval() == interval => {
-            info!(path = %p.display(), series = db.series_count(), "metrics snapshot loaded");
-            Some(db)
-        }
-        Ok(db) => {
+    match Tsdb::from_snapshot(&b, here, interval) {
+        Ok(l) => {
             info!(
-                old = db.interval(),
-                new = interval,
-                "metrics interval changed; snapshot not used"
+                path = %p.display(),
+                series = l.tsdb.series_count(),
+                earlier_boot = l.other_boot,
+                "metrics snapshot loaded"
             );
-            None
+            Some(l.tsdb)
         }
         Err(e) => {
             warn!(path = %p.display(), error = %e, "metrics snapshot ignored; starting empty");
@@ -326,13 +349,46 @@ fn load_snapshot(p: &std::path::Path, interval: u32) -> Option<Tsdb> {
 }
 
 /// Written like the store's checkpoint: 0600 in the 0700 state dir, atomically,
-/// never through a symlink.
-fn write_snapshot(p: &std::path::Path, db: &Tsdb) -> anyhow::Result<()> {
+/// never through a symlink; the cache's lock is held per batch of entities,
+/// never across the file write.
+fn write_snapshot(p: &std::path::Path, m: &Metrics) -> anyhow::Result<()> {
     if let Some(d) = p.parent() {
         qoslet_proxy::statefile::ensure_private_dir(d)?;
     }
-    qoslet_proxy::statefile::write_atomic(p, &db.to_snapshot())?;
+    qoslet_proxy::statefile::write_atomic_with(p, |w| {
+        qoslet_metrics::write_snapshot_locked(&m.tsdb, &m.identity, w)
+    })?;
     Ok(())
+}
+
+/// Writes the snapshot off the async threads; logs the outcome.
+async fn snapshot_now(m: Arc<Metrics>, p: PathBuf) {
+    let t0 = Instant::now();
+    match tokio::task::spawn_blocking(move || write_snapshot(&p, &m).map(|_| p)).await {
+        Ok(Ok(p)) => debug!(path = %p.display(), took = ?t0.elapsed(), "metrics snapshot written"),
+        Ok(Err(e)) => warn!(error = %e, "metrics snapshot not written"),
+        Err(_) => warn!("metrics snapshot writer panicked"),
+    }
+}
+
+impl Metrics {
+    /// Series time now (what queries count back from).
+    fn series_now(&self) -> u32 {
+        lock(&self.clock).now(self.mono0.elapsed())
+    }
+
+    /// The stamp of a tick read now; a wall-clock step is logged.
+    fn stamp(&self) -> qoslet_metrics::Stamp {
+        let s = lock(&self.clock).stamp(self.mono0.elapsed(), (self.wall)());
+        if let Some(step) = s.step {
+            warn!(
+                step_seconds = step,
+                wall_minus_series = s.offset,
+                "the wall clock stepped; metrics keep their monotonic time line (timestamps now differ from the wall clock)"
+            );
+        }
+        s
+    }
 }
 
 async fn collect_loop(
@@ -342,10 +398,11 @@ async fn collect_loop(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut collector = Some(collector);
+    let mut snapshot_task: Option<JoinHandle<()>> = None;
+    let mut last_snapshot = tokio::time::Instant::now();
     let mut ticker = tokio::time::interval(m.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let started = Instant::now();
-    let mut n = 0u64;
     // rebuilt only when the store changed
     let mut cached: (u64, Arc<Vec<Arc<Target>>>, Groups) =
         (u64::MAX, Arc::new(Vec::new()), Groups::default());
@@ -363,12 +420,20 @@ async fn collect_loop(
         let (targets, groups) = (cached.1.clone(), cached.2.clone());
         let Some(mut c) = collector.take() else { break };
         let t0 = Instant::now();
-        let ts = unix_now();
+        let stamp = m.stamp();
+        let mm = m.clone();
         let r = tokio::task::spawn_blocking(move || {
             c.set_groups(groups);
             // taken where the reads begin (not before the blocking pool ran this)
             let mono = started.elapsed().as_nanos() as u64;
-            let tick = c.tick(ts, mono, &targets);
+            let mut tick = c.tick(stamp.ts, mono, &targets);
+            tick.wall = stamp.ts.saturating_add_signed(stamp.offset as i32);
+            // recording closes minutes (histograms): a millisecond or two at
+            // 1,000 containers, not for the thread that serves CRI
+            let mut db = lock(&mm.tsdb);
+            record(&mut db, &tick);
+            db.expire(stamp.ts);
+            drop(db);
             (c, tick)
         })
         .await;
@@ -377,14 +442,6 @@ async fn collect_loop(
             break;
         };
         collector = Some(c);
-        {
-            let mut db = lock(&m.tsdb);
-            record(&mut db, &tick);
-            n += 1;
-            if n.is_multiple_of(60) {
-                db.expire(ts);
-            }
-        }
         m.collect_ns
             .store(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         m.skipped_total
@@ -393,14 +450,20 @@ async fn collect_loop(
         *lock(&m.latest) = Some(Arc::new(tick));
         *lock(&m.last_tick) = Some(Instant::now());
         m.ticked.notify_waiters();
+        if let Some(p) = &snapshot {
+            let idle = snapshot_task.as_ref().is_none_or(|t| t.is_finished());
+            if idle && last_snapshot.elapsed() >= SNAPSHOT_EVERY {
+                last_snapshot = tokio::time::Instant::now();
+                snapshot_task = Some(tokio::spawn(snapshot_now(m.clone(), p.clone())));
+            }
+        }
+    }
+    if let Some(t) = snapshot_task {
+        let _ = t.await;
     }
     if let Some(p) = snapshot {
-        let db = lock(&m.tsdb).clone();
-        match tokio::task::spawn_blocking(move || write_snapshot(&p, &db).map(|_| p)).await {
-            Ok(Ok(p)) => info!(path = %p.display(), "metrics snapshot written"),
-            Ok(Err(e)) => warn!(error = %e, "metrics snapshot not written"),
-            Err(_) => {}
-        }
+        snapshot_now(m.clone(), p.clone()).await;
+        info!(path = %p.display(), "metrics snapshot written at shutdown");
     }
 }
 
@@ -535,7 +598,7 @@ impl qoslet_proxy::AgentView for Metrics {
         } else {
             req.aggregations.clone()
         };
-        let now = unix_now();
+        let now = self.series_now();
         let mut values = std::collections::HashMap::new();
         for a in &aggs {
             let agg = Agg::parse(a).ok_or_else(|| {
@@ -644,12 +707,12 @@ mod tests {
         })
     }
 
-    #[test]
-    fn a_stopped_collector_is_visible_and_its_values_are_not_served() {
-        let m = Metrics {
+    fn metrics(wall: fn() -> u32) -> Metrics {
+        Metrics {
             tsdb: Mutex::new(Tsdb::new(1)),
             latest: Mutex::new(Some(Arc::new(Tick {
                 ts: 1_700_000_000,
+                wall: 1_700_000_000,
                 node: vec![(Metric::CpuUsage, 1.25), (Metric::CpuCapacity, 2.0)],
                 ..Default::default()
             }))),
@@ -663,7 +726,16 @@ mod tests {
             pod_root: Default::default(),
             ticked: tokio::sync::Notify::new(),
             extra: std::sync::OnceLock::new(),
-        };
+            clock: Mutex::new(SeriesClock::new(wall(), 0)),
+            mono0: tokio::time::Instant::now(),
+            identity: NodeIdentity::default(),
+            wall,
+        }
+    }
+
+    #[test]
+    fn a_stopped_collector_is_visible_and_its_values_are_not_served() {
+        let m = metrics(unix_now);
         let fresh = m.render();
         assert!(fresh.contains("qoslet_metrics_stale 0\n"), "{fresh}");
         assert!(fresh.contains("qoslet_metrics_last_collection_timestamp_seconds 1700000000\n"));
@@ -674,6 +746,65 @@ mod tests {
         assert!(stale.contains("qoslet_metrics_stale 1\n"), "{stale}");
         assert!(stale.contains("qoslet_metrics_last_collection_timestamp_seconds 1700000000\n"));
         assert!(!stale.contains("qoslet_node_cpu"), "{stale}");
+    }
+
+    static WALL: AtomicU64 = AtomicU64::new(1_800_000_000);
+    fn test_wall() -> u32 {
+        WALL.load(Ordering::Relaxed) as u32
+    }
+
+    /// Ticks `n` seconds of paused time, the wall clock moving with it.
+    async fn ticks(m: &Metrics, n: u32, v: impl Fn(u32) -> f64) -> u32 {
+        let mut ts = 0;
+        for i in 0..n {
+            tokio::time::advance(Duration::from_secs(1)).await;
+            WALL.fetch_add(1, Ordering::Relaxed);
+            let s = m.stamp();
+            ts = s.ts;
+            let mut db = lock(&m.tsdb);
+            db.record("node", ts, &[(Metric::CpuUsage, v(i))]);
+            db.expire(ts);
+        }
+        ts
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_cache_rides_out_wall_clock_steps() {
+        use qoslet_proxy::AgentView;
+        let m = metrics(test_wall);
+        let ask = |w: u32, agg: &str| {
+            m.query(admin::QueryMetricsRequest {
+                entity: "node".into(),
+                series: "cpu_usage".into(),
+                window_seconds: w,
+                aggregations: vec![agg.into()],
+            })
+            .unwrap()
+            .values
+            .get(agg)
+            .copied()
+        };
+        ticks(&m, 600, |_| 0.5).await;
+        // back an hour: nothing dropped, Last follows
+        WALL.fetch_sub(3600, Ordering::Relaxed);
+        ticks(&m, 120, |i| 1.0 + f64::from(i) / 1000.0).await;
+        assert_eq!(ask(10, "last"), Some(1.119));
+        let avg = ask(120, "avg").unwrap();
+        assert!(
+            (avg - 1.0595).abs() < 0.003,
+            "the last 2 minutes, all of them: {avg}"
+        );
+        // forward a day: nothing expires, the half hour before is still there
+        WALL.fetch_add(86_400, Ordering::Relaxed);
+        ticks(&m, 60, |_| 2.0).await;
+        let min = ask(780, "min").unwrap();
+        // (read from rollup histograms: within a bucket)
+        assert!(
+            (min - 0.5).abs() < 0.5 * qoslet_metrics::codec::HIST_ERROR,
+            "the first 10 minutes are 13 minutes old: {min}"
+        );
+        assert_eq!(ask(10, "last"), Some(2.0));
+        assert_eq!(lock(&m.tsdb).series_count(), 1);
     }
 
     #[test]

@@ -89,8 +89,11 @@ pub struct Reading {
 /// Everything one tick read.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Tick {
-    /// Unix seconds.
+    /// Series time (see [`crate::clock`]): Unix seconds as of the anchor,
+    /// monotonic since.
     pub ts: u32,
+    /// The wall clock when the tick was read (Unix seconds).
+    pub wall: u32,
     pub node: Vec<(Metric, f64)>,
     pub node_raw: Option<NodeRaw>,
     pub readings: Vec<Reading>,

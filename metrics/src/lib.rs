@@ -1,5 +1,6 @@
 //! Metrics: what every container, pod and the node really use.
 //!
+//! * [`clock`]: series time, monotonic and anchored to the wall clock once.
 //! * [`codec`]: values as compact integer codes (exact near zero, 0.25 % above),
 //!   delta- and run-length-coded.
 //! * [`metric`]: the kinds of series, their units and resolutions.
@@ -8,6 +9,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod clock;
 pub mod codec;
 pub mod collect;
 pub mod fasthash;
@@ -16,5 +18,6 @@ pub mod parse;
 pub mod prom;
 pub mod tsdb;
 
+pub use clock::{SeriesClock, Stamp};
 pub use metric::Metric;
-pub use tsdb::{Agg, QueryError, SnapshotError, Tsdb};
+pub use tsdb::{write_snapshot_locked, Agg, Loaded, NodeIdentity, QueryError, SnapshotError, Tsdb};

@@ -138,6 +138,29 @@ impl Metric {
         }
     }
 
+    /// Counts stored exactly at every size (the log scale of [`crate::codec`]
+    /// would blur the 201st OOM kill into the 200th).
+    pub fn exact(self) -> bool {
+        matches!(self, Metric::OomKills | Metric::CpuCapacity)
+    }
+
+    /// Whether rollups keep a histogram (quantiles over any window) or only
+    /// avg, min and max per minute. The per-container rates that are noisy
+    /// and never asked for quantiles (throttling, I/O) keep the summary: a
+    /// noisy minute's histogram costs a byte per occupied bucket, and those
+    /// would double the cache's memory.
+    pub fn rollup_quantiles(self) -> bool {
+        !matches!(
+            self,
+            Metric::CpuThrottledRatio
+                | Metric::CpuThrottledTime
+                | Metric::IoReadBytes
+                | Metric::IoWriteBytes
+                | Metric::IoReadOps
+                | Metric::IoWriteOps
+        )
+    }
+
     /// Unit of the values, for people.
     pub fn unit_name(self) -> &'static str {
         match self {

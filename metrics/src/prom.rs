@@ -413,6 +413,7 @@ mod tests {
         };
         Tick {
             ts: 1,
+            wall: 1,
             pods_root: Vec::new(),
             node: vec![(Metric::CpuUsage, 1.25), (Metric::CpuCapacity, 2.0)],
             node_raw: Some(NodeRaw {

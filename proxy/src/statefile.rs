@@ -113,6 +113,15 @@ fn private(f: &File, path: &Path, me: u32, mode: u32) -> Result<(), StateError> 
 /// followed), created `O_EXCL|O_NOFOLLOW` mode 0600, fsynced and renamed over
 /// `path`; then the directory is fsynced.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StateError> {
+    write_atomic_with(path, |w| w.write_all(bytes))
+}
+
+/// [`write_atomic`] of what `fill` writes (through a buffer), for state too
+/// large to build in memory first.
+pub fn write_atomic_with(
+    path: &Path,
+    fill: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> Result<(), StateError> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path
         .file_name()
@@ -132,8 +141,13 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StateError> {
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&tmp)
             .map_err(io(&tmp))?;
-        f.write_all(bytes).map_err(io(&tmp))?;
-        f.sync_all().map_err(io(&tmp))?;
+        let mut w = std::io::BufWriter::with_capacity(64 << 10, &mut f);
+        let filled = fill(&mut w).and_then(|()| w.flush());
+        drop(w);
+        if let Err(e) = filled.and_then(|()| f.sync_all()) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(io(&tmp)(e));
+        }
     }
     if let Err(e) = std::fs::rename(&tmp, path) {
         let _ = std::fs::remove_file(&tmp);
