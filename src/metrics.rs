@@ -53,6 +53,8 @@ pub struct Metrics {
     latest: Mutex<Option<Arc<Tick>>>,
     collect_ns: AtomicU64,
     skipped_total: AtomicU64,
+    /// Series in the cache, as of the last record (read without its lock).
+    series: AtomicU64,
     last_tick: Mutex<Option<Instant>>,
     interval: Duration,
     cpi: String,
@@ -68,6 +70,8 @@ pub struct Metrics {
     mono0: tokio::time::Instant,
     /// This node, as recorded in snapshots.
     identity: NodeIdentity,
+    /// Where `uptime` is read when a snapshot is written.
+    proc_root: PathBuf,
     /// The wall clock (Unix seconds); a test's own in tests.
     wall: fn() -> u32,
 }
@@ -194,13 +198,16 @@ impl Metrics {
         };
         let interval_s = s.interval.as_secs() as u32;
         let identity = NodeIdentity::of_host(&s.proc_root);
-        let tsdb = s
+        let loaded = s
             .snapshot
             .as_ref()
-            .and_then(|p| load_snapshot(p, &identity, interval_s))
+            .and_then(|p| load_snapshot(p, &identity, interval_s));
+        let series_now = loaded.as_ref().and_then(|l| l.series_now);
+        let tsdb = loaded
+            .map(|l| l.tsdb)
             .unwrap_or_else(|| Tsdb::new(interval_s))
             .with_max_series(s.max_series);
-        let clock = SeriesClock::new(unix_now(), tsdb.newest());
+        let clock = SeriesClock::resume(unix_now(), tsdb.newest(), series_now);
         if clock.behind_at_start() > 0 {
             warn!(
                 seconds = clock.behind_at_start(),
@@ -214,6 +221,7 @@ impl Metrics {
             latest: Mutex::new(None),
             collect_ns: AtomicU64::new(0),
             skipped_total: AtomicU64::new(0),
+            series: AtomicU64::new(0),
             last_tick: Mutex::new(None),
             interval: s.interval,
             cpi,
@@ -225,6 +233,7 @@ impl Metrics {
             clock: Mutex::new(clock),
             mono0: tokio::time::Instant::now(),
             identity,
+            proc_root: s.proc_root.clone(),
             wall: unix_now,
         });
         let mut tasks = vec![tokio::spawn(collect_loop(
@@ -261,7 +270,7 @@ impl Metrics {
     /// The Prometheus text of the latest tick.
     pub fn render(&self) -> String {
         let latest = lock(&self.latest).clone();
-        let series = lock(&self.tsdb).series_count();
+        let series = self.series.load(Ordering::Relaxed) as usize;
         // a collector that stopped (or never ran) is visible, and its last
         // values are not served as if they were current
         let stale = self.healthy().is_err();
@@ -322,7 +331,11 @@ impl Metrics {
 /// A metrics snapshot larger than this is refused at load (the whole cache is a few MiB).
 const SNAPSHOT_MAX_BYTES: u64 = 256 << 20;
 
-fn load_snapshot(p: &std::path::Path, here: &NodeIdentity, interval: u32) -> Option<Tsdb> {
+fn load_snapshot(
+    p: &std::path::Path,
+    here: &NodeIdentity,
+    interval: u32,
+) -> Option<qoslet_metrics::Loaded> {
     let b = match qoslet_proxy::statefile::read_capped(p, SNAPSHOT_MAX_BYTES) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
@@ -339,7 +352,7 @@ fn load_snapshot(p: &std::path::Path, here: &NodeIdentity, interval: u32) -> Opt
                 earlier_boot = l.other_boot,
                 "metrics snapshot loaded"
             );
-            Some(l.tsdb)
+            Some(l)
         }
         Err(e) => {
             warn!(path = %p.display(), error = %e, "metrics snapshot ignored; starting empty");
@@ -356,9 +369,41 @@ fn write_snapshot(p: &std::path::Path, m: &Metrics) -> anyhow::Result<()> {
         qoslet_proxy::statefile::ensure_private_dir(d)?;
     }
     qoslet_proxy::statefile::write_atomic_with(p, |w| {
-        qoslet_metrics::write_snapshot_locked(&m.tsdb, &m.identity, w)
+        let mut w = Capped {
+            w,
+            left: SNAPSHOT_MAX_BYTES,
+        };
+        let id = NodeIdentity {
+            uptime_secs: qoslet_metrics::tsdb::uptime_secs(&m.proc_root),
+            ..m.identity.clone()
+        };
+        qoslet_metrics::write_snapshot_locked(&m.tsdb, &id, &mut w)
     })?;
     Ok(())
+}
+
+/// A writer that fails past `left` bytes: a snapshot the loader would refuse
+/// as too large is not written at all (the previous one stays).
+struct Capped<W> {
+    w: W,
+    left: u64,
+}
+
+impl<W: std::io::Write> std::io::Write for Capped<W> {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if b.len() as u64 > self.left {
+            return Err(std::io::Error::other(format!(
+                "the snapshot would exceed {} MiB (lower metricsMaxSeries)",
+                SNAPSHOT_MAX_BYTES >> 20
+            )));
+        }
+        let n = self.w.write(b)?;
+        self.left -= n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.w.flush()
+    }
 }
 
 /// Writes the snapshot off the async threads; logs the outcome.
@@ -433,6 +478,7 @@ async fn collect_loop(
             let mut db = lock(&mm.tsdb);
             record(&mut db, &tick);
             db.expire(stamp.ts);
+            mm.series.store(db.series_count() as u64, Ordering::Relaxed);
             drop(db);
             (c, tick)
         })
@@ -565,8 +611,8 @@ impl qoslet_proxy::AgentView for Metrics {
         &self,
         req: admin::QueryMetricsRequest,
     ) -> Result<admin::QueryMetricsResponse, Status> {
-        let db = lock(&self.tsdb);
         if req.entity.is_empty() {
+            let db = lock(&self.tsdb);
             let mut available: Vec<String> = db
                 .entities()
                 .map(|e| {
@@ -593,30 +639,45 @@ impl qoslet_proxy::AgentView for Metrics {
         } else {
             req.window_seconds
         };
-        let aggs: Vec<String> = if req.aggregations.is_empty() {
-            AGGS.iter().map(|s| s.to_string()).collect()
-        } else {
+        // the default set leaves out what the series cannot answer (quantiles
+        // of a series rolled up as summaries); a requested one is an error
+        let asked = !req.aggregations.is_empty();
+        let names: Vec<String> = if asked {
             req.aggregations.clone()
+        } else {
+            AGGS.iter().map(|s| s.to_string()).collect()
         };
+        let aggs = names
+            .iter()
+            .map(|a| {
+                Agg::parse(a).ok_or_else(|| {
+                    Status::invalid_argument(format!(
+                        "unknown aggregation {a:?}; use {}",
+                        AGGS.join(", ")
+                    ))
+                })
+            })
+            .collect::<Result<Vec<Agg>, Status>>()?;
         let now = self.series_now();
-        let mut values = std::collections::HashMap::new();
-        for a in &aggs {
-            let agg = Agg::parse(a).ok_or_else(|| {
-                Status::invalid_argument(format!(
-                    "unknown aggregation {a:?}; use {}",
-                    AGGS.join(", ")
-                ))
+        let answers = lock(&self.tsdb)
+            .query_many(&entity, metric, window, &aggs, now)
+            .map_err(|e| match e {
+                qoslet_metrics::QueryError::BadWindow => {
+                    Status::invalid_argument("window_seconds must be 1 to 86400")
+                }
+                e => Status::not_found(e.to_string()),
             })?;
-            match db.query(&entity, metric, window, agg, now) {
+        let mut values = std::collections::HashMap::new();
+        for (a, v) in names.into_iter().zip(answers) {
+            match v {
                 Ok(v) => {
-                    values.insert(a.clone(), v);
+                    values.insert(a, v);
                 }
                 Err(qoslet_metrics::QueryError::Empty) => {}
-                Err(qoslet_metrics::QueryError::BadWindow) => {
-                    return Err(Status::invalid_argument(
-                        "window_seconds must be 1 to 86400",
-                    ))
+                Err(e @ qoslet_metrics::QueryError::NoQuantiles(_)) if asked => {
+                    return Err(Status::failed_precondition(e.to_string()))
                 }
+                Err(qoslet_metrics::QueryError::NoQuantiles(_)) => {}
                 Err(e) => return Err(Status::not_found(e.to_string())),
             }
         }
@@ -638,6 +699,17 @@ impl qoslet_proxy::AgentView for Metrics {
                 ..Default::default()
             };
         };
+        if let Err(why) = self.healthy() {
+            // the last values are not served as current (as on /metrics)
+            return admin::NodeSummaryResponse {
+                timestamp: i64::from(t.wall),
+                interval_seconds: self.interval.as_secs() as u32,
+                series: self.series.load(Ordering::Relaxed),
+                cpi: self.cpi.clone(),
+                stale: why,
+                ..Default::default()
+            };
+        }
         let g = |s: &[(Metric, f64)], m| get(s, m).unwrap_or(0.0);
         let psi = |m| get(&t.node, m).unwrap_or(-1.0);
         let usage = |r: &qoslet_metrics::collect::Reading| admin::Usage {
@@ -683,9 +755,10 @@ impl qoslet_proxy::AgentView for Metrics {
                 .filter(|r| r.target.kind == Kind::Container)
                 .map(usage)
                 .collect(),
-            series: lock(&self.tsdb).series_count() as u64,
+            series: self.series.load(Ordering::Relaxed),
             collection_seconds: self.collect_ns.load(Ordering::Relaxed) as f64 / 1e9,
             cpi: self.cpi.clone(),
+            stale: String::new(),
         }
     }
 }
@@ -718,6 +791,7 @@ mod tests {
             }))),
             collect_ns: AtomicU64::new(0),
             skipped_total: AtomicU64::new(0),
+            series: AtomicU64::new(0),
             last_tick: Mutex::new(Some(Instant::now())),
             interval: Duration::from_secs(1),
             cpi: String::new(),
@@ -729,6 +803,7 @@ mod tests {
             clock: Mutex::new(SeriesClock::new(wall(), 0)),
             mono0: tokio::time::Instant::now(),
             identity: NodeIdentity::default(),
+            proc_root: PathBuf::from("/proc"),
             wall,
         }
     }
@@ -739,6 +814,9 @@ mod tests {
         let fresh = m.render();
         assert!(fresh.contains("qoslet_metrics_stale 0\n"), "{fresh}");
         assert!(fresh.contains("qoslet_metrics_last_collection_timestamp_seconds 1700000000\n"));
+        use qoslet_proxy::AgentView;
+        let s = m.node_summary();
+        assert_eq!((s.cpu_usage_cores, s.stale.as_str()), (1.25, ""));
         assert!(fresh.contains("qoslet_node_cpu"), "{fresh}");
         // the collector stopped a minute ago
         *lock(&m.last_tick) = Instant::now().checked_sub(Duration::from_secs(60));
@@ -746,6 +824,31 @@ mod tests {
         assert!(stale.contains("qoslet_metrics_stale 1\n"), "{stale}");
         assert!(stale.contains("qoslet_metrics_last_collection_timestamp_seconds 1700000000\n"));
         assert!(!stale.contains("qoslet_node_cpu"), "{stale}");
+        // the admin API (qoslet top) says so too, and gives no values
+        let s = m.node_summary();
+        assert!(s.stale.contains("last collection"), "{s:?}");
+        assert_eq!((s.timestamp, s.cpu_usage_cores), (1_700_000_000, 0.0));
+        assert!(crate::top::render(&s, &[], None).contains("stale"));
+    }
+
+    /// A snapshot past the loader's cap is not written: the previous file
+    /// stays, no temp file is left.
+    #[test]
+    fn an_oversized_snapshot_is_not_written() {
+        let d = std::env::temp_dir().join(format!("qoslet-capped-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let p = d.join("m.snap");
+        std::fs::write(&p, b"previous").unwrap();
+        let r = qoslet_proxy::statefile::write_atomic_with(&p, |w| {
+            let mut w = Capped { w, left: 100 };
+            std::io::Write::write_all(&mut w, &[7u8; 64])?;
+            std::io::Write::write_all(&mut w, &[7u8; 64])
+        });
+        assert!(r.is_err());
+        assert_eq!(std::fs::read(&p).unwrap(), b"previous");
+        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 1);
+        std::fs::remove_dir_all(&d).unwrap();
     }
 
     static WALL: AtomicU64 = AtomicU64::new(1_800_000_000);

@@ -124,6 +124,10 @@ pub fn render(s: &NodeSummaryResponse, pods: &[Pod], namespace: Option<&str>) ->
         let _ = writeln!(o, "qoslet top: no metrics yet (first collection pending)");
         return o;
     }
+    if !s.stale.is_empty() {
+        let _ = writeln!(o, "qoslet top: metrics are stale ({})", s.stale);
+        return o;
+    }
     let _ = writeln!(
         o,
         "node  cpu {} / {:.0} cores ({:.0}%)   mem {} / {}   load {:.2} {:.2} {:.2}",

@@ -37,7 +37,15 @@ impl SeriesClock {
     /// loaded snapshot's), so series time continues after it even when the
     /// wall clock is now behind it. Monotonic time counts from here.
     pub fn new(wall: u32, floor: u32) -> Self {
-        let anchor = wall.max(floor.saturating_add(1));
+        Self::resume(wall, floor, None)
+    }
+
+    /// [`SeriesClock::new`] going on from a snapshot's own timeline: `series_now`
+    /// is what its clock would read now (its newest sample plus the real time
+    /// since it was written). Series time then stays on that timeline even
+    /// when the wall clock stepped while the snapshot's writer ran.
+    pub fn resume(wall: u32, floor: u32, series_now: Option<u32>) -> Self {
+        let anchor = series_now.unwrap_or(wall).max(floor.saturating_add(1));
         Self {
             anchor,
             last: anchor.saturating_sub(1),
@@ -241,6 +249,64 @@ mod tests {
             db.last("c", Metric::CpuUsage),
             Some((s.ts, 0.5)),
             "not dropped"
+        );
+    }
+
+    /// The wall clock stepped a day forward while the writer ran (its series
+    /// time stayed on the real timeline); restarted on the same boot, series
+    /// time goes on from the snapshot's timeline, so the cache is not a day
+    /// old at once, and later wall-clock readings are no step.
+    #[test]
+    fn a_restart_after_a_forward_step_keeps_the_snapshots_timeline() {
+        use crate::NodeIdentity;
+        let (mut db, mut clock) = (Tsdb::new(1), SeriesClock::new(WALL0, 0));
+        let (mut t, mut steps) = (0u64, Vec::new());
+        let day = 86_400;
+        run(
+            &mut db,
+            &mut clock,
+            &mut t,
+            300,
+            |t| {
+                if t > 100 {
+                    WALL0 + day + t as u32
+                } else {
+                    WALL0 + t as u32
+                }
+            },
+            &mut steps,
+        );
+        assert_eq!(steps, vec![i64::from(day)]);
+        let id = |uptime| NodeIdentity {
+            machine_id: "m".into(),
+            boot_id: "b".into(),
+            uptime_secs: Some(uptime),
+        };
+        let snap = db.to_snapshot(&id(1000));
+        // 20 s later, same boot
+        let l = Tsdb::from_snapshot(&snap, &id(1020), 1).unwrap();
+        assert_eq!(l.series_now, Some(db.newest() + 20));
+        let wall = WALL0 + day + 320;
+        let mut clock = SeriesClock::resume(wall, l.tsdb.newest(), l.series_now);
+        let mut db = l.tsdb;
+        let s = clock.stamp(Duration::from_secs(1), wall + 1);
+        assert_eq!((s.ts, s.step), (db.newest() + 21, None));
+        db.expire(s.ts);
+        let now = clock.now(Duration::from_secs(1));
+        assert_eq!(
+            db.query("c", Metric::CpuUsage, 600, Agg::Avg, now)
+                .map(|_| ()),
+            Ok(()),
+            "the last 5 minutes are still there"
+        );
+        // another boot: no timeline to go on from (uptimes do not compare)
+        let other = NodeIdentity {
+            boot_id: "b2".into(),
+            ..id(5)
+        };
+        assert_eq!(
+            Tsdb::from_snapshot(&snap, &other, 1).unwrap().series_now,
+            None
         );
     }
 }

@@ -133,6 +133,11 @@ struct Counter<T> {
     /// Until when the value is known to hold: its read, or a later tick at
     /// which it was proven to stand still.
     known_at: u64,
+    /// Left unread at a tick where it may have moved: until it is read, a
+    /// later proof of stillness says nothing about that stretch, so `known_at`
+    /// stays where it was (else the stretch's movement, found later, would be
+    /// charged to the ticks after the proof: a spike).
+    pending: bool,
 }
 
 /// Advances a counter to instant `at`: with `read` (a fresh value) or without.
@@ -151,13 +156,16 @@ fn step<T: PartialEq + Clone>(
         *c = read.map(|value| Counter {
             value,
             known_at: at,
+            pending: false,
         });
         return None;
     };
     let dt = at.saturating_sub(cur.known_at);
     match read {
         None => {
-            if proven {
+            if !proven {
+                cur.pending = true;
+            } else if !cur.pending {
                 cur.known_at = at;
             }
             Some((cur.value.clone(), dt))
@@ -165,6 +173,7 @@ fn step<T: PartialEq + Clone>(
         Some(v) => {
             let prev = std::mem::replace(&mut cur.value, v);
             cur.known_at = at;
+            cur.pending = false;
             Some((prev, dt))
         }
     }
@@ -1343,6 +1352,46 @@ mod tests {
         std::fs::remove_dir_all(&d).unwrap();
     }
 
+    /// Direct I/O while the CPU runs, then the CPU stops before the slow
+    /// re-read: the ticks where the CPU stood still prove nothing about the
+    /// unread stretch before them, so the bytes found later are averaged over
+    /// the whole time since the last read; no sample is above the true rate.
+    #[test]
+    fn io_unread_while_moving_then_still_never_spikes() {
+        let sec = 1_000_000_000u64;
+        let d = v1_tree("unreadstill", &["kubepods/u"]);
+        let mut c = Collector::new(v1_host(&d), &d.join("proc")).with_clock(frozen());
+        let targets = vec![Arc::new(target("pod/u", Kind::Pod, "/kubepods/u", "LS"))];
+        let (mut usage, mut bytes) = (sec, 0u64);
+        let mut samples = Vec::new();
+        for n in 0..=SLOW_EVERY {
+            // ticks 2-4: the CPU runs and reads 10 MB/s directly (no sign in
+            // memory.stat); then it stands still
+            if (2..5).contains(&n) {
+                usage += sec / 2;
+                bytes += 10_000_000;
+            }
+            put(&d, "cg/cpuacct/kubepods/u/cpuacct.usage", usage);
+            put(
+                &d,
+                "cg/blkio/kubepods/u/blkio.throttle.io_service_bytes_recursive",
+                format!("254:0 Read {bytes}\n254:0 Write 0\nTotal {bytes}\n"),
+            );
+            let t = c.tick(1000 + n as u32, n * sec, &targets);
+            samples.push(get(&t.readings[0].samples, Metric::IoReadBytes).unwrap_or(0.0));
+        }
+        assert!(
+            samples.iter().all(|v| *v <= 10_000_000.0 + 1e-6),
+            "a spike: {samples:?}"
+        );
+        // found on the slow re-read, over the time since tick 1 (the last
+        // instant it was proven still before the unread stretch)
+        let last = samples[SLOW_EVERY as usize];
+        let want = 30_000_000.0 / (SLOW_EVERY - 1) as f64;
+        assert!((last - want).abs() < 1e-3, "{samples:?}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
     /// A counter that the belief "still" missed (here v1 cpu.stat moving while
     /// the usage stands still, which a file tree allows) never makes a spike:
     /// its delta spans the time since it was last read.
@@ -1358,6 +1407,17 @@ mod tests {
         // proven still, then read: the delta spans one tick
         assert_eq!(step(&mut c, None, 11, true), Some((95, 1)));
         assert_eq!(step(&mut c, Some(96), 12, true), Some((95, 1)));
+        // believed still while it may move (ticks 13-15), then proven still
+        // (16-19): the proof does not cover the believed stretch, so the read
+        // at 20 spans the 8 s since the last read, not the 1 s since a proof
+        for t in 13..16 {
+            assert_eq!(step(&mut c, None, t, false), Some((96, t - 12)));
+        }
+        for t in 16..20 {
+            assert_eq!(step(&mut c, None, t, true), Some((96, t - 12)));
+        }
+        assert_eq!(step(&mut c, Some(176), 20, true), Some((96, 8)));
+        assert_eq!(step(&mut c, None, 21, true), Some((176, 1)));
     }
 
     /// Each cgroup's rate uses the instant of its own read: a read pass that

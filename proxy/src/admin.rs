@@ -105,8 +105,13 @@ impl Admin for AdminService {
         &self,
         req: Request<admin::QueryMetricsRequest>,
     ) -> Result<Response<admin::QueryMetricsResponse>, Status> {
-        let m = self.metrics.as_ref().ok_or_else(metrics_off)?;
-        m.query(req.into_inner()).map(Response::new)
+        let m = self.metrics.clone().ok_or_else(metrics_off)?;
+        // the cache's lock and decoding stay off the thread that relays CRI
+        let req = req.into_inner();
+        tokio::task::spawn_blocking(move || m.query(req))
+            .await
+            .map_err(|_| Status::internal("the metrics query failed (panicked)"))?
+            .map(Response::new)
     }
 
     async fn node_summary(

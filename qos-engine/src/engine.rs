@@ -71,6 +71,9 @@ pub struct NodeState {
     /// share is it minus the BE pods', so a pod without a reading this tick
     /// (its first, a read error) still counts.
     pub pods_usage_cores: Option<f64>,
+    /// CPU use of the besteffort QoS cgroup (every BE pod), when known: a BE
+    /// pod without a reading this tick still counts as BE, not as LS.
+    pub be_usage_cores: Option<f64>,
     /// Whether the node and system figures are measured (not this agent's
     /// first tick): when not, CPU suppress leaves the BE quota and cpuset as
     /// they are rather than act on a guess.
@@ -216,6 +219,9 @@ fn tick_with(
             QosClass::Be => be += p.cpu_cores,
             _ => non_be += p.cpu_cores,
         }
+    }
+    if let Some(all) = state.be_usage_cores {
+        be = be.max(all);
     }
     if let Some(all) = state.pods_usage_cores {
         non_be = non_be.max(all - be);
@@ -1070,6 +1076,7 @@ mod tests {
     fn state(ls: f64, be: f64, quota: Option<u64>) -> NodeState {
         NodeState {
             pods_usage_cores: None,
+            be_usage_cores: None,
             usage_known: true,
             capacity_cores: 16.0,
             node_usage_cores: ls + be + 0.5,
@@ -1234,6 +1241,20 @@ mod tests {
         // them BE: LS is 6, so BE gets 16 x 50% - 6 - 1 = 1 core, not 7
         let mut s = state(0.0, 4.0, None);
         s.pods_usage_cores = Some(10.0);
+        let t = e.plan(&s, &p, &env);
+        assert_eq!(
+            suppress_writes(&t)[0].knob,
+            Knob::CpuQuota {
+                quota: Some(100_000),
+                period: 100_000
+            }
+        );
+        // a BE pod without a reading this tick (0 here) while the besteffort
+        // cgroup used 4 cores: those 4 are BE, not LS (10 - 0 would leave BE
+        // nothing), so the result is the same 1 core
+        let mut s = state(0.0, 0.0, None);
+        s.pods_usage_cores = Some(10.0);
+        s.be_usage_cores = Some(4.0);
         let t = e.plan(&s, &p, &env);
         assert_eq!(
             suppress_writes(&t)[0].knob,

@@ -47,6 +47,7 @@ pub fn node_state(
 ) -> NodeState {
     NodeState {
         pods_usage_cores: None,
+        be_usage_cores: None,
         usage_known: true,
         capacity_cores: f64::from(cpus),
         node_usage_cores,
