@@ -436,12 +436,56 @@ impl Metrics {
     }
 }
 
+/// One long-lived thread for the collector and the cache's writes. Ticks on
+/// tokio's blocking pool hop between its threads, and glibc hands each thread
+/// that allocates an arena of its own, so the cache's memory spread over
+/// several arenas; one thread keeps it in one, and keeps the collector's
+/// per-thread state warm. Measured (metrics_bench, 1,000 containers): RSS
+/// 58.9-63.6 MiB either way, run to run; CPU 2.07 % before, 1.80-1.87 % after.
+struct Worker {
+    tx: std::sync::mpsc::Sender<Box<dyn FnOnce() + Send>>,
+}
+
+impl Worker {
+    fn spawn(name: &str) -> std::io::Result<Self> {
+        let (tx, rx) = std::sync::mpsc::channel::<Box<dyn FnOnce() + Send>>();
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                // ends when the loop drops its sender
+                while let Ok(job) = rx.recv() {
+                    job();
+                }
+            })?;
+        Ok(Self { tx })
+    }
+
+    /// Runs `f` on the thread; `None` when it panicked (the thread is gone
+    /// with it, and so is every later job).
+    async fn run<R: Send + 'static>(&self, f: impl FnOnce() -> R + Send + 'static) -> Option<R> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.tx
+            .send(Box::new(move || {
+                let _ = tx.send(f());
+            }))
+            .ok()?;
+        rx.await.ok()
+    }
+}
+
 async fn collect_loop(
     m: Arc<Metrics>,
     collector: Collector,
     snapshot: Option<PathBuf>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let worker = match Worker::spawn("qoslet-metrics") {
+        Ok(w) => w,
+        Err(e) => {
+            warn!(error = %e, "cannot start the metrics thread; collection off");
+            return;
+        }
+    };
     let mut collector = Some(collector);
     let mut snapshot_task: Option<JoinHandle<()>> = None;
     let mut last_snapshot = tokio::time::Instant::now();
@@ -467,23 +511,24 @@ async fn collect_loop(
         let t0 = Instant::now();
         let stamp = m.stamp();
         let mm = m.clone();
-        let r = tokio::task::spawn_blocking(move || {
-            c.set_groups(groups);
-            // taken where the reads begin (not before the blocking pool ran this)
-            let mono = started.elapsed().as_nanos() as u64;
-            let mut tick = c.tick(stamp.ts, mono, &targets);
-            tick.wall = stamp.ts.saturating_add_signed(stamp.offset as i32);
-            // recording closes minutes (histograms): a millisecond or two at
-            // 1,000 containers, not for the thread that serves CRI
-            let mut db = lock(&mm.tsdb);
-            record(&mut db, &tick);
-            db.expire(stamp.ts);
-            mm.series.store(db.series_count() as u64, Ordering::Relaxed);
-            drop(db);
-            (c, tick)
-        })
-        .await;
-        let Ok((c, tick)) = r else {
+        let r = worker
+            .run(move || {
+                c.set_groups(groups);
+                // taken where the reads begin (not before the thread ran this)
+                let mono = started.elapsed().as_nanos() as u64;
+                let mut tick = c.tick(stamp.ts, mono, &targets);
+                tick.wall = stamp.ts.saturating_add_signed(stamp.offset as i32);
+                // recording closes minutes (histograms): a millisecond or two at
+                // 1,000 containers, not for the thread that serves CRI
+                let mut db = lock(&mm.tsdb);
+                record(&mut db, &tick);
+                db.expire(stamp.ts);
+                mm.series.store(db.series_count() as u64, Ordering::Relaxed);
+                drop(db);
+                (c, tick)
+            })
+            .await;
+        let Some((c, tick)) = r else {
             warn!("metrics collection panicked; collection stopped");
             break;
         };

@@ -212,10 +212,6 @@ impl CFile {
             fd: None,
         }
     }
-
-    fn path(&self) -> PathBuf {
-        self.dir.join(self.name)
-    }
 }
 
 /// The files read for one cgroup (resolved once: the symlink check walks
@@ -400,7 +396,7 @@ fn read_file(
     let fd = match &mut f.fd {
         Some(fd) => &*fd,
         slot => {
-            let fd = std::fs::File::open(dir.join(name)).map_err(err)?;
+            let fd = open_noatime(&dir.join(name)).map_err(err)?;
             if *open < budget {
                 *open += 1;
                 &*slot.insert(fd)
@@ -418,6 +414,21 @@ fn read_file(
             return Ok(len);
         }
         buf.resize(buf.len() * 2, 0);
+    }
+}
+
+/// Opens read-only without updating the access time where the caller may
+/// (root, the owner): a read is then no inode write (tmpfs trees, and any
+/// filesystem that keeps atimes); elsewhere a plain open.
+fn open_noatime(p: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOATIME)
+        .open(p)
+    {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => std::fs::File::open(p),
+        r => r,
     }
 }
 
@@ -665,9 +676,13 @@ impl Collector {
         if slow && f.cpu_stat.fd.is_some() && !f.cpu_stat.dir.exists() {
             return Err(ReadError::Vanished);
         }
-        let perr = |path: &Path| {
-            let path = path.to_path_buf();
-            move |source| ReadError::Parse { path, source }
+        // the path is built only when a parse fails (not on every read)
+        let perr = |f: &CFile| {
+            let (dir, name) = (f.dir.clone(), f.name);
+            move |source| ReadError::Parse {
+                path: dir.join(name),
+                source,
+            }
         };
         let mut raw = CgroupRaw::default();
         let prev_usage = f.prev.map(|p| p.cpu_ns);
@@ -675,15 +690,12 @@ impl Collector {
         let (usage, stat) = match &mut f.cpu_usage {
             Some(u) => {
                 let n = read_file(u, buf, budget, open)?;
-                (
-                    parse::single(text(&buf[..n])).map_err(perr(&u.path()))?,
-                    None,
-                )
+                (parse::single(text(&buf[..n])).map_err(perr(u))?, None)
             }
             // v2: the usage is in cpu.stat, read every tick
             None => {
                 let n = read_file(&mut f.cpu_stat, buf, budget, open)?;
-                let c = parse::cpu_stat(text(&buf[..n]), v2).map_err(perr(&f.cpu_stat.path()))?;
+                let c = parse::cpu_stat(text(&buf[..n]), v2).map_err(perr(&f.cpu_stat))?;
                 (c.usage_ns.unwrap_or(0), Some(c))
             }
         };
@@ -697,7 +709,7 @@ impl Collector {
             Some(c) => Some(c),
             None if (moved && quota) || slow || f.stat.is_none() => {
                 let n = read_file(&mut f.cpu_stat, buf, budget, open)?;
-                Some(parse::cpu_stat(text(&buf[..n]), v2).map_err(perr(&f.cpu_stat.path()))?)
+                Some(parse::cpu_stat(text(&buf[..n]), v2).map_err(perr(&f.cpu_stat))?)
             }
             None => None,
         };
@@ -706,8 +718,8 @@ impl Collector {
         raw.cpu_ns = usage;
         let n = read_file(&mut f.mem_usage, buf, budget, open)?;
         let n2 = read_file(&mut f.mem_stat, buf2, budget, open)?;
-        let memory = parse::memory(text(&buf[..n]), text(&buf2[..n2]), v2)
-            .map_err(perr(&f.mem_stat.path()))?;
+        let memory =
+            parse::memory(text(&buf[..n]), text(&buf2[..n2]), v2).map_err(perr(&f.mem_stat))?;
         raw.memory = Some(memory);
         if let (Some(e), true) = (&mut f.events, slow) {
             if let Ok(n) = read_file(e, buf, budget, open) {

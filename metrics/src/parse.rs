@@ -28,13 +28,18 @@ pub fn flat_keyed(content: &str) -> BTreeMap<&str, u64> {
 
 /// The values of `keys` in `key value` lines, in one pass without allocating.
 pub fn keyed<const N: usize>(content: &str, keys: [&str; N]) -> [Option<u64>; N] {
+    // a byte loop: the lines are short, so per-line searchers cost more
+    // than the scan (this runs for every cgroup every tick)
     let mut out = [None; N];
-    for l in content.lines() {
-        let Some((k, v)) = l.split_once(' ') else {
+    for l in content.as_bytes().split(|b| *b == b'\n') {
+        let Some(sp) = l.iter().position(|b| *b == b' ') else {
             continue;
         };
-        if let Some(i) = keys.iter().position(|x| *x == k) {
-            out[i] = v.trim().parse().ok();
+        let k = &l[..sp];
+        if let Some(i) = keys.iter().position(|x| x.as_bytes() == k) {
+            out[i] = std::str::from_utf8(l[sp + 1..].trim_ascii())
+                .ok()
+                .and_then(|v| v.parse().ok());
         }
     }
     out
@@ -163,13 +168,20 @@ pub fn blkio_v1(bytes: &str, ops: &str) -> BTreeMap<String, Io> {
     let mut out: BTreeMap<String, Io> = BTreeMap::new();
     for (content, is_bytes) in [(bytes, true), (ops, false)] {
         for l in content.lines() {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            let [dev, op, v] = f[..] else { continue };
+            let mut f = l.split_ascii_whitespace();
+            let (Some(dev), Some(op), Some(v), None) = (f.next(), f.next(), f.next(), f.next())
+            else {
+                continue;
+            };
             let Ok(v) = v.parse::<u64>() else { continue };
             if !dev.contains(':') {
                 continue;
             }
-            let e = out.entry(dev.to_string()).or_default();
+            // a device seen before (its other lines) is found without a new key
+            let e = match out.get_mut(dev) {
+                Some(e) => e,
+                None => out.entry(dev.to_string()).or_default(),
+            };
             match (op, is_bytes) {
                 ("Read", true) => e.read_bytes = v,
                 ("Write", true) => e.write_bytes = v,
