@@ -306,29 +306,6 @@ fn find_qos_dirs(
         .unwrap_or_default()
 }
 
-/// The besteffort parent's CFS quota and period (`None`: unlimited).
-fn read_quota(cgroups: &Cgroups, cg: &CgroupPath) -> Option<(Option<u64>, u64)> {
-    if cgroups.host().is_v2() {
-        let s = cgroups.read(cg, "cpu", "cpu.max").ok()?;
-        let mut it = s.split_whitespace();
-        let q = it.next()?;
-        let period = it.next().and_then(|p| p.parse().ok()).unwrap_or(100_000);
-        return Some((q.parse().ok(), period));
-    }
-    let q: i64 = cgroups
-        .read(cg, "cpu", "cpu.cfs_quota_us")
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    let period = cgroups
-        .read(cg, "cpu", "cpu.cfs_period_us")
-        .ok()
-        .and_then(|p| p.trim().parse().ok())
-        .unwrap_or(100_000);
-    Some(((q > 0).then_some(q as u64), period))
-}
-
 /// The store's ready pods and running containers as the engine sees them,
 /// rebuilt only when the store changes (paths validated, classes decided once).
 struct Skeleton {
@@ -525,7 +502,7 @@ fn restore_plan(
     let be_parent = find_be_parent(cgroups, s.be_parent.as_ref(), &s.pod_root, systemd);
     let (be_quota_us, period_us) = be_parent
         .as_ref()
-        .and_then(|bp| read_quota(cgroups, bp))
+        .and_then(|bp| cgroups.read_cpu_quota(bp))
         .unwrap_or((None, 100_000));
     let capacity = std::thread::available_parallelism()
         .map(|n| n.get() as f64)
@@ -535,7 +512,7 @@ fn restore_plan(
     let mut found = qoslet_qos_engine::engine::Found::default();
     for p in &k.pods {
         for cg in std::iter::once(&p.cgroup).chain(p.containers.iter().map(|c| &c.cgroup)) {
-            if let Some(q) = read_quota(cgroups, cg) {
+            if let Some(q) = cgroups.read_cpu_quota(cg) {
                 found.quotas.insert(cg.clone(), q);
             }
         }
@@ -558,9 +535,7 @@ fn restore_plan(
         cpuset_ceiling: be_parent
             .parent()
             .filter(|_| v1)
-            .and_then(|p| cgroups.read(&p, "cpuset", "cpuset.cpus").ok())
-            .and_then(|c| qoslet_qos_engine::cpuset::parse_cpus(&c))
-            .filter(|c| !c.is_empty()),
+            .and_then(|p| cgroups.read_cpuset(&p)),
         be_parent,
         be_quota_us,
         period_us,
@@ -807,12 +782,8 @@ impl Shared {
             let be = match &be_parent {
                 Some(bp) => BeParent {
                     path: bp.clone(),
-                    quota: read_quota(cg, bp),
-                    cpuset: cg
-                        .read(bp, "cpuset", "cpuset.cpus")
-                        .ok()
-                        .and_then(|c| qoslet_qos_engine::cpuset::parse_cpus(&c))
-                        .filter(|c| !c.is_empty()),
+                    quota: cg.read_cpu_quota(bp),
+                    cpuset: cg.read_cpuset(bp),
                 },
                 None => {
                     if pol.threshold.enable && logged.insert("no-be-parent".into()) {
@@ -863,12 +834,7 @@ impl Shared {
             state.node_usage_cores = node.unwrap_or(0.0);
             state.system_usage_cores = system.unwrap_or(0.0);
             if !cg.host().is_v2() {
-                state.cpuset_ceiling = state
-                    .be_parent
-                    .parent()
-                    .and_then(|p| cg.read(&p, "cpuset", "cpuset.cpus").ok())
-                    .and_then(|c| qoslet_qos_engine::cpuset::parse_cpus(&c))
-                    .filter(|c| !c.is_empty());
+                state.cpuset_ceiling = state.be_parent.parent().and_then(|p| cg.read_cpuset(&p));
             }
             if rebuilt || cpu_manager.is_none() {
                 let now = s.cpu_manager.read();
@@ -891,29 +857,19 @@ impl Shared {
                     .iter()
                     .filter(|p| p.class == qoslet_hooks::QosClass::Be)
                     .flat_map(|p| &p.containers)
-                    .filter_map(|c| {
-                        cg.read(&c.cgroup, "cpuset", "cpuset.cpus")
-                            .ok()
-                            .and_then(|c| qoslet_qos_engine::cpuset::parse_cpus(&c))
-                            .filter(|c| !c.is_empty())
-                    })
+                    .filter_map(|c| cg.read_cpuset(&c.cgroup))
                     .take(4)
                     .min_by_key(|c| c.len());
             }
             if env.features.memory_qos {
                 // the ancestors' protection as another writer (kubelet) may have left it
                 for a in qoslet_qos_engine::engine::protected_ancestors(&state) {
-                    for (name, file) in [("memory-min", "memory.min"), ("memory-low", "memory.low")]
-                    {
-                        if let Ok(v) = cg.read(&a, "memory", file) {
-                            // "max": full protection someone asked for (left alone)
-                            let v = match v.trim() {
-                                "max" => u64::MAX,
-                                n => match n.parse() {
-                                    Ok(n) => n,
-                                    Err(_) => continue,
-                                },
-                            };
+                    for (name, file) in [
+                        ("memory-min", qoslet_cgroups::files::MEMORY_MIN),
+                        ("memory-low", qoslet_cgroups::files::MEMORY_LOW),
+                    ] {
+                        // "max": full protection someone asked for (left alone)
+                        if let Some(v) = cg.read_memory_protection(&a, file) {
                             state.ancestors.insert((a.clone(), name), v);
                         }
                     }
@@ -930,7 +886,7 @@ impl Shared {
                 seeded.retain(|id| live.contains(id.as_str()));
                 for c in state.pods.iter().flat_map(|p| &p.containers) {
                     if c.cpu_quota > 0 && seeded.insert(c.id.clone()) {
-                        let q = read_quota(cg, &c.cgroup).and_then(|(q, period)| {
+                        let q = cg.read_cpu_quota(&c.cgroup).and_then(|(q, period)| {
                             q.map(|q| q * c.cpu_period as u64 / period.max(1))
                         });
                         engine.seed_quota(c, q);
@@ -1281,11 +1237,11 @@ mod tests {
         let v1 = Cgroups::detect(&d.join("v1")).unwrap();
         let bp = find_be_parent(&v1, None, &qoslet_cgroups::PodRoot::default(), None).unwrap();
         assert_eq!(bp.as_str(), "kubepods/besteffort");
-        assert_eq!(read_quota(&v1, &bp), Some((None, 100_000)));
+        assert_eq!(v1.read_cpu_quota(&bp), Some((None, 100_000)));
         let v2 = Cgroups::detect(&d.join("v2")).unwrap();
         let bp = find_be_parent(&v2, None, &qoslet_cgroups::PodRoot::default(), None).unwrap();
         assert_eq!(bp.as_str(), "kubepods.slice/kubepods-besteffort.slice");
-        assert_eq!(read_quota(&v2, &bp), Some((Some(20_000), 50_000)));
+        assert_eq!(v2.read_cpu_quota(&bp), Some((Some(20_000), 50_000)));
         let other = CgroupPath::parse("/custom/be").unwrap();
         assert_eq!(
             find_be_parent(&v2, Some(&other), &qoslet_cgroups::PodRoot::default(), None),

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use qoslet_cgroups::resctrl::Resctrl;
 use qoslet_cgroups::{CgroupPath, Cgroups, Features, Knob, PodRoot};
-use qoslet_hooks::decide::{self, ContainerDecision, NodeFacts, Requested};
+use qoslet_hooks::decide::{self, Action, ContainerDecision, Decision, NodeFacts, Requested};
 use qoslet_hooks::policy::ResourceQosStrategy;
 use qoslet_hooks::{classify, ClassSource, PodClass, QosClass, Trust};
 use qoslet_proto::cri;
@@ -357,7 +357,7 @@ fn resources_with(
     mut r: cri::LinuxContainerResources,
     d: &ContainerDecision,
 ) -> cri::LinuxContainerResources {
-    let p = &d.patch;
+    let p = d.patch();
     if let Some(v) = &p.cpuset_cpus {
         r.cpuset_cpus = v.clone();
     }
@@ -380,31 +380,23 @@ fn resources_with(
 }
 
 /// `qoslet.io/applied`: setting -> value, as a JSON object.
-fn applied(rules: &[decide::Rule]) -> String {
-    let m: std::collections::BTreeMap<&str, &str> = rules
-        .iter()
-        .map(|r| (r.setting.as_str(), r.value.as_str()))
-        .collect();
+fn applied(ds: &[&Decision], v2: bool) -> String {
+    let m: std::collections::BTreeMap<String, String> = ds.iter().map(|d| d.setting(v2)).collect();
     serde_json::to_string(&m).unwrap_or_default()
 }
 
-/// Whether `setting` is one of the files the cgroup knobs of a decision write
-/// (after start) rather than a field CRI carries.
-fn cgroup_written(setting: &str, knobs: &[Knob], cgroups: Option<&Cgroups>) -> bool {
-    knobs.iter().any(|k| {
-        k.name() == setting
-            || cgroups
-                .and_then(|c| c.plan(k).ok())
-                .is_some_and(|fs| fs.iter().any(|f| f.file == setting))
-    })
+/// The decisions CRI carries (the runtime applies them at create).
+fn carried(d: &ContainerDecision) -> Vec<&Decision> {
+    d.decisions
+        .iter()
+        .filter(|d| matches!(d.action, Action::Cri(_)))
+        .collect()
 }
 
-/// The rules of settings CRI carries (not written to the cgroup at start).
-fn cri_rules(d: &ContainerDecision, cgroups: Option<&Cgroups>) -> Vec<decide::Rule> {
-    d.rules
-        .iter()
-        .filter(|r| !cgroup_written(&r.setting, &d.cgroup, cgroups))
-        .cloned()
+/// The decisions qoslet writes into the cgroup itself.
+fn cgroup_written(ds: &[Decision]) -> Vec<&Decision> {
+    ds.iter()
+        .filter(|d| matches!(d.action, Action::Cgroup(_)))
         .collect()
 }
 
@@ -422,63 +414,46 @@ fn write(cgroups: Option<&Cgroups>, cg: &CgroupPath, knobs: &[Knob]) -> Written 
             Ok(_) => debug!(cgroup = %cg, knob = ?k, "applied"),
             Err(e) => {
                 warn!(cgroup = %cg, knob = k.name(), error = %e, "cgroup setting not applied");
-                // the files this knob means here, to mark the rules behind them failed
-                let files = c
-                    .plan(k)
-                    .map(|fs| fs.into_iter().map(|f| f.file).collect())
-                    .unwrap_or_default();
-                failed.push((k.name(), files, e));
+                failed.push((k.clone(), e));
             }
         }
     }
     Written { failed }
 }
 
-/// What [`write`] could not write: per knob, its name, its files, the error.
+/// What [`write`] could not write: each knob with its error.
 #[derive(Default)]
 struct Written {
-    failed: Vec<(&'static str, Vec<&'static str>, qoslet_cgroups::CgroupError)>,
+    failed: Vec<(Knob, qoslet_cgroups::CgroupError)>,
 }
 
 impl Written {
-    /// Why the write behind `setting` failed (`None`: it did not fail).
-    fn failure(&self, setting: &str) -> Option<&qoslet_cgroups::CgroupError> {
-        self.failed
-            .iter()
-            .find(|(name, files, _)| *name == setting || files.contains(&setting))
-            .map(|(_, _, e)| e)
+    /// Why the write of `knob` failed (`None`: it did not fail).
+    fn failure(&self, knob: Option<&Knob>) -> Option<&qoslet_cgroups::CgroupError> {
+        let knob = knob?;
+        self.failed.iter().find(|(k, _)| k == knob).map(|(_, e)| e)
     }
 
     /// The hook's result: the first failure counts under its failure policy.
     fn result(self) -> Result<(), BoxError> {
         match self.failed.into_iter().next() {
-            Some((_, _, e)) => Err(Box::new(e) as BoxError),
+            Some((_, e)) => Err(Box::new(e) as BoxError),
             None => Ok(()),
         }
     }
 
-    /// `applied` entries as they are: a setting whose write failed says so, and a
-    /// failure no rule names is kept under `error:<setting>`.
-    fn entries(&self, rules: &[decide::Rule]) -> Vec<(String, String)> {
-        let mut out: Vec<(String, String)> = rules
-            .iter()
-            .map(|r| {
-                let v = match self.failure(&r.setting) {
-                    Some(e) => format!("failed: {} ({}): {e}", r.value, r.because),
-                    None => format!("{} ({})", r.value, r.because),
+    /// `applied` entries as they are: a setting whose write failed says so.
+    fn entries(&self, ds: &[&Decision], v2: bool) -> Vec<(String, String)> {
+        ds.iter()
+            .map(|d| {
+                let (setting, value) = d.setting(v2);
+                let v = match self.failure(d.knob()) {
+                    Some(e) => format!("failed: {value} ({}): {e}", d.because),
+                    None => format!("{value} ({})", d.because),
                 };
-                (r.setting.clone(), v)
+                (setting, v)
             })
-            .collect();
-        for (name, files, e) in &self.failed {
-            if !rules
-                .iter()
-                .any(|r| r.setting == *name || files.contains(&r.setting.as_str()))
-            {
-                out.push((format!("error:{name}"), e.to_string()));
-            }
-        }
-        out
+            .collect()
     }
 }
 
@@ -487,12 +462,6 @@ fn record(store: &Store, container: &str, class: QosClass, rules: &[(String, Str
     for (k, v) in rules {
         store.set_container_applied(container, k, v);
     }
-}
-
-/// The rules as applied (nothing failed): for CRI-carried settings, which
-/// containerd applies or refuses as a whole.
-fn as_applied(rules: &[decide::Rule]) -> Vec<(String, String)> {
-    Written::default().entries(rules)
 }
 
 impl Hook for Isolation {
@@ -548,9 +517,9 @@ impl Hook for Isolation {
                     // the settings CRI carries (the runtime applies them with the
                     // container), as a JSON object; those written to the cgroup at
                     // start are recorded there, with their outcome
-                    let carried = cri_rules(&d, cgroups.as_deref());
+                    let carried = carried(&d);
                     if !carried.is_empty() {
-                        annotations.insert(ANNOTATION_APPLIED.into(), applied(&carried));
+                        annotations.insert(ANNOTATION_APPLIED.into(), applied(&carried, shared.v2));
                     }
                     // what kubelet asked, before qoslet's patch: containerd keeps only
                     // the patched config, and a store rebuilt from it must not take
@@ -562,7 +531,7 @@ impl Hook for Isolation {
                     if let Ok(json) = serde_json::to_string(&kubelets) {
                         annotations.insert(ANNOTATION_REQUESTED.into(), json);
                     }
-                    let resources = (!d.patch.is_empty())
+                    let resources = (!d.patch().is_empty())
                         .then(|| resources_with(cri::LinuxContainerResources::default(), &d));
                     Ok(Some(CriRequest::CreateContainer(
                         cri::CreateContainerRequest {
@@ -598,10 +567,10 @@ impl Hook for Isolation {
                     // the kernel checks the quota the runtime is about to write against
                     // the CFS burst the engine set: lower the burst first where needed
                     if let Some(cg) = cgroups.as_deref() {
-                        let quota = d.patch.cpu_quota.unwrap_or(merged.cpu_quota);
+                        let quota = d.patch().cpu_quota.unwrap_or(merged.cpu_quota);
                         make_room_for_quota(cg, &ctx.store, &pod, &c.id, quota, &shared.pod_root);
                     }
-                    if d.patch.is_empty() {
+                    if d.patch().is_empty() {
                         return Ok(None);
                     }
                     // kubelet's update must not undo the class's settings: they win where qoslet owns them
@@ -667,14 +636,16 @@ impl Hook for Isolation {
                     };
                     if let (Some(sys), true) = (
                         &sysctl,
-                        d.cgroup.iter().any(|k| matches!(k, Knob::GroupIdentity(_))),
+                        d.cgroup()
+                            .iter()
+                            .any(|k| matches!(k, Knob::GroupIdentity(_))),
                     ) {
                         if let Err(e) = sys.enable_group_identity() {
                             warn!(error = %e, "group identity sysctl not set");
                         }
                     }
-                    let written = write(cgroups.as_deref(), &cg, &d.cgroup);
-                    for (k, v) in written.entries(&d.rules) {
+                    let written = write(cgroups.as_deref(), &cg, &d.cgroup());
+                    for (k, v) in written.entries(&cgroup_written(&d.decisions), shared.v2) {
                         ctx.store.set_pod_applied(&pod.id, &k, &v);
                     }
                     written.result()
@@ -732,7 +703,7 @@ impl Hook for Isolation {
                         &ctx.store,
                         &o.container_id,
                         class.class,
-                        &as_applied(&cri_rules(&d, cgroups.as_deref())),
+                        &Written::default().entries(&carried(&d), shared.v2),
                     );
                     Ok(())
                 }
@@ -758,24 +729,17 @@ impl Hook for Isolation {
                             return Ok(());
                         }
                     };
-                    let written = write(cgroups.as_deref(), &cg, &d.cgroup);
-                    let only_cgroup: Vec<decide::Rule> = d
-                        .rules
-                        .iter()
-                        .filter(|r| cgroup_written(&r.setting, &d.cgroup, cgroups.as_deref()))
-                        .cloned()
-                        .collect();
+                    let written = write(cgroups.as_deref(), &cg, &d.cgroup());
                     record(
                         &ctx.store,
                         &c.id,
                         class.class,
-                        &written.entries(&only_cgroup),
+                        &written.entries(&cgroup_written(&d.decisions), shared.v2),
                     );
                     written.result()?;
-                    let class = class.class;
-                    if let (Some(rdt), Some(cgroups)) = (resctrl, cgroups) {
-                        let q = shared.policy.of(class).resctrl_qos.clone();
-                        if q.enable {
+                    if let (Some(rdt), Some(cgroups), Some(q)) = (resctrl, cgroups, d.resctrl()) {
+                        {
+                            let class = q.class;
                             let (id, store) = (c.id.clone(), ctx.store.clone());
                             let group = qoslet_qos_engine::resctrl::group_of(class);
                             // blocking, inline: hooks run on the blocking pool; the engine's

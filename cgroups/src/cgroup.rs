@@ -20,6 +20,29 @@ use crate::{CgroupError, CgroupPath};
 /// between `bvt` and `warp`, as koordlet's `CPUBVTWarpNsName`).
 pub const BVT_FILE: &str = "cpu.bvt_warp_ns";
 
+/// The kernel's cgroup file names qoslet writes or reads (v1 and v2).
+pub mod files {
+    pub const CPU_SHARES: &str = "cpu.shares";
+    pub const CPU_WEIGHT: &str = "cpu.weight";
+    pub const CPU_CFS_QUOTA: &str = "cpu.cfs_quota_us";
+    pub const CPU_CFS_PERIOD: &str = "cpu.cfs_period_us";
+    pub const CPU_CFS_BURST: &str = "cpu.cfs_burst_us";
+    pub const CPU_MAX: &str = "cpu.max";
+    pub const CPU_MAX_BURST: &str = "cpu.max.burst";
+    pub const CPU_IDLE: &str = "cpu.idle";
+    pub const MEMORY_LIMIT: &str = "memory.limit_in_bytes";
+    pub const MEMORY_MAX: &str = "memory.max";
+    pub const MEMORY_MIN: &str = "memory.min";
+    pub const MEMORY_LOW: &str = "memory.low";
+    pub const MEMORY_HIGH: &str = "memory.high";
+    pub const CPUSET_CPUS: &str = "cpuset.cpus";
+    pub const IO_MAX: &str = "io.max";
+    pub const BLKIO_READ_BPS: &str = "blkio.throttle.read_bps_device";
+    pub const BLKIO_WRITE_BPS: &str = "blkio.throttle.write_bps_device";
+    pub const BLKIO_READ_IOPS: &str = "blkio.throttle.read_iops_device";
+    pub const BLKIO_WRITE_IOPS: &str = "blkio.throttle.write_iops_device";
+}
+
 /// A QoS setting, independent of the cgroup version.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Knob {
@@ -69,6 +92,122 @@ impl Knob {
             Knob::CpusetCpus(_) => "cpuset-cpus",
             Knob::IoLimit { .. } => "io-limit",
         }
+    }
+
+    /// The setting as this layout's kernel names it, and its value there, for
+    /// records and `explain`: `cpu.cfs_quota_us` = `50000` on v1, `cpu.max` =
+    /// `50000 100000` on v2; a per-device I/O limit is named with its device.
+    /// Pure: values as decided (the executor's plan rounds memory to pages).
+    pub fn describe(&self, v2: bool) -> (String, String) {
+        let bytes = |v: Option<u64>, unlimited: &str| {
+            v.map(|b| b.to_string())
+                .unwrap_or_else(|| unlimited.to_string())
+        };
+        let (name, value): (&str, String) = match self {
+            Knob::CpuShares(s) if v2 => (files::CPU_WEIGHT, shares_to_weight(*s).to_string()),
+            Knob::CpuShares(s) => (files::CPU_SHARES, s.to_string()),
+            Knob::CpuQuota { quota, period } if v2 => {
+                (files::CPU_MAX, format!("{} {period}", bytes(*quota, "max")))
+            }
+            Knob::CpuQuota { quota, .. } => (files::CPU_CFS_QUOTA, bytes(*quota, "-1")),
+            Knob::CpuIdle(on) => (files::CPU_IDLE, u8::from(*on).to_string()),
+            Knob::GroupIdentity(v) => (BVT_FILE, v.to_string()),
+            Knob::CpuBurst(b) if v2 => (files::CPU_MAX_BURST, b.to_string()),
+            Knob::CpuBurst(b) => (files::CPU_CFS_BURST, b.to_string()),
+            Knob::MemoryLimit(v) if v2 => (files::MEMORY_MAX, bytes(*v, "max")),
+            Knob::MemoryLimit(v) => (files::MEMORY_LIMIT, bytes(*v, "-1")),
+            Knob::MemoryMin(b) => (files::MEMORY_MIN, b.to_string()),
+            Knob::MemoryLow(b) => (files::MEMORY_LOW, b.to_string()),
+            Knob::MemoryHigh(v) => (files::MEMORY_HIGH, bytes(*v, "max")),
+            Knob::CpusetCpus(s) => (files::CPUSET_CPUS, s.clone()),
+            Knob::IoLimit { device, limits: l } => {
+                let m = |v: Option<u64>| bytes(v, "max");
+                let value = format!(
+                    "rbps={} wbps={} riops={} wiops={}",
+                    m(l.read_bps),
+                    m(l.write_bps),
+                    m(l.read_iops),
+                    m(l.write_iops)
+                );
+                let file = if v2 { files::IO_MAX } else { "blkio.throttle" };
+                return (format!("{file} {device}"), value);
+            }
+        };
+        (name.to_string(), value)
+    }
+
+    /// The stricter of two values of the same knob kind, for merging what
+    /// several rules want of one file (I/O limits: field by field; a CPU
+    /// quota compared as cores; unlimited is the loosest). Knobs of different
+    /// kinds are never merged: `self` is returned.
+    pub fn strictest(&self, other: &Knob) -> Knob {
+        use Knob::*;
+        let lim = |v: &Option<u64>| v.unwrap_or(u64::MAX);
+        let min_opt = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (Some(x), Some(y)) => Some(x.min(y)),
+            (x, None) => x,
+            (None, y) => y,
+        };
+        let pick_self = match (self, other) {
+            (CpuShares(x), CpuShares(y)) => x <= y,
+            (
+                CpuQuota {
+                    quota: qa,
+                    period: pa,
+                },
+                CpuQuota {
+                    quota: qb,
+                    period: pb,
+                },
+            ) => {
+                let ca = qa.map_or(f64::INFINITY, |q| q as f64 / (*pa).max(1) as f64);
+                let cb = qb.map_or(f64::INFINITY, |q| q as f64 / (*pb).max(1) as f64);
+                ca <= cb
+            }
+            (CpuIdle(x), CpuIdle(y)) => *x || !*y,
+            (GroupIdentity(x), GroupIdentity(y)) => x <= y,
+            (CpuBurst(x), CpuBurst(y)) => x <= y,
+            (MemoryLimit(x), MemoryLimit(y)) | (MemoryHigh(x), MemoryHigh(y)) => lim(x) <= lim(y),
+            (MemoryMin(x), MemoryMin(y)) | (MemoryLow(x), MemoryLow(y)) => x >= y,
+            (CpusetCpus(x), CpusetCpus(y)) => cpu_count(x) <= cpu_count(y),
+            (IoLimit { device, limits: la }, IoLimit { limits: lb, .. }) => {
+                return IoLimit {
+                    device: *device,
+                    limits: IoLimits {
+                        read_bps: min_opt(la.read_bps, lb.read_bps),
+                        write_bps: min_opt(la.write_bps, lb.write_bps),
+                        read_iops: min_opt(la.read_iops, lb.read_iops),
+                        write_iops: min_opt(la.write_iops, lb.write_iops),
+                    },
+                }
+            }
+            _ => true,
+        };
+        if pick_self {
+            self.clone()
+        } else {
+            other.clone()
+        }
+    }
+
+    /// The value this setting goes back to when nothing plans it any more,
+    /// where the kernel has a default (what koordlet writes back when a feature
+    /// is turned off); `None` for settings the runtime owns (shares, quota,
+    /// limits, cpusets) and for a value already at its default.
+    pub fn kernel_default(&self) -> Option<Knob> {
+        Some(match self {
+            Knob::GroupIdentity(v) if *v != 0 => Knob::GroupIdentity(0),
+            Knob::CpuIdle(true) => Knob::CpuIdle(false),
+            Knob::CpuBurst(b) if *b != 0 => Knob::CpuBurst(0),
+            Knob::MemoryMin(v) if *v != 0 => Knob::MemoryMin(0),
+            Knob::MemoryLow(v) if *v != 0 => Knob::MemoryLow(0),
+            Knob::MemoryHigh(Some(_)) => Knob::MemoryHigh(None),
+            Knob::IoLimit { device, limits } if *limits != IoLimits::default() => Knob::IoLimit {
+                device: *device,
+                limits: IoLimits::default(),
+            },
+            _ => return None,
+        })
     }
 
     /// A number to compare sizes of the same knob (for ordering); `u64::MAX` = unlimited.
@@ -243,8 +382,8 @@ impl Cgroups {
             })
         };
         Ok(match knob {
-            Knob::CpuShares(s) if v2 => vec![fw("cpu", "cpu.weight", shares_to_weight(*s))],
-            Knob::CpuShares(s) => vec![fw("cpu", "cpu.shares", (*s).clamp(2, 262_144))],
+            Knob::CpuShares(s) if v2 => vec![fw("cpu", files::CPU_WEIGHT, shares_to_weight(*s))],
+            Knob::CpuShares(s) => vec![fw("cpu", files::CPU_SHARES, (*s).clamp(2, 262_144))],
             Knob::CpuQuota { period, .. } if !(1_000..=1_000_000).contains(period) => {
                 return unsupported("period must be 1000..=1000000 µs")
             }
@@ -265,7 +404,7 @@ impl Cgroups {
             Knob::CpuQuota { quota, period } if v2 => {
                 vec![fw(
                     "cpu",
-                    "cpu.max",
+                    files::CPU_MAX,
                     format!(
                         "{} {period}",
                         quota.map(|q| q.to_string()).unwrap_or_else(|| "max".into())
@@ -273,15 +412,15 @@ impl Cgroups {
                 )]
             }
             Knob::CpuQuota { quota, period } => vec![
-                fw("cpu", "cpu.cfs_period_us", period),
+                fw("cpu", files::CPU_CFS_PERIOD, period),
                 fw(
                     "cpu",
-                    "cpu.cfs_quota_us",
+                    files::CPU_CFS_QUOTA,
                     quota.map(|q| q as i64).unwrap_or(-1), // checked above: fits
                 ),
             ],
             Knob::CpuIdle(_) if !f.cpu_idle => return unsupported("this kernel has no cpu.idle"),
-            Knob::CpuIdle(on) => vec![fw("cpu", "cpu.idle", u8::from(*on))],
+            Knob::CpuIdle(on) => vec![fw("cpu", files::CPU_IDLE, u8::from(*on))],
             Knob::GroupIdentity(_) if !f.bvt => {
                 return unsupported("this kernel has no cpu.bvt_warp_ns")
             }
@@ -292,28 +431,28 @@ impl Cgroups {
             Knob::CpuBurst(_) if !f.cpu_burst => {
                 return unsupported("this kernel has no CFS burst")
             }
-            Knob::CpuBurst(b) if v2 => vec![fw("cpu", "cpu.max.burst", b)],
-            Knob::CpuBurst(b) => vec![fw("cpu", "cpu.cfs_burst_us", b)],
+            Knob::CpuBurst(b) if v2 => vec![fw("cpu", files::CPU_MAX_BURST, b)],
+            Knob::CpuBurst(b) => vec![fw("cpu", files::CPU_CFS_BURST, b)],
             // memory values as the kernel stores them: whole pages, rounded down
             Knob::MemoryLimit(v) if v2 => vec![fw(
                 "memory",
-                "memory.max",
+                files::MEMORY_MAX,
                 v.map(|b| self.pages(b).to_string())
                     .unwrap_or_else(|| "max".into()),
             )],
             Knob::MemoryLimit(v) => vec![fw(
                 "memory",
-                "memory.limit_in_bytes",
+                files::MEMORY_LIMIT,
                 v.map(|b| self.pages(b) as i64).unwrap_or(-1),
             )],
             Knob::MemoryMin(_) | Knob::MemoryLow(_) | Knob::MemoryHigh(_) if !f.memory_qos => {
                 return unsupported("this kernel has no memory.min/low/high")
             }
-            Knob::MemoryMin(b) => vec![fw("memory", "memory.min", self.pages(*b))],
-            Knob::MemoryLow(b) => vec![fw("memory", "memory.low", self.pages(*b))],
+            Knob::MemoryMin(b) => vec![fw("memory", files::MEMORY_MIN, self.pages(*b))],
+            Knob::MemoryLow(b) => vec![fw("memory", files::MEMORY_LOW, self.pages(*b))],
             Knob::MemoryHigh(v) => vec![fw(
                 "memory",
-                "memory.high",
+                files::MEMORY_HIGH,
                 v.map(|b| self.pages(b).to_string())
                     .unwrap_or_else(|| "max".into()),
             )],
@@ -321,11 +460,11 @@ impl Cgroups {
             // runtime leaves; a newline, since a zero-byte write reaches no kernel
             // handler (the kernel strips it)
             Knob::CpusetCpus(s) if v2 && s.trim().is_empty() => {
-                vec![fw("cpuset", "cpuset.cpus", "\n")]
+                vec![fw("cpuset", files::CPUSET_CPUS, "\n")]
             }
             Knob::CpusetCpus(s) => match canonical_cpu_list(s).filter(|c| !c.is_empty()) {
                 // as the kernel will show it, so a steady value compares equal
-                Some(c) => vec![fw("cpuset", "cpuset.cpus", c)],
+                Some(c) => vec![fw("cpuset", files::CPUSET_CPUS, c)],
                 None => {
                     return unsupported("empty or malformed cpu list (v1 has no inherited value)")
                 }
@@ -344,7 +483,7 @@ impl Cgroups {
                 let m = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_else(|| "max".into());
                 vec![keyed(
                     "io",
-                    "io.max",
+                    files::IO_MAX,
                     format!(
                         "{device} rbps={} wbps={} riops={} wiops={}",
                         m(l.read_bps),
@@ -355,10 +494,10 @@ impl Cgroups {
                 )]
             }
             Knob::IoLimit { device, limits: l } => [
-                ("blkio.throttle.read_bps_device", l.read_bps),
-                ("blkio.throttle.write_bps_device", l.write_bps),
-                ("blkio.throttle.read_iops_device", l.read_iops),
-                ("blkio.throttle.write_iops_device", l.write_iops),
+                (files::BLKIO_READ_BPS, l.read_bps),
+                (files::BLKIO_WRITE_BPS, l.write_bps),
+                (files::BLKIO_READ_IOPS, l.read_iops),
+                (files::BLKIO_WRITE_IOPS, l.write_iops),
             ]
             .into_iter()
             .map(|(file, v)| keyed("blkio", file, format!("{device} {}", v.unwrap_or(0))))
@@ -444,6 +583,50 @@ impl Cgroups {
         crate::fs::read(&self.path_of(cg, &fw(controller, file, ""))?)
     }
 
+    /// A cgroup's CFS bandwidth, parsed once here: `(quota, period)` in µs,
+    /// quota `None` = unlimited (v1 `cpu.cfs_quota_us` -1, v2 `cpu.max` `max`);
+    /// a period the file does not give reads as the kernel's default 100 ms.
+    /// `None`: the cgroup or its file cannot be read or holds no number.
+    pub fn read_cpu_quota(&self, cg: &CgroupPath) -> Option<(Option<u64>, u64)> {
+        if self.host.is_v2() {
+            let s = self.read(cg, "cpu", files::CPU_MAX).ok()?;
+            let mut it = s.split_whitespace();
+            let q = match it.next()? {
+                "max" => None,
+                q => Some(q.parse().ok()?),
+            };
+            let period = it.next().and_then(|p| p.parse().ok()).unwrap_or(100_000);
+            return Some((q, period));
+        }
+        let q: i64 = self
+            .read(cg, "cpu", files::CPU_CFS_QUOTA)
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
+        let period = self
+            .read(cg, "cpu", files::CPU_CFS_PERIOD)
+            .ok()
+            .and_then(|p| p.trim().parse().ok())
+            .unwrap_or(100_000);
+        Some(((q > 0).then_some(q as u64), period))
+    }
+
+    /// A cgroup's `cpuset.cpus` as a set (`None`: unreadable, malformed or empty).
+    pub fn read_cpuset(&self, cg: &CgroupPath) -> Option<BTreeSet<u32>> {
+        let s = self.read(cg, "cpuset", files::CPUSET_CPUS).ok()?;
+        parse_cpu_list(s.trim()).filter(|c| !c.is_empty())
+    }
+
+    /// A memory protection file (`memory.min` / `memory.low`) in bytes, `max`
+    /// as `u64::MAX` (`None`: unreadable or not a number).
+    pub fn read_memory_protection(&self, cg: &CgroupPath, file: &'static str) -> Option<u64> {
+        match self.read(cg, "memory", file).ok()?.trim() {
+            "max" => Some(u64::MAX),
+            n => n.parse().ok(),
+        }
+    }
+
     /// The first half of moving cpusets over a parent and its children (v1
     /// wants every child's CPUs inside its parent's at every step): each
     /// cgroup, parents first, gets the union of its current and its new CPUs;
@@ -501,24 +684,7 @@ impl Cgroups {
                     None => u128::MAX,
                     Some(q) => (q as u128) * 1_000_000 / (p.max(1) as u128),
                 };
-                let cur = if self.host.is_v2() {
-                    self.read(cg, "cpu", "cpu.max").ok().map(|s| {
-                        let mut it = s.split_whitespace();
-                        let q = it.next().and_then(|q| q.parse().ok());
-                        let p = it.next().and_then(|p| p.parse().ok()).unwrap_or(100_000);
-                        ratio(q, p)
-                    })
-                } else {
-                    let q = self
-                        .read(cg, "cpu", "cpu.cfs_quota_us")
-                        .ok()
-                        .and_then(|q| q.trim().parse::<i64>().ok());
-                    let p = self
-                        .read(cg, "cpu", "cpu.cfs_period_us")
-                        .ok()
-                        .and_then(|p| p.trim().parse::<u64>().ok());
-                    q.zip(p).map(|(q, p)| ratio((q > 0).then_some(q as u64), p))
-                };
+                let cur = self.read_cpu_quota(cg).map(|(q, p)| ratio(q, p));
                 return ratio(*quota, *period) >= cur.unwrap_or(u128::MAX);
             }
             let Some(new) = k.magnitude() else {
@@ -892,6 +1058,101 @@ mod tests {
         );
         let c = Cgroups::detect(&d).unwrap();
         (d, c)
+    }
+
+    #[test]
+    fn typed_reads_parse_each_layout_once() {
+        let (d, c) = v1_tree("typed-v1");
+        let kp = CgroupPath::parse("/kubepods").unwrap();
+        assert_eq!(c.read_cpu_quota(&kp), Some((None, 100_000)));
+        std::fs::write(d.join("cpu/kubepods/cpu.cfs_quota_us"), "250000\n").unwrap();
+        assert_eq!(c.read_cpu_quota(&kp), Some((Some(250_000), 100_000)));
+        assert_eq!(c.read_cpu_quota(&kp.child("gone").unwrap()), None);
+        std::fs::remove_dir_all(&d).unwrap();
+        let d = tree(
+            "typed-v2",
+            &[
+                ("cgroup.controllers", "cpuset cpu io memory\n"),
+                ("cgroup.subtree_control", "cpuset cpu io memory\n"),
+                ("kubepods/cpu.max", "max 100000\n"),
+                ("kubepods/be/cpu.max", "20000 50000\n"),
+                ("kubepods/bad/cpu.max", "lots 100000\n"),
+                ("kubepods/cpuset.cpus", "0-3,8\n"),
+                ("kubepods/be/cpuset.cpus", "\n"),
+                ("kubepods/memory.min", "max\n"),
+                ("kubepods/be/memory.min", "4096\n"),
+            ],
+        );
+        let c = Cgroups::detect(&d).unwrap();
+        assert!(c.host().is_v2());
+        let be = kp.child("be").unwrap();
+        assert_eq!(c.read_cpu_quota(&kp), Some((None, 100_000)));
+        assert_eq!(c.read_cpu_quota(&be), Some((Some(20_000), 50_000)));
+        assert_eq!(
+            c.read_cpu_quota(&kp.child("bad").unwrap()),
+            None,
+            "not unlimited"
+        );
+        assert_eq!(c.read_cpuset(&kp), Some([0, 1, 2, 3, 8].into()));
+        assert_eq!(c.read_cpuset(&be), None, "empty: inherited");
+        assert_eq!(
+            c.read_memory_protection(&kp, files::MEMORY_MIN),
+            Some(u64::MAX)
+        );
+        assert_eq!(c.read_memory_protection(&be, files::MEMORY_MIN), Some(4096));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn settings_are_named_as_each_layout_names_them() {
+        let quota = Knob::CpuQuota {
+            quota: Some(50_000),
+            period: 100_000,
+        };
+        assert_eq!(
+            quota.describe(false),
+            ("cpu.cfs_quota_us".into(), "50000".into())
+        );
+        assert_eq!(
+            quota.describe(true),
+            ("cpu.max".into(), "50000 100000".into())
+        );
+        assert_eq!(Knob::CpuShares(1024).describe(true).0, "cpu.weight");
+        assert_eq!(Knob::MemoryLimit(None).describe(false).1, "-1");
+        assert_eq!(
+            Knob::MemoryLimit(None).describe(true),
+            ("memory.max".into(), "max".into())
+        );
+        assert_eq!(
+            Knob::GroupIdentity(-1).describe(true),
+            (BVT_FILE.into(), "-1".into())
+        );
+        // every knob's name is a file its plan writes (or, for I/O, the device's table)
+        let c = v1(Features {
+            bvt: true,
+            cpu_idle: true,
+            cpu_burst: true,
+            memory_qos: true,
+            blkio_throttle: true,
+        });
+        for k in [
+            Knob::CpuShares(2),
+            quota.clone(),
+            Knob::CpuIdle(true),
+            Knob::GroupIdentity(2),
+            Knob::CpuBurst(1),
+            Knob::MemoryLimit(Some(4096)),
+            Knob::MemoryMin(4096),
+            Knob::MemoryLow(4096),
+            Knob::MemoryHigh(None),
+            Knob::CpusetCpus("0-1".into()),
+        ] {
+            let name = k.describe(false).0;
+            assert!(
+                c.plan(&k).unwrap().iter().any(|w| w.file == name),
+                "{k:?}: {name}"
+            );
+        }
     }
 
     #[test]

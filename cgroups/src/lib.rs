@@ -62,6 +62,6 @@ pub enum CgroupError {
 }
 
 pub use blkio::{Device, IoLimits};
-pub use cgroup::{Cgroups, FileWrite, Knob};
+pub use cgroup::{files, Cgroups, FileWrite, Knob};
 pub use detect::{Features, Host, Layout};
 pub use path::{CgroupPath, PodRoot};

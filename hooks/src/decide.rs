@@ -116,41 +116,166 @@ impl ResourcePatch {
     }
 }
 
-/// One decision with its reason.
+/// How a decided setting reaches the container: the one type the hooks, the
+/// engine's reconcile, `explain` and (next) the NRI plane read. A new QoS
+/// setting is a [`Knob`] (the cgroups crate) decided here, and nowhere else.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Rule {
-    /// The setting (`cpu.cfs_quota_us`, `cpu.idle`, ...).
-    pub setting: String,
-    pub value: String,
+pub enum Action {
+    /// Carried in the CRI request (CreateContainer, and again in kubelet's
+    /// UpdateContainerResources): the runtime writes it at create.
+    Cri(Knob),
+    /// Written by qoslet into the cgroup: the pod's after RunPodSandbox, a
+    /// container's after StartContainer (what CRI cannot carry).
+    Cgroup(Knob),
+    /// The container's tasks joined to its class's resctrl group after StartContainer.
+    Resctrl(Resctrl),
+}
+
+/// A class's resctrl group as a container joins it (`resctrlQOS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resctrl {
+    pub class: QosClass,
+    pub cat_range_start_percent: u32,
+    pub cat_range_end_percent: u32,
+    pub mba_percent: u32,
+}
+
+/// One decision with the rule behind it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub action: Action,
     /// Why, in words (`BE with batch-cpu limit 2000m`).
     pub because: String,
+}
+
+impl Decision {
+    /// The cgroup setting, however it travels (`None` for resctrl).
+    pub fn knob(&self) -> Option<&Knob> {
+        match &self.action {
+            Action::Cri(k) | Action::Cgroup(k) => Some(k),
+            Action::Resctrl(_) => None,
+        }
+    }
+
+    /// The setting's name and value as this host's layout names them
+    /// (`cpu.cfs_quota_us` = `50000` on v1, `cpu.max` = `50000 100000` on v2).
+    pub fn setting(&self, v2: bool) -> (String, String) {
+        match &self.action {
+            Action::Cri(k) | Action::Cgroup(k) => k.describe(v2),
+            Action::Resctrl(r) => (
+                "resctrl".into(),
+                format!(
+                    "class {}: L3 {}-{}%, MB {}%",
+                    r.class.as_str(),
+                    r.cat_range_start_percent,
+                    r.cat_range_end_percent,
+                    r.mba_percent
+                ),
+            ),
+        }
+    }
 }
 
 /// What qoslet does to one container.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ContainerDecision {
-    /// Applied through CRI at CreateContainer (and re-applied at UpdateContainerResources).
-    pub patch: ResourcePatch,
-    /// Written to the container's cgroup after StartContainer.
-    pub cgroup: Vec<Knob>,
-    pub rules: Vec<Rule>,
+    pub decisions: Vec<Decision>,
     /// Input problems, for a logged warning (the container runs as kubelet asked).
     pub warnings: Vec<String>,
 }
 
-/// What qoslet does to a pod's own cgroup (the sandbox's cgroup parent).
+impl ContainerDecision {
+    /// The CRI-carried settings as the resource fields the runtime takes
+    /// (CreateContainer, UpdateContainerResources; NRI's container adjustment
+    /// has the same fields). Pure.
+    pub fn patch(&self) -> ResourcePatch {
+        let mut p = ResourcePatch::default();
+        let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        for d in &self.decisions {
+            let Action::Cri(k) = &d.action else { continue };
+            match k {
+                Knob::CpuShares(s) => p.cpu_shares = Some(int(*s)),
+                Knob::CpuQuota { quota, period } => {
+                    p.cpu_quota = Some(quota.map(int).unwrap_or(-1));
+                    p.cpu_period = Some(int(*period));
+                }
+                Knob::MemoryLimit(m) => p.memory_limit_in_bytes = Some(m.map(int).unwrap_or(0)),
+                Knob::CpusetCpus(c) => p.cpuset_cpus = Some(c.clone()),
+                Knob::MemoryMin(_) | Knob::MemoryLow(_) | Knob::MemoryHigh(_) => {
+                    let (file, value) = k.describe(true);
+                    p.unified.insert(file, value);
+                }
+                // never decided via CRI: CRI has no field for them
+                Knob::CpuIdle(_)
+                | Knob::GroupIdentity(_)
+                | Knob::CpuBurst(_)
+                | Knob::IoLimit { .. } => {}
+            }
+        }
+        p
+    }
+
+    /// The knobs qoslet writes into the container's cgroup after start.
+    pub fn cgroup(&self) -> Vec<Knob> {
+        cgroup_knobs(&self.decisions)
+    }
+
+    /// The resctrl group the container joins after start, if any.
+    pub fn resctrl(&self) -> Option<Resctrl> {
+        self.decisions.iter().find_map(|d| match d.action {
+            Action::Resctrl(r) => Some(r),
+            _ => None,
+        })
+    }
+}
+
+/// What qoslet does to a pod's own cgroup (the sandbox's cgroup parent): every
+/// decision is [`Action::Cgroup`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PodDecision {
-    pub cgroup: Vec<Knob>,
-    pub rules: Vec<Rule>,
+    pub decisions: Vec<Decision>,
     /// Input problems, for a logged warning.
     pub warnings: Vec<String>,
 }
 
-fn rule(setting: &str, value: impl ToString, because: impl Into<String>) -> Rule {
-    Rule {
-        setting: setting.into(),
-        value: value.to_string(),
+impl PodDecision {
+    pub fn cgroup(&self) -> Vec<Knob> {
+        cgroup_knobs(&self.decisions)
+    }
+}
+
+fn cgroup_knobs(ds: &[Decision]) -> Vec<Knob> {
+    ds.iter()
+        .filter_map(|d| match &d.action {
+            Action::Cgroup(k) => Some(k.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The feature a decided setting belongs to (the engine's plugin name for
+/// the settings the hooks decide, in `qoslet plan` and its gauges).
+pub fn feature(k: &Knob) -> &'static str {
+    match k {
+        Knob::CpuIdle(_) | Knob::GroupIdentity(_) => "cpu-qos",
+        Knob::MemoryMin(_) | Knob::MemoryLow(_) | Knob::MemoryHigh(_) => "memory-qos",
+        Knob::IoLimit { .. } => "blkio",
+        Knob::CpusetCpus(_) => "cpuset",
+        Knob::CpuShares(_) | Knob::CpuQuota { .. } | Knob::MemoryLimit(_) => "batch-resources",
+        Knob::CpuBurst(_) => "cpu-burst",
+    }
+}
+
+fn cri(knob: Knob, because: impl Into<String>) -> Decision {
+    Decision {
+        action: Action::Cri(knob),
+        because: because.into(),
+    }
+}
+
+fn cgroup(knob: Knob, because: impl Into<String>) -> Decision {
+    Decision {
+        action: Action::Cgroup(knob),
         because: because.into(),
     }
 }
@@ -242,26 +367,17 @@ pub fn kube_qos_dirs(policy: &ResourceQosStrategy) -> [(KubeQos, i64, bool); 3] 
 /// writes (EINVAL) on an idle cgroup, and the runtime writes the container's
 /// shares at every UpdateContainerResources; an idle pod cgroup makes all its
 /// containers yield just the same.
-fn identity(
-    pc: PodClass,
-    ctx: &Context,
-    pod_level: bool,
-    knobs: &mut Vec<Knob>,
-    rules: &mut Vec<Rule>,
-) {
+fn identity(pc: PodClass, ctx: &Context, pod_level: bool, out: &mut Vec<Decision>) {
     if ctx.features.bvt {
         if group_identity_on(ctx.policy) {
             let (v, why) = group_identity(pc, ctx.policy);
-            knobs.push(Knob::GroupIdentity(v));
-            rules.push(rule(qoslet_cgroups::cgroup::BVT_FILE, v, why));
+            out.push(cgroup(Knob::GroupIdentity(v), why));
         }
     } else if pc.class == QosClass::Be && ctx.features.cpu_idle && pod_level {
         let q = &ctx.policy.be_class.cpu_qos;
         if ctx.policy.cpu_policy == CpuPolicy::GroupIdentity && q.enable && q.group_identity < 0 {
-            knobs.push(Knob::CpuIdle(true));
-            rules.push(rule(
-                "cpu.idle",
-                1,
+            out.push(cgroup(
+                Knob::CpuIdle(true),
                 "BE runs SCHED_IDLE (no bvt on this kernel)",
             ));
         }
@@ -282,7 +398,7 @@ pub fn pod(
 ) -> PodDecision {
     let class = pc.class;
     let mut d = PodDecision::default();
-    identity(pc, ctx, true, &mut d.cgroup, &mut d.rules);
+    identity(pc, ctx, true, &mut d.decisions);
     let mut memory_request = None;
     if class == QosClass::Be {
         if let Some(a) = batch_annotation(pc, pod_annotations, &mut d.warnings) {
@@ -299,12 +415,10 @@ pub fn pod(
                     let r = total.resources();
                     // an idle (SCHED_IDLE) cgroup has no weight: the kernel refuses
                     // shares writes on it, and its containers' shares still apply
-                    let idle = d.cgroup.contains(&Knob::CpuIdle(true));
+                    let idle = d.cgroup().contains(&Knob::CpuIdle(true));
                     if let (Some(s), false) = (r.cpu_shares, idle) {
-                        d.cgroup.push(Knob::CpuShares(s));
-                        d.rules.push(rule(
-                            "cpu.shares",
-                            s,
+                        d.decisions.push(cgroup(
+                            Knob::CpuShares(s),
                             format!(
                                 "BE pod: batch-cpu requests {}m in all",
                                 total.cpu_request_milli.unwrap_or(0)
@@ -312,13 +426,11 @@ pub fn pod(
                         ));
                     }
                     if let Some(q) = r.cpu_quota {
-                        d.cgroup.push(Knob::CpuQuota {
-                            quota: Some(q),
-                            period: r.cpu_period,
-                        });
-                        d.rules.push(rule(
-                            "cpu.cfs_quota_us",
-                            q,
+                        d.decisions.push(cgroup(
+                            Knob::CpuQuota {
+                                quota: Some(q),
+                                period: r.cpu_period,
+                            },
                             format!(
                                 "BE pod: batch-cpu limits {}m in all",
                                 total.cpu_limit_milli.unwrap_or(0)
@@ -326,10 +438,8 @@ pub fn pod(
                         ));
                     }
                     if let Some(m) = r.memory_limit {
-                        d.cgroup.push(Knob::MemoryLimit(Some(m)));
-                        d.rules.push(rule(
-                            "memory.limit_in_bytes",
-                            m,
+                        d.decisions.push(cgroup(
+                            Knob::MemoryLimit(Some(m)),
                             "BE pod: batch-memory limits in all",
                         ));
                     }
@@ -349,12 +459,12 @@ pub fn pod(
         memory_request = Some((l, Some(l)));
     }
     // the pod's own cgroup is not the runtime's: qoslet writes it on v1 and v2 alike
-    if let Some((knobs, rules)) =
+    if let Some(settings) =
         memory_request.and_then(|(req, lim)| memory_qos_settings(class, req, lim, ctx))
     {
         if ctx.features.memory_qos {
-            d.cgroup.extend(knobs);
-            d.rules.extend(rules);
+            d.decisions
+                .extend(settings.into_iter().map(|(k, why)| cgroup(k, why)));
         } else {
             d.warnings
                 .push(format!("{NO_MEMORY_QOS}; pod level skipped"));
@@ -390,21 +500,11 @@ fn blkio(class: QosClass, ctx: &Context, d: &mut PodDecision) {
         if limits == qoslet_cgroups::IoLimits::default() {
             continue;
         }
-        let file = if ctx.v2 { "io.max" } else { "blkio.throttle" };
-        let show = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_else(|| "max".into());
-        d.cgroup.push(Knob::IoLimit {
-            device: *device,
-            limits,
-        });
-        d.rules.push(rule(
-            &format!("{file} {device}"),
-            format!(
-                "rbps={} wbps={} riops={} wiops={}",
-                show(limits.read_bps),
-                show(limits.write_bps),
-                show(limits.read_iops),
-                show(limits.write_iops)
-            ),
+        d.decisions.push(cgroup(
+            Knob::IoLimit {
+                device: *device,
+                limits,
+            },
             format!("{} blkioQOS for {}", class.as_str(), b.name),
         ));
     }
@@ -454,16 +554,12 @@ pub fn container(
         if let Some(a) = pod_annotations.get(ANNOTATION_RESOURCE_STATUS) {
             match bound_cpus(a, pc, requested, ctx.node) {
                 Ok(Some((cpus, narrowed))) => {
-                    d.rules.push(rule(
-                        "cpuset.cpus",
-                        &cpus,
-                        format!(
-                            "{} pod bound to CPUs {cpus} by {ANNOTATION_RESOURCE_STATUS}",
-                            class.as_str()
-                        ),
-                    ));
+                    let why = format!(
+                        "{} pod bound to CPUs {cpus} by {ANNOTATION_RESOURCE_STATUS}",
+                        class.as_str()
+                    );
+                    d.decisions.push(cri(Knob::CpusetCpus(cpus), why));
                     d.warnings.extend(narrowed);
-                    d.patch.cpuset_cpus = Some(cpus);
                 }
                 Ok(None) => {}
                 Err(why) => d.warnings.push(format!(
@@ -478,18 +574,30 @@ pub fn container(
         let l = requested.memory_limit as u64;
         memory(class, l, Some(l), ctx, &mut d);
     }
-    identity(pc, ctx, false, &mut d.cgroup, &mut d.rules);
+    identity(pc, ctx, false, &mut d.decisions);
+    let q = &ctx.policy.of(class).resctrl_qos;
+    if q.enable {
+        d.decisions.push(Decision {
+            action: Action::Resctrl(Resctrl {
+                class,
+                cat_range_start_percent: q.cat_range_start_percent,
+                cat_range_end_percent: q.cat_range_end_percent,
+                mba_percent: q.mba_percent,
+            }),
+            because: format!("resctrlQOS of class {}", class.as_str()),
+        });
+    }
     d
 }
 
 /// Memory QoS (memory.min/low/high) of a cgroup whose memory request is
-/// known, as knobs with their rules; `None` when the class has it off.
+/// known, as knobs with their reasons; `None` when the class has it off.
 fn memory_qos_settings(
     class: QosClass,
     request: u64,
     limit: Option<u64>,
     ctx: &Context,
-) -> Option<(Vec<Knob>, Vec<Rule>)> {
+) -> Option<Vec<(Knob, String)>> {
     let q = &ctx.policy.of(class).memory_qos;
     if !q.enable {
         return None;
@@ -497,24 +605,19 @@ fn memory_qos_settings(
     let (min, low, high) = memory_qos(q, request, limit, ctx.page_size);
     let why =
         |f: &str, p: i64| format!("{} memoryQOS.{f} {p}% of request {request}", class.as_str());
-    let mut knobs = vec![Knob::MemoryMin(min), Knob::MemoryLow(low)];
-    let mut rules = vec![
-        rule(
-            "memory.min",
-            min,
+    let mut out = vec![
+        (
+            Knob::MemoryMin(min),
             why("minLimitPercent", q.min_limit_percent),
         ),
-        rule(
-            "memory.low",
-            low,
+        (
+            Knob::MemoryLow(low),
             why("lowLimitPercent", q.low_limit_percent),
         ),
     ];
-    if let Some(h) = high {
-        knobs.push(Knob::MemoryHigh(high));
-        rules.push(rule(
-            "memory.high",
-            h,
+    if high.is_some() {
+        out.push((
+            Knob::MemoryHigh(high),
             format!(
                 "{} memoryQOS.throttlingPercent {}% between request and limit",
                 class.as_str(),
@@ -522,7 +625,7 @@ fn memory_qos_settings(
             ),
         ));
     }
-    Some((knobs, rules))
+    Some(out)
 }
 
 const NO_MEMORY_QOS: &str = "memoryQOS is enabled but this kernel has no memory.min/low/high";
@@ -537,21 +640,20 @@ fn memory(
     ctx: &Context,
     d: &mut ContainerDecision,
 ) {
-    let Some((knobs, rules)) = memory_qos_settings(class, request, limit, ctx) else {
+    let Some(settings) = memory_qos_settings(class, request, limit, ctx) else {
         return;
     };
-    if ctx.v2 {
-        for r in &rules {
-            d.patch.unified.insert(r.setting.clone(), r.value.clone());
-        }
+    let via: fn(Knob, String) -> Decision = if ctx.v2 {
+        cri
     } else if ctx.features.memory_qos {
-        d.cgroup.extend(knobs);
+        cgroup
     } else {
         d.warnings
             .push(format!("{NO_MEMORY_QOS} on cgroup v1; skipped"));
         return;
-    }
-    d.rules.extend(rules);
+    };
+    d.decisions
+        .extend(settings.into_iter().map(|(k, why)| via(k, why)));
 }
 
 /// The `cpuset` of a resource-status annotation, as this pod may have it:
@@ -649,19 +751,17 @@ fn bound_cpus(
 fn batch(b: &Batch, d: &mut ContainerDecision) {
     let r = b.resources();
     if let Some(s) = r.cpu_shares {
-        d.patch.cpu_shares = Some(s as i64);
-        d.rules.push(rule(
-            "cpu.shares",
-            s,
+        d.decisions.push(cri(
+            Knob::CpuShares(s),
             format!("BE batch-cpu request {}m", b.cpu_request_milli.unwrap_or(0)),
         ));
     }
     if let Some(q) = r.cpu_quota {
-        d.patch.cpu_quota = Some(i64::try_from(q).unwrap_or(i64::MAX));
-        d.patch.cpu_period = Some(r.cpu_period as i64);
-        d.rules.push(rule(
-            "cpu.cfs_quota_us",
-            q,
+        d.decisions.push(cri(
+            Knob::CpuQuota {
+                quota: Some(q),
+                period: r.cpu_period,
+            },
             format!(
                 "BE batch-cpu limit {}m per {} µs",
                 b.cpu_limit_milli.unwrap_or(0),
@@ -670,9 +770,8 @@ fn batch(b: &Batch, d: &mut ContainerDecision) {
         ));
     }
     if let Some(m) = r.memory_limit {
-        d.patch.memory_limit_in_bytes = Some(i64::try_from(m).unwrap_or(i64::MAX));
-        d.rules
-            .push(rule("memory.limit_in_bytes", m, "BE batch-memory limit"));
+        d.decisions
+            .push(cri(Knob::MemoryLimit(Some(m)), "BE batch-memory limit"));
     }
 }
 
@@ -816,17 +915,30 @@ mod tests {
             },
         );
         assert_eq!(
-            d.patch.unified.get("memory.min").map(String::as_str),
+            d.patch().unified.get("memory.min").map(String::as_str),
             Some("67108864")
         );
         assert_eq!(
-            d.patch.unified.get("memory.high").map(String::as_str),
+            d.patch().unified.get("memory.high").map(String::as_str),
             Some(
                 (((64u64 << 20) + (64u64 << 20) * 80 / 100) / 4096 * 4096)
                     .to_string()
                     .as_str()
             )
         );
+        // each memory setting is decided once, as CRI-carried, and named as v2 names it
+        let mem: Vec<_> = d
+            .decisions
+            .iter()
+            .filter(|x| matches!(x.knob(), Some(Knob::MemoryMin(_) | Knob::MemoryHigh(_))))
+            .collect();
+        assert_eq!(mem.len(), 2);
+        assert!(mem.iter().all(|x| matches!(x.action, Action::Cri(_))));
+        assert_eq!(
+            mem[0].setting(true),
+            ("memory.min".into(), "67108864".into())
+        );
+        assert!(d.cgroup().is_empty(), "nothing written by qoslet on v2");
         // cgroup v1 without the files: a warning, nothing written
         let d = container(
             trusted(QosClass::Be),
@@ -842,7 +954,7 @@ mod tests {
                 devices: &BTreeMap::new(),
             },
         );
-        assert!(d.patch.unified.is_empty() && d.warnings.len() == 1);
+        assert!(d.patch().unified.is_empty() && d.warnings.len() == 1);
         // cgroup v1 with them (Alibaba kernels): written after start
         let ali = Features {
             memory_qos: true,
@@ -862,7 +974,7 @@ mod tests {
                 devices: &BTreeMap::new(),
             },
         );
-        assert!(d.cgroup.contains(&Knob::MemoryMin(64 << 20)));
+        assert!(d.cgroup().contains(&Knob::MemoryMin(64 << 20)));
         // LSR: the request is the limit kubelet asked for
         let d = container(
             labelled(QosClass::Lsr),
@@ -882,7 +994,7 @@ mod tests {
             },
         );
         assert_eq!(
-            d.patch.unified.get("memory.low").map(String::as_str),
+            d.patch().unified.get("memory.low").map(String::as_str),
             Some("1073741824")
         );
         // off by default
@@ -903,7 +1015,7 @@ mod tests {
                 devices: &BTreeMap::new(),
             },
         );
-        assert!(d.patch.unified.is_empty());
+        assert!(d.patch().unified.is_empty());
     }
 
     const SPEC: &str = r#"{"containers":{"app":{"requests":{"kubernetes.io/batch-cpu":"500"},"limits":{"kubernetes.io/batch-cpu":"1000","kubernetes.io/batch-memory":"256Mi"}}}}"#;
@@ -924,7 +1036,7 @@ mod tests {
     fn be_with_batch_resources_on_an_upstream_kernel() {
         let d = run(QosClass::Be, "app", &ann(SPEC), &upstream());
         assert_eq!(
-            d.patch,
+            d.patch(),
             ResourcePatch {
                 cpu_shares: Some(512),
                 cpu_quota: Some(100_000),
@@ -934,11 +1046,11 @@ mod tests {
                 unified: BTreeMap::new(),
             }
         );
-        assert!(d.cgroup.is_empty(), "cpu.idle is a pod-level setting");
+        assert!(d.cgroup().is_empty(), "cpu.idle is a pod-level setting");
         assert_eq!(
-            d.rules
+            d.decisions
                 .iter()
-                .map(|r| r.setting.as_str())
+                .map(|r| r.setting(false).0)
                 .collect::<Vec<_>>(),
             vec!["cpu.shares", "cpu.cfs_quota_us", "memory.limit_in_bytes",]
         );
@@ -1013,15 +1125,15 @@ mod tests {
         for (class, a, f, patch, knobs, warnings) in table {
             let d = run(*class, "app", &ann(a), f);
             assert_eq!(
-                (&d.patch, &d.cgroup, d.warnings.len()),
+                (&d.patch(), &d.cgroup(), d.warnings.len()),
                 (patch, knobs, *warnings),
                 "{class:?} {a:?} {f:?}"
             );
         }
         // another container of the pod: no batch entry, class settings only
         let d = run(QosClass::Be, "sidecar", &ann(SPEC), &upstream());
-        assert!(d.patch.is_empty());
-        assert!(d.cgroup.is_empty());
+        assert!(d.patch().is_empty());
+        assert!(d.cgroup().is_empty());
     }
 
     #[test]
@@ -1035,11 +1147,11 @@ mod tests {
             &a(r#"{"cpuset":"0-3,8"}"#),
             &upstream(),
         );
-        assert_eq!(d.patch.cpuset_cpus.as_deref(), Some("0-3,8"));
-        assert_eq!(d.rules[0].setting, "cpuset.cpus");
+        assert_eq!(d.patch().cpuset_cpus.as_deref(), Some("0-3,8"));
+        assert_eq!(d.decisions[0].setting(false).0, "cpuset.cpus");
         assert!(
             run(QosClass::Ls, "app", &a(r#"{"cpuset":"1"}"#), &upstream())
-                .patch
+                .patch()
                 .is_empty(),
             "LS shares the pool"
         );
@@ -1051,7 +1163,10 @@ mod tests {
             r#"{"cpuset":"3-1"}"#,
         ] {
             let d = run_as(trusted(QosClass::Lse), "app", &a(bad), &upstream());
-            assert!(d.patch.is_empty() && d.warnings.len() == 1, "{bad}: {d:?}");
+            assert!(
+                d.patch().is_empty() && d.warnings.len() == 1,
+                "{bad}: {d:?}"
+            );
         }
         assert!(run_as(
             trusted(QosClass::Lsr),
@@ -1246,7 +1361,7 @@ mod tests {
             );
             let short: String = a.chars().take(40).collect();
             assert_eq!(
-                (d.patch.cpuset_cpus.as_deref(), d.warnings.len()),
+                (d.patch().cpuset_cpus.as_deref(), d.warnings.len()),
                 (*want, *warnings),
                 "{class:?} label={by_label} trusted={trusted} kubelet={kubelet:?} {short}: {:?}",
                 d.warnings
@@ -1296,18 +1411,21 @@ mod tests {
             ..labelled(QosClass::Be)
         };
         let d = go(burstable_as_be);
-        assert_eq!(d.patch.cpu_shares, None, "no weight from the annotation");
+        assert_eq!(d.patch().cpu_shares, None, "no weight from the annotation");
         assert!(d.warnings[0].contains("not BestEffort"), "{:?}", d.warnings);
         let d = go(labelled(QosClass::Be));
-        assert_eq!(d.patch.cpu_shares, Some(4096));
-        assert!(!d.patch.unified.contains_key("memory.min"), "no protection");
+        assert_eq!(d.patch().cpu_shares, Some(4096));
+        assert!(
+            !d.patch().unified.contains_key("memory.min"),
+            "no protection"
+        );
         let d = go(PodClass {
             trusted: true,
             ..burstable_as_be
         });
-        assert_eq!(d.patch.cpu_shares, Some(4096));
+        assert_eq!(d.patch().cpu_shares, Some(4096));
         assert_eq!(
-            d.patch.unified.get("memory.min").map(String::as_str),
+            d.patch().unified.get("memory.min").map(String::as_str),
             Some("1073741824")
         );
     }
@@ -1336,11 +1454,11 @@ mod tests {
             },
         );
         assert_eq!(
-            d.patch.memory_limit_in_bytes,
+            d.patch().memory_limit_in_bytes,
             Some(128 << 20),
             "kubelet's 128Mi, not 256Mi"
         );
-        assert_eq!(d.patch.cpu_quota, Some(50_000), "the node's 500m");
+        assert_eq!(d.patch().cpu_quota, Some(50_000), "the node's 500m");
         assert_eq!(d.warnings.len(), 2, "{:?}", d.warnings);
         // kubelet's own CPU limit bounds it too
         let d = container(
@@ -1361,7 +1479,7 @@ mod tests {
                 devices: &BTreeMap::new(),
             },
         );
-        assert_eq!(d.patch.cpu_quota, Some(20_000));
+        assert_eq!(d.patch().cpu_quota, Some(20_000));
     }
 
     /// Group identity as koordlet sets it (groupidentity/rule.go, `parseRule`,
@@ -1464,18 +1582,18 @@ mod tests {
             )
         };
         let d = on_bvt(&only_be);
-        assert_eq!(d.cgroup, vec![Knob::GroupIdentity(0)]);
-        assert_eq!(d.rules[0].setting, "cpu.bvt_warp_ns");
-        assert!(on_bvt(&off).cgroup.is_empty());
+        assert_eq!(d.cgroup(), vec![Knob::GroupIdentity(0)]);
+        assert_eq!(d.decisions[0].setting(false).0, "cpu.bvt_warp_ns");
+        assert!(on_bvt(&off).cgroup().is_empty());
     }
 
     #[test]
     fn pod_level() {
         assert_eq!(
-            run_pod(QosClass::Be, &upstream()).cgroup,
+            run_pod(QosClass::Be, &upstream()).cgroup(),
             vec![Knob::CpuIdle(true)]
         );
-        assert!(run_pod(QosClass::Ls, &upstream()).cgroup.is_empty());
+        assert!(run_pod(QosClass::Ls, &upstream()).cgroup().is_empty());
     }
 
     fn pod_with(
@@ -1521,7 +1639,7 @@ mod tests {
             &none,
         );
         assert_eq!(
-            d.cgroup,
+            d.cgroup(),
             vec![
                 Knob::CpuIdle(true),
                 Knob::CpuQuota {
@@ -1531,9 +1649,14 @@ mod tests {
                 Knob::MemoryLimit(Some(192 << 20)),
             ]
         );
-        assert!(d.rules.iter().any(|r| r.setting == "cpu.cfs_quota_us"
-            && r.value == "200000"
+        assert!(d.decisions.iter().any(|r| r.setting(false)
+            == ("cpu.cfs_quota_us".into(), "200000".into())
             && r.because.contains("2000m")));
+        // on v2 the same decision names cpu.max, with its period
+        assert!(d
+            .decisions
+            .iter()
+            .any(|r| r.setting(true) == ("cpu.max".into(), "200000 100000".into())));
         // without cpu.idle (bvt kernels, or cpuQOS off) the pod gets the summed shares
         let bvt = Features {
             bvt: true,
@@ -1548,8 +1671,8 @@ mod tests {
             &p,
             &none,
         );
-        assert!(d.cgroup.contains(&Knob::CpuShares(1024)), "{d:?}");
-        assert!(d.cgroup.contains(&Knob::GroupIdentity(-1)));
+        assert!(d.cgroup().contains(&Knob::CpuShares(1024)), "{d:?}");
+        assert!(d.cgroup().contains(&Knob::GroupIdentity(-1)));
         // not BE, or no spec, or a malformed one: identity only (and a warning)
         let d = pod_with(
             QosClass::Ls,
@@ -1560,7 +1683,7 @@ mod tests {
             &p,
             &none,
         );
-        assert!(d.cgroup.is_empty());
+        assert!(d.cgroup().is_empty());
         let d = pod_with(
             QosClass::Be,
             &[(ANNOTATION_EXTENDED_RESOURCE_SPEC, "{nope")],
@@ -1570,7 +1693,7 @@ mod tests {
             &p,
             &none,
         );
-        assert_eq!(d.cgroup, vec![Knob::CpuIdle(true)]);
+        assert_eq!(d.cgroup(), vec![Knob::CpuIdle(true)]);
         assert_eq!(d.warnings.len(), 1, "{d:?}");
     }
 
@@ -1589,16 +1712,16 @@ mod tests {
             ..Default::default()
         };
         let d = pod_with(QosClass::Lsr, &[], 1 << 30, &v2, true, &p, &none);
-        assert!(d.cgroup.contains(&Knob::MemoryMin(1 << 30)), "{d:?}");
-        assert!(d.cgroup.contains(&Knob::MemoryLow(0)));
+        assert!(d.cgroup().contains(&Knob::MemoryMin(1 << 30)), "{d:?}");
+        assert!(d.cgroup().contains(&Knob::MemoryLow(0)));
         // a guaranteed pod has no room between request and limit: no memory.high
-        assert!(!d.cgroup.iter().any(|k| matches!(k, Knob::MemoryHigh(_))));
+        assert!(!d.cgroup().iter().any(|k| matches!(k, Knob::MemoryHigh(_))));
         // v1 without the files: a warning, nothing written
         let d = pod_with(QosClass::Lsr, &[], 1 << 30, &upstream(), false, &p, &none);
-        assert!(d.cgroup.is_empty() && d.warnings.len() == 1, "{d:?}");
+        assert!(d.cgroup().is_empty() && d.warnings.len() == 1, "{d:?}");
         // off by policy (LS default): nothing
         let d = pod_with(QosClass::Ls, &[], 1 << 30, &v2, true, &p, &none);
-        assert!(d.cgroup.is_empty() && d.warnings.is_empty());
+        assert!(d.cgroup().is_empty() && d.warnings.is_empty());
     }
 
     #[test]
@@ -1633,7 +1756,7 @@ mod tests {
         };
         let d = pod_with(QosClass::Be, &[], 0, &f, false, &p, &devices);
         assert_eq!(
-            d.cgroup,
+            d.cgroup(),
             vec![Knob::IoLimit {
                 device: vda,
                 limits: qoslet_cgroups::IoLimits {
@@ -1643,14 +1766,17 @@ mod tests {
                 }
             }]
         );
-        assert_eq!(d.rules[0].setting, "blkio.throttle 254:0");
         assert_eq!(
-            d.rules[0].value,
-            "rbps=10485760 wbps=max riops=max wiops=200"
+            d.decisions[0].setting(false),
+            (
+                "blkio.throttle 254:0".into(),
+                "rbps=10485760 wbps=max riops=max wiops=200".into()
+            )
         );
+        assert_eq!(d.decisions[0].setting(true).0, "io.max 254:0");
         assert!(d.warnings[0].contains("/dev/gone"), "{d:?}");
         assert!(pod_with(QosClass::Ls, &[], 0, &f, false, &p, &devices)
-            .cgroup
+            .cgroup()
             .is_empty());
         let d = pod_with(
             QosClass::Be,
@@ -1662,7 +1788,7 @@ mod tests {
             &devices,
         );
         assert!(
-            d.cgroup.is_empty() && d.warnings.len() == 1,
+            d.cgroup().is_empty() && d.warnings.len() == 1,
             "no io controller: {d:?}"
         );
     }

@@ -19,7 +19,7 @@
 use std::collections::HashMap;
 
 use qoslet_cgroups::fs::Outcome;
-use qoslet_cgroups::{CgroupError, CgroupPath, Cgroups, IoLimits, Knob};
+use qoslet_cgroups::{CgroupError, CgroupPath, Cgroups, Knob};
 
 use crate::plan::{key, Key, Plan};
 
@@ -117,19 +117,7 @@ pub const MAX_BACKOFF: u64 = 64;
 /// the kernel has a default (what koordlet writes back when a feature is
 /// turned off); `None` for settings the runtime owns.
 pub fn restore_value(k: &Knob) -> Option<Knob> {
-    Some(match k {
-        Knob::GroupIdentity(v) if *v != 0 => Knob::GroupIdentity(0),
-        Knob::CpuIdle(true) => Knob::CpuIdle(false),
-        Knob::CpuBurst(b) if *b != 0 => Knob::CpuBurst(0),
-        Knob::MemoryMin(v) if *v != 0 => Knob::MemoryMin(0),
-        Knob::MemoryLow(v) if *v != 0 => Knob::MemoryLow(0),
-        Knob::MemoryHigh(Some(_)) => Knob::MemoryHigh(None),
-        Knob::IoLimit { device, limits } if *limits != IoLimits::default() => Knob::IoLimit {
-            device: *device,
-            limits: IoLimits::default(),
-        },
-        _ => return None,
-    })
+    k.kernel_default()
 }
 
 /// Applies plans; keeps what it applied between ticks.

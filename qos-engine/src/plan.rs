@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 
-use qoslet_cgroups::{CgroupPath, IoLimits, Knob};
+use qoslet_cgroups::{CgroupPath, Knob};
 
 /// One desired write.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,65 +49,9 @@ pub fn key(w: &Write) -> Key {
     (w.cgroup.clone(), w.knob.name(), dev)
 }
 
-fn lim(v: Option<u64>) -> u64 {
-    v.unwrap_or(u64::MAX)
-}
-
-fn min_opt(a: Option<u64>, b: Option<u64>) -> Option<u64> {
-    match (a, b) {
-        (Some(x), Some(y)) => Some(x.min(y)),
-        (x, None) => x,
-        (None, y) => y,
-    }
-}
-
 /// The stricter of two values of the same knob kind (for I/O limits: field by field).
 pub fn strictest(a: &Knob, b: &Knob) -> Knob {
-    use Knob::*;
-    let pick_a = match (a, b) {
-        (CpuShares(x), CpuShares(y)) => x <= y,
-        (
-            CpuQuota {
-                quota: qa,
-                period: pa,
-            },
-            CpuQuota {
-                quota: qb,
-                period: pb,
-            },
-        ) => {
-            // compare as cores: quota / period (unlimited is the loosest)
-            let ca = qa.map_or(f64::INFINITY, |q| q as f64 / (*pa).max(1) as f64);
-            let cb = qb.map_or(f64::INFINITY, |q| q as f64 / (*pb).max(1) as f64);
-            ca <= cb
-        }
-        (CpuIdle(x), CpuIdle(y)) => *x || !*y,
-        (GroupIdentity(x), GroupIdentity(y)) => x <= y,
-        (CpuBurst(x), CpuBurst(y)) => x <= y,
-        (MemoryLimit(x), MemoryLimit(y)) | (MemoryHigh(x), MemoryHigh(y)) => lim(*x) <= lim(*y),
-        (MemoryMin(x), MemoryMin(y)) | (MemoryLow(x), MemoryLow(y)) => x >= y,
-        (CpusetCpus(x), CpusetCpus(y)) => {
-            qoslet_cgroups::cgroup::cpu_count(x) <= qoslet_cgroups::cgroup::cpu_count(y)
-        }
-        (IoLimit { device, limits: la }, IoLimit { limits: lb, .. }) => {
-            return IoLimit {
-                device: *device,
-                limits: IoLimits {
-                    read_bps: min_opt(la.read_bps, lb.read_bps),
-                    write_bps: min_opt(la.write_bps, lb.write_bps),
-                    read_iops: min_opt(la.read_iops, lb.read_iops),
-                    write_iops: min_opt(la.write_iops, lb.write_iops),
-                },
-            }
-        }
-        // different kinds never meet (the key includes the kind)
-        _ => true,
-    };
-    if pick_a {
-        a.clone()
-    } else {
-        b.clone()
-    }
+    a.strictest(b)
 }
 
 impl Plan {
@@ -228,7 +172,7 @@ mod tests {
         let dev = qoslet_cgroups::Device { major: 8, minor: 0 };
         let io = |r, wr| Knob::IoLimit {
             device: dev,
-            limits: IoLimits {
+            limits: qoslet_cgroups::IoLimits {
                 read_bps: r,
                 write_bps: wr,
                 ..Default::default()

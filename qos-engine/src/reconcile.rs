@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use qoslet_cgroups::{CgroupPath, Knob};
-use qoslet_hooks::decide::{self, Context, Requested, Rule};
+use qoslet_hooks::decide::{self, Action, Context, Decision, Requested};
 use qoslet_hooks::{KubeQos, PodClass, QosClass};
 
 use crate::plan::{Plan, Write};
@@ -78,44 +78,19 @@ impl Container {
     }
 }
 
-/// The plugin a setting belongs to, and the rule words that name it.
-fn owner(k: &Knob) -> (&'static str, &'static [&'static str]) {
-    match k {
-        Knob::CpuIdle(_) => ("cpu-qos", &["cpu.idle"]),
-        Knob::GroupIdentity(_) => ("cpu-qos", &["bvt"]),
-        Knob::MemoryMin(_) => ("memory-qos", &["memory.min"]),
-        Knob::MemoryLow(_) => ("memory-qos", &["memory.low"]),
-        Knob::MemoryHigh(_) => ("memory-qos", &["memory.high"]),
-        Knob::IoLimit { .. } => ("blkio", &["blkio", "io.max"]),
-        Knob::CpusetCpus(_) => ("cpuset", &["cpuset"]),
-        Knob::CpuShares(_) => ("batch-resources", &["cpu.shares", "cpu.weight"]),
-        Knob::CpuQuota { .. } => ("batch-resources", &["cfs_quota", "cpu.max"]),
-        Knob::MemoryLimit(_) => ("batch-resources", &["limit_in_bytes", "memory.max"]),
-        Knob::CpuBurst(_) => ("cpu-burst", &["burst"]),
-    }
-}
-
-fn add(plan: &mut Plan, cg: &CgroupPath, k: Knob, rules: &[Rule]) {
-    let (plugin, words) = owner(&k);
-    let rule = rules
-        .iter()
-        .find(|r| words.iter().any(|w| r.setting.contains(w)))
-        .map(|r| format!("{} = {}: {}", r.setting, r.value, r.because))
-        .unwrap_or_else(|| "set at start by the runtime hooks".into());
+/// Adds the cgroup setting of a decision (CRI-carried or written by the
+/// hooks alike: the runtime wrote the former into the same file) with its rule.
+fn add(plan: &mut Plan, cg: &CgroupPath, d: &Decision, v2: bool) {
+    let Some(k) = d.knob() else {
+        return; // resctrl: the engine's resctrl sync keeps the groups
+    };
+    let (setting, value) = d.setting(v2);
     plan.add(Write {
         cgroup: cg.clone(),
-        knob: k,
-        plugin,
-        rule,
+        knob: k.clone(),
+        plugin: decide::feature(k),
+        rule: format!("{setting} = {value}: {}", d.because),
     });
-}
-
-/// A byte value of CRI's `unified` map (`max` = none).
-fn bytes(v: &str) -> Option<Option<u64>> {
-    match v.trim() {
-        "max" => Some(None),
-        n => n.parse().ok().map(Some),
-    }
 }
 
 /// The kube QoS dirs' group identity (kernels with bvt, while koordlet's rule
@@ -160,40 +135,16 @@ pub fn kube_qos(dirs: &[(KubeQos, CgroupPath)], ctx: &Context, plan: &mut Plan) 
 pub fn pod(p: &Pod, ctx: &Context, plan: &mut Plan) -> Vec<String> {
     let mut bound = Vec::new();
     let d = decide::pod(p.pod_class(), &p.annotations, p.sandbox_memory_limit, ctx);
-    for k in d.cgroup {
-        add(plan, &p.cgroup, k, &d.rules);
+    for d in &d.decisions {
+        add(plan, &p.cgroup, d, ctx.v2);
     }
     for c in &p.containers {
         let d = decide::container(p.pod_class(), &c.name, &p.annotations, &c.requested(), ctx);
-        let mut knobs = d.cgroup.clone();
-        let pa = &d.patch;
-        if let Some(s) = pa.cpu_shares {
-            knobs.push(Knob::CpuShares(s.max(2) as u64));
-        }
-        if let Some(q) = pa.cpu_quota {
-            knobs.push(Knob::CpuQuota {
-                quota: (q > 0).then_some(q as u64),
-                period: pa.cpu_period.unwrap_or(100_000).max(1) as u64,
-            });
-        }
-        if let Some(m) = pa.memory_limit_in_bytes {
-            knobs.push(Knob::MemoryLimit((m > 0).then_some(m as u64)));
-        }
-        if let Some(cpus) = &pa.cpuset_cpus {
-            knobs.push(Knob::CpusetCpus(cpus.clone()));
-            bound.push(cpus.clone());
-        }
-        for (file, v) in &pa.unified {
-            let k = match (file.as_str(), bytes(v)) {
-                ("memory.min", Some(Some(b))) => Knob::MemoryMin(b),
-                ("memory.low", Some(Some(b))) => Knob::MemoryLow(b),
-                ("memory.high", Some(b)) => Knob::MemoryHigh(b),
-                _ => continue,
-            };
-            knobs.push(k);
-        }
-        for k in knobs {
-            add(plan, &c.cgroup, k, &d.rules);
+        for d in &d.decisions {
+            if let Action::Cri(Knob::CpusetCpus(cpus)) = &d.action {
+                bound.push(cpus.clone());
+            }
+            add(plan, &c.cgroup, d, ctx.v2);
         }
     }
     bound

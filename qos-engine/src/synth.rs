@@ -27,13 +27,9 @@ pub fn be_parent() -> CgroupPath {
 
 /// The besteffort parent's CFS quota as the tree says (None: unlimited).
 pub fn be_quota(cg: &Cgroups) -> Result<Option<u64>, String> {
-    let q: i64 = cg
-        .read(&be_parent(), "cpu", "cpu.cfs_quota_us")
-        .map_err(|e| e.to_string())?
-        .trim()
-        .parse()
-        .map_err(|e| format!("quota: {e}"))?;
-    Ok((q > 0).then_some(q as u64))
+    cg.read_cpu_quota(&be_parent())
+        .map(|(q, _)| q)
+        .ok_or_else(|| "the besteffort quota cannot be read".into())
 }
 
 /// What the engine reads of a synthetic node with `cpus` CPUs (one NUMA node,

@@ -529,7 +529,7 @@ fn decisions() {
             &Default::default(),
             &ctx,
         );
-        sink += d.rules.len();
+        sink += d.decisions.len();
     }
     let per = t.elapsed().as_secs_f64() * 1e6 / n as f64;
     println!("isolation decision per container (class + batch annotation + decision): {per:.2} us (target < 20 us) [{sink}]");
