@@ -24,9 +24,9 @@ pub struct FileConfig {
     /// Per-message size limit in bytes, each way (default 16 MiB).
     pub max_message_bytes: Option<u64>,
     /// How long SIGTERM waits for in-flight calls, e.g. `30s`.
-    pub drain_timeout: Option<String>,
+    pub drain_timeout: Option<Dur>,
     /// How often the store is reconciled with the runtime, e.g. `60s`.
-    pub resync_interval: Option<String>,
+    pub resync_interval: Option<Dur>,
     pub hooks: Option<HooksConfig>,
     /// Deprecated and ignored (the opt-in frame relay is gone: HTTP/2 is always
     /// terminated); still accepted so an old config file keeps working, with a warning.
@@ -42,7 +42,7 @@ pub struct FileConfig {
     /// Collect metrics (default true).
     pub metrics: Option<bool>,
     /// Collection interval, 1s to 600s (default 1s).
-    pub metrics_interval: Option<String>,
+    pub metrics_interval: Option<Interval>,
     /// Prometheus endpoint `host:port` (default 127.0.0.1:9316; empty: no HTTP endpoint).
     pub metrics_listen: Option<String>,
     /// Keep the metrics cache across restarts in the state dir (default true).
@@ -72,7 +72,7 @@ pub struct EngineConfig {
     /// Run the engine (default true; it needs metrics).
     pub enable: Option<bool>,
     /// Tick interval, 1s to 600s (default 1s).
-    pub interval: Option<String>,
+    pub interval: Option<Interval>,
     /// Plan and show, never write (default false).
     pub dry_run: Option<bool>,
     /// The besteffort parent cgroup (default: `kubepods/besteffort`, or the
@@ -81,7 +81,7 @@ pub struct EngineConfig {
     /// CPU kubelet reserves for the system and kube daemons, in cores (default 0).
     pub reserved_cpus: Option<f64>,
     /// How often each file qoslet owns is re-read for drift (default 10s).
-    pub drift_check_interval: Option<String>,
+    pub drift_check_interval: Option<Interval>,
     /// On SIGTERM, put every cgroup file the engine changed back to the
     /// runtime's value or the kernel's default (`qoslet restore`), so nothing
     /// qoslet did outlives it (default false: a restart keeps the isolation).
@@ -151,7 +151,7 @@ impl PolicyConfig {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HooksConfig {
     /// e.g. `2s`, `500ms`.
-    pub timeout: Option<String>,
+    pub timeout: Option<Dur>,
     pub failure_policy: Option<qoslet_proxy::FailurePolicy>,
 }
 
@@ -173,19 +173,21 @@ pub fn parse(text: &str) -> Result<FileConfig> {
     if text.trim().is_empty() {
         return Ok(FileConfig::default());
     }
-    let cfg: FileConfig = serde_saphyr::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
-    // validate values now, so the error names the key
-    for (key, v) in [
-        ("drainTimeout", &cfg.drain_timeout),
-        ("resyncInterval", &cfg.resync_interval),
-    ] {
-        if let Some(v) = v {
-            parse_duration(v).with_context(|| format!("key {key}"))?;
+    let cfg: FileConfig = match serde_saphyr::from_str(text) {
+        Ok(c) => c,
+        Err(e) => {
+            // name the key the value belongs to: the YAML parser's own errors
+            // do not, for values refused by their type (a duration, say)
+            if let Ok(v) = serde_saphyr::from_str::<serde_json::Value>(text) {
+                if let Err(pe) = serde_path_to_error::deserialize::<_, FileConfig>(v) {
+                    bail!("key {}: {}", pe.path(), pe.inner());
+                }
+            }
+            bail!("{e}");
         }
-    }
-    if let Some(v) = &cfg.metrics_interval {
-        metrics_interval(v).context("key metricsInterval")?;
-    }
+    };
+    // durations and intervals are typed (and checked) as the file is read;
+    // the other values are checked now, so the error names the key
     if let Some(n) = cfg.metrics_max_series {
         if !(100..=10_000_000).contains(&n) {
             anyhow::bail!("key metricsMaxSeries: {n} is not 100 to 10000000");
@@ -195,9 +197,6 @@ pub fn parse(text: &str) -> Result<FileConfig> {
         v.parse::<std::net::SocketAddr>()
             .map_err(|e| anyhow::anyhow!("key metricsListen: {v:?} is not host:port ({e})"))?;
     }
-    if let Some(t) = cfg.hooks.as_ref().and_then(|h| h.timeout.as_ref()) {
-        parse_duration(t).context("key hooks.timeout")?;
-    }
     if let Some(p) = &cfg.policy {
         p.resource_qos_strategy
             .validate()
@@ -206,12 +205,6 @@ pub fn parse(text: &str) -> Result<FileConfig> {
             .map_err(|e| anyhow::anyhow!("key policy.{e}"))?;
     }
     if let Some(e) = &cfg.qos_engine {
-        if let Some(v) = &e.interval {
-            metrics_interval(v).context("key qosEngine.interval")?;
-        }
-        if let Some(v) = &e.drift_check_interval {
-            metrics_interval(v).context("key qosEngine.driftCheckInterval")?;
-        }
         if let Some(v) = e.reserved_cpus {
             if !(0.0..=4096.0).contains(&v) {
                 bail!("key qosEngine.reservedCpus: {v} is not 0-4096 cores");
@@ -237,6 +230,70 @@ pub fn parse(text: &str) -> Result<FileConfig> {
         }
     }
     Ok(cfg)
+}
+
+/// The defaults of the timed settings, in one place.
+pub mod defaults {
+    use std::time::Duration;
+    /// `metricsInterval`: one collection a second.
+    pub const METRICS_INTERVAL: Duration = Duration::from_secs(1);
+    /// `qosEngine.interval`: one tick a second.
+    pub const ENGINE_INTERVAL: Duration = Duration::from_secs(1);
+    /// `qosEngine.driftCheckInterval`.
+    pub const DRIFT_CHECK_INTERVAL: Duration = Duration::from_secs(10);
+}
+
+/// A duration, typed as the file is read: `500ms`, `2s`, `1m`, `1h` (a bare
+/// number is seconds), from 1 ms to 24 h.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dur(pub Duration);
+
+/// A loop interval (metrics, engine, drift checks): whole seconds from 1 s to 600 s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Interval(pub Duration);
+
+impl std::str::FromStr for Dur {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        parse_duration(s).map(Dur)
+    }
+}
+
+impl std::str::FromStr for Interval {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        metrics_interval(s).map(Interval)
+    }
+}
+
+/// A duration's YAML value: a string with a unit, or a bare number of seconds.
+fn duration_text<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Text {
+        S(String),
+        N(f64),
+    }
+    Ok(match Text::deserialize(d)? {
+        Text::S(s) => s,
+        Text::N(n) => n.to_string(),
+    })
+}
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let s = duration_text(d)?;
+        s.parse()
+            .map_err(|e| serde::de::Error::custom(format!("{e:#}")))
+    }
+}
+
+impl<'de> Deserialize<'de> for Interval {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let s = duration_text(d)?;
+        s.parse()
+            .map_err(|e| serde::de::Error::custom(format!("{e:#}")))
+    }
 }
 
 /// A metrics interval: whole seconds from 1 to 600.
@@ -433,10 +490,7 @@ mod tests {
     fn metrics_keys() {
         let c = parse("metricsInterval: 5s\nmetricsListen: 0.0.0.0:9316\nmetricsSnapshot: false\n")
             .unwrap();
-        assert_eq!(
-            metrics_interval(c.metrics_interval.as_deref().unwrap()).unwrap(),
-            Duration::from_secs(5)
-        );
+        assert_eq!(c.metrics_interval.unwrap().0, Duration::from_secs(5));
         for bad in [
             "metricsInterval: 0.5s\n",
             "metricsInterval: 11m\n",
@@ -467,5 +521,33 @@ mod tests {
         for bad in ["", "x", "5d", "-1s", "0s", "1e9s"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn durations_are_typed_as_the_file_is_read() {
+        let c = parse("drainTimeout: 5\nresyncInterval: 90s\nhooks:\n  timeout: 250ms\nqosEngine:\n  driftCheckInterval: 1m\n")
+            .unwrap();
+        assert_eq!(
+            c.drain_timeout,
+            Some(Dur(Duration::from_secs(5))),
+            "a bare number is seconds"
+        );
+        assert_eq!(c.resync_interval, Some(Dur(Duration::from_secs(90))));
+        assert_eq!(
+            c.hooks.unwrap().timeout,
+            Some(Dur(Duration::from_millis(250)))
+        );
+        assert_eq!(
+            c.qos_engine.unwrap().drift_check_interval,
+            Some(Interval(Duration::from_secs(60)))
+        );
+        let e = format!("{:#}", parse("hooks:\n  timeout: soon\n").unwrap_err());
+        assert!(e.contains("key hooks.timeout") && e.contains("soon"), "{e}");
+        let e = format!(
+            "{:#}",
+            parse("qosEngine:\n  driftCheckInterval: 1h\n").unwrap_err()
+        );
+        assert!(e.contains("key qosEngine.driftCheckInterval"), "{e}");
+        assert!("1500ms".parse::<Interval>().is_err(), "whole seconds only");
     }
 }

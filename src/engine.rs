@@ -62,12 +62,12 @@ impl Settings {
         proc_root: PathBuf,
         dry_run_flag: bool,
     ) -> anyhow::Result<Self> {
+        use crate::config::defaults;
         use anyhow::Context;
-        let interval = crate::config::metrics_interval(c.interval.as_deref().unwrap_or("1s"))
-            .context("qosEngine.interval")?;
-        let drift_every =
-            crate::config::metrics_interval(c.drift_check_interval.as_deref().unwrap_or("10s"))
-                .context("qosEngine.driftCheckInterval")?;
+        let interval = c.interval.map_or(defaults::ENGINE_INTERVAL, |i| i.0);
+        let drift_every = c
+            .drift_check_interval
+            .map_or(defaults::DRIFT_CHECK_INTERVAL, |i| i.0);
         Ok(Self {
             interval,
             dry_run: dry_run_flag || c.dry_run.unwrap_or(false),

@@ -71,7 +71,7 @@ struct ProxyArgs {
     metrics_listen: Option<String>,
     /// Metrics collection interval, 1s to 600s (default 1s).
     #[arg(long, value_name = "DURATION")]
-    metrics_interval: Option<String>,
+    metrics_interval: Option<config::Interval>,
     /// kubelet's --cgroup-root (pods live in <root>/kubepods; default /).
     #[arg(long, value_name = "PATH", env = "QOSLET_KUBELET_CGROUP_ROOT")]
     kubelet_cgroup_root: Option<String>,
@@ -163,11 +163,11 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
     if let Some(v) = file.max_message_bytes {
         cfg.max_message_bytes = v as usize;
     }
-    if let Some(v) = &file.drain_timeout {
-        cfg.drain_timeout = config::parse_duration(v)?;
+    if let Some(v) = file.drain_timeout {
+        cfg.drain_timeout = v.0;
     }
-    if let Some(v) = &file.resync_interval {
-        cfg.resync_interval = config::parse_duration(v)?;
+    if let Some(v) = file.resync_interval {
+        cfg.resync_interval = v.0;
     }
     let settings = hook_settings(file.hooks.as_ref())?;
     for w in policy_cfg_warnings(file.policy.as_ref()) {
@@ -209,37 +209,25 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
         policy_cfg.clone(),
         std::time::Duration::from_secs(1),
     );
+    let cgroup_root = file
+        .cgroup_root
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup"));
+    let resctrl_root = file
+        .resctrl_root
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("/sys/fs/resctrl"));
+    let host = HostCaps::detect(&cgroup_root, &resctrl_root);
     let pipeline = if file.isolation.unwrap_or(true) {
-        let root = file
-            .cgroup_root
-            .clone()
-            .unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup"));
-        let cgroups = match qoslet_cgroups::Cgroups::detect(&root) {
-            Ok(c) if !c.host().cgroupfs => {
-                tracing::error!(root = %root.display(), "cgroupRoot is not a cgroup filesystem; qoslet writes no cgroup file there (only settings CRI carries are applied)");
-                None
-            }
-            Ok(c) => Some(c),
-            Err(e) => {
-                tracing::warn!(error = %e, "no cgroups found; only settings CRI carries will be applied");
-                None
-            }
-        };
+        if host.cgroups.is_none() {
+            tracing::warn!(
+                "no cgroup writes at the runtime hooks: only settings CRI carries will be applied"
+            );
+        }
         let policy = policy_cfg.resource_qos_strategy.clone();
-        let resctrl_root = file
-            .resctrl_root
-            .clone()
-            .unwrap_or_else(|| PathBuf::from("/sys/fs/resctrl"));
-        let resctrl = match qoslet_cgroups::resctrl::Resctrl::detect(&resctrl_root) {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(error = %e, "resctrl unreadable; LLC/MBA isolation off");
-                None
-            }
-        };
         let iso = isolation::Isolation::new(
-            cgroups,
-            resctrl,
+            host.cgroups.clone(),
+            host.resctrl.clone(),
             policy,
             node.clone(),
             trust.clone(),
@@ -253,18 +241,11 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
         qoslet_proxy::Pipeline::new()
     };
 
-    let cgroup_root = file
-        .cgroup_root
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup"));
     let metrics_settings = if file.metrics.unwrap_or(true) {
-        let interval = config::metrics_interval(
-            a.metrics_interval
-                .as_deref()
-                .or(file.metrics_interval.as_deref())
-                .unwrap_or("1s"),
-        )
-        .context("--metrics-interval")?;
+        let interval = a
+            .metrics_interval
+            .or(file.metrics_interval)
+            .map_or(config::defaults::METRICS_INTERVAL, |i| i.0);
         let listen = match a
             .metrics_listen
             .as_deref()
@@ -308,16 +289,12 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
         proc_root.clone(),
         a.dry_run,
     )?;
-    let resctrl_root = file
-        .resctrl_root
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("/sys/fs/resctrl"));
     let running = qoslet_proxy::start_with(cfg, pipeline, view).await?;
     let mut metric_tasks = Vec::new();
     if let Some(s) = metrics_settings {
         match metrics::Metrics::start(
             s,
-            cgroup_root.clone(),
+            host.tree.clone(),
             running.store.clone(),
             running.shutdown_signal(),
         )
@@ -327,12 +304,9 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
                 let _ = slot.0.set(m.clone());
                 metric_tasks = tasks;
                 if engine_cfg.enable.unwrap_or(true) {
-                    match qoslet_cgroups::Cgroups::detect(&cgroup_root) {
-                        Ok(cg) if !cg.host().cgroupfs => tracing::error!(
-                            root = %cgroup_root.display(),
-                            "cgroupRoot is not a cgroup filesystem; QoS engine off"
-                        ),
-                        Ok(cg) => {
+                    match host.cgroups.clone() {
+                        None => tracing::warn!("no writable cgroups (see above); QoS engine off"),
+                        Some(cg) => {
                             let env = qoslet_qos_engine::engine::Env {
                                 features: cg.host().features.clone(),
                                 v2: cg.host().is_v2(),
@@ -340,9 +314,7 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
                                 page_size: qoslet_cgroups::cgroup::page_size(),
                                 node: node.clone(),
                             };
-                            let rdt = qoslet_cgroups::resctrl::Resctrl::detect(&resctrl_root)
-                                .ok()
-                                .flatten();
+                            let rdt = host.resctrl.clone();
                             let shared = engine::Shared::new(cg, engine_settings.dry_run);
                             let render = shared.clone();
                             m.set_extra(std::sync::Arc::new(move |out: &mut String| {
@@ -359,7 +331,6 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
                                 running.shutdown_signal(),
                             ));
                         }
-                        Err(e) => tracing::warn!(error = %e, "no cgroups; QoS engine off"),
                     }
                 }
             }
@@ -406,9 +377,10 @@ impl qoslet_proxy::AgentView for MetricsSlot {
     ) -> Result<qoslet_proto::admin::QueryMetricsResponse, tonic::Status> {
         match self.0.get() {
             Some(m) => m.query(req),
-            None => Err(tonic::Status::unavailable(
-                "metrics are not collected (starting, or no cgroups on this host)",
-            )),
+            None => Err(qoslet_proxy::QosletError::Off(
+                "metrics are not collected (starting, or no cgroups on this host)".into(),
+            )
+            .into()),
         }
     }
 
@@ -422,9 +394,11 @@ impl qoslet_proxy::AgentView for MetricsSlot {
     ) -> Result<qoslet_proto::admin::GetPlanResponse, tonic::Status> {
         match self.1.get() {
             Some(e) => Ok(e.plan(&req)),
-            None => Err(tonic::Status::unavailable(
-                "the QoS engine is not running (qosEngine.enable false, metrics off, or no cgroups)",
-            )),
+            None => Err(qoslet_proxy::QosletError::Off(
+                "the QoS engine is not running (qosEngine.enable false, metrics off, or no cgroups)"
+                    .into(),
+            )
+            .into()),
         }
     }
 }
@@ -432,14 +406,56 @@ impl qoslet_proxy::AgentView for MetricsSlot {
 fn hook_settings(h: Option<&config::HooksConfig>) -> Result<qoslet_proxy::HookSettings> {
     let mut s = qoslet_proxy::HookSettings::default();
     if let Some(h) = h {
-        if let Some(t) = &h.timeout {
-            s.timeout = config::parse_duration(t)?;
+        if let Some(t) = h.timeout {
+            s.timeout = t.0;
         }
         if let Some(p) = h.failure_policy {
             s.policy = p;
         }
     }
     Ok(s)
+}
+
+/// What the host offers, detected once at start for every room.
+struct HostCaps {
+    /// The cgroup tree as found (metrics read it, cgroupfs or not: `None` when
+    /// there is none).
+    tree: Option<qoslet_cgroups::Host>,
+    /// Where qoslet may write: the same tree, only when it is cgroupfs.
+    cgroups: Option<qoslet_cgroups::Cgroups>,
+    resctrl: Option<qoslet_cgroups::resctrl::Resctrl>,
+}
+
+impl HostCaps {
+    fn detect(cgroup_root: &std::path::Path, resctrl_root: &std::path::Path) -> Self {
+        let tree = match qoslet_cgroups::Host::detect(cgroup_root) {
+            Ok(h) => Some(h),
+            Err(e) => {
+                tracing::warn!(root = %cgroup_root.display(), error = %e, "no cgroups found: no cgroup writes, no metrics, no QoS engine");
+                None
+            }
+        };
+        let cgroups = match &tree {
+            Some(h) if !h.cgroupfs => {
+                tracing::error!(root = %cgroup_root.display(), "cgroupRoot is not a cgroup filesystem; qoslet writes no cgroup file there (QoS engine off; only settings CRI carries are applied)");
+                None
+            }
+            Some(h) => Some(qoslet_cgroups::Cgroups::new(h.clone())),
+            None => None,
+        };
+        let resctrl = match qoslet_cgroups::resctrl::Resctrl::detect(resctrl_root) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "resctrl unreadable; LLC/MBA isolation off");
+                None
+            }
+        };
+        Self {
+            tree,
+            cgroups,
+            resctrl,
+        }
+    }
 }
 
 async fn wait_for_signal() -> Result<()> {

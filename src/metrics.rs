@@ -18,6 +18,7 @@ use qoslet_metrics::metric::sample as get;
 use qoslet_metrics::{Agg, Metric, NodeIdentity, SeriesClock, Tsdb};
 use qoslet_proto::admin;
 use qoslet_proxy::store::{ContainerState, PodState, Store};
+use qoslet_proxy::QosletError;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tonic::Status;
@@ -184,17 +185,14 @@ impl Metrics {
     /// Starts collecting (and serving `/metrics` when `listen` is set).
     pub async fn start(
         s: Settings,
-        cgroup_root: PathBuf,
+        host: Option<Host>,
         store: Store,
         shutdown: watch::Receiver<bool>,
     ) -> Result<Option<(Arc<Metrics>, Vec<JoinHandle<()>>)>> {
-        let host = match Host::detect(&cgroup_root) {
-            Ok(h) => h,
-            Err(e) => {
-                // the proxy is what kubelet needs; metrics are not worth failing it
-                warn!(error = %e, "no cgroups to collect from; metrics collection off");
-                return Ok(None);
-            }
+        let Some(host) = host else {
+            // the proxy is what kubelet needs; metrics are not worth failing it
+            warn!("no cgroups to collect from; metrics collection off");
+            return Ok(None);
         };
         let interval_s = s.interval.as_secs() as u32;
         let identity = NodeIdentity::of_host(&s.proc_root);
@@ -651,6 +649,17 @@ const AGGS: [&str; 9] = [
     "last", "avg", "min", "max", "p50", "p90", "p95", "p99", "trend",
 ];
 
+/// A cache query's error as the admin API answers it.
+fn query_error(e: qoslet_metrics::QueryError) -> QosletError {
+    match e {
+        qoslet_metrics::QueryError::BadWindow => {
+            QosletError::BadRequest("window_seconds must be 1 to 86400".into())
+        }
+        e @ qoslet_metrics::QueryError::NoQuantiles(_) => QosletError::Unanswerable(e.to_string()),
+        e => QosletError::NotFound(e.to_string()),
+    }
+}
+
 impl qoslet_proxy::AgentView for Metrics {
     fn query(
         &self,
@@ -673,7 +682,7 @@ impl qoslet_proxy::AgentView for Metrics {
         }
         let entity = self.resolve(&req.entity);
         let metric = Metric::from_name(&req.series).ok_or_else(|| {
-            Status::invalid_argument(format!(
+            QosletError::BadRequest(format!(
                 "unknown series {:?}; known: {}",
                 req.series,
                 Metric::ALL.map(|m| m.name()).join(", ")
@@ -696,22 +705,17 @@ impl qoslet_proxy::AgentView for Metrics {
             .iter()
             .map(|a| {
                 Agg::parse(a).ok_or_else(|| {
-                    Status::invalid_argument(format!(
+                    QosletError::BadRequest(format!(
                         "unknown aggregation {a:?}; use {}",
                         AGGS.join(", ")
                     ))
                 })
             })
-            .collect::<Result<Vec<Agg>, Status>>()?;
+            .collect::<Result<Vec<Agg>, QosletError>>()?;
         let now = self.series_now();
         let answers = lock(&self.tsdb)
             .query_many(&entity, metric, window, &aggs, now)
-            .map_err(|e| match e {
-                qoslet_metrics::QueryError::BadWindow => {
-                    Status::invalid_argument("window_seconds must be 1 to 86400")
-                }
-                e => Status::not_found(e.to_string()),
-            })?;
+            .map_err(query_error)?;
         let mut values = std::collections::HashMap::new();
         for (a, v) in names.into_iter().zip(answers) {
             match v {
@@ -719,11 +723,8 @@ impl qoslet_proxy::AgentView for Metrics {
                     values.insert(a, v);
                 }
                 Err(qoslet_metrics::QueryError::Empty) => {}
-                Err(e @ qoslet_metrics::QueryError::NoQuantiles(_)) if asked => {
-                    return Err(Status::failed_precondition(e.to_string()))
-                }
-                Err(qoslet_metrics::QueryError::NoQuantiles(_)) => {}
-                Err(e) => return Err(Status::not_found(e.to_string())),
+                Err(qoslet_metrics::QueryError::NoQuantiles(_)) if !asked => {}
+                Err(e) => return Err(query_error(e).into()),
             }
         }
         Ok(admin::QueryMetricsResponse {

@@ -1,6 +1,7 @@
 //! The admin gRPC API (`qoslet.admin.v1.Admin`) over the store and counters,
 //! plus the gRPC health service and server reflection (v1 and v1alpha).
 
+use crate::QosletError;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,7 +26,7 @@ pub trait AgentView: Send + Sync + 'static {
     fn node_summary(&self) -> admin::NodeSummaryResponse;
     /// The QoS engine's latest tick.
     fn plan(&self, _req: admin::GetPlanRequest) -> Result<admin::GetPlanResponse, Status> {
-        Err(Status::unavailable("the QoS engine is off in this qoslet"))
+        Err(QosletError::Off("the QoS engine is off in this qoslet".into()).into())
     }
 }
 
@@ -110,7 +111,7 @@ impl Admin for AdminService {
         let req = req.into_inner();
         tokio::task::spawn_blocking(move || m.query(req))
             .await
-            .map_err(|_| Status::internal("the metrics query failed (panicked)"))?
+            .map_err(|_| QosletError::Internal("the metrics query failed (panicked)".into()))?
             .map(Response::new)
     }
 
@@ -127,7 +128,9 @@ impl Admin for AdminService {
         req: Request<admin::GetPlanRequest>,
     ) -> Result<Response<admin::GetPlanResponse>, Status> {
         let m = self.metrics.as_ref().ok_or_else(|| {
-            Status::unavailable("the QoS engine needs metrics, and metrics are off in this qoslet")
+            QosletError::Off(
+                "the QoS engine needs metrics, and metrics are off in this qoslet".into(),
+            )
         })?;
         m.plan(req.into_inner()).map(Response::new)
     }
@@ -148,8 +151,8 @@ impl Admin for AdminService {
     }
 }
 
-fn metrics_off() -> Status {
-    Status::unavailable("metrics collection is off in this qoslet (metricsInterval 0)")
+fn metrics_off() -> QosletError {
+    QosletError::Off("metrics collection is off in this qoslet (metricsInterval 0)".into())
 }
 
 fn res(r: &Resources) -> admin::Resources {

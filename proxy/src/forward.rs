@@ -10,6 +10,7 @@
 //!
 //! Message size is limited each way without decoding ([`FrameLimit`]).
 
+use crate::QosletError;
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -222,9 +223,9 @@ impl Forwarder {
                     }
                 }
                 Some(Err(e)) => {
-                    return Err(status_response(Status::cancelled(format!(
-                        "qoslet: reading request: {e}"
-                    ))))
+                    return Err(status_response(
+                        QosletError::ReadingRequest(e.to_string()).into(),
+                    ))
                 }
                 None => break,
             }
@@ -282,7 +283,7 @@ impl Forwarder {
                     .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
             );
             parts.uri = Uri::from_parts(uri)
-                .map_err(|e| Status::invalid_argument(format!("qoslet: bad request URI: {e}")))?;
+                .map_err(|e| Status::from(QosletError::BadUri(e.to_string())))?;
         }
         parts.version = http::Version::HTTP_2;
         backend.request(parts, body).await.map_err(|e| {
@@ -297,10 +298,11 @@ impl Forwarder {
                 src = s.source();
             }
             debug!(error = %msg, "backend unavailable");
-            Status::unavailable(format!(
-                "qoslet: runtime {} unavailable: {msg}",
-                backend.endpoint()
-            ))
+            QosletError::RuntimeUnavailable {
+                endpoint: backend.endpoint().to_string(),
+                reason: msg,
+            }
+            .into()
         })
     }
 
@@ -438,11 +440,7 @@ impl Forwarder {
                     .fetch_add(1, Ordering::Relaxed);
                 return status_response(too_large(limit + 1, limit));
             }
-            Err(e) => {
-                return status_response(Status::unavailable(format!(
-                    "qoslet: runtime response broke: {e}"
-                )))
-            }
+            Err(e) => return status_response(QosletError::RuntimeBrokeOff(e.to_string()).into()),
         };
         let trailers = collected.trailers().cloned();
         let data = collected.to_bytes();
@@ -564,7 +562,7 @@ where
         if self.shutdown.as_mut().poll(cx).is_ready() {
             self.done = true;
             let mut map = HeaderMap::new();
-            let _ = Status::unavailable("qoslet is shutting down").add_header(&mut map);
+            let _ = Status::from(QosletError::ShuttingDown).add_header(&mut map);
             return Poll::Ready(Some(Ok(Frame::trailers(map))));
         }
         Poll::Pending

@@ -162,9 +162,7 @@ impl<B> FrameLimit<B> {
 
 /// Builds the status a size violation maps to.
 pub fn too_large(len: usize, limit: usize) -> Status {
-    Status::resource_exhausted(format!(
-        "grpc: received message larger than max ({len} vs. {limit})"
-    ))
+    crate::QosletError::TooLarge { len, limit }.into()
 }
 
 impl<B> HttpBody for FrameLimit<B>
@@ -208,8 +206,7 @@ where
             Poll::Ready(Some(Err(e))) if this.as_trailers => {
                 this.done = true;
                 let e: crate::pipeline::BoxError = e.into();
-                let status =
-                    Status::unavailable(format!("qoslet: the runtime's answer broke off: {e}"));
+                let status: Status = crate::QosletError::RuntimeBrokeOff(e.to_string()).into();
                 let mut map = HeaderMap::new();
                 let _ = status.add_header(&mut map);
                 Poll::Ready(Some(Ok(Frame::trailers(map))))

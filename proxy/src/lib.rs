@@ -35,8 +35,10 @@ pub mod pipeline;
 pub mod rebuild;
 pub mod server;
 pub mod statefile;
+pub mod status;
 pub mod store;
 
 pub use admin::AgentView;
 pub use pipeline::{FailurePolicy, Hook, HookSettings, Pipeline};
 pub use server::{start, start_with, ProxyConfig, Running, StartError};
+pub use status::QosletError;

@@ -156,11 +156,8 @@ pub enum HookFailure {
 
 impl HookFailure {
     /// The status a fail-closed failure answers with.
-    pub fn to_status(&self) -> Status {
-        match self {
-            HookFailure::Timeout { .. } => Status::deadline_exceeded(format!("qoslet: {self}")),
-            _ => Status::internal(format!("qoslet: {self}")),
-        }
+    pub fn to_status(self) -> Status {
+        crate::QosletError::Hook(self).into()
     }
 }
 
@@ -489,8 +486,10 @@ mod tests {
         ] {
             let p = pipeline(&[(mode, FailurePolicy::FailClosed)]);
             let err = p.before(&ctx(), start("c")).await.err().expect("must fail");
-            assert_eq!(err.to_status().code(), code, "{mode}");
-            assert!(err.to_status().message().contains(mode), "{}", err);
+            let text = err.to_string();
+            let status = err.to_status();
+            assert_eq!(status.code(), code, "{mode}");
+            assert!(status.message().contains(mode), "{text}");
         }
     }
 
@@ -638,8 +637,8 @@ mod tests {
                 .await;
             assert_eq!(r.is_err(), fails, "{policy:?}");
             if let Err(f) = r {
-                assert_eq!(f.to_status().code(), tonic::Code::Internal);
                 assert!(f.to_string().contains("after StartContainer"), "{f}");
+                assert_eq!(f.to_status().code(), tonic::Code::Internal);
             }
             assert_eq!(p.counters().errors.load(Ordering::Relaxed), 1);
         }

@@ -39,7 +39,11 @@ pub async fn reconcile(
     budget: std::time::Duration,
 ) -> Result<Rebuilt, tonic::Status> {
     let deadline = tokio::time::Instant::now() + budget;
-    let late = |_| tonic::Status::deadline_exceeded("runtime listing took longer than the budget");
+    let late = |_| {
+        tonic::Status::from(crate::QosletError::Late(
+            "runtime listing took longer than the budget".into(),
+        ))
+    };
     let sandboxes = tokio::time::timeout_at(
         deadline,
         client.list_pod_sandbox(cri::ListPodSandboxRequest { filter: None }),
