@@ -17,7 +17,7 @@ use qoslet_metrics::collect::Tick;
 use qoslet_metrics::metric::sample;
 use qoslet_metrics::Metric;
 use qoslet_proto::admin;
-use qoslet_proxy::store::{ContainerState, PodState, Store};
+use qoslet_proxy::store::Store;
 use qoslet_qos_engine::engine::{Engine, Env, NodeState, Policy, TickResult};
 use qoslet_qos_engine::execute::{Executor, WriteState};
 use qoslet_qos_engine::policy::CpuSuppressPolicy;
@@ -316,86 +316,41 @@ struct Skeleton {
 }
 
 impl Skeleton {
-    fn build(
-        store: &Store,
-        trust: &qoslet_hooks::Trust,
-        pod_root: &qoslet_cgroups::PodRoot,
-    ) -> Self {
-        let generation = store.generation();
-        let mut pods = store.read_all(|pods, containers| {
-            let mut by_pod: HashMap<&str, Vec<Container>> = HashMap::new();
-            let mut out = Vec::new();
-            let mut cgs: HashMap<&str, CgroupPath> = HashMap::new();
-            for p in pods.values().filter(|p| p.state == PodState::Ready) {
-                if let Ok(cg) = CgroupPath::pod_under(&p.cgroup_parent, pod_root) {
-                    if !cg.as_str().is_empty() {
-                        cgs.insert(p.id.as_str(), cg);
-                    }
-                }
-            }
-            for c in containers
-                .values()
-                .filter(|c| c.state == ContainerState::Running)
-            {
-                let Some(pcg) = cgs.get(c.pod_id.as_str()) else {
-                    continue;
-                };
-                let Ok(cg) = pcg.container(&c.id) else {
-                    continue;
-                };
-                let r = c.requested.clone().unwrap_or_default();
-                by_pod
-                    .entry(c.pod_id.as_str())
-                    .or_default()
-                    .push(Container {
-                        id: c.id.clone(),
-                        name: c.name.clone(),
-                        cgroup: cg,
-                        memory_limit: r.memory_limit_in_bytes,
-                        cpuset_cpus: r.cpuset_cpus.clone(),
-                        cpu_quota: r.cpu_quota,
-                        cpu_period: if r.cpu_period > 0 {
-                            r.cpu_period
-                        } else {
-                            100_000
-                        },
-                        cpu_cores: 0.0,
-                        throttled_ratio: 0.0,
-                    });
-            }
-            for p in pods.values().filter(|p| p.state == PodState::Ready) {
-                let Some(cg) = cgs.get(p.id.as_str()) else {
-                    continue;
-                };
-                let Some(pc) =
-                    qoslet_hooks::classify(&p.labels, &p.namespace, &p.cgroup_parent, trust)
-                        .pod_class()
-                else {
-                    continue;
-                };
-                let mut containers = by_pod.remove(p.id.as_str()).unwrap_or_default();
-                containers.sort_by(|a, b| a.id.cmp(&b.id));
-                out.push(Pod {
+    fn build(inv: &qoslet_hooks::Inventory) -> Self {
+        let pods: Vec<Pod> = inv
+            .pods
+            .iter()
+            .filter_map(|p| {
+                let pc = p.class?;
+                Some(Pod {
                     id: p.id.clone(),
                     class: pc.class,
                     by_label: pc.by_label,
                     trusted: pc.trusted,
                     kube: pc.kube,
-                    cgroup: cg.clone(),
+                    cgroup: p.cgroup.clone(),
                     annotations: p.annotations.clone(),
-                    sandbox_memory_limit: p
-                        .resources
-                        .as_ref()
-                        .map(|r| r.memory_limit_in_bytes)
-                        .unwrap_or(0),
-                    sandbox: cg.container(&p.id).ok(),
+                    sandbox_memory_limit: p.sandbox_memory_limit,
+                    sandbox: p.cgroup.container(&p.id).ok(),
                     cpu_cores: 0.0,
-                    containers,
-                });
-            }
-            out
-        });
-        pods.sort_by(|a, b| a.id.cmp(&b.id));
+                    containers: p
+                        .containers
+                        .iter()
+                        .map(|c| Container {
+                            id: c.id.clone(),
+                            name: c.name.clone(),
+                            cgroup: c.cgroup.clone(),
+                            memory_limit: c.memory_limit,
+                            cpuset_cpus: c.cpuset_cpus.clone(),
+                            cpu_quota: c.cpu_quota,
+                            cpu_period: c.cpu_period,
+                            cpu_cores: 0.0,
+                            throttled_ratio: 0.0,
+                        })
+                        .collect(),
+                })
+            })
+            .collect();
         let entities = pods
             .iter()
             .map(|p| {
@@ -409,7 +364,7 @@ impl Skeleton {
             })
             .collect();
         Self {
-            generation,
+            generation: inv.generation,
             pods,
             entities,
         }
@@ -493,7 +448,8 @@ fn restore_plan(
     policy: &Policy,
     env: &Env,
 ) -> qoslet_qos_engine::plan::Plan {
-    let mut k = Skeleton::build(store, &s.trust, &s.pod_root);
+    let inv = crate::inventory::build(store, store.generation(), &s.trust, &s.pod_root);
+    let mut k = Skeleton::build(&inv);
     k.find_sandboxes(cgroups);
     let systemd = k
         .pods
@@ -627,7 +583,7 @@ impl Shared {
         env: Env,
         rdt: Option<Resctrl>,
         metrics: Arc<Metrics>,
-        store: Store,
+        inventory: Arc<crate::inventory::Inventories>,
         shutdown: watch::Receiver<bool>,
     ) -> tokio::task::JoinHandle<()> {
         // the engine's own thread and runtime: its cgroup and sysfs I/O, the config
@@ -641,7 +597,9 @@ impl Shared {
                     .enable_time()
                     .build()
                 {
-                    Ok(rt) => rt.block_on(me.run(s, policy_rx, env, rdt, metrics, store, shutdown)),
+                    Ok(rt) => {
+                        rt.block_on(me.run(s, policy_rx, env, rdt, metrics, inventory, shutdown))
+                    }
                     Err(e) => error!(error = %e, "QoS engine runtime not started"),
                 }
                 let _ = done.send(());
@@ -662,7 +620,7 @@ impl Shared {
         mut env: Env,
         rdt: Option<Resctrl>,
         metrics: Arc<Metrics>,
-        store: Store,
+        inventory: Arc<crate::inventory::Inventories>,
         mut shutdown: watch::Receiver<bool>,
     ) {
         info!(interval = ?s.interval, dry_run = s.dry_run, "QoS engine on");
@@ -719,9 +677,10 @@ impl Shared {
             last_ts = t.ts;
             let t0 = Instant::now();
             let cg = &self.cgroups;
-            let rebuilt = skeleton.as_ref().map(|k| k.generation) != Some(store.generation());
+            let inv = inventory.current();
+            let rebuilt = skeleton.as_ref().map(|k| k.generation) != Some(inv.generation);
             if rebuilt {
-                let mut k = Skeleton::build(&store, &s.trust, &s.pod_root);
+                let mut k = Skeleton::build(&inv);
                 k.find_sandboxes(cg);
                 // a container whose cpuset kubelet changed (its update wrote the file,
                 // e.g. the static CPU manager's new shared pool) is written again now,

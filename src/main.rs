@@ -5,6 +5,7 @@
 mod cli;
 mod config;
 mod engine;
+mod inventory;
 mod isolation;
 mod metrics;
 mod policy;
@@ -267,7 +268,6 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
                 .then(|| cfg.state_dir.join("metrics.snapshot")),
             proc_root: proc_root.clone(),
             sys_root: PathBuf::from("/sys"),
-            trust: trust.clone(),
             pod_root: pod_root.clone(),
             max_series: file
                 .metrics_max_series
@@ -290,12 +290,16 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
         a.dry_run,
     )?;
     let running = qoslet_proxy::start_with(cfg, pipeline, view).await?;
+    // the one inventory of the store, shared by the metrics collector and the engine
+    let inventory =
+        inventory::Inventories::new(running.store.clone(), trust.clone(), pod_root.clone());
     let mut metric_tasks = Vec::new();
     if let Some(s) = metrics_settings {
         match metrics::Metrics::start(
             s,
             host.tree.clone(),
             running.store.clone(),
+            inventory.clone(),
             running.shutdown_signal(),
         )
         .await
@@ -327,7 +331,7 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
                                 env,
                                 rdt,
                                 m,
-                                running.store.clone(),
+                                inventory.clone(),
                                 running.shutdown_signal(),
                             ));
                         }

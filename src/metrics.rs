@@ -2,7 +2,6 @@
 //! the time-series cache, the Prometheus endpoint (`/metrics`, `/healthz`) and
 //! the admin API's `QueryMetrics` / `NodeSummary`.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,12 +11,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result};
 use bytes::Bytes;
 use http_body_util::Full;
-use qoslet_cgroups::{CgroupPath, Host};
+use qoslet_cgroups::Host;
 use qoslet_metrics::collect::{Collector, Groups, Kind, Target, Tick};
 use qoslet_metrics::metric::sample as get;
 use qoslet_metrics::{Agg, Metric, NodeIdentity, SeriesClock, Tsdb};
 use qoslet_proto::admin;
-use qoslet_proxy::store::{ContainerState, PodState, Store};
+use qoslet_proxy::store::{PodState, Store};
 use qoslet_proxy::QosletError;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -33,8 +32,6 @@ pub struct Settings {
     pub snapshot: Option<PathBuf>,
     pub proc_root: PathBuf,
     pub sys_root: PathBuf,
-    /// Whose class labels are taken as they are (the `qos_class` label of series).
-    pub trust: qoslet_hooks::Trust,
     /// Where kubelet puts pods (`kubeletCgroupRoot`).
     pub pod_root: qoslet_cgroups::PodRoot,
     /// Series the cache holds at most (`metricsMaxSeries`).
@@ -60,7 +57,8 @@ pub struct Metrics {
     interval: Duration,
     cpi: String,
     store: Store,
-    trust: qoslet_hooks::Trust,
+    /// The pods and containers to collect (classes decided once, for the engine too).
+    inventory: Arc<crate::inventory::Inventories>,
     pod_root: qoslet_cgroups::PodRoot,
     /// Woken after every tick.
     ticked: tokio::sync::Notify,
@@ -88,61 +86,39 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The pods and containers to collect: ready pods and running containers.
-pub fn targets(
-    store: &Store,
-    trust: &qoslet_hooks::Trust,
-    pod_root: &qoslet_cgroups::PodRoot,
-) -> Vec<Arc<Target>> {
-    store.read_all(|pods, containers| {
-        let mut out = Vec::with_capacity(pods.len() + containers.len());
-        let mut classes = BTreeMap::new();
-        for p in pods.values().filter(|p| p.state == PodState::Ready) {
-            let Ok(cg) = CgroupPath::pod_under(&p.cgroup_parent, pod_root) else {
-                continue;
-            };
-            if cg.as_str().is_empty() {
-                continue;
-            }
-            let class = qoslet_hooks::classify(&p.labels, &p.namespace, &p.cgroup_parent, trust)
-                .class
-                .map(|c| c.as_str().to_string())
-                .unwrap_or_default();
-            classes.insert(p.id.as_str(), (cg.clone(), class.clone(), p));
-            out.push(Arc::new(Target {
-                entity: format!("pod/{}", p.id),
-                kind: Kind::Pod,
-                cgroup: cg,
-                namespace: p.namespace.clone(),
-                pod: p.name.clone(),
-                container: String::new(),
-                qos_class: class,
-                pod_entity: format!("pod/{}", p.id),
-            }));
-        }
-        for c in containers
-            .values()
-            .filter(|c| c.state == ContainerState::Running)
-        {
-            let Some((pcg, class, p)) = classes.get(c.pod_id.as_str()) else {
-                continue;
-            };
-            let Ok(cg) = pcg.container(&c.id) else {
-                continue;
-            };
+/// The pods and containers to collect: the inventory's ready pods and running containers.
+pub fn targets(inv: &qoslet_hooks::Inventory) -> Vec<Arc<Target>> {
+    let mut out = Vec::with_capacity(inv.pods.len() + inv.containers());
+    for p in &inv.pods {
+        let class = p
+            .class
+            .map(|c| c.class.as_str().to_string())
+            .unwrap_or_default();
+        let pod_entity = format!("pod/{}", p.id);
+        out.push(Arc::new(Target {
+            entity: pod_entity.clone(),
+            kind: Kind::Pod,
+            cgroup: p.cgroup.clone(),
+            namespace: p.namespace.clone(),
+            pod: p.name.clone(),
+            container: String::new(),
+            qos_class: class.clone(),
+            pod_entity: pod_entity.clone(),
+        }));
+        for c in &p.containers {
             out.push(Arc::new(Target {
                 entity: format!("container/{}", c.id),
                 kind: Kind::Container,
-                cgroup: cg,
+                cgroup: c.cgroup.clone(),
                 namespace: p.namespace.clone(),
                 pod: p.name.clone(),
                 container: c.name.clone(),
                 qos_class: class.clone(),
-                pod_entity: format!("pod/{}", p.id),
+                pod_entity: pod_entity.clone(),
             }));
         }
-        out
-    })
+    }
+    out
 }
 
 /// The kube QoS cgroups (the pods' root, besteffort) of the cgroup driver the
@@ -187,6 +163,7 @@ impl Metrics {
         s: Settings,
         host: Option<Host>,
         store: Store,
+        inventory: Arc<crate::inventory::Inventories>,
         shutdown: watch::Receiver<bool>,
     ) -> Result<Option<(Arc<Metrics>, Vec<JoinHandle<()>>)>> {
         let Some(host) = host else {
@@ -224,7 +201,7 @@ impl Metrics {
             interval: s.interval,
             cpi,
             store,
-            trust: s.trust.clone(),
+            inventory,
             pod_root: s.pod_root.clone(),
             ticked: tokio::sync::Notify::new(),
             extra: std::sync::OnceLock::new(),
@@ -498,11 +475,11 @@ async fn collect_loop(
             _ = ticker.tick() => {}
             _ = shutdown.changed() => break,
         }
-        let generation = m.store.generation();
-        if generation != cached.0 {
-            let t = targets(&m.store, &m.trust, &m.pod_root);
+        let inv = m.inventory.current();
+        if inv.generation != cached.0 {
+            let t = targets(&inv);
             let g = groups(&t, &m.pod_root);
-            cached = (generation, Arc::new(t), g);
+            cached = (inv.generation, Arc::new(t), g);
         }
         let (targets, groups) = (cached.1.clone(), cached.2.clone());
         let Some(mut c) = collector.take() else { break };
@@ -817,7 +794,7 @@ mod tests {
         Arc::new(Target {
             entity: "pod/p".into(),
             kind: Kind::Pod,
-            cgroup: CgroupPath::parse(cg).unwrap(),
+            cgroup: qoslet_cgroups::CgroupPath::parse(cg).unwrap(),
             namespace: "ns".into(),
             pod: "p".into(),
             container: String::new(),
@@ -842,7 +819,11 @@ mod tests {
             interval: Duration::from_secs(1),
             cpi: String::new(),
             store: Store::new(),
-            trust: Default::default(),
+            inventory: crate::inventory::Inventories::new(
+                Store::new(),
+                Default::default(),
+                Default::default(),
+            ),
             pod_root: Default::default(),
             ticked: tokio::sync::Notify::new(),
             extra: std::sync::OnceLock::new(),

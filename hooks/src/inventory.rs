@@ -1,0 +1,63 @@
+//! One inventory: the pods and containers qoslet acts on, as the store holds
+//! them at one generation, with their cgroup paths validated and their class
+//! decided once. The metrics collector and the QoS engine read it (and the
+//! NRI plane and eviction will), instead of each walking the store and
+//! classifying every pod again. The composition builds it from the store
+//! (`src/inventory.rs`); this is the data, shared as `Arc<Inventory>`.
+
+use std::collections::BTreeMap;
+
+use qoslet_cgroups::CgroupPath;
+
+use crate::class::PodClass;
+
+/// The ready pods and their running containers at one store generation.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Inventory {
+    /// The store generation this was built from.
+    pub generation: u64,
+    /// Ready pods whose cgroup parent is a pod's own cgroup under the kubelet
+    /// root (others are left out: qoslet neither reads nor writes them), by id.
+    pub pods: Vec<PodEntry>,
+}
+
+/// A ready pod.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PodEntry {
+    pub id: String,
+    pub name: String,
+    pub namespace: String,
+    /// Its own cgroup, validated (never empty, never outside the kubelet root).
+    pub cgroup: CgroupPath,
+    /// Its class with where it came from (`None`: not qoslet's to touch:
+    /// skipped by label, or no class).
+    pub class: Option<PodClass>,
+    pub annotations: BTreeMap<String, String>,
+    /// The sandbox config's memory limit (0: none).
+    pub sandbox_memory_limit: i64,
+    /// Its running containers, by id.
+    pub containers: Vec<ContainerEntry>,
+}
+
+/// A running container.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContainerEntry {
+    pub id: String,
+    pub name: String,
+    /// Its cgroup (the pod's child), validated.
+    pub cgroup: CgroupPath,
+    /// What kubelet asked for: memory limit (0: none), CFS quota (≤ 0: none)
+    /// and period (the kernel's 100 ms when kubelet gave none).
+    pub memory_limit: i64,
+    pub cpu_quota: i64,
+    pub cpu_period: i64,
+    /// The cpuset kubelet asked for (empty: none).
+    pub cpuset_cpus: String,
+}
+
+impl Inventory {
+    /// The number of containers in all pods.
+    pub fn containers(&self) -> usize {
+        self.pods.iter().map(|p| p.containers.len()).sum()
+    }
+}
