@@ -169,7 +169,10 @@ async fn handle(
     };
     let reply = respond(&s);
     seen.lock().unwrap().push(s);
-    tokio::time::sleep(reply.delay).await;
+    // no timer for no delay (a zero sleep still waits for the timer wheel's next tick)
+    if !reply.delay.is_zero() {
+        tokio::time::sleep(reply.delay).await;
+    }
     if reply.trailers_only {
         let mut b = Response::builder().header("content-type", "application/grpc");
         for (k, v) in &reply.trailers {
@@ -180,7 +183,9 @@ async fn handle(
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     tokio::spawn(async move {
         for (d, c) in reply.chunks {
-            tokio::time::sleep(d).await;
+            if !d.is_zero() {
+                tokio::time::sleep(d).await;
+            }
             if tx.send(Ok(Frame::data(c))).await.is_err() {
                 return;
             }

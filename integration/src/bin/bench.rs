@@ -5,8 +5,12 @@
 //!
 //! Needs root and the test bed (`integration/testbed/testbed.sh up`). Run:
 //!   cargo build --release --workspace --bins && target/release/bench [--quick] [--lifecycles N]
+//!   target/release/bench --engine-tick [SECONDS]   (no test bed needed: see engine_tick.rs)
 
 use std::time::{Duration, Instant};
+
+#[path = "bench/engine_tick.rs"]
+mod engine_tick;
 
 use k8s_cri::v1 as cri;
 use qoslet_integration::process::QosletProcess;
@@ -200,6 +204,10 @@ async fn main() {
     }
     if let Some(i) = args.iter().position(|a| a == "--byte-relay-threads") {
         return byte_relay_threads(&args[i + 1], &args[i + 2]);
+    }
+    if let Some(i) = args.iter().position(|a| a == "--engine-tick") {
+        let seconds = args.get(i + 1).and_then(|s| s.parse().ok()).unwrap_or(60);
+        return engine_tick::run(scratch("bench-engine-tick"), seconds).await;
     }
     let tb = Testbed::main();
     let dir = scratch("bench");
