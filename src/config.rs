@@ -94,57 +94,7 @@ pub struct EngineConfig {
     pub kubelet_root_dir: Option<PathBuf>,
 }
 
-/// `policy:` — a Koordinator NodeSLO spec (or a whole NodeSLO object), as it
-/// is: the fields qoslet implements are parsed strictly, the ones only
-/// Koordinator has are set aside and listed (`not_implemented`), a field
-/// neither has is an error with its path (see `qoslet_hooks::nodeslo`).
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
-#[serde(try_from = "serde_json::Value")]
-pub struct PolicyConfig {
-    pub resource_qos_strategy: qoslet_hooks::policy::ResourceQosStrategy,
-    pub resource_used_threshold_with_be: qoslet_qos_engine::policy::ResourceThresholdStrategy,
-    pub cpu_burst_strategy: qoslet_qos_engine::burst::CpuBurstStrategy,
-    /// NodeSLO fields qoslet does not act on (`path = value`), for the log and `qoslet plan`.
-    pub not_implemented: Vec<String>,
-}
-
-impl TryFrom<serde_json::Value> for PolicyConfig {
-    type Error = String;
-
-    fn try_from(v: serde_json::Value) -> Result<Self, String> {
-        let split = qoslet_hooks::nodeslo::split(&v)?;
-        let part = |key: &str| {
-            split
-                .spec
-                .get(key)
-                .cloned()
-                .unwrap_or(serde_json::Value::Object(Default::default()))
-        };
-        let field = |key: &'static str| move |e: serde_json::Error| format!("{key}: {e}");
-        Ok(Self {
-            resource_qos_strategy: serde_json::from_value(part("resourceQOSStrategy"))
-                .map_err(field("resourceQOSStrategy"))?,
-            resource_used_threshold_with_be: serde_json::from_value(part(
-                "resourceUsedThresholdWithBE",
-            ))
-            .map_err(field("resourceUsedThresholdWithBE"))?,
-            cpu_burst_strategy: serde_json::from_value(part("cpuBurstStrategy"))
-                .map_err(field("cpuBurstStrategy"))?,
-            not_implemented: split.not_implemented,
-        })
-    }
-}
-
-impl PolicyConfig {
-    /// The engine's view of the policy.
-    pub fn engine(&self) -> qoslet_qos_engine::engine::Policy {
-        qoslet_qos_engine::engine::Policy {
-            threshold: self.resource_used_threshold_with_be.clone(),
-            burst: self.cpu_burst_strategy.clone(),
-            qos: self.resource_qos_strategy.clone(),
-        }
-    }
-}
+pub use qoslet_qos_engine::source::PolicyConfig;
 
 /// Defaults for every hook (the hooks themselves come with later features).
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
@@ -177,13 +127,19 @@ pub fn parse(text: &str) -> Result<FileConfig> {
         Ok(c) => c,
         Err(e) => {
             // name the key the value belongs to: the YAML parser's own errors
-            // do not, for values refused by their type (a duration, say)
+            // do not, for values refused by their type (a duration, say). The
+            // second pass reads the file as JSON values (`0` is a number there,
+            // not text): its path is taken only when it failed for the same reason
+            let first = e.to_string();
             if let Ok(v) = serde_saphyr::from_str::<serde_json::Value>(text) {
                 if let Err(pe) = serde_path_to_error::deserialize::<_, FileConfig>(v) {
-                    bail!("key {}: {}", pe.path(), pe.inner());
+                    let why = pe.inner().to_string();
+                    if !why.is_empty() && first.contains(&why) {
+                        bail!("key {}: {why}", pe.path());
+                    }
                 }
             }
-            bail!("{e}");
+            bail!("{first}");
         }
     };
     // durations and intervals are typed (and checked) as the file is read;
@@ -266,18 +222,11 @@ impl std::str::FromStr for Interval {
     }
 }
 
-/// A duration's YAML value: a string with a unit, or a bare number of seconds.
+/// A duration's YAML value as written (a plain scalar's own text: `30`, `2s`),
+/// so only [`parse_duration`]'s forms are accepted, never YAML's other number
+/// spellings (`0x1e`, `1_000`).
 fn duration_text<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<String, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Text {
-        S(String),
-        N(f64),
-    }
-    Ok(match Text::deserialize(d)? {
-        Text::S(s) => s,
-        Text::N(n) => n.to_string(),
-    })
+    String::deserialize(d)
 }
 
 impl<'de> Deserialize<'de> for Dur {
@@ -549,5 +498,15 @@ mod tests {
         );
         assert!(e.contains("key qosEngine.driftCheckInterval"), "{e}");
         assert!("1500ms".parse::<Interval>().is_err(), "whole seconds only");
+        // only parse_duration's forms, as before the durations were typed
+        for bad in ["0x1e", "1_000", "+30"] {
+            assert!(parse(&format!("drainTimeout: {bad}\n")).is_err(), "{bad}");
+        }
+        // a valid value read as a number by the second pass is not blamed
+        let e = format!(
+            "{:#}",
+            parse("reservedCpuset: 0\ndrainTimeout: soon\n").unwrap_err()
+        );
+        assert!(e.contains("soon") && !e.contains("reservedCpuset"), "{e}");
     }
 }

@@ -19,6 +19,12 @@ pub struct Inventories {
     cached: Mutex<Option<Arc<Inventory>>>,
 }
 
+impl qoslet_hooks::inventory::InventorySource for Inventories {
+    fn current(&self) -> Arc<Inventory> {
+        Inventories::current(self)
+    }
+}
+
 impl Inventories {
     pub fn new(store: Store, trust: Trust, pod_root: PodRoot) -> Arc<Self> {
         Arc::new(Self {
@@ -33,12 +39,17 @@ impl Inventories {
     /// generation, by whichever consumer asks first).
     pub fn current(&self) -> Arc<Inventory> {
         let generation = self.store.generation();
-        let mut cached = self.cached.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(i) = cached.as_ref().filter(|i| i.generation == generation) {
+        let lock = || self.cached.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = lock().as_ref().filter(|i| i.generation == generation) {
             return i.clone();
         }
+        // built outside the lock: the collector (on the thread that serves
+        // kubelet) never waits for the engine's build, nor the engine for its
         let i = Arc::new(build(&self.store, generation, &self.trust, &self.pod_root));
-        *cached = Some(i.clone());
+        let mut cached = lock();
+        if cached.as_ref().is_none_or(|c| c.generation < generation) {
+            *cached = Some(i.clone());
+        }
         i
     }
 }

@@ -6,7 +6,7 @@ mod cli;
 mod config;
 mod engine;
 mod inventory;
-mod isolation;
+use qoslet_isolation as isolation;
 mod metrics;
 mod policy;
 mod restore;
@@ -282,7 +282,7 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
         .as_ref()
         .map(|_| slot.clone() as std::sync::Arc<dyn qoslet_proxy::AgentView>);
     let engine_cfg = file.qos_engine.clone().unwrap_or_default();
-    let engine_settings = engine::Settings::from_config(
+    let engine_settings = engine::settings(
         &engine_cfg,
         trust.clone(),
         pod_root.clone(),
@@ -330,7 +330,7 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
                                 policy_rx.clone(),
                                 env,
                                 rdt,
-                                m,
+                                m as std::sync::Arc<dyn engine::Ticks>,
                                 inventory.clone(),
                                 running.shutdown_signal(),
                             ));
@@ -348,14 +348,13 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
     wait_for_signal().await?;
     tracing::info!("signal received; draining");
     // the state dir stays locked until the metrics snapshot is in it too
-    let store = running.store.clone();
     let state_lock = running.shutdown().await;
     for t in metric_tasks {
         let _ = t.await;
     }
     if let Some(engine) = slot.1.get().cloned() {
         // after the drain: pods started by calls still in flight are put back too
-        let _ = tokio::task::spawn_blocking(move || engine.restore_on_exit(&store)).await;
+        let _ = tokio::task::spawn_blocking(move || engine.restore_on_exit(&*inventory)).await;
     }
     drop(state_lock);
     tracing::info!("stopped");
@@ -441,7 +440,7 @@ impl HostCaps {
         };
         let cgroups = match &tree {
             Some(h) if !h.cgroupfs => {
-                tracing::error!(root = %cgroup_root.display(), "cgroupRoot is not a cgroup filesystem; qoslet writes no cgroup file there (QoS engine off; only settings CRI carries are applied)");
+                tracing::error!(root = %cgroup_root.display(), "cgroupRoot is not a cgroup filesystem; qoslet writes no cgroup file there (metrics read it; no QoS engine, no cgroup writes at the runtime hooks)");
                 None
             }
             Some(h) => Some(qoslet_cgroups::Cgroups::new(h.clone())),

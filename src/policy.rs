@@ -8,7 +8,6 @@
 //! touching the consumers. Reload works whichever of metrics, engine and
 //! isolation are on.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,28 +17,7 @@ use tracing::{error, info, warn};
 
 use crate::config::PolicyConfig;
 
-/// The policy in force, as published.
-#[derive(Debug, Clone, Default)]
-pub struct Published {
-    pub policy: PolicyConfig,
-    /// The policy's block devices resolved on this host.
-    pub devices: BTreeMap<String, qoslet_cgroups::Device>,
-    /// Why the last change was refused (the policy above is the last good one).
-    pub error: Option<String>,
-}
-
-impl Published {
-    pub fn new(policy: PolicyConfig) -> Self {
-        Self {
-            devices: crate::isolation::resolve_devices(&policy.resource_qos_strategy),
-            policy,
-            error: None,
-        }
-    }
-}
-
-/// Subscribers' end of the channel.
-pub type PolicyRx = watch::Receiver<Arc<Published>>;
+pub use qoslet_qos_engine::source::{PolicyRx, Published};
 
 /// Publishes `initial`, then every change of `path`'s `policy:` section, checked
 /// every `every` on a thread of its own (`None`: no file, the initial policy

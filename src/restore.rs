@@ -110,7 +110,7 @@ pub async fn run(a: RestoreArgs) -> Result<()> {
     let env = qoslet_qos_engine::engine::Env {
         features: cgroups.host().features.clone(),
         v2: cgroups.host().is_v2(),
-        devices: isolation::resolve_devices(&policy_cfg.resource_qos_strategy),
+        devices: qoslet_qos_engine::source::resolve_devices(&policy_cfg.resource_qos_strategy),
         page_size: qoslet_cgroups::cgroup::page_size(),
         node: isolation::node_facts(&sys_root, &proc_root, file.reserved_cpuset.as_deref()),
     };
@@ -118,7 +118,7 @@ pub async fn run(a: RestoreArgs) -> Result<()> {
     let settings = engine::Settings {
         dry_run: a.dry_run,
         restore_on_exit: false,
-        ..engine::Settings::from_config(
+        ..engine::settings(
             &engine_cfg,
             file.trust.clone().unwrap_or_default(),
             match file.kubelet_cgroup_root.as_deref() {
@@ -130,8 +130,14 @@ pub async fn run(a: RestoreArgs) -> Result<()> {
         )?
     };
     let policy = policy_cfg.engine();
+    let inv = crate::inventory::build(
+        &store,
+        store.generation(),
+        &settings.trust,
+        &settings.pod_root,
+    );
     if a.dry_run {
-        for (w, p) in engine::restore_preview(&cgroups, &settings, &store, &policy, &env) {
+        for (w, p) in engine::restore_preview(&cgroups, &settings, &inv, &policy, &env) {
             let files: Vec<String> = p
                 .files
                 .iter()
@@ -146,7 +152,7 @@ pub async fn run(a: RestoreArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let r = engine::restore(&cgroups, &settings, &store, &policy, &env);
+    let r = engine::restore(&cgroups, &settings, &inv, &policy, &env);
     println!(
         "qoslet restore: {} files written, {} already right, {} errors",
         r.written,

@@ -1235,7 +1235,11 @@ mod tests {
     fn real_cgroup_v1_quota_order_and_values() {
         let c = Cgroups::detect(std::path::Path::new("/sys/fs/cgroup")).unwrap();
         if c.host().is_v2() {
-            return; // the kernel-rule check below is v1's; v2 is covered by the tree tests
+            // the kernel-rule check below is v1's; v2 is covered by the tree tests
+            return crate::skip_test(
+                "real_cgroup_v1_quota_order_and_values",
+                "the host is cgroup v2",
+            );
         }
         let name = format!("qoslet-cgtest-{}", std::process::id());
         let parent = CgroupPath::parse(&format!("/qoslet-test/{name}")).unwrap();
@@ -1383,18 +1387,19 @@ mod tests {
     #[test]
     fn real_cgroup_v1_io_limits() {
         let c = Cgroups::detect(std::path::Path::new("/sys/fs/cgroup")).unwrap();
+        let skip = |why| crate::skip_test("real_cgroup_v1_io_limits", why);
         let Some(blkio) = c.host().hierarchy("blkio").map(PathBuf::from) else {
-            return;
+            return skip("no blkio hierarchy");
         };
         if c.host().is_v2() || !c.host().features.blkio_throttle {
-            return;
+            return skip("no v1 blkio throttling on this host");
         }
         let parts = std::fs::read_to_string("/proc/partitions").unwrap();
         let Some(device) = parts.lines().skip(2).find_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
             Device::parse_numbers(&format!("{}:{}", f.first()?, f.get(1)?))
         }) else {
-            return;
+            return skip("no block device in /proc/partitions");
         };
         let cg = CgroupPath::parse(&format!("/qoslet-test/io-{}", std::process::id())).unwrap();
         std::fs::create_dir_all(cg.under(&blkio).unwrap()).unwrap();

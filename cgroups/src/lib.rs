@@ -65,3 +65,21 @@ pub use blkio::{Device, IoLimits};
 pub use cgroup::{files, Cgroups, FileWrite, Knob};
 pub use detect::{Features, Host, Layout};
 pub use path::{CgroupPath, PodRoot};
+
+/// Records that a test cannot run on this host, and why: printed, and appended
+/// to the file `QOSLET_SKIPPED` names (the test script lists them at the end),
+/// so a test that cannot run here is never a silent pass.
+#[doc(hidden)]
+pub fn skip_test(test: &str, reason: &str) {
+    eprintln!("SKIPPED {test}: {reason}");
+    if let Some(p) = std::env::var_os("QOSLET_SKIPPED") {
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+        {
+            let _ = writeln!(f, "{test}: {reason}");
+        }
+    }
+}

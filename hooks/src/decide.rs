@@ -157,11 +157,15 @@ impl Decision {
         }
     }
 
-    /// The setting's name and value as this host's layout names them
-    /// (`cpu.cfs_quota_us` = `50000` on v1, `cpu.max` = `50000 100000` on v2).
+    /// The setting's name and value: what qoslet writes itself as this host's
+    /// layout names it (`cpu.cfs_quota_us` = `50000` on v1, `cpu.max` =
+    /// `50000 100000` on v2); what CRI carries as CRI's fields are (v1-shaped:
+    /// shares, quota, limit, whatever the runtime converts them to on v2, and
+    /// `unified`'s own v2 keys).
     pub fn setting(&self, v2: bool) -> (String, String) {
         match &self.action {
-            Action::Cri(k) | Action::Cgroup(k) => k.describe(v2),
+            Action::Cri(k) => k.describe(false),
+            Action::Cgroup(k) => k.describe(v2),
             Action::Resctrl(r) => (
                 "resctrl".into(),
                 format!(

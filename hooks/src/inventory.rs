@@ -6,6 +6,7 @@
 //! (`src/inventory.rs`); this is the data, shared as `Arc<Inventory>`.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use qoslet_cgroups::CgroupPath;
 
@@ -60,4 +61,10 @@ impl Inventory {
     pub fn containers(&self) -> usize {
         self.pods.iter().map(|p| p.containers.len()).sum()
     }
+}
+
+/// Where consumers get the inventory of the store as it is now (built at most
+/// once per store generation).
+pub trait InventorySource: Send + Sync + 'static {
+    fn current(&self) -> Arc<Inventory>;
 }

@@ -12,6 +12,9 @@
 //! * [`engine`]: one tick (state in, merged plan out) and the engine's memory between ticks.
 //! * [`execute`]: the executor (ordered, idempotent, cached, with drift checks).
 //! * [`burst`]: CPU burst and quota scaling for LS pods (`cpuBurstStrategy`).
+//! * [`source`]: the policy as published (NodeSLO parsed, devices resolved) and its channel.
+//! * [`runner`]: the 1 s loop on a thread of its own (after each metrics tick), the last tick
+//!   for the admin API and Prometheus, and putting back what qoslet changed.
 //!
 //! * [`sim`]: the seed scenario (1,024 cores, an LS burst) driving the real engine.
 //! * [`synth`]: a synthetic node (kernel-shaped cgroup tree and pods) for the bench and the simulation.
@@ -28,7 +31,9 @@ pub mod plan;
 pub mod policy;
 pub mod reconcile;
 pub mod resctrl;
+pub mod runner;
 pub mod sim;
+pub mod source;
 pub mod suppress;
 pub mod synth;
 

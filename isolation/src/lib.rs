@@ -1,5 +1,8 @@
-//! The isolation hook: wires the pure policy (`qoslet-hooks`) and the cgroup
-//! writer (`qoslet-cgroups`) into the proxy's interception points.
+//! The isolation room: the runtime hook that wires the pure policy
+//! (`qoslet-hooks`: typed decisions) and the cgroup writer (`qoslet-cgroups`)
+//! into the proxy's interception points, with the engine's resctrl assigner.
+//! It follows the published policy (`qoslet_qos_engine::source`); the binary
+//! only composes it. The NRI plane will apply the same decisions.
 //!
 //! * CreateContainer (before): the container's class decides a resource patch
 //!   (BE batch resources -> cpu shares, CFS quota, memory limit) that the
@@ -50,7 +53,7 @@ impl PolicyHandle {
 
     /// Follows a policy source: each policy it publishes is in force for the
     /// next calls (the devices come resolved; nothing here touches a file).
-    pub fn follow(&self, mut rx: crate::policy::PolicyRx) {
+    pub fn follow(&self, mut rx: qoslet_qos_engine::source::PolicyRx) {
         let me = self.clone();
         tokio::spawn(async move {
             while rx.changed().await.is_ok() {
@@ -144,40 +147,6 @@ pub fn node_facts(
     }
 }
 
-/// Resolves every `blkioQOS` device name of the policy; a name that is not a
-/// block device here is logged once (its limits are skipped per pod, with a warning).
-pub(crate) fn resolve_devices(
-    policy: &ResourceQosStrategy,
-) -> std::collections::BTreeMap<String, qoslet_cgroups::Device> {
-    let mut out = std::collections::BTreeMap::new();
-    for c in [
-        &policy.lsr_class,
-        &policy.ls_class,
-        &policy.be_class,
-        &policy.system_class,
-    ] {
-        if !c.blkio_qos.enable {
-            continue;
-        }
-        for b in &c.blkio_qos.blocks {
-            if out.contains_key(&b.name) {
-                continue;
-            }
-            if b.block_type != "device" {
-                warn!(name = %b.name, block_type = %b.block_type, "blkioQOS block type not implemented by qoslet (CRI carries no pod volumes); skipped");
-                continue;
-            }
-            match qoslet_cgroups::Device::resolve(&b.name) {
-                Ok(d) => {
-                    out.insert(b.name.clone(), d);
-                }
-                Err(e) => warn!(error = %e, "blkioQOS device skipped"),
-            }
-        }
-    }
-    out
-}
-
 impl Isolation {
     /// `cgroups`: the host's cgroups, or `None` when none were found (then
     /// only CRI-carried settings are applied).
@@ -205,7 +174,7 @@ impl Isolation {
                 node,
                 trust,
                 pod_root,
-                devices: resolve_devices(&policy),
+                devices: qoslet_qos_engine::source::resolve_devices(&policy),
                 policy,
             })))),
         }

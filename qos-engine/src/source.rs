@@ -1,0 +1,120 @@
+//! The policy as its sources publish it: a Koordinator NodeSLO spec parsed
+//! ([`PolicyConfig`]), its block devices resolved on this host, and the last
+//! refused change, sent whole on a `tokio::sync::watch` channel
+//! ([`PolicyRx`]). The runtime hooks and the engine subscribe; the sources
+//! (the config file today, a NodeSLO from the cluster next) live in the
+//! composition and publish the same type.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use qoslet_hooks::policy::ResourceQosStrategy;
+use serde::Deserialize;
+
+/// `policy:` — a Koordinator NodeSLO spec (or a whole NodeSLO object), as it
+/// is: the fields qoslet implements are parsed strictly, the ones only
+/// Koordinator has are set aside and listed (`not_implemented`), a field
+/// neither has is an error with its path (see `qoslet_hooks::nodeslo`).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(try_from = "serde_json::Value")]
+pub struct PolicyConfig {
+    pub resource_qos_strategy: qoslet_hooks::policy::ResourceQosStrategy,
+    pub resource_used_threshold_with_be: crate::policy::ResourceThresholdStrategy,
+    pub cpu_burst_strategy: crate::burst::CpuBurstStrategy,
+    /// NodeSLO fields qoslet does not act on (`path = value`), for the log and `qoslet plan`.
+    pub not_implemented: Vec<String>,
+}
+
+impl TryFrom<serde_json::Value> for PolicyConfig {
+    type Error = String;
+
+    fn try_from(v: serde_json::Value) -> Result<Self, String> {
+        let split = qoslet_hooks::nodeslo::split(&v)?;
+        let part = |key: &str| {
+            split
+                .spec
+                .get(key)
+                .cloned()
+                .unwrap_or(serde_json::Value::Object(Default::default()))
+        };
+        let field = |key: &'static str| move |e: serde_json::Error| format!("{key}: {e}");
+        Ok(Self {
+            resource_qos_strategy: serde_json::from_value(part("resourceQOSStrategy"))
+                .map_err(field("resourceQOSStrategy"))?,
+            resource_used_threshold_with_be: serde_json::from_value(part(
+                "resourceUsedThresholdWithBE",
+            ))
+            .map_err(field("resourceUsedThresholdWithBE"))?,
+            cpu_burst_strategy: serde_json::from_value(part("cpuBurstStrategy"))
+                .map_err(field("cpuBurstStrategy"))?,
+            not_implemented: split.not_implemented,
+        })
+    }
+}
+
+impl PolicyConfig {
+    /// The engine's view of the policy.
+    pub fn engine(&self) -> crate::engine::Policy {
+        crate::engine::Policy {
+            threshold: self.resource_used_threshold_with_be.clone(),
+            burst: self.cpu_burst_strategy.clone(),
+            qos: self.resource_qos_strategy.clone(),
+        }
+    }
+}
+
+/// The policy in force, as published.
+#[derive(Debug, Clone, Default)]
+pub struct Published {
+    pub policy: PolicyConfig,
+    /// The policy's block devices resolved on this host.
+    pub devices: BTreeMap<String, qoslet_cgroups::Device>,
+    /// Why the last change was refused (the policy above is the last good one).
+    pub error: Option<String>,
+}
+
+impl Published {
+    /// A policy with its devices resolved (blocking: reads `/dev` and sysfs).
+    pub fn new(policy: PolicyConfig) -> Self {
+        Self {
+            devices: resolve_devices(&policy.resource_qos_strategy),
+            policy,
+            error: None,
+        }
+    }
+}
+
+/// Subscribers' end of the channel.
+pub type PolicyRx = tokio::sync::watch::Receiver<Arc<Published>>;
+
+/// Resolves every `blkioQOS` device name of the policy; a name that is not a
+/// block device here is logged once (its limits are skipped per pod, with a warning).
+pub fn resolve_devices(policy: &ResourceQosStrategy) -> BTreeMap<String, qoslet_cgroups::Device> {
+    let mut out = BTreeMap::new();
+    for c in [
+        &policy.lsr_class,
+        &policy.ls_class,
+        &policy.be_class,
+        &policy.system_class,
+    ] {
+        if !c.blkio_qos.enable {
+            continue;
+        }
+        for b in &c.blkio_qos.blocks {
+            if out.contains_key(&b.name) {
+                continue;
+            }
+            if b.block_type != "device" {
+                tracing::warn!(name = %b.name, block_type = %b.block_type, "blkioQOS block type not implemented by qoslet (CRI carries no pod volumes); skipped");
+                continue;
+            }
+            match qoslet_cgroups::Device::resolve(&b.name) {
+                Ok(d) => {
+                    out.insert(b.name.clone(), d);
+                }
+                Err(e) => tracing::warn!(error = %e, "blkioQOS device skipped"),
+            }
+        }
+    }
+    out
+}
