@@ -1,16 +1,12 @@
-//! The QoS engine as the binary composes it: its settings from the config
-//! file's `qosEngine:` section, and the metrics collector as its tick source.
-//! The loop itself is `qoslet_qos_engine::runner`.
+//! The QoS engine's settings from the config file's `qosEngine:` section. The
+//! loop itself is `qoslet_qos_engine::runner`.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use qoslet_cgroups::CgroupPath;
 pub use qoslet_qos_engine::runner::{
     restore, restore_preview, CpuManager, Settings, Shared, Ticks,
 };
-
-use crate::metrics::Metrics;
 
 /// The settings the config's `qosEngine:` section gives (with the trust,
 /// pod root and procfs the rest of the config names); one place for both
@@ -61,15 +57,4 @@ pub fn cpu_manager(c: &crate::config::EngineConfig) -> anyhow::Result<CpuManager
         "auto" => CpuManager::Auto(file),
         other => anyhow::bail!("qosEngine.cpuManagerPolicy: {other:?} is not auto, none or static"),
     })
-}
-
-/// The metrics collector is the engine's tick source.
-impl Ticks for Metrics {
-    fn latest(&self) -> Option<Arc<qoslet_metrics::collect::Tick>> {
-        Metrics::latest(self)
-    }
-
-    fn ticked(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
-        Box::pin(Metrics::ticked(self))
-    }
 }

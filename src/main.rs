@@ -7,7 +7,7 @@ mod config;
 mod engine;
 mod inventory;
 use qoslet_isolation as isolation;
-mod metrics;
+use qoslet_metrics::service as metrics;
 mod policy;
 mod restore;
 mod top;
@@ -341,7 +341,7 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
             Ok(None) => {}
             Err(e) => {
                 running.shutdown().await;
-                return Err(e);
+                return Err(e.into());
             }
         }
     }

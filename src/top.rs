@@ -247,6 +247,17 @@ mod tests {
     use super::*;
     use qoslet_proto::admin::{Container, Resources};
 
+    /// A stopped collector's summary (the metrics service sends `stale`) is shown as such.
+    #[test]
+    fn a_stale_summary_says_so() {
+        let s = NodeSummaryResponse {
+            timestamp: 1_700_000_000,
+            stale: "last collection 40 s ago".into(),
+            ..Default::default()
+        };
+        assert!(render(&s, &[], None).contains("stale"));
+    }
+
     #[test]
     fn a_frame_shows_node_pods_and_containers() {
         let s = NodeSummaryResponse {

@@ -6,6 +6,8 @@
 //! * [`metric`]: the kinds of series, their units and resolutions.
 //! * [`tsdb`]: the bounded in-memory time-series cache (10 minutes raw, 24 hours
 //!   of per-minute rollups) and its queries (last, avg, min, max, percentiles, trend).
+//! * [`service`]: the running service: the collection loop, the periodic snapshot,
+//!   `/metrics`, the admin API's metrics RPCs, and the tick source the engine follows.
 
 #![forbid(unsafe_code)]
 
@@ -16,6 +18,7 @@ pub mod fasthash;
 pub mod metric;
 pub mod parse;
 pub mod prom;
+pub mod service;
 pub mod tsdb;
 
 pub use clock::{SeriesClock, Stamp};

@@ -28,13 +28,7 @@ use qoslet_proto::admin;
 use tokio::sync::watch;
 use tracing::{debug, error, info, warn};
 
-/// Where the runner's ticks come from: the metrics collector's latest tick,
-/// and a wake-up after each new one.
-pub trait Ticks: Send + Sync + 'static {
-    fn latest(&self) -> Option<Arc<Tick>>;
-    /// Resolves after the next tick.
-    fn ticked(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>;
-}
+pub use qoslet_metrics::service::Ticks;
 
 /// Settings from flags and the config file.
 #[derive(Debug, Clone)]

@@ -1,6 +1,8 @@
-//! Metrics wiring: the collection loop over the store's pods and containers,
-//! the time-series cache, the Prometheus endpoint (`/metrics`, `/healthz`) and
-//! the admin API's `QueryMetrics` / `NodeSummary`.
+//! The metrics service: the collection loop over the inventory's pods and
+//! containers (on a thread of its own), the time-series cache and its periodic
+//! snapshot, the Prometheus endpoint (`/metrics`, `/healthz`), the admin API's
+//! `QueryMetrics` / `NodeSummary` (`qoslet_proxy::AgentView`), and the tick
+//! source the QoS engine follows ([`Ticks`]). The binary only composes it.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -8,13 +10,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use anyhow::{Context, Result};
+use crate::collect::{Collector, Groups, Kind, Target, Tick};
+use crate::metric::sample as get;
+use crate::{Agg, Metric, NodeIdentity, SeriesClock, Tsdb};
 use bytes::Bytes;
 use http_body_util::Full;
 use qoslet_cgroups::Host;
-use qoslet_metrics::collect::{Collector, Groups, Kind, Target, Tick};
-use qoslet_metrics::metric::sample as get;
-use qoslet_metrics::{Agg, Metric, NodeIdentity, SeriesClock, Tsdb};
+use qoslet_hooks::inventory::InventorySource;
 use qoslet_proto::admin;
 use qoslet_proxy::store::{PodState, Store};
 use qoslet_proxy::QosletError;
@@ -58,7 +60,7 @@ pub struct Metrics {
     cpi: String,
     store: Store,
     /// The pods and containers to collect (classes decided once, for the engine too).
-    inventory: Arc<crate::inventory::Inventories>,
+    inventory: Arc<dyn InventorySource>,
     pod_root: qoslet_cgroups::PodRoot,
     /// Woken after every tick.
     ticked: tokio::sync::Notify,
@@ -157,15 +159,43 @@ pub fn record(db: &mut Tsdb, t: &Tick) {
     }
 }
 
+/// Why the metrics service could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error("metricsListen {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// Where a consumer of the collector's ticks (the QoS engine) reads them: the
+/// latest tick, and a wake-up after each new one.
+pub trait Ticks: Send + Sync + 'static {
+    fn latest(&self) -> Option<Arc<Tick>>;
+    /// Resolves after the next tick.
+    fn ticked(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>;
+}
+
+impl Ticks for Metrics {
+    fn latest(&self) -> Option<Arc<Tick>> {
+        Metrics::latest(self)
+    }
+
+    fn ticked(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
+        Box::pin(Metrics::ticked(self))
+    }
+}
+
 impl Metrics {
     /// Starts collecting (and serving `/metrics` when `listen` is set).
     pub async fn start(
         s: Settings,
         host: Option<Host>,
         store: Store,
-        inventory: Arc<crate::inventory::Inventories>,
+        inventory: Arc<dyn InventorySource>,
         shutdown: watch::Receiver<bool>,
-    ) -> Result<Option<(Arc<Metrics>, Vec<JoinHandle<()>>)>> {
+    ) -> Result<Option<(Arc<Metrics>, Vec<JoinHandle<()>>)>, ServiceError> {
         let Some(host) = host else {
             // the proxy is what kubelet needs; metrics are not worth failing it
             warn!("no cgroups to collect from; metrics collection off");
@@ -189,7 +219,7 @@ impl Metrics {
                 "the wall clock is behind the metrics snapshot's newest sample; series time goes on from the snapshot"
             );
         }
-        let cpi = qoslet_metrics::collect::cpi_status(&s.sys_root);
+        let cpi = crate::collect::cpi_status(&s.sys_root);
         info!(interval = ?s.interval, cpi = %cpi, "metrics collection on");
         let m = Arc::new(Metrics {
             tsdb: Mutex::new(tsdb),
@@ -220,7 +250,7 @@ impl Metrics {
         if let Some(addr) = s.listen {
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
-                .with_context(|| format!("metricsListen {addr}"))?;
+                .map_err(|source| ServiceError::Listen { addr, source })?;
             info!(%addr, "Prometheus endpoint on http://{addr}/metrics");
             tasks.push(tokio::spawn(serve_http(listener, m.clone(), shutdown)));
         }
@@ -250,7 +280,7 @@ impl Metrics {
         // values are not served as if they were current
         let stale = self.healthy().is_err();
         let mut out = match (&latest, stale) {
-            (Some(t), false) => qoslet_metrics::prom::render(
+            (Some(t), false) => crate::prom::render(
                 t,
                 series,
                 self.collect_ns.load(Ordering::Relaxed) as f64 / 1e9,
@@ -306,11 +336,7 @@ impl Metrics {
 /// A metrics snapshot larger than this is refused at load (the whole cache is a few MiB).
 const SNAPSHOT_MAX_BYTES: u64 = 256 << 20;
 
-fn load_snapshot(
-    p: &std::path::Path,
-    here: &NodeIdentity,
-    interval: u32,
-) -> Option<qoslet_metrics::Loaded> {
+fn load_snapshot(p: &std::path::Path, here: &NodeIdentity, interval: u32) -> Option<crate::Loaded> {
     let b = match qoslet_proxy::statefile::read_capped(p, SNAPSHOT_MAX_BYTES) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
@@ -339,7 +365,10 @@ fn load_snapshot(
 /// Written like the store's checkpoint: 0600 in the 0700 state dir, atomically,
 /// never through a symlink; the cache's lock is held per batch of entities,
 /// never across the file write.
-fn write_snapshot(p: &std::path::Path, m: &Metrics) -> anyhow::Result<()> {
+fn write_snapshot(
+    p: &std::path::Path,
+    m: &Metrics,
+) -> Result<(), qoslet_proxy::statefile::StateError> {
     if let Some(d) = p.parent() {
         qoslet_proxy::statefile::ensure_private_dir(d)?;
     }
@@ -349,10 +378,10 @@ fn write_snapshot(p: &std::path::Path, m: &Metrics) -> anyhow::Result<()> {
             left: SNAPSHOT_MAX_BYTES,
         };
         let id = NodeIdentity {
-            uptime_secs: qoslet_metrics::tsdb::uptime_secs(&m.proc_root),
+            uptime_secs: crate::tsdb::uptime_secs(&m.proc_root),
             ..m.identity.clone()
         };
-        qoslet_metrics::write_snapshot_locked(&m.tsdb, &id, &mut w)
+        crate::write_snapshot_locked(&m.tsdb, &id, &mut w)
     })?;
     Ok(())
 }
@@ -398,7 +427,7 @@ impl Metrics {
     }
 
     /// The stamp of a tick read now; a wall-clock step is logged.
-    fn stamp(&self) -> qoslet_metrics::Stamp {
+    fn stamp(&self) -> crate::Stamp {
         let s = lock(&self.clock).stamp(self.mono0.elapsed(), (self.wall)());
         if let Some(step) = s.step {
             warn!(
@@ -627,12 +656,12 @@ const AGGS: [&str; 9] = [
 ];
 
 /// A cache query's error as the admin API answers it.
-fn query_error(e: qoslet_metrics::QueryError) -> QosletError {
+fn query_error(e: crate::QueryError) -> QosletError {
     match e {
-        qoslet_metrics::QueryError::BadWindow => {
+        crate::QueryError::BadWindow => {
             QosletError::BadRequest("window_seconds must be 1 to 86400".into())
         }
-        e @ qoslet_metrics::QueryError::NoQuantiles(_) => QosletError::Unanswerable(e.to_string()),
+        e @ crate::QueryError::NoQuantiles(_) => QosletError::Unanswerable(e.to_string()),
         e => QosletError::NotFound(e.to_string()),
     }
 }
@@ -699,8 +728,8 @@ impl qoslet_proxy::AgentView for Metrics {
                 Ok(v) => {
                     values.insert(a, v);
                 }
-                Err(qoslet_metrics::QueryError::Empty) => {}
-                Err(qoslet_metrics::QueryError::NoQuantiles(_)) if !asked => {}
+                Err(crate::QueryError::Empty) => {}
+                Err(crate::QueryError::NoQuantiles(_)) if !asked => {}
                 Err(e) => return Err(query_error(e).into()),
             }
         }
@@ -735,7 +764,7 @@ impl qoslet_proxy::AgentView for Metrics {
         }
         let g = |s: &[(Metric, f64)], m| get(s, m).unwrap_or(0.0);
         let psi = |m| get(&t.node, m).unwrap_or(-1.0);
-        let usage = |r: &qoslet_metrics::collect::Reading| admin::Usage {
+        let usage = |r: &crate::collect::Reading| admin::Usage {
             entity: r.target.entity.clone(),
             namespace: r.target.namespace.clone(),
             pod: r.target.pod.clone(),
@@ -803,6 +832,14 @@ mod tests {
         })
     }
 
+    /// An inventory with no pods.
+    struct NoPods;
+    impl InventorySource for NoPods {
+        fn current(&self) -> Arc<qoslet_hooks::Inventory> {
+            Arc::new(qoslet_hooks::Inventory::default())
+        }
+    }
+
     fn metrics(wall: fn() -> u32) -> Metrics {
         Metrics {
             tsdb: Mutex::new(Tsdb::new(1)),
@@ -819,11 +856,7 @@ mod tests {
             interval: Duration::from_secs(1),
             cpi: String::new(),
             store: Store::new(),
-            inventory: crate::inventory::Inventories::new(
-                Store::new(),
-                Default::default(),
-                Default::default(),
-            ),
+            inventory: Arc::new(NoPods),
             pod_root: Default::default(),
             ticked: tokio::sync::Notify::new(),
             extra: std::sync::OnceLock::new(),
@@ -855,7 +888,6 @@ mod tests {
         let s = m.node_summary();
         assert!(s.stale.contains("last collection"), "{s:?}");
         assert_eq!((s.timestamp, s.cpu_usage_cores), (1_700_000_000, 0.0));
-        assert!(crate::top::render(&s, &[], None).contains("stale"));
     }
 
     /// A snapshot past the loader's cap is not written: the previous file
@@ -930,7 +962,7 @@ mod tests {
         let min = ask(780, "min").unwrap();
         // (read from rollup histograms: within a bucket)
         assert!(
-            (min - 0.5).abs() < 0.5 * qoslet_metrics::codec::HIST_ERROR,
+            (min - 0.5).abs() < 0.5 * crate::codec::HIST_ERROR,
             "the first 10 minutes are 13 minutes old: {min}"
         );
         assert_eq!(ask(10, "last"), Some(2.0));
