@@ -127,17 +127,11 @@ pub fn parse(text: &str) -> Result<FileConfig> {
         Ok(c) => c,
         Err(e) => {
             // name the key the value belongs to: the YAML parser's own errors
-            // do not, for values refused by their type (a duration, say). The
-            // second pass reads the file as JSON values (`0` is a number there,
-            // not text): its path is taken only when it failed for the same reason
+            // do not, for values refused by their type (a duration names the
+            // value it refused, quoted): the key whose scalar is that value
             let first = e.to_string();
-            if let Ok(v) = serde_saphyr::from_str::<serde_json::Value>(text) {
-                if let Err(pe) = serde_path_to_error::deserialize::<_, FileConfig>(v) {
-                    let why = pe.inner().to_string();
-                    if !why.is_empty() && first.contains(&why) {
-                        bail!("key {}: {why}", pe.path());
-                    }
-                }
+            if let Some(key) = key_of_refused(text, &first) {
+                bail!("key {key}: {first}");
             }
             bail!("{first}");
         }
@@ -186,6 +180,37 @@ pub fn parse(text: &str) -> Result<FileConfig> {
         }
     }
     Ok(cfg)
+}
+
+/// The one key of the YAML `text` whose scalar value is the value quoted
+/// first in `error` (how a refused duration names itself), as a dotted path.
+fn key_of_refused(text: &str, error: &str) -> Option<String> {
+    let start = error.find('"')?;
+    let quoted = serde_json::Deserializer::from_str(&error[start..])
+        .into_iter::<String>()
+        .next()?
+        .ok()?;
+    let tree: serde_json::Value = serde_saphyr::from_str(text).ok()?;
+    fn walk(v: &serde_json::Value, path: &mut Vec<String>, want: &str, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, v) in m {
+                    path.push(k.clone());
+                    walk(v, path, want, out);
+                    path.pop();
+                }
+            }
+            serde_json::Value::String(s) if s == want => out.push(path.join(".")),
+            serde_json::Value::Number(n) if n.to_string() == want => out.push(path.join(".")),
+            _ => {}
+        }
+    }
+    let mut found = Vec::new();
+    walk(&tree, &mut Vec::new(), &quoted, &mut found);
+    match found.as_slice() {
+        [one] => Some(one.clone()),
+        _ => None, // none, or the same value under several keys: not guessed
+    }
 }
 
 /// The defaults of the timed settings, in one place.
@@ -502,11 +527,16 @@ mod tests {
         for bad in ["0x1e", "1_000", "+30"] {
             assert!(parse(&format!("drainTimeout: {bad}\n")).is_err(), "{bad}");
         }
-        // a valid value read as a number by the second pass is not blamed
+        // the refused value's own key, whatever other scalars the file holds
         let e = format!(
             "{:#}",
             parse("reservedCpuset: 0\ndrainTimeout: soon\n").unwrap_err()
         );
-        assert!(e.contains("soon") && !e.contains("reservedCpuset"), "{e}");
+        assert!(e.contains("key drainTimeout") && e.contains("soon"), "{e}");
+        let e = format!(
+            "{:#}",
+            parse("drainTimeout: 5\nhooks:\n  timeout: soon\n").unwrap_err()
+        );
+        assert!(e.contains("key hooks.timeout"), "{e}");
     }
 }

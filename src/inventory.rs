@@ -1,7 +1,8 @@
 //! The one inventory of the agent (see `qoslet_hooks::inventory`), built from
 //! the store once per store generation: cgroup paths validated and classes
 //! decided here, once, for every consumer (the metrics collector, the QoS
-//! engine). Asking again at the same generation returns the same `Arc`.
+//! engine). Asking again at the same generation returns the cached `Arc`
+//! (two callers racing after a change may each build one, outside the lock).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -107,6 +107,15 @@ pub struct Tick {
     pub skipped: usize,
 }
 
+/// Where a consumer of the collector's ticks (the QoS engine) reads them: the
+/// latest tick, and a wake-up after each new one.
+pub trait Ticks: Send + Sync + 'static {
+    fn latest(&self) -> Option<Arc<Tick>>;
+    /// Resolves after the next tick; a tick published after this call (even
+    /// before the future is first polled) wakes it.
+    fn ticked(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>;
+}
+
 /// Whether CPI (cycles per instruction) is measured here, in words. It needs
 /// hardware perf counters: a `cpu` PMU under `/sys/bus/event_source/devices`
 /// (virtual machines often have none). qoslet reports CPI as unavailable,

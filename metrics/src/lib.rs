@@ -6,7 +6,7 @@
 //! * [`metric`]: the kinds of series, their units and resolutions.
 //! * [`tsdb`]: the bounded in-memory time-series cache (10 minutes raw, 24 hours
 //!   of per-minute rollups) and its queries (last, avg, min, max, percentiles, trend).
-//! * [`service`]: the running service: the collection loop, the periodic snapshot,
+//! * `service` (feature `service`, the agent's): the running service: the collection loop, the periodic snapshot,
 //!   `/metrics`, the admin API's metrics RPCs, and the tick source the engine follows.
 
 #![forbid(unsafe_code)]
@@ -18,6 +18,7 @@ pub mod fasthash;
 pub mod metric;
 pub mod parse;
 pub mod prom;
+#[cfg(feature = "service")]
 pub mod service;
 pub mod tsdb;
 

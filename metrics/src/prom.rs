@@ -495,10 +495,10 @@ mod tests {
                 std::env::var("QOSLET_PROMTOOL").is_err(),
                 "QOSLET_PROMTOOL is set but missing"
             );
-            eprintln!(
-                "promtool not installed; skipped (run integration/testbed/testbed.sh install)"
+            return qoslet_cgroups::skip_test(
+                "prom::promtool_accepts_it",
+                "promtool not installed (run integration/testbed/testbed.sh install)",
             );
-            return;
         };
         let mut child = std::process::Command::new(promtool)
             .args(["check", "metrics"])

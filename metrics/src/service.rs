@@ -1,5 +1,6 @@
 //! The metrics service: the collection loop over the inventory's pods and
-//! containers (on a thread of its own), the time-series cache and its periodic
+//! containers (a task that hands each tick's reads and the cache's recording
+//! to a thread of its own), the time-series cache and its periodic
 //! snapshot, the Prometheus endpoint (`/metrics`, `/healthz`), the admin API's
 //! `QueryMetrics` / `NodeSummary` (`qoslet_proxy::AgentView`), and the tick
 //! source the QoS engine follows ([`Ticks`]). The binary only composes it.
@@ -162,20 +163,14 @@ pub fn record(db: &mut Tsdb, t: &Tick) {
 /// Why the metrics service could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
-    #[error("metricsListen {addr}: {source}")]
+    #[error("metricsListen {addr}")]
     Listen {
         addr: SocketAddr,
         source: std::io::Error,
     },
 }
 
-/// Where a consumer of the collector's ticks (the QoS engine) reads them: the
-/// latest tick, and a wake-up after each new one.
-pub trait Ticks: Send + Sync + 'static {
-    fn latest(&self) -> Option<Arc<Tick>>;
-    /// Resolves after the next tick.
-    fn ticked(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>;
-}
+pub use crate::collect::Ticks;
 
 impl Ticks for Metrics {
     fn latest(&self) -> Option<Arc<Tick>> {
@@ -183,7 +178,8 @@ impl Ticks for Metrics {
     }
 
     fn ticked(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
-        Box::pin(Metrics::ticked(self))
+        // created now (not at its first poll): a tick published from here on wakes it
+        Box::pin(self.ticked.notified())
     }
 }
 

@@ -84,7 +84,9 @@ fn add(plan: &mut Plan, cg: &CgroupPath, d: &Decision, v2: bool) {
     let Some(k) = d.knob() else {
         return; // resctrl: the engine's resctrl sync keeps the groups
     };
-    let (setting, value) = d.setting(v2);
+    // the file as this layout names it (the runtime wrote a CRI-carried
+    // setting into the same file the engine now keeps)
+    let (setting, value) = k.describe(v2);
     plan.add(Write {
         cgroup: cg.clone(),
         knob: k.clone(),

@@ -28,7 +28,7 @@ use qoslet_proto::admin;
 use tokio::sync::watch;
 use tracing::{debug, error, info, warn};
 
-pub use qoslet_metrics::service::Ticks;
+pub use qoslet_metrics::collect::Ticks;
 
 /// Settings from flags and the config file.
 #[derive(Debug, Clone)]
@@ -596,10 +596,13 @@ impl Shared {
                 _ = ticker.tick() => {}
                 _ = shutdown.changed() => break,
             }
-            // fresh metrics: wait (at most one interval) for a tick newer than the last one used
+            // fresh metrics: wait (at most one interval) for a tick newer than the last
+            // one used; the wake-up is asked for before looking, so a tick published
+            // in between is not missed
+            let next = metrics.ticked();
             if metrics.latest().map(|t| t.ts) == Some(last_ts) || metrics.latest().is_none() {
                 tokio::select! {
-                    _ = tokio::time::timeout(s.interval, metrics.ticked()) => {}
+                    _ = tokio::time::timeout(s.interval, next) => {}
                     _ = shutdown.changed() => break,
                 }
             }
@@ -1207,10 +1210,17 @@ mod tests {
         // no metrics yet: no tick
         tokio::time::sleep(Duration::from_millis(2500)).await;
         assert_eq!(tick_no(&shared), 0);
-        // a fresh tick each second: one engine tick each, the BE quota cut for LS load
+        // a fresh tick each second: planned right after it (not at the loop's next
+        // second), one engine tick each, the BE quota cut for LS load
         for ts in 1..=3 {
             ticks.push(ts, 3.5);
-            tokio::time::sleep(Duration::from_millis(1000)).await;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            assert_eq!(
+                tick_no(&shared),
+                u64::from(ts),
+                "planned right after metrics tick {ts}"
+            );
+            tokio::time::sleep(Duration::from_millis(990)).await;
         }
         assert_eq!(tick_no(&shared), 3, "one tick per fresh metrics tick");
         let quota = crate::synth::be_quota(&cg).unwrap();
@@ -1229,7 +1239,7 @@ mod tests {
         policy.resource_used_threshold_with_be.enable = false;
         ptx.send(Arc::new(Published::new(policy))).unwrap();
         ticks.push(4, 3.5);
-        tokio::time::sleep(Duration::from_millis(1000)).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
         assert_eq!(tick_no(&shared), 4);
         assert_eq!(
             lock(&shared.last).as_ref().map(|l| l.policy),
@@ -1245,8 +1255,7 @@ mod tests {
     }
 
     fn scratch(tag: &str) -> PathBuf {
-        let d =
-            std::env::temp_dir().join(format!("qoslet-bin-engine-{tag}-{}", std::process::id()));
+        let d = std::env::temp_dir().join(format!("qoslet-runner-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         d
@@ -1274,6 +1283,7 @@ mod tests {
         );
         std::fs::write(d.join("devices/system/cpu/online"), "0-3\n").unwrap();
         assert_eq!(t.refresh(&d, 4.0), [vec![0, 1], vec![2, 3]]);
+        let _ = std::fs::remove_dir_all(&d);
     }
 
     #[test]
