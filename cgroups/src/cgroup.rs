@@ -337,6 +337,8 @@ fn keyed(controller: &'static str, file: &'static str, value: String) -> FileWri
 pub struct Cgroups {
     host: Host,
     page_size: u64,
+    /// Where the files are: the kernel's, or a test's in-memory tree.
+    backend: std::sync::Arc<dyn crate::fs::Backend>,
 }
 
 /// This machine's page size (what the kernel rounds memory limits to).
@@ -346,10 +348,22 @@ pub fn page_size() -> u64 {
 
 impl Cgroups {
     pub fn new(host: Host) -> Self {
+        Self::with_backend(host, std::sync::Arc::new(crate::fs::HostFs))
+    }
+
+    /// The host's cgroups with their files in `backend` (tests: a
+    /// [`crate::memfs::MemFs`]).
+    pub fn with_backend(host: Host, backend: std::sync::Arc<dyn crate::fs::Backend>) -> Self {
         Self {
             host,
             page_size: page_size(),
+            backend,
         }
+    }
+
+    /// Reads a file [`Cgroups::path_of`] gave, through this host's backend.
+    pub fn read_file(&self, f: &CgFile) -> Result<String, CgroupError> {
+        self.backend.read(f)
     }
 
     /// The page size memory values are rounded down to, as the kernel stores them.
@@ -528,15 +542,11 @@ impl Cgroups {
         let Ok(f) = self.path_of(cg, &fw(controller, "cgroup.procs", "")) else {
             return Vec::new();
         };
-        let Some(dir) = f.parent() else {
-            return Vec::new();
-        };
-        let mut out: Vec<CgroupPath> = std::fs::read_dir(dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-            .filter_map(|e| cg.child(&e.file_name().to_string_lossy()).ok())
+        let mut out: Vec<CgroupPath> = self
+            .backend
+            .siblings_dirs(&f)
+            .iter()
+            .filter_map(|name| cg.child(name).ok())
             .collect();
         out.sort();
         out
@@ -561,9 +571,9 @@ impl Cgroups {
         for w in writes {
             let p = self.path_of(cg, &w)?;
             let written = if w.keyed {
-                crate::fs::write_keyed_if_changed(&p, &w.value)?
+                crate::fs::write_keyed_if_changed_in(&*self.backend, &p, &w.value)?
             } else {
-                crate::fs::write_if_changed(&p, &w.value)?
+                crate::fs::write_if_changed_in(&*self.backend, &p, &w.value)?
             };
             if written == Outcome::Written {
                 tracing::debug!(cgroup = %cg, file = %p.display(), value = %w.value, "cgroup written");
@@ -580,7 +590,8 @@ impl Cgroups {
         controller: &'static str,
         file: &'static str,
     ) -> Result<String, CgroupError> {
-        crate::fs::read(&self.path_of(cg, &fw(controller, file, ""))?)
+        self.backend
+            .read(&self.path_of(cg, &fw(controller, file, ""))?)
     }
 
     /// A cgroup's CFS bandwidth, parsed once here: `(quota, period)` in µs,
@@ -695,7 +706,7 @@ impl Cgroups {
                 .ok()
                 .and_then(|ws| ws.last().cloned())
                 .and_then(|w| self.path_of(cg, &w).ok())
-                .and_then(|p| crate::fs::read(&p).ok());
+                .and_then(|p| self.backend.read(&p).ok());
             let cur = cur.map(|c| current_magnitude(k, &c)).unwrap_or(u64::MAX);
             new >= cur
         };

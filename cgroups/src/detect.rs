@@ -172,14 +172,7 @@ pub(crate) mod tests {
 
     /// Builds a kernel-shaped tree: `files` are (relative path, content).
     pub(crate) fn tree(tag: &str, files: &[(&str, &str)]) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("qoslet-tree-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        for (p, c) in files {
-            let f = d.join(p);
-            std::fs::create_dir_all(f.parent().unwrap()).unwrap();
-            std::fs::write(f, c).unwrap();
-        }
-        d
+        crate::testing::tree(&format!("tree-{tag}"), files)
     }
 
     #[test]

@@ -179,6 +179,73 @@ fn open_by_components(dir: OwnedFd, rel: &Path, flags: OFlags) -> std::io::Resul
     Ok(rustix::fs::openat(&cur, *last, flags, Mode::empty())?)
 }
 
+/// Where a host's cgroup files are read and written. [`HostFs`] is the
+/// kernel's cgroupfs (each file opened beneath its hierarchy, no symlinks);
+/// [`crate::memfs::MemFs`] is the in-memory tree tests use. The rules that are
+/// qoslet's (compare before writing, never create, retries) are the same for both.
+pub trait Backend: Send + Sync + std::fmt::Debug {
+    /// The file's content, trimmed; a file that does not exist is `Missing`.
+    fn read(&self, f: &CgFile) -> Result<String, CgroupError>;
+    /// Writes `value` (never creates the file: a missing one is `Missing`).
+    fn write(&self, f: &CgFile, value: &str) -> Result<(), CgroupError>;
+    /// The names of the directories next to `f` (a cgroup's children, when
+    /// `f` is one of its files).
+    fn siblings_dirs(&self, f: &CgFile) -> Vec<String>;
+}
+
+/// The kernel's cgroup filesystem.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct HostFs;
+
+impl Backend for HostFs {
+    fn read(&self, f: &CgFile) -> Result<String, CgroupError> {
+        read(f)
+    }
+    fn write(&self, f: &CgFile, value: &str) -> Result<(), CgroupError> {
+        write(f, value)
+    }
+    fn siblings_dirs(&self, f: &CgFile) -> Vec<String> {
+        let Some(dir) = f.parent() else {
+            return Vec::new();
+        };
+        std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect()
+    }
+}
+
+/// [`write_if_changed`] through a backend.
+pub fn write_if_changed_in(
+    b: &dyn Backend,
+    f: &CgFile,
+    value: &str,
+) -> Result<Outcome, CgroupError> {
+    match b.read(f) {
+        Ok(cur) if same(&cur, value) => return Ok(Outcome::Unchanged),
+        Ok(_) => {}
+        // write-only files (cgroup.procs on some kernels, resctrl tasks) cannot be compared
+        Err(CgroupError::Read { .. }) => {}
+        Err(e) => return Err(e),
+    }
+    b.write(f, value).map(|_| Outcome::Written)
+}
+
+/// [`write_keyed_if_changed`] through a backend.
+pub fn write_keyed_if_changed_in(
+    b: &dyn Backend,
+    f: &CgFile,
+    value: &str,
+) -> Result<Outcome, CgroupError> {
+    if crate::blkio::keyed_same(&b.read(f)?, value) {
+        return Ok(Outcome::Unchanged);
+    }
+    b.write(f, value).map(|_| Outcome::Written)
+}
+
 /// What a write did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -286,10 +353,7 @@ mod tests {
     use super::*;
 
     fn dir(tag: &str) -> std::path::PathBuf {
-        let d = std::env::temp_dir().join(format!("qoslet-cgfs-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
+        crate::testing::tree::<&str, &str>(&format!("cgfs-{tag}"), &[])
     }
 
     #[test]

@@ -24,6 +24,7 @@ pub mod cgroup;
 pub mod convert;
 pub mod detect;
 pub mod fs;
+pub mod memfs;
 pub mod path;
 pub mod resctrl;
 pub mod sysctl;
@@ -81,5 +82,28 @@ pub fn skip_test(test: &str, reason: &str) {
         {
             let _ = writeln!(f, "{test}: {reason}");
         }
+    }
+}
+
+/// Test support for every crate: the one helper that writes a kernel-shaped
+/// file tree where real files are needed (detection, the host backend's
+/// `openat2` path, resctrl, the collector's `pread`s); tests that only need
+/// cgroup files use [`memfs::MemFs`].
+#[doc(hidden)]
+pub mod testing {
+    use std::path::{Path, PathBuf};
+
+    /// A fresh directory under the temp dir, named by `tag` and the process id,
+    /// holding `files` as (relative path, content).
+    pub fn tree<P: AsRef<Path>, C: AsRef<[u8]>>(tag: &str, files: &[(P, C)]) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("qoslet-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).expect("temp tree");
+        for (p, c) in files {
+            let f = d.join(p);
+            std::fs::create_dir_all(f.parent().expect("a file in the tree")).expect("temp tree");
+            std::fs::write(f, c).expect("temp tree");
+        }
+        d
     }
 }

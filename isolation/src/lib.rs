@@ -750,17 +750,11 @@ impl Hook for Isolation {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use qoslet_cgroups::memfs::MemFs;
     use qoslet_proxy::store::ContainerRecord;
 
     fn tree(tag: &str, files: &[(&str, &str)]) -> std::path::PathBuf {
-        let d = std::env::temp_dir().join(format!("qoslet-iso-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        for (p, c) in files {
-            let f = d.join(p);
-            std::fs::create_dir_all(f.parent().unwrap()).unwrap();
-            std::fs::write(f, c).unwrap();
-        }
-        d
+        qoslet_cgroups::testing::tree(&format!("iso-{tag}"), files)
     }
 
     /// Issue 15 item 5: `applied` says what happened. A cgroup write the kernel
@@ -771,21 +765,16 @@ mod tests {
     async fn applied_records_failed_writes_and_unpatched_creates() {
         let cid = "d".repeat(64);
         // an Anolis-shaped root (group identity offered), a container cgroup without the file
-        let cgroups = tree(
-            "applied",
-            &[
-                ("cpu/cgroup.procs", ""),
-                ("cpu/cpu.bvt_warp_ns", "0\n"),
-                (
-                    &format!("cpu/kubepods/besteffort/pod2/{cid}/cgroup.procs"),
-                    "",
-                ),
-            ],
-        );
+        let container = format!("cpu/kubepods/besteffort/pod2/{cid}/cgroup.procs");
+        let (_m, cgroups) = MemFs::v1_tree(&[
+            ("cpu/cgroup.procs", ""),
+            ("cpu/cpu.bvt_warp_ns", "0\n"),
+            (container.as_str(), ""),
+        ]);
         let mut policy = ResourceQosStrategy::default();
         policy.be_class.cpu_qos.enable = true;
         let hook = Isolation::new(
-            Some(Cgroups::detect(&cgroups).unwrap()),
+            Some(cgroups),
             None,
             policy,
             NodeFacts::default(),
@@ -863,7 +852,6 @@ mod tests {
             late["error"].contains("did not reach the runtime"),
             "{late:?}"
         );
-        std::fs::remove_dir_all(&cgroups).unwrap();
     }
 
     /// StartContainer of a BE container with resctrl enabled, on kernel-shaped trees:
@@ -872,17 +860,15 @@ mod tests {
     async fn be_container_joins_the_be_resctrl_group() {
         let cid = "c".repeat(64);
         let cg = format!("cpu/kubepods/besteffort/pod1/{cid}");
-        let cgroups = tree(
-            "cg",
-            &[
-                ("cpu/cgroup.procs", ""),
-                ("cpu/cpu.idle", "0\n"),
-                (&format!("{cg}/cgroup.procs"), "123\n456\n"),
-                // 789 is a second thread of process 456: resctrl assigns threads
-                (&format!("{cg}/tasks"), "123\n456\n789\n"),
-                ("memory/cgroup.procs", ""),
-            ],
-        );
+        let (procs, tasks) = (format!("{cg}/cgroup.procs"), format!("{cg}/tasks"));
+        let (_m, cgroups) = MemFs::v1_tree(&[
+            ("cpu/cgroup.procs", ""),
+            ("cpu/cpu.idle", "0\n"),
+            (procs.as_str(), "123\n456\n"),
+            // 789 is a second thread of process 456: resctrl assigns threads
+            (tasks.as_str(), "123\n456\n789\n"),
+            ("memory/cgroup.procs", ""),
+        ]);
         let rdt = tree(
             "rdt",
             &[
@@ -899,7 +885,7 @@ mod tests {
         let mut policy = ResourceQosStrategy::default();
         policy.be_class.resctrl_qos.enable = true;
         let hook = Isolation::new(
-            Some(Cgroups::detect(&cgroups).unwrap()),
+            Some(cgroups),
             Resctrl::detect(&rdt).unwrap(),
             policy,
             NodeFacts::default(),
@@ -952,7 +938,6 @@ mod tests {
             "{applied:?}"
         );
         assert_eq!(applied["class"], "BE");
-        std::fs::remove_dir_all(&cgroups).unwrap();
         std::fs::remove_dir_all(&rdt).unwrap();
     }
 
@@ -968,15 +953,12 @@ mod tests {
                 ("BE/tasks", ""),
             ],
         );
-        let cgroups = tree(
-            "cg-off",
-            &[
-                ("cpu/cgroup.procs", ""),
-                ("cpu/kubepods/besteffort/pod1/x/cgroup.procs", "1\n"),
-            ],
-        );
+        let (_m, cgroups) = MemFs::v1_tree(&[
+            ("cpu/cgroup.procs", ""),
+            ("cpu/kubepods/besteffort/pod1/x/cgroup.procs", "1\n"),
+        ]);
         let hook = Isolation::new(
-            Some(Cgroups::detect(&cgroups).unwrap()),
+            Some(cgroups),
             Resctrl::detect(&rdt).unwrap(),
             ResourceQosStrategy::default(),
             NodeFacts::default(),
@@ -1010,7 +992,6 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(std::fs::read_to_string(rdt.join("BE/tasks")).unwrap(), "");
-        std::fs::remove_dir_all(&cgroups).unwrap();
         std::fs::remove_dir_all(&rdt).unwrap();
     }
 

@@ -1025,14 +1025,7 @@ mod tests {
     use super::*;
 
     fn tree(tag: &str, files: &[(&str, String)]) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("qoslet-metrics-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        for (p, c) in files {
-            let f = d.join(p);
-            std::fs::create_dir_all(f.parent().unwrap()).unwrap();
-            std::fs::write(f, c).unwrap();
-        }
-        d
+        qoslet_cgroups::testing::tree(&format!("metrics-{tag}"), files)
     }
 
     /// A clock that stands still: each cgroup is read at the tick's instant.

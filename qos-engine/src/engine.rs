@@ -1045,6 +1045,7 @@ impl Engine {
 mod tests {
     use super::*;
     use crate::reconcile::Container;
+    use qoslet_cgroups::memfs::MemFs;
 
     fn pod(id: &str, class: QosClass, parent: &str, cores: f64, quota: i64) -> Pod {
         let cg = CgroupPath::parse(&format!("{parent}/pod{id}")).unwrap();
@@ -1120,7 +1121,7 @@ mod tests {
             .collect()
     }
 
-    fn tree(tag: &str) -> std::path::PathBuf {
+    fn tree() -> (std::sync::Arc<MemFs>, Cgroups) {
         let mut files = vec![
             ("cpu/cgroup.procs".to_string(), ""),
             ("cpuset/cgroup.procs".to_string(), ""),
@@ -1136,7 +1137,7 @@ mod tests {
             files.push((format!("cpu/{cg}/cpu.cfs_period_us"), "100000\n"));
             files.push((format!("cpuset/{cg}/cpuset.cpus"), "0-15\n"));
         }
-        crate::testing::tree(&format!("engine-{tag}"), &files)
+        MemFs::v1_tree(&files)
     }
 
     /// Issue 14: on an Anolis-shaped tree (`cpu.bvt_warp_ns` in every cgroup),
@@ -1161,8 +1162,7 @@ mod tests {
             files.push((format!("cpu/{cg}/cpu.cfs_quota_us"), "-1\n"));
             files.push((format!("cpu/{cg}/cpu.cfs_period_us"), "100000\n"));
         }
-        let d = crate::testing::tree("engine-bvt", &files);
-        let cg = Cgroups::detect(&d).unwrap();
+        let (m, cg) = MemFs::v1_tree(&files);
         assert!(cg.host().features.bvt, "cpu.bvt_warp_ns detected");
         let env = Env {
             features: cg.host().features.clone(),
@@ -1180,12 +1180,7 @@ mod tests {
                 CgroupPath::parse("kubepods/besteffort").unwrap(),
             ),
         ];
-        let read = |cg: &str| {
-            std::fs::read_to_string(d.join("cpu").join(cg).join("cpu.bvt_warp_ns"))
-                .unwrap()
-                .trim()
-                .to_string()
-        };
+        let read = |cg: &str| m.at(&format!("cpu/{cg}/cpu.bvt_warp_ns")).unwrap();
         let mut p = Policy::default();
         for c in [
             &mut p.qos.lsr_class,
@@ -1209,7 +1204,6 @@ mod tests {
         for c in dirs {
             assert_eq!(read(c), "0", "{c}");
         }
-        std::fs::remove_dir_all(&d).unwrap();
     }
 
     /// Issue 13: figures the collector has not measured (the agent's first
@@ -1267,8 +1261,7 @@ mod tests {
 
     #[test]
     fn ls_load_cuts_be_quota_and_steady_state_writes_nothing() {
-        let d = tree("suppress");
-        let cg = Cgroups::detect(&d).unwrap();
+        let (m, cg) = tree();
         let env = Env::default();
         let p = cfs(50);
         let mut e = Engine::new(10);
@@ -1278,8 +1271,7 @@ mod tests {
         assert_eq!(suppress_writes(&t).len(), 1);
         let r = e.execute(&t.plan, &cg);
         assert_eq!((r.written, r.errors.len()), (1, 0), "{r:?}");
-        let q =
-            std::fs::read_to_string(d.join("cpu/kubepods/besteffort/cpu.cfs_quota_us")).unwrap();
+        let q = m.at("cpu/kubepods/besteffort/cpu.cfs_quota_us").unwrap();
         assert_eq!(q, "100000");
         // steady state: the plugin keeps the quota, the executor writes nothing
         let t = e.plan(&state(6.0, 4.0, Some(100_000)), &p, &env);
@@ -1313,13 +1305,11 @@ mod tests {
             }
         );
         assert_eq!(t.level, Level::None);
-        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
     fn v1_be_children_are_capped_under_the_parent_and_given_back_their_own() {
-        let d = tree("cap");
-        let cg = Cgroups::detect(&d).unwrap();
+        let (m, cg) = tree();
         let mut s = state(7.0, 4.0, None);
         s.pods[1].containers[0].cpu_quota = 300_000; // the BE container's own 3 cores
         let mut e = Engine::new(10);
@@ -1329,7 +1319,7 @@ mod tests {
         let r = e.execute(&t.plan, &cg);
         assert!(r.errors.is_empty(), "{r:?}");
         // 16 x 50% - 7 - 1 = 0 -> the floor
-        let read = |f: &str| std::fs::read_to_string(d.join(f)).unwrap();
+        let read = |f: &str| m.at(f).unwrap();
         assert_eq!(read("cpu/kubepods/besteffort/cpu.cfs_quota_us"), "2000");
         assert_eq!(
             read("cpu/kubepods/besteffort/podbe/cbe/cpu.cfs_quota_us"),
@@ -1358,13 +1348,11 @@ mod tests {
             read("cpu/kubepods/besteffort/podbe/cbe/cpu.cfs_quota_us"),
             "300000"
         );
-        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
     fn cpuset_policy_covers_the_be_tree_and_is_put_back_when_off() {
-        let d = tree("cpuset");
-        let cg = Cgroups::detect(&d).unwrap();
+        let (m, cg) = tree();
         let p = Policy {
             threshold: ResourceThresholdStrategy {
                 enable: true,
@@ -1381,7 +1369,7 @@ mod tests {
         let r = e.execute(&t.plan, &cg);
         assert!(r.errors.is_empty(), "{r:?}");
         assert_eq!(
-            std::fs::read_to_string(d.join("cpuset/kubepods/besteffort/podbe/cbe/cpuset.cpus"))
+            m.at("cpuset/kubepods/besteffort/podbe/cbe/cpuset.cpus")
                 .unwrap(),
             "14-15"
         );
@@ -1395,7 +1383,6 @@ mod tests {
             .writes()
             .iter()
             .any(|w| w.knob == Knob::CpusetCpus("0-15".into())));
-        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
@@ -1959,7 +1946,7 @@ mod tests {
     /// its burst to 0, and executes in an order the kernel accepts.
     #[test]
     fn restore_plan_puts_back_quota_cpuset_and_burst() {
-        let d = tree("restore");
+        let (m, _) = tree();
         for cg in [
             "",
             "kubepods/besteffort",
@@ -1968,9 +1955,12 @@ mod tests {
             "kubepods/burstable/podls",
             "kubepods/burstable/podls/cls",
         ] {
-            std::fs::write(d.join("cpu").join(cg).join("cpu.cfs_burst_us"), "0\n").unwrap();
+            m.set(
+                &format!("cpu/{cg}/cpu.cfs_burst_us").replace("//", "/"),
+                "0\n",
+            );
         }
-        let set = |f: &str, v: &str| std::fs::write(d.join(f), v).unwrap();
+        let set = |f: &str, v: &str| m.set(f, v);
         set("cpu/kubepods/besteffort/cpu.cfs_quota_us", "2000\n");
         set("cpuset/kubepods/besteffort/cpuset.cpus", "14-15\n");
         set("cpuset/kubepods/besteffort/podbe/cpuset.cpus", "14-15\n");
@@ -1983,11 +1973,12 @@ mod tests {
             "cpu/kubepods/burstable/podls/cls/cpu.cfs_burst_us",
             "200000\n",
         );
-        let cg = Cgroups::detect(&d).unwrap();
+        let cg = m.detect_v1();
         let env = Env {
             features: cg.host().features.clone(),
             ..Default::default()
         };
+        assert!(env.features.cpu_burst, "burst detected off the tree");
         let s = state(1.0, 1.0, Some(2_000));
         // what the caller reads: the quotas, and the besteffort subtree (a pod the
         // store never saw, left on CPU 15)
@@ -1996,7 +1987,6 @@ mod tests {
             "50000\n",
         );
         set("cpu/kubepods/burstable/podls/cpu.cfs_quota_us", "650000\n");
-        std::fs::create_dir_all(d.join("cpuset/kubepods/besteffort/podnew")).unwrap();
         set("cpuset/kubepods/besteffort/podnew/cpuset.cpus", "15\n");
         let mut found = Found::default();
         let q = |cg: &str, v: Option<u64>| (CgroupPath::parse(cg).unwrap(), (v, 100_000));
@@ -2018,12 +2008,7 @@ mod tests {
         let plan = restore_plan(&s, &Policy::default(), &env, &found);
         let r = Executor::new(1).execute(&plan, &cg);
         assert!(r.errors.is_empty(), "{:?}", r.errors);
-        let get = |f: &str| {
-            std::fs::read_to_string(d.join(f))
-                .unwrap()
-                .trim()
-                .to_string()
-        };
+        let get = |f: &str| m.at(f).unwrap();
         assert_eq!(get("cpu/kubepods/besteffort/cpu.cfs_quota_us"), "-1");
         for cg in ["", "/podbe", "/podbe/cbe"] {
             assert_eq!(

@@ -329,7 +329,7 @@ impl Executor {
                     Ok(fs) => {
                         let mut change = Some(false);
                         for (p, f) in &fs {
-                            match qoslet_cgroups::fs::read(p) {
+                            match cgroups.read_file(p) {
                                 Ok(cur) => {
                                     // compared as the executor compares (kernel formats)
                                     let differs = if f.keyed {
@@ -363,18 +363,18 @@ impl Executor {
 mod tests {
     use super::*;
     use crate::plan::Write;
+    use qoslet_cgroups::memfs::MemFs;
+    use std::sync::Arc;
 
-    fn tree(tag: &str) -> std::path::PathBuf {
-        crate::testing::tree(
-            &format!("exec-{tag}"),
-            &[
-                ("cpu/cgroup.procs", ""),
-                ("cpu/kubepods/besteffort/cpu.cfs_quota_us", "-1\n"),
-                ("cpu/kubepods/besteffort/cpu.cfs_period_us", "100000\n"),
-                ("cpu/kubepods/besteffort/pod1/cpu.cfs_quota_us", "-1\n"),
-                ("cpu/kubepods/besteffort/pod1/cpu.cfs_period_us", "100000\n"),
-            ],
-        )
+    /// The executor's tests run on the in-memory tree.
+    fn tree() -> (Arc<MemFs>, Cgroups) {
+        MemFs::v1_tree(&[
+            ("cpu/cgroup.procs", ""),
+            ("cpu/kubepods/besteffort/cpu.cfs_quota_us", "-1\n"),
+            ("cpu/kubepods/besteffort/cpu.cfs_period_us", "100000\n"),
+            ("cpu/kubepods/besteffort/pod1/cpu.cfs_quota_us", "-1\n"),
+            ("cpu/kubepods/besteffort/pod1/cpu.cfs_period_us", "100000\n"),
+        ])
     }
 
     fn quota(cg: &str, q: u64) -> Write {
@@ -394,19 +394,15 @@ mod tests {
     /// ends the attempt.
     #[test]
     fn settings_leaving_the_plan_are_written_back_to_their_defaults() {
-        let d = crate::testing::tree(
-            "exec-restore",
-            &[
-                ("cpu/cgroup.procs", ""),
-                ("cpu/cpu.cfs_burst_us", "0\n"),
-                ("cpu/cpu.idle", "0\n"),
-                ("cpu/kubepods/burstable/pod1/cpu.cfs_burst_us", "0\n"),
-                ("cpu/kubepods/burstable/pod1/cpu.idle", "0\n"),
-                ("cpu/kubepods/burstable/pod1/cpu.cfs_quota_us", "-1\n"),
-                ("cpu/kubepods/burstable/pod1/cpu.cfs_period_us", "100000\n"),
-            ],
-        );
-        let cg = Cgroups::detect(&d).unwrap();
+        let (m, cg) = MemFs::v1_tree(&[
+            ("cpu/cgroup.procs", ""),
+            ("cpu/cpu.cfs_burst_us", "0\n"),
+            ("cpu/cpu.idle", "0\n"),
+            ("cpu/kubepods/burstable/pod1/cpu.cfs_burst_us", "0\n"),
+            ("cpu/kubepods/burstable/pod1/cpu.idle", "0\n"),
+            ("cpu/kubepods/burstable/pod1/cpu.cfs_quota_us", "-1\n"),
+            ("cpu/kubepods/burstable/pod1/cpu.cfs_period_us", "100000\n"),
+        ]);
         let pod = CgroupPath::parse("/kubepods/burstable/pod1").unwrap();
         let w = |knob| Write {
             cgroup: pod.clone(),
@@ -424,7 +420,7 @@ mod tests {
         let mut e = Executor::new(10);
         assert_eq!(e.execute(&plan, &cg).written, 3);
         let read = |f: &str| {
-            std::fs::read_to_string(d.join("cpu/kubepods/burstable/pod1").join(f))
+            m.at(&format!("cpu/kubepods/burstable/pod1/{f}"))
                 .unwrap()
                 .trim()
                 .to_string()
@@ -448,17 +444,15 @@ mod tests {
         assert_eq!(e.restoring(), 0);
         // a pod removed before its restore: dropped, not retried forever
         e.execute(&plan, &cg);
-        std::fs::remove_dir_all(d.join("cpu/kubepods/burstable/pod1")).unwrap();
+        m.remove("cpu/kubepods/burstable/pod1");
         let r = e.execute(&Plan::new(), &cg);
         assert!(r.errors.is_empty(), "{r:?}");
         assert_eq!(e.restoring(), 0);
-        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
     fn steady_state_skips_and_drift_is_put_back_within_verify_every_ticks() {
-        let d = tree("drift");
-        let cg = Cgroups::detect(&d).unwrap();
+        let (m, cg) = tree();
         let mut plan = Plan::new();
         plan.add(quota("/kubepods/besteffort", 300_000));
         plan.add(quota("/kubepods/besteffort/pod1", 200_000));
@@ -474,13 +468,13 @@ mod tests {
         }
         assert_eq!(skipped, 8, "each file read once in 5 ticks");
         // someone changes a file: put back within 5 ticks, reported as drift
-        let f = d.join("cpu/kubepods/besteffort/pod1/cpu.cfs_quota_us");
-        std::fs::write(&f, "50000").unwrap();
+        let f = "cpu/kubepods/besteffort/pod1/cpu.cfs_quota_us";
+        m.set(f, "50000");
         let mut drift = Vec::new();
         for _ in 0..5 {
             drift.extend(ex.execute(&plan, &cg).drift);
         }
-        assert_eq!(std::fs::read_to_string(&f).unwrap(), "200000");
+        assert_eq!(m.at(f).unwrap(), "200000");
         assert_eq!(drift.len(), 1, "{drift:?}");
         assert!(drift[0].contains("pod1"), "{drift:?}");
         // a changed value is written at once
@@ -489,7 +483,6 @@ mod tests {
         let r = ex.execute(&plan2, &cg);
         assert_eq!((r.written, r.drift.len()), (1, 0), "{r:?}");
         assert_eq!(ex.known_files(), 1, "files no longer planned are forgotten");
-        std::fs::remove_dir_all(&d).unwrap();
     }
 
     /// Issue 15 item 12: a file that left the plan is forgotten at once, even
@@ -497,8 +490,7 @@ mod tests {
     /// smaller than the cache, so its drift went unchecked when it came back).
     #[test]
     fn files_leaving_the_plan_are_forgotten_while_others_fail() {
-        let d = tree("stale");
-        let cg = Cgroups::detect(&d).unwrap();
+        let (m, cg) = tree();
         let mut e = Executor::new(100);
         let mut p = Plan::new();
         p.add(quota("kubepods/besteffort/pod1", 50_000));
@@ -510,18 +502,14 @@ mod tests {
         assert_eq!(e.execute(&p, &cg).errors.len(), 2);
         assert_eq!(e.known_files(), 1, "only the written file is known");
         // someone changes pod1 meanwhile; when it is planned again it is read, not skipped
-        std::fs::write(
-            d.join("cpu/kubepods/besteffort/pod1/cpu.cfs_quota_us"),
-            "-1\n",
-        )
-        .unwrap();
+        m.set("cpu/kubepods/besteffort/pod1/cpu.cfs_quota_us", "-1\n");
         let mut p = Plan::new();
         p.add(quota("kubepods/besteffort", 80_000));
         p.add(quota("kubepods/besteffort/pod1", 50_000));
         let r = e.execute(&p, &cg);
         assert_eq!(r.written, 1, "{r:?}");
         assert_eq!(
-            std::fs::read_to_string(d.join("cpu/kubepods/besteffort/pod1/cpu.cfs_quota_us"))
+            m.at("cpu/kubepods/besteffort/pod1/cpu.cfs_quota_us")
                 .unwrap()
                 .trim(),
             "50000"
@@ -534,15 +522,14 @@ mod tests {
     /// right ends the back-off.
     #[test]
     fn a_file_that_keeps_drifting_is_checked_less_and_less_often() {
-        let d = tree("fight");
-        let cg = Cgroups::detect(&d).unwrap();
-        let f = d.join("cpu/kubepods/besteffort/cpu.cfs_quota_us");
+        let (m, cg) = tree();
+        let f = "cpu/kubepods/besteffort/cpu.cfs_quota_us";
         let mut e = Executor::new(1);
         let mut p = Plan::new();
         p.add(quota("kubepods/besteffort", 50_000));
         let mut put_back = 0;
         for _ in 0..300 {
-            std::fs::write(&f, "-1\n").unwrap(); // the other writer, before every tick
+            m.set(f, "-1\n"); // the other writer, before every tick
             put_back += e.execute(&p, &cg).drift.len();
         }
         // 1, 2, 4 ... 64 ticks apart: about 10 put-backs in 300 ticks instead of 299
@@ -551,7 +538,7 @@ mod tests {
         for _ in 0..200 {
             e.execute(&p, &cg);
         }
-        std::fs::write(&f, "-1\n").unwrap();
+        m.set(f, "-1\n");
         assert_eq!(
             e.execute(&p, &cg).drift.len(),
             1,
@@ -561,8 +548,7 @@ mod tests {
 
     #[test]
     fn failures_are_reported_and_retried_and_the_others_still_run() {
-        let d = tree("errors");
-        let cg = Cgroups::detect(&d).unwrap();
+        let (_m, cg) = tree();
         let mut plan = Plan::new();
         plan.add(quota("/kubepods/gone", 50_000));
         plan.add(quota("/kubepods/besteffort", 70_000));
@@ -577,13 +563,11 @@ mod tests {
             (1, 1),
             "failed writes are retried: {r:?}"
         );
-        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
     fn preview_names_files_and_does_not_write() {
-        let d = tree("preview");
-        let cg = Cgroups::detect(&d).unwrap();
+        let (m, cg) = tree();
         let mut plan = Plan::new();
         plan.add(quota("/kubepods/besteffort", 70_000));
         let p = Executor::preview(&plan, &cg);
@@ -593,9 +577,8 @@ mod tests {
         assert!(p[0].files[1].0.ends_with("besteffort/cpu.cfs_quota_us"));
         assert_eq!(p[0].files[1].1, "70000");
         assert_eq!(
-            std::fs::read_to_string(d.join("cpu/kubepods/besteffort/cpu.cfs_quota_us")).unwrap(),
-            "-1\n"
+            m.at("cpu/kubepods/besteffort/cpu.cfs_quota_us").unwrap(),
+            "-1"
         );
-        std::fs::remove_dir_all(&d).unwrap();
     }
 }

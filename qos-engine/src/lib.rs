@@ -37,21 +37,8 @@ pub mod source;
 pub mod suppress;
 pub mod synth;
 
-/// Test support: kernel-shaped file trees in a temp dir.
+/// Test support: kernel-shaped file trees in a temp dir (the cgroups crate's one helper).
 #[cfg(test)]
 pub(crate) mod testing {
-    use std::path::{Path, PathBuf};
-
-    /// A fresh tree under the temp dir, named by `tag` and the process id, holding
-    /// `files` as (relative path, content).
-    pub fn tree<P: AsRef<Path>>(tag: &str, files: &[(P, &str)]) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("qoslet-qe-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        for (f, c) in files {
-            let p = d.join(f);
-            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-            std::fs::write(p, c).unwrap();
-        }
-        d
-    }
+    pub use qoslet_cgroups::testing::tree;
 }
