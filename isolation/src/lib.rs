@@ -1002,22 +1002,28 @@ mod tests {
     #[tokio::test]
     async fn be_pod_on_cgroup_v2() {
         let pod_dir = "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice";
-        let cgroups = tree(
-            "v2",
-            &[
-                ("cgroup.controllers", "cpuset cpu io memory pids\n"),
-                ("cgroup.subtree_control", "cpu io memory pids\n"),
-                ("kubepods.slice/cpu.idle", "0\n"),
-                (&format!("{pod_dir}/cpu.idle"), "0\n"),
-                (&format!("{pod_dir}/cpu.weight"), "1\n"),
-                (&format!("{pod_dir}/cpu.max"), "max 100000\n"),
-                (&format!("{pod_dir}/memory.max"), "max\n"),
-                (&format!("{pod_dir}/memory.min"), "0\n"),
-                (&format!("{pod_dir}/memory.low"), "0\n"),
-                (&format!("{pod_dir}/memory.high"), "max\n"),
-                (&format!("{pod_dir}/io.max"), ""),
-            ],
-        );
+        let m = MemFs::new();
+        m.set("kubepods.slice/cpu.idle", "0\n");
+        for (f, c) in [
+            ("cpu.idle", "0\n"),
+            ("cpu.weight", "1\n"),
+            ("cpu.max", "max 100000\n"),
+            ("memory.max", "max\n"),
+            ("memory.min", "0\n"),
+            ("memory.low", "0\n"),
+            ("memory.high", "max\n"),
+            ("io.max", ""),
+        ] {
+            m.set(&format!("{pod_dir}/{f}"), c);
+        }
+        // what detection finds on such a v2 host: cpu.idle below the root, the
+        // memory and io controllers enabled
+        let cgroups = m.v2(qoslet_cgroups::Features {
+            cpu_idle: true,
+            memory_qos: true,
+            blkio_throttle: true,
+            ..Default::default()
+        });
         let policy: ResourceQosStrategy = serde_json::from_str(
             r#"{"beClass":{"cpuQOS":{"enable":true},"memoryQOS":{"enable":true,"minLimitPercent":50,"lowLimitPercent":100,"throttlingPercent":50},
                 "blkioQOS":{"enable":true,"blocks":[{"name":"8:16","ioCfg":{"writeBPS":1048576}}]}}}"#,
@@ -1025,7 +1031,7 @@ mod tests {
         .unwrap();
         policy.validate().unwrap();
         let hook = Isolation::new(
-            Some(Cgroups::detect(&cgroups).unwrap()),
+            Some(cgroups),
             None,
             policy,
             NodeFacts::default(),
@@ -1063,12 +1069,7 @@ mod tests {
         )
         .await
         .unwrap();
-        let read = |f: &str| {
-            std::fs::read_to_string(cgroups.join(pod_dir).join(f))
-                .unwrap()
-                .trim()
-                .to_string()
-        };
+        let read = |f: &str| m.at(&format!("{pod_dir}/{f}")).unwrap();
         assert_eq!(read("cpu.idle"), "1");
         assert_eq!(read("cpu.max"), "200000 100000", "batch-cpu limit 2000m");
         assert_eq!(
@@ -1115,6 +1116,5 @@ mod tests {
         assert_eq!(r.unified["memory.low"], (64u64 << 20).to_string());
         assert_eq!(r.cpu_quota, 200_000);
         assert_eq!(r.memory_limit_in_bytes, 128 << 20);
-        std::fs::remove_dir_all(&cgroups).unwrap();
     }
 }

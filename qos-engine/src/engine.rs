@@ -1923,8 +1923,11 @@ mod tests {
         ] {
             files.push((format!("{cg}/cpuset.cpus"), "0-3\n"));
         }
-        let d = crate::testing::tree("engine-v2-cpuset", &files);
-        let cg = Cgroups::detect(&d).unwrap();
+        let m = MemFs::new();
+        for (f, c) in &files {
+            m.set(f, c);
+        }
+        let cg = m.v2(Default::default());
         assert!(cg.host().is_v2());
         let env = Env {
             v2: true,
@@ -1934,9 +1937,7 @@ mod tests {
         let r = Executor::new(1).execute(&t.plan, &cg);
         assert!(r.errors.is_empty(), "{:?}", r.errors);
         assert_eq!(
-            std::fs::read_to_string(d.join("kubepods/besteffort/podbe/cbe/cpuset.cpus"))
-                .unwrap()
-                .trim(),
+            m.at("kubepods/besteffort/podbe/cbe/cpuset.cpus").unwrap(),
             ""
         );
     }
