@@ -121,10 +121,7 @@ mod tests {
     use super::*;
 
     fn scratch(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("qoslet-policy-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
+        qoslet_cgroups::testing::tree::<&str, &str>(&format!("policy-{tag}"), &[])
     }
 
     #[test]

@@ -324,9 +324,8 @@ fn pod_from_config(c: &cri::PodSandboxConfig) -> PodRecord {
 
 fn resources_with(
     mut r: cri::LinuxContainerResources,
-    d: &ContainerDecision,
+    p: &decide::ResourcePatch,
 ) -> cri::LinuxContainerResources {
-    let p = d.patch();
     if let Some(v) = &p.cpuset_cpus {
         r.cpuset_cpus = v.clone();
     }
@@ -500,8 +499,9 @@ impl Hook for Isolation {
                     if let Ok(json) = serde_json::to_string(&kubelets) {
                         annotations.insert(ANNOTATION_REQUESTED.into(), json);
                     }
-                    let resources = (!d.patch().is_empty())
-                        .then(|| resources_with(cri::LinuxContainerResources::default(), &d));
+                    let patch = d.patch();
+                    let resources = (!patch.is_empty())
+                        .then(|| resources_with(cri::LinuxContainerResources::default(), &patch));
                     Ok(Some(CriRequest::CreateContainer(
                         cri::CreateContainerRequest {
                             config: Some(cri::ContainerConfig {
@@ -535,11 +535,12 @@ impl Hook for Isolation {
                     );
                     // the kernel checks the quota the runtime is about to write against
                     // the CFS burst the engine set: lower the burst first where needed
+                    let patch = d.patch();
                     if let Some(cg) = cgroups.as_deref() {
-                        let quota = d.patch().cpu_quota.unwrap_or(merged.cpu_quota);
+                        let quota = patch.cpu_quota.unwrap_or(merged.cpu_quota);
                         make_room_for_quota(cg, &ctx.store, &pod, &c.id, quota, &shared.pod_root);
                     }
-                    if d.patch().is_empty() {
+                    if patch.is_empty() {
                         return Ok(None);
                     }
                     // kubelet's update must not undo the class's settings: they win where qoslet owns them
@@ -547,7 +548,7 @@ impl Hook for Isolation {
                         cri::UpdateContainerResourcesRequest {
                             linux: Some(resources_with(
                                 cri::LinuxContainerResources::default(),
-                                &d,
+                                &patch,
                             )),
                             ..Default::default()
                         },
@@ -753,6 +754,27 @@ mod tests {
     use qoslet_cgroups::memfs::MemFs;
     use qoslet_proxy::store::ContainerRecord;
 
+    /// A store holding one BE-labelled pod and its container `app`.
+    fn be_pod_with_app(pod_id: &str, parent: &str, cid: &str) -> Store {
+        let store = Store::new();
+        let mut pod = PodRecord {
+            id: pod_id.into(),
+            name: "batch".into(),
+            cgroup_parent: parent.into(),
+            ..Default::default()
+        };
+        pod.labels
+            .insert("koordinator.sh/qosClass".into(), "BE".into());
+        store.upsert_pod(pod);
+        store.upsert_container(ContainerRecord {
+            id: cid.into(),
+            pod_id: pod_id.into(),
+            name: "app".into(),
+            ..Default::default()
+        });
+        store
+    }
+
     fn tree(tag: &str, files: &[(&str, &str)]) -> std::path::PathBuf {
         qoslet_cgroups::testing::tree(&format!("iso-{tag}"), files)
     }
@@ -781,22 +803,7 @@ mod tests {
             Trust::default(),
             PodRoot::default(),
         );
-        let store = Store::new();
-        let mut pod = PodRecord {
-            id: "p2".into(),
-            name: "batch".into(),
-            cgroup_parent: "/kubepods/besteffort/pod2".into(),
-            ..Default::default()
-        };
-        pod.labels
-            .insert("koordinator.sh/qosClass".into(), "BE".into());
-        store.upsert_pod(pod);
-        store.upsert_container(ContainerRecord {
-            id: cid.clone(),
-            pod_id: "p2".into(),
-            name: "app".into(),
-            ..Default::default()
-        });
+        let store = be_pod_with_app("p2", "/kubepods/besteffort/pod2", &cid);
         let ctx = HookContext {
             store: store.clone(),
         };
@@ -892,22 +899,7 @@ mod tests {
             Trust::default(),
             PodRoot::default(),
         );
-        let store = Store::new();
-        let mut pod = PodRecord {
-            id: "p1".into(),
-            name: "batch".into(),
-            cgroup_parent: "/kubepods/besteffort/pod1".into(),
-            ..Default::default()
-        };
-        pod.labels
-            .insert("koordinator.sh/qosClass".into(), "BE".into());
-        store.upsert_pod(pod);
-        store.upsert_container(ContainerRecord {
-            id: cid.clone(),
-            pod_id: "p1".into(),
-            name: "app".into(),
-            ..Default::default()
-        });
+        let store = be_pod_with_app("p1", "/kubepods/besteffort/pod1", &cid);
         let req = Arc::new(CriRequest::StartContainer(cri::StartContainerRequest {
             container_id: cid.clone(),
         }));

@@ -55,6 +55,25 @@ pub struct Container {
 }
 
 impl Pod {
+    /// An inventory pod as the engine plans it (its usage filled in per tick);
+    /// `None` for a pod without a class (not qoslet's to touch).
+    pub fn from_entry(p: &qoslet_hooks::inventory::PodEntry) -> Option<Self> {
+        let pc = p.class?;
+        Some(Pod {
+            id: p.id.clone(),
+            class: pc.class,
+            by_label: pc.by_label,
+            trusted: pc.trusted,
+            kube: pc.kube,
+            cgroup: p.cgroup.clone(),
+            annotations: p.annotations.clone(),
+            sandbox_memory_limit: p.sandbox_memory_limit,
+            sandbox: p.cgroup.container(&p.id).ok(),
+            cpu_cores: 0.0,
+            containers: p.containers.iter().map(Container::from_entry).collect(),
+        })
+    }
+
     /// The class as the hooks' decisions take it.
     pub fn pod_class(&self) -> PodClass {
         PodClass {
@@ -67,6 +86,21 @@ impl Pod {
 }
 
 impl Container {
+    /// An inventory container as the engine plans it (usage filled in per tick).
+    pub fn from_entry(c: &qoslet_hooks::inventory::ContainerEntry) -> Self {
+        Container {
+            id: c.id.clone(),
+            name: c.name.clone(),
+            cgroup: c.cgroup.clone(),
+            memory_limit: c.memory_limit,
+            cpuset_cpus: c.cpuset_cpus.clone(),
+            cpu_quota: c.cpu_quota,
+            cpu_period: c.cpu_period,
+            cpu_cores: 0.0,
+            throttled_ratio: 0.0,
+        }
+    }
+
     /// What kubelet asked for, as the hooks' decisions take it.
     pub fn requested(&self) -> Requested<'_> {
         Requested {

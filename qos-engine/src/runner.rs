@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use crate::engine::{Engine, Env, NodeState, Policy, TickResult};
 use crate::execute::{Executor, WriteState};
 use crate::policy::CpuSuppressPolicy;
-use crate::reconcile::{Container, Pod};
+use crate::reconcile::Pod;
 use qoslet_cgroups::resctrl::Resctrl;
 use qoslet_cgroups::{CgroupPath, Cgroups};
 use qoslet_hooks::inventory::{Inventory, InventorySource};
@@ -266,40 +266,7 @@ struct Skeleton {
 
 impl Skeleton {
     fn build(inv: &qoslet_hooks::Inventory) -> Self {
-        let pods: Vec<Pod> = inv
-            .pods
-            .iter()
-            .filter_map(|p| {
-                let pc = p.class?;
-                Some(Pod {
-                    id: p.id.clone(),
-                    class: pc.class,
-                    by_label: pc.by_label,
-                    trusted: pc.trusted,
-                    kube: pc.kube,
-                    cgroup: p.cgroup.clone(),
-                    annotations: p.annotations.clone(),
-                    sandbox_memory_limit: p.sandbox_memory_limit,
-                    sandbox: p.cgroup.container(&p.id).ok(),
-                    cpu_cores: 0.0,
-                    containers: p
-                        .containers
-                        .iter()
-                        .map(|c| Container {
-                            id: c.id.clone(),
-                            name: c.name.clone(),
-                            cgroup: c.cgroup.clone(),
-                            memory_limit: c.memory_limit,
-                            cpuset_cpus: c.cpuset_cpus.clone(),
-                            cpu_quota: c.cpu_quota,
-                            cpu_period: c.cpu_period,
-                            cpu_cores: 0.0,
-                            throttled_ratio: 0.0,
-                        })
-                        .collect(),
-                })
-            })
-            .collect();
+        let pods: Vec<Pod> = inv.pods.iter().filter_map(Pod::from_entry).collect();
         let entities = pods
             .iter()
             .map(|p| {
@@ -600,7 +567,7 @@ impl Shared {
             // one used; the wake-up is asked for before looking, so a tick published
             // in between is not missed
             let next = metrics.ticked();
-            if metrics.latest().map(|t| t.ts) == Some(last_ts) || metrics.latest().is_none() {
+            if metrics.latest().is_none_or(|t| t.ts == last_ts) {
                 tokio::select! {
                     _ = tokio::time::timeout(s.interval, next) => {}
                     _ = shutdown.changed() => break,
@@ -1255,10 +1222,7 @@ mod tests {
     }
 
     fn scratch(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("qoslet-runner-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
+        qoslet_cgroups::testing::tree::<&str, &str>(&format!("runner-{tag}"), &[])
     }
 
     /// Issue 15 item 12: the NUMA layout follows CPU hotplug.
