@@ -112,11 +112,7 @@ pub fn build(store: &Store, generation: u64, trust: &Trust, pod_root: &PodRoot) 
                 cgroup: cg,
                 class,
                 annotations: p.annotations.clone(),
-                sandbox_memory_limit: p
-                    .resources
-                    .as_ref()
-                    .map(|r| r.memory_limit_in_bytes)
-                    .unwrap_or(0),
+                limits: qoslet_isolation::sandbox_limits(p),
                 containers,
             });
         }

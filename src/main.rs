@@ -219,6 +219,7 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
         .clone()
         .unwrap_or_else(|| PathBuf::from("/sys/fs/resctrl"));
     let host = HostCaps::detect(&cgroup_root, &resctrl_root);
+    let mut inventory_slot = None;
     let pipeline = if file.isolation.unwrap_or(true) {
         if host.cgroups.is_none() {
             tracing::warn!(
@@ -236,6 +237,7 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
         )
         .with_sysctl(&proc_root);
         iso.policy_handle().follow(policy_rx.clone());
+        inventory_slot = Some(iso.inventory_slot());
         let hook: std::sync::Arc<dyn qoslet_proxy::Hook> = std::sync::Arc::new(iso);
         qoslet_proxy::Pipeline::with_hooks(vec![(hook, settings)])
     } else {
@@ -293,6 +295,9 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
     // the one inventory of the store, shared by the metrics collector and the engine
     let inventory =
         inventory::Inventories::new(running.store.clone(), trust.clone(), pod_root.clone());
+    if let Some(slot) = inventory_slot {
+        let _ = slot.set(inventory.clone());
+    }
     let mut metric_tasks = Vec::new();
     if let Some(s) = metrics_settings {
         match metrics::Metrics::start(

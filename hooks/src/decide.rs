@@ -96,6 +96,101 @@ pub struct Context<'a> {
     /// The policy's block device names resolved on this host (`/dev/vda` -> 254:0);
     /// a name missing here could not be resolved.
     pub devices: &'a BTreeMap<String, Device>,
+    /// The LS share pool ([`share_pool`]: the online, unreserved CPUs no
+    /// LSE/LSR container is bound to); `None`: not known here, and then no
+    /// container is moved to it.
+    pub share_pool: Option<&'a BTreeSet<u32>>,
+}
+
+/// What the sandbox config asked for the whole pod (kubelet's sum of its
+/// containers' limits, `LinuxPodSandboxConfig.resources`; 0: none).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SandboxLimits {
+    pub memory_limit: i64,
+    /// CFS quota and period (quota ≤ 0: none).
+    pub cpu_quota: i64,
+    pub cpu_period: i64,
+}
+
+impl SandboxLimits {
+    fn requested(&self) -> Requested<'static> {
+        Requested {
+            memory_limit: self.memory_limit,
+            cpu_quota: self.cpu_quota,
+            cpu_period: self.cpu_period,
+            cpuset_cpus: "",
+        }
+    }
+}
+
+/// The kernel's CFS period when kubelet gave none, in µs.
+const DEFAULT_CFS_PERIOD_US: u64 = 100_000;
+
+/// CPUs a container is bound to, and a warning when the annotation asked for more.
+pub type Bound = (BTreeSet<u32>, Option<String>);
+
+/// The CPUs a container of an LSE/LSR pod is bound to by its pod's
+/// resource-status annotation, as this pod may have them ([`bound_cpus`]'s
+/// rules), with a warning when narrowed; `Ok(None)`: not bound.
+pub fn binding(
+    pc: PodClass,
+    pod_annotations: &BTreeMap<String, String>,
+    requested: &Requested,
+    node: &NodeFacts,
+) -> Result<Option<Bound>, String> {
+    if !matches!(pc.class, QosClass::Lse | QosClass::Lsr) {
+        return Ok(None);
+    }
+    let Some(a) = pod_annotations.get(ANNOTATION_RESOURCE_STATUS) else {
+        return Ok(None);
+    };
+    bound_cpus(a, pc, requested, node)
+}
+
+/// The LS share pool as koordlet's states informer computes it
+/// (`calCPUSharePools`, then `removeNodeReservedCPUs`): the online CPUs
+/// without the reserved ones and without every CPU a container is bound to.
+/// `bound`: the [`binding`]s of the running LSE/LSR containers.
+pub fn share_pool(
+    node: &NodeFacts,
+    bound: impl IntoIterator<Item = BTreeSet<u32>>,
+) -> BTreeSet<u32> {
+    let mut pool: BTreeSet<u32> = node
+        .online_cpus
+        .difference(&node.reserved_cpus)
+        .copied()
+        .collect();
+    for b in bound {
+        pool.retain(|c| !b.contains(c));
+    }
+    pool
+}
+
+/// The CFS quota a container bound to `cpus` may run without: koordlet
+/// unsets it for any pod with a cpuset (`UnsetContainerCPUQuota`,
+/// `UnsetPodCPUQuota`: `IsPodCfsQuotaNeedUnset`); for an untrusted pod only
+/// when the CPUs it is bound to are no more than its CPU limit, so the
+/// binding alone keeps it within what kubelet gave it. `Err`: why it stays.
+fn unset_quota(pc: PodClass, cpus: &BTreeSet<u32>, requested: &Requested) -> Result<Knob, String> {
+    let period = u64::try_from(requested.cpu_period)
+        .ok()
+        .filter(|p| *p > 0)
+        .unwrap_or(DEFAULT_CFS_PERIOD_US);
+    if !pc.trusted {
+        let Some(milli) = requested.milli_cpu() else {
+            return Err("no CPU limit to compare the binding with".into());
+        };
+        if cpus.len() as u64 * 1000 > milli {
+            return Err(format!(
+                "{} CPUs bound are more than the CPU limit {milli}m; CFS quota kept",
+                cpus.len()
+            ));
+        }
+    }
+    Ok(Knob::CpuQuota {
+        quota: None,
+        period,
+    })
 }
 
 /// Resource fields qoslet overrides in CRI `LinuxContainerResources`.
@@ -392,17 +487,34 @@ fn identity(pc: PodClass, ctx: &Context, pod_level: bool, out: &mut Vec<Decision
 /// cgroup parent) after RunPodSandbox: group identity; for BE pods with batch
 /// resources the pod's CFS quota, shares and memory limit (the sum of its
 /// containers'); memory QoS where the pod's memory request is known (BE batch
-/// memory, or a guaranteed pod's limit from the sandbox config); and the class's
-/// block I/O limits. `sandbox_memory_limit`: the sandbox config's memory limit (0: none).
+/// memory, or a guaranteed pod's limit from the sandbox config); the CFS quota
+/// unset for a pod bound to CPUs; and the class's block I/O limits.
+/// `sandbox`: what the sandbox config asked for the whole pod.
 pub fn pod(
     pc: PodClass,
     pod_annotations: &BTreeMap<String, String>,
-    sandbox_memory_limit: i64,
+    sandbox: &SandboxLimits,
     ctx: &Context,
 ) -> PodDecision {
     let class = pc.class;
+    let sandbox_memory_limit = sandbox.memory_limit;
     let mut d = PodDecision::default();
     identity(pc, ctx, true, &mut d.decisions);
+    // a pod bound to CPUs runs without its CFS quota (the pod's own cgroup is
+    // kubelet's: qoslet writes it; a wrong annotation is the containers' warning)
+    if let Ok(Some((cpus, _))) = binding(pc, pod_annotations, &sandbox.requested(), ctx.node) {
+        match unset_quota(pc, &cpus, &sandbox.requested()) {
+            Ok(k) => d.decisions.push(cgroup(
+                k,
+                format!(
+                    "{} pod bound to CPUs {}: CFS quota unset (koordlet's UnsetPodCPUQuota)",
+                    class.as_str(),
+                    format_cpu_list(&cpus)
+                ),
+            )),
+            Err(why) => d.warnings.push(format!("pod: {why}")),
+        }
+    }
     let mut memory_request = None;
     if class == QosClass::Be {
         if let Some(a) = batch_annotation(pc, pod_annotations, &mut d.warnings) {
@@ -554,23 +666,36 @@ pub fn container(
             }
         }
     }
-    if matches!(class, QosClass::Lse | QosClass::Lsr) {
-        if let Some(a) = pod_annotations.get(ANNOTATION_RESOURCE_STATUS) {
-            match bound_cpus(a, pc, requested, ctx.node) {
-                Ok(Some((cpus, narrowed))) => {
-                    let why = format!(
-                        "{} pod bound to CPUs {cpus} by {ANNOTATION_RESOURCE_STATUS}",
-                        class.as_str()
-                    );
-                    d.decisions.push(cri(Knob::CpusetCpus(cpus), why));
-                    d.warnings.extend(narrowed);
-                }
-                Ok(None) => {}
-                Err(why) => d.warnings.push(format!(
-                    "{ANNOTATION_RESOURCE_STATUS}: {why}; cpuset left as kubelet asked"
+    let bound = match binding(pc, pod_annotations, requested, ctx.node) {
+        Ok(Some((cpus, narrowed))) => {
+            let list = format_cpu_list(&cpus);
+            let why = format!(
+                "{} pod bound to CPUs {list} by {ANNOTATION_RESOURCE_STATUS}",
+                class.as_str()
+            );
+            d.decisions.push(cri(Knob::CpusetCpus(list.clone()), why));
+            d.warnings.extend(narrowed);
+            match unset_quota(pc, &cpus, requested) {
+                Ok(k) => d.decisions.push(cri(
+                    k,
+                    format!(
+                        "bound to CPUs {list}: CFS quota unset (koordlet's UnsetContainerCPUQuota)"
+                    ),
                 )),
+                Err(why) => d.warnings.push(why),
             }
+            true
         }
+        Ok(None) => false,
+        Err(why) => {
+            d.warnings.push(format!(
+                "{ANNOTATION_RESOURCE_STATUS}: {why}; cpuset left as kubelet asked"
+            ));
+            false
+        }
+    };
+    if !bound {
+        shared_cpus(pc, requested, ctx, &mut d);
     }
     // Guaranteed pods (LSR/LSE) request what they limit; other classes' memory requests are
     // not in CRI (they need the pod spec)
@@ -592,6 +717,53 @@ pub fn container(
         });
     }
     d
+}
+
+/// A container not bound to CPUs runs on the share pool, as koordlet's
+/// cpuset rule (`getContainerCPUSet`) places it: a pod labelled LS always; a
+/// pod of another class that is not BestEffort while kubelet gives no cpuset
+/// (its CPU manager policy is `none`). Where kubelet gives a cpuset (the
+/// static policy's shared pool), an LS pod gets the share pool within it and
+/// any other keeps kubelet's (koordlet: "do nothing"). BestEffort pods keep
+/// what kubelet gave (koordlet clears it; qoslet's cpuset suppress writes BE
+/// cpusets itself, and with suppress off kubelet's shared pool keeps BE off
+/// Guaranteed pods' exclusive CPUs). Only while the pool is smaller than the
+/// node (a CPU is bound or reserved): otherwise pinning changes nothing.
+fn shared_cpus(pc: PodClass, requested: &Requested, ctx: &Context, d: &mut ContainerDecision) {
+    let Some(pool) = ctx.share_pool else {
+        return;
+    };
+    if pc.kube == Some(KubeQos::BestEffort) || *pool == ctx.node.online_cpus {
+        return;
+    }
+    let ls = pc.by_label && pc.class == QosClass::Ls;
+    let kubelet = requested.cpuset_cpus.trim();
+    let (cpus, why) = if kubelet.is_empty() {
+        (pool.clone(), "the share pool".to_string())
+    } else if !ls {
+        return;
+    } else {
+        let Some(k) = parse_cpu_list(kubelet) else {
+            return;
+        };
+        (
+            pool.intersection(&k).copied().collect(),
+            format!("the share pool within kubelet's cpuset {kubelet}"),
+        )
+    };
+    if cpus.is_empty() {
+        d.warnings
+            .push(format!("{why} is empty; cpuset left as kubelet asked"));
+        return;
+    }
+    let list = format_cpu_list(&cpus);
+    d.decisions.push(cri(
+        Knob::CpusetCpus(list.clone()),
+        format!(
+            "{} pod on {why}: CPUs {list} (no LSE/LSR binding, not reserved)",
+            pc.class.as_str()
+        ),
+    ));
 }
 
 /// Memory QoS (memory.min/low/high) of a cgroup whose memory request is
@@ -671,7 +843,7 @@ fn bound_cpus(
     pc: PodClass,
     requested: &Requested,
     node: &NodeFacts,
-) -> Result<Option<(String, Option<String>)>, String> {
+) -> Result<Option<Bound>, String> {
     let kubelet_cpuset = requested.cpuset_cpus;
     #[derive(serde::Deserialize)]
     struct Status {
@@ -749,7 +921,7 @@ fn bound_cpus(
             format_cpu_list(&got)
         )
     });
-    Ok(Some((format_cpu_list(&got), narrowed)))
+    Ok(Some((got, narrowed)))
 }
 
 fn batch(b: &Batch, d: &mut ContainerDecision) {
@@ -860,6 +1032,7 @@ mod tests {
                 page_size: 4096,
                 node: &node(),
                 devices: &BTreeMap::new(),
+                share_pool: None,
             },
         )
     }
@@ -869,7 +1042,7 @@ mod tests {
         pod(
             labelled(class),
             &BTreeMap::new(),
-            0,
+            &SandboxLimits::default(),
             &Context {
                 features: f,
                 v2: false,
@@ -877,6 +1050,7 @@ mod tests {
                 page_size: 4096,
                 node: &node(),
                 devices: &BTreeMap::new(),
+                share_pool: None,
             },
         )
     }
@@ -916,6 +1090,7 @@ mod tests {
                 page_size: 4096,
                 node: &node(),
                 devices: &BTreeMap::new(),
+                share_pool: None,
             },
         );
         assert_eq!(
@@ -956,6 +1131,7 @@ mod tests {
                 page_size: 4096,
                 node: &node(),
                 devices: &BTreeMap::new(),
+                share_pool: None,
             },
         );
         assert!(d.patch().unified.is_empty() && d.warnings.len() == 1);
@@ -976,6 +1152,7 @@ mod tests {
                 page_size: 4096,
                 node: &node(),
                 devices: &BTreeMap::new(),
+                share_pool: None,
             },
         );
         assert!(d.cgroup().contains(&Knob::MemoryMin(64 << 20)));
@@ -995,6 +1172,7 @@ mod tests {
                 page_size: 4096,
                 node: &node(),
                 devices: &BTreeMap::new(),
+                share_pool: None,
             },
         );
         assert_eq!(
@@ -1017,6 +1195,7 @@ mod tests {
                 page_size: 4096,
                 node: &node(),
                 devices: &BTreeMap::new(),
+                share_pool: None,
             },
         );
         assert!(d.patch().unified.is_empty());
@@ -1180,6 +1359,279 @@ mod tests {
         )
         .warnings
         .is_empty());
+    }
+
+    /// Issue 14 item 5: pods with and without a cpuset, as koordlet's cpuset
+    /// hook places them (`pkg/koordlet/runtimehooks/hooks/cpuset`:
+    /// `SetContainerCPUSetAndUnsetCFS`, `UnsetContainerCPUQuota` /
+    /// `IsPodCfsQuotaNeedUnset`, `cpusetRule.getContainerCPUSet`), on a
+    /// 16-CPU node whose share pool has lost CPUs 2-3 to an LSR pod.
+    #[test]
+    fn cpuset_pods_and_the_share_pool_as_koordlets_cpuset_hook() {
+        let p = ResourceQosStrategy::default();
+        let pool = share_pool(&node(), [BTreeSet::from([2, 3])]);
+        let unset = Some(-1);
+        let kube = |pc: PodClass, k: KubeQos| PodClass {
+            kube: Some(k),
+            ..pc
+        };
+        let unlabelled = |c: QosClass, k: KubeQos| PodClass {
+            class: c,
+            by_label: false,
+            trusted: false,
+            kube: Some(k),
+        };
+        let bound = r#"{"cpuset":"2-3"}"#;
+        // (pod, annotation, kubelet's quota (period 100 ms), kubelet's cpuset,
+        //  expected cpuset, expected quota, warnings)
+        type Case<'a> = (
+            PodClass,
+            &'a str,
+            i64,
+            &'a str,
+            Option<&'a str>,
+            Option<i64>,
+            usize,
+        );
+        let table: &[Case] = &[
+            // getContainerCPUSet: the annotation's cpuset; UnsetContainerCPUQuota: -1
+            (
+                trusted(QosClass::Lsr),
+                bound,
+                200_000,
+                "",
+                Some("2-3"),
+                unset,
+                0,
+            ),
+            (trusted(QosClass::Lse), bound, -1, "", Some("2-3"), unset, 0),
+            // an untrusted pod bound within its 2-CPU limit: quota unset too
+            (
+                labelled(QosClass::Lsr),
+                bound,
+                200_000,
+                "",
+                Some("2-3"),
+                unset,
+                0,
+            ),
+            // ... but bound to more CPUs than its 1.5-CPU limit: the quota stays
+            (
+                labelled(QosClass::Lsr),
+                bound,
+                150_000,
+                "",
+                Some("2-3"),
+                None,
+                1,
+            ),
+            // QoS=LS: all share pool (kubelet's none policy)
+            (
+                labelled(QosClass::Ls),
+                "",
+                200_000,
+                "",
+                Some("0-1,4-15"),
+                None,
+                0,
+            ),
+            // QoS=LS under kubelet's static policy: the share pool within kubelet's shared pool
+            (
+                labelled(QosClass::Ls),
+                "",
+                200_000,
+                "0-7",
+                Some("0-1,4-7"),
+                None,
+                0,
+            ),
+            (labelled(QosClass::Ls), "", 200_000, "2-3", None, None, 1),
+            // no QoS label, Burstable / Guaranteed, none policy: all share pool
+            (
+                unlabelled(QosClass::Ls, KubeQos::Burstable),
+                "",
+                200_000,
+                "",
+                Some("0-1,4-15"),
+                None,
+                0,
+            ),
+            (
+                unlabelled(QosClass::Lsr, KubeQos::Guaranteed),
+                "",
+                200_000,
+                "",
+                Some("0-1,4-15"),
+                None,
+                0,
+            ),
+            // ... static policy: kubelet's cpuset stands ("do nothing")
+            (
+                unlabelled(QosClass::Lsr, KubeQos::Guaranteed),
+                "",
+                200_000,
+                "4-5",
+                None,
+                None,
+                0,
+            ),
+            // SYSTEM (no system QoS cpuset here): as its Kubernetes QoS
+            (
+                kube(labelled(QosClass::System), KubeQos::Burstable),
+                "",
+                200_000,
+                "",
+                Some("0-1,4-15"),
+                None,
+                0,
+            ),
+            // BestEffort: kubelet's cpuset stands (koordlet clears it: see shared_cpus)
+            (labelled(QosClass::Be), "", -1, "", None, None, 0),
+            (labelled(QosClass::Be), "", -1, "0-15", None, None, 0),
+            (
+                unlabelled(QosClass::Be, KubeQos::BestEffort),
+                "",
+                -1,
+                "",
+                None,
+                None,
+                0,
+            ),
+            // an LS pod's cpuset annotation binds nothing (Koordinator's scheduler binds LSE/LSR)
+            (
+                labelled(QosClass::Ls),
+                bound,
+                200_000,
+                "",
+                Some("0-1,4-15"),
+                None,
+                0,
+            ),
+        ];
+        for (pc, a, quota, kubelet, cpuset, q, warnings) in table {
+            let ann: BTreeMap<String, String> = if a.is_empty() {
+                BTreeMap::new()
+            } else {
+                [(ANNOTATION_RESOURCE_STATUS.to_string(), a.to_string())].into()
+            };
+            let d = container(
+                *pc,
+                "app",
+                &ann,
+                &Requested {
+                    cpu_quota: *quota,
+                    cpu_period: 100_000,
+                    cpuset_cpus: kubelet,
+                    memory_limit: 0,
+                },
+                &Context {
+                    features: &upstream(),
+                    v2: false,
+                    policy: &p,
+                    page_size: 4096,
+                    node: &node(),
+                    devices: &BTreeMap::new(),
+                    share_pool: Some(&pool),
+                },
+            );
+            let patch = d.patch();
+            assert_eq!(
+                (
+                    patch.cpuset_cpus.as_deref(),
+                    patch.cpu_quota,
+                    d.warnings.len()
+                ),
+                (*cpuset, *q, *warnings),
+                "{pc:?} {a} quota {quota} kubelet {kubelet:?}: {d:?}"
+            );
+            if q.is_some() {
+                assert_eq!(patch.cpu_period, Some(100_000));
+            }
+        }
+        // a share pool that is the whole node pins nothing; no share pool known: nothing
+        let whole = node().online_cpus;
+        for pool in [Some(&whole), None] {
+            let d = container(
+                labelled(QosClass::Ls),
+                "app",
+                &BTreeMap::new(),
+                &Requested::default(),
+                &Context {
+                    features: &upstream(),
+                    v2: false,
+                    policy: &p,
+                    page_size: 4096,
+                    node: &node(),
+                    devices: &BTreeMap::new(),
+                    share_pool: pool,
+                },
+            );
+            assert!(d.patch().is_empty(), "{pool:?}: {d:?}");
+        }
+    }
+
+    /// koordlet's `UnsetPodCPUQuota` on the pod's own cgroup: for an untrusted
+    /// pod only while the CPUs bound are within the sandbox's CPU limit.
+    #[test]
+    fn a_pod_bound_to_cpus_runs_without_its_quota() {
+        let p = ResourceQosStrategy::default();
+        let ann: BTreeMap<String, String> = [(
+            ANNOTATION_RESOURCE_STATUS.to_string(),
+            r#"{"cpuset":"2-3"}"#.to_string(),
+        )]
+        .into();
+        let limits = |q: i64| SandboxLimits {
+            memory_limit: 0,
+            cpu_quota: q,
+            cpu_period: 100_000,
+        };
+        let unset = Knob::CpuQuota {
+            quota: None,
+            period: 100_000,
+        };
+        // (pod, sandbox quota, unset?, warnings)
+        let table = [
+            (trusted(QosClass::Lsr), -1, true, 0),
+            (labelled(QosClass::Lsr), 200_000, true, 0),
+            (labelled(QosClass::Lse), 300_000, true, 0),
+            (labelled(QosClass::Lsr), 150_000, false, 1),
+            // no limit to size a binding by: the containers' warning, nothing here
+            (labelled(QosClass::Lsr), -1, false, 0),
+            (labelled(QosClass::Ls), 200_000, false, 0),
+        ];
+        for (pc, q, want, warnings) in table {
+            let d = pod(
+                pc,
+                &ann,
+                &limits(q),
+                &Context {
+                    features: &Features::default(),
+                    v2: false,
+                    policy: &p,
+                    page_size: 4096,
+                    node: &node(),
+                    devices: &BTreeMap::new(),
+                    share_pool: None,
+                },
+            );
+            assert_eq!(
+                (d.cgroup().contains(&unset), d.warnings.len()),
+                (want, warnings),
+                "{pc:?} {q}: {d:?}"
+            );
+        }
+    }
+
+    /// koordlet's `calCPUSharePools` (every CPU a pod is bound to leaves the
+    /// LS pool) then `removeNodeReservedCPUs`.
+    #[test]
+    fn share_pool_is_the_node_without_reserved_and_bound_cpus() {
+        let mut n = node();
+        n.online_cpus = (0..8).collect();
+        n.reserved_cpus = [0].into();
+        let pool = share_pool(&n, [BTreeSet::from([2, 3]), BTreeSet::from([3, 4])]);
+        assert_eq!(format_cpu_list(&pool), "1,5-7");
+        assert_eq!(format_cpu_list(&share_pool(&n, [])), "1-7");
     }
 
     /// Issue 12: the scheduler's cpuset annotation as a pod author could write it.
@@ -1361,6 +1813,7 @@ mod tests {
                     page_size: 4096,
                     node: &n,
                     devices: &BTreeMap::new(),
+                    share_pool: None,
                 },
             );
             let short: String = a.chars().take(40).collect();
@@ -1407,6 +1860,7 @@ mod tests {
                     page_size: 4096,
                     node: &node(),
                     devices: &BTreeMap::new(),
+                    share_pool: None,
                 },
             )
         };
@@ -1455,6 +1909,7 @@ mod tests {
                 page_size: 4096,
                 node: &n,
                 devices: &BTreeMap::new(),
+                share_pool: None,
             },
         );
         assert_eq!(
@@ -1481,6 +1936,7 @@ mod tests {
                 page_size: 4096,
                 node: &node(),
                 devices: &BTreeMap::new(),
+                share_pool: None,
             },
         );
         assert_eq!(d.patch().cpu_quota, Some(20_000));
@@ -1582,6 +2038,7 @@ mod tests {
                     page_size: 4096,
                     node: &node(),
                     devices: &BTreeMap::new(),
+                    share_pool: None,
                 },
             )
         };
@@ -1616,7 +2073,10 @@ mod tests {
         pod(
             trusted(class),
             &a,
-            sandbox_limit,
+            &SandboxLimits {
+                memory_limit: sandbox_limit,
+                ..Default::default()
+            },
             &Context {
                 features: f,
                 v2,
@@ -1624,6 +2084,7 @@ mod tests {
                 page_size: 4096,
                 node: &node(),
                 devices,
+                share_pool: None,
             },
         )
     }

@@ -5,12 +5,13 @@
 //! classifying every pod again. The composition builds it from the store
 //! (`src/inventory.rs`); this is the data, shared as `Arc<Inventory>`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use qoslet_cgroups::CgroupPath;
 
 use crate::class::PodClass;
+use crate::decide;
 
 /// The ready pods and their running containers at one store generation.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -34,8 +35,8 @@ pub struct PodEntry {
     /// skipped by label, or no class).
     pub class: Option<PodClass>,
     pub annotations: BTreeMap<String, String>,
-    /// The sandbox config's memory limit (0: none).
-    pub sandbox_memory_limit: i64,
+    /// What the sandbox config asked for the whole pod.
+    pub limits: crate::decide::SandboxLimits,
     /// Its running containers, by id.
     pub containers: Vec<ContainerEntry>,
 }
@@ -60,6 +61,33 @@ impl Inventory {
     /// The number of containers in all pods.
     pub fn containers(&self) -> usize {
         self.pods.iter().map(|p| p.containers.len()).sum()
+    }
+
+    /// The LS share pool of this inventory ([`decide::share_pool`] of every
+    /// running LSE/LSR container's [`decide::binding`]).
+    pub fn share_pool(&self, node: &decide::NodeFacts) -> BTreeSet<u32> {
+        let bound = self.pods.iter().flat_map(|p| {
+            p.containers.iter().filter_map(move |c| {
+                let pc = p.class?;
+                decide::binding(pc, &p.annotations, &c.requested(), node)
+                    .ok()
+                    .flatten()
+                    .map(|(cpus, _)| cpus)
+            })
+        });
+        decide::share_pool(node, bound)
+    }
+}
+
+impl ContainerEntry {
+    /// What kubelet asked for, as the decisions take it.
+    pub fn requested(&self) -> decide::Requested<'_> {
+        decide::Requested {
+            memory_limit: self.memory_limit,
+            cpu_quota: self.cpu_quota,
+            cpu_period: self.cpu_period,
+            cpuset_cpus: &self.cpuset_cpus,
+        }
     }
 }
 

@@ -172,7 +172,7 @@ async fn real_be_pod_with_batch_resources_gets_its_class_settings_and_keeps_them
         .create(
             &ls_pod,
             &ls_cfg,
-            container_config("batch", SLEEP_LOOP, Some(ls_res)),
+            container_config("batch", SLEEP_LOOP, Some(ls_res.clone())),
         )
         .await
         .unwrap();
@@ -219,6 +219,8 @@ async fn real_be_pod_with_batch_resources_gets_its_class_settings_and_keeps_them
     via.start(&lsr_ctr).await.unwrap();
     let rcg = format!("{lsr_cgp}/{lsr_ctr}");
     assert_eq!(cgroup_v1("cpuset", &rcg, "cpuset.cpus"), "1");
+    // koordlet's cpuset hook: a container bound within its 1-CPU limit runs without CFS quota
+    assert_eq!(cgroup_v1("cpu", &rcg, "cpu.cfs_quota_us"), "-1");
     via.rt
         .update_container_resources(cri::UpdateContainerResourcesRequest {
             container_id: lsr_ctr.clone(),
@@ -228,12 +230,51 @@ async fn real_be_pod_with_batch_resources_gets_its_class_settings_and_keeps_them
         .await
         .unwrap();
     assert_eq!(
-        cgroup_v1("cpuset", &rcg, "cpuset.cpus"),
-        "1",
+        (
+            cgroup_v1("cpuset", &rcg, "cpuset.cpus"),
+            cgroup_v1("cpu", &rcg, "cpu.cfs_quota_us")
+        ),
+        ("1".into(), "-1".into()),
         "kept through kubelet's update"
     );
+    // the LS pod shares what no LSE/LSR container is bound to: a container created
+    // now starts on CPU 0, the one that ran before is moved there by the engine
+    let ls2 = via
+        .create(
+            &ls_pod,
+            &ls_cfg,
+            container_config("web", SLEEP_LOOP, Some(ls_res.clone())),
+        )
+        .await
+        .unwrap();
+    via.start(&ls2).await.unwrap();
+    let lcg2 = format!("{ls_cgp}/{ls2}");
+    assert_eq!(
+        cgroup_v1("cpuset", &lcg2, "cpuset.cpus"),
+        "0",
+        "the share pool"
+    );
+    assert_eq!(cgroup_v1("cpu", &lcg2, "cpu.cfs_quota_us"), "50000");
+    eventually(
+        "the LS container on the share pool",
+        Duration::from_secs(15),
+        || async { (cgroup_v1("cpuset", &lcg, "cpuset.cpus") == "0").then_some(()) },
+    )
+    .await;
     via.remove_pod(&lsr_pod).await;
     testbed::remove_cgroup_dirs(&lsr_cgp);
+    // the binding gone, the share pool is the whole node again: kubelet's cpusets back
+    eventually(
+        "the LS containers back on every CPU",
+        Duration::from_secs(15),
+        || async {
+            let all = cgroup_v1("cpuset", "", "cpuset.cpus");
+            (cgroup_v1("cpuset", &lcg, "cpuset.cpus") == all
+                && cgroup_v1("cpuset", &lcg2, "cpuset.cpus") == all)
+                .then_some(())
+        },
+    )
+    .await;
 
     // kubelet's periodic update does not undo the class's settings
     via.rt

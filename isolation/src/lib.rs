@@ -22,6 +22,7 @@ use std::sync::Arc;
 use qoslet_cgroups::resctrl::Resctrl;
 use qoslet_cgroups::{CgroupPath, Cgroups, Features, Knob, PodRoot};
 use qoslet_hooks::decide::{self, Action, ContainerDecision, Decision, NodeFacts, Requested};
+use qoslet_hooks::inventory::InventorySource;
 use qoslet_hooks::policy::ResourceQosStrategy;
 use qoslet_hooks::{classify, ClassSource, PodClass, QosClass, Trust};
 use qoslet_proto::cri;
@@ -39,7 +40,18 @@ pub struct Isolation {
     shared: PolicyHandle,
     /// Group identity's kernel switch (None: not managed here).
     sysctl: Option<Arc<qoslet_cgroups::sysctl::Sysctl>>,
+    /// The agent's inventory, set once the store runs ([`Isolation::inventory_slot`]):
+    /// the LS share pool is computed from it (unset: containers keep kubelet's cpusets).
+    inventory: InventorySlot,
+    /// The share pool of the inventory generation it was computed at.
+    pool: Arc<std::sync::Mutex<Option<PoolAt>>>,
 }
+
+/// A share pool and the inventory generation it was computed at.
+type PoolAt = (u64, Arc<std::collections::BTreeSet<u32>>);
+
+/// Where the composition hands the hook the agent's one inventory.
+pub type InventorySlot = Arc<std::sync::OnceLock<Arc<dyn InventorySource>>>;
 
 /// The policy the hooks read, swapped whole when the config file is reloaded
 /// (each call reads one consistent policy).
@@ -100,7 +112,8 @@ struct Shared {
 }
 
 impl Shared {
-    fn ctx(&self) -> decide::Context<'_> {
+    /// The decisions' context; `pool`: the LS share pool, where known.
+    fn ctx<'a>(&'a self, pool: Option<&'a std::collections::BTreeSet<u32>>) -> decide::Context<'a> {
         decide::Context {
             features: &self.features,
             v2: self.v2,
@@ -108,8 +121,21 @@ impl Shared {
             page_size: self.page_size,
             node: &self.node,
             devices: &self.devices,
+            share_pool: pool,
         }
     }
+}
+
+/// What a pod's sandbox config asked for the whole pod (none when it carried no resources).
+pub fn sandbox_limits(p: &PodRecord) -> decide::SandboxLimits {
+    p.resources
+        .as_ref()
+        .map(|r| decide::SandboxLimits {
+            memory_limit: r.memory_limit_in_bytes,
+            cpu_quota: r.cpu_quota,
+            cpu_period: r.cpu_period,
+        })
+        .unwrap_or_default()
 }
 
 /// The node's online CPUs, memory and reserved CPUs, read once at start
@@ -167,6 +193,8 @@ impl Isolation {
             cgroups: cgroups.map(Arc::new),
             resctrl: resctrl.map(Arc::new),
             sysctl: None,
+            inventory: Default::default(),
+            pool: Default::default(),
             shared: PolicyHandle(Arc::new(std::sync::RwLock::new(Arc::new(Shared {
                 features,
                 v2,
@@ -191,6 +219,28 @@ impl Isolation {
     pub fn policy_handle(&self) -> PolicyHandle {
         self.shared.clone()
     }
+
+    /// Where the composition sets the agent's inventory once the store runs.
+    pub fn inventory_slot(&self) -> InventorySlot {
+        self.inventory.clone()
+    }
+}
+
+/// The LS share pool now (`None` before the inventory is set), computed once
+/// per inventory generation (no file is read: the inventory is the store's).
+fn share_pool(
+    slot: &InventorySlot,
+    cache: &std::sync::Mutex<Option<PoolAt>>,
+    node: &NodeFacts,
+) -> Option<Arc<std::collections::BTreeSet<u32>>> {
+    let inv = slot.get()?.current();
+    let mut c = cache.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, p)) = c.as_ref().filter(|(g, _)| *g == inv.generation) {
+        return Some(p.clone());
+    }
+    let p = Arc::new(inv.share_pool(node));
+    *c = Some((inv.generation, p.clone()));
+    Some(p)
 }
 
 /// The class of a pod, logging input problems.
@@ -453,6 +503,7 @@ impl Hook for Isolation {
         req: Arc<CriRequest>,
     ) -> BoxFuture<Result<Option<CriRequest>, BoxError>> {
         let (shared, cgroups) = (self.shared.get(), self.cgroups.clone());
+        let pool = share_pool(&self.inventory, &self.pool, &shared.node);
         Box::pin(async move {
             match &*req {
                 CriRequest::CreateContainer(r) => {
@@ -472,7 +523,7 @@ impl Hook for Isolation {
                         &name,
                         &pod.annotations,
                         &requested(res),
-                        &shared.ctx(),
+                        &shared.ctx(pool.as_deref()),
                     );
                     for w in &d.warnings {
                         warn!(pod = %pod.name, container = %name, "{w}");
@@ -531,7 +582,7 @@ impl Hook for Isolation {
                         &c.name,
                         &pod.annotations,
                         &stored_requested(&merged),
-                        &shared.ctx(),
+                        &shared.ctx(pool.as_deref()),
                     );
                     // the kernel checks the quota the runtime is about to write against
                     // the CFS burst the engine set: lower the burst first where needed
@@ -571,6 +622,10 @@ impl Hook for Isolation {
             self.resctrl.clone(),
             self.sysctl.clone(),
         );
+        // the share pool only where a decision is recorded with it
+        let pool = matches!(&*req, CriRequest::CreateContainer(_))
+            .then(|| share_pool(&self.inventory, &self.pool, &shared.node))
+            .flatten();
         Box::pin(async move {
             match (&*req, &*resp) {
                 (CriRequest::RunPodSandbox(_), CriResponse::RunPodSandbox(o)) => {
@@ -587,12 +642,12 @@ impl Hook for Isolation {
                         "class-source",
                         &class_source(&pod, &shared.trust),
                     );
-                    let sandbox_limit = pod
-                        .resources
-                        .as_ref()
-                        .map(|r| r.memory_limit_in_bytes)
-                        .unwrap_or(0);
-                    let d = decide::pod(class, &pod.annotations, sandbox_limit, &shared.ctx());
+                    let d = decide::pod(
+                        class,
+                        &pod.annotations,
+                        &sandbox_limits(&pod),
+                        &shared.ctx(pool.as_deref()),
+                    );
                     for w in &d.warnings {
                         warn!(pod = %pod.name, namespace = %pod.namespace, "{w}");
                     }
@@ -658,14 +713,14 @@ impl Hook for Isolation {
                             &name,
                             &pod.annotations,
                             &stored_requested(k),
-                            &shared.ctx(),
+                            &shared.ctx(pool.as_deref()),
                         ),
                         None => decide::container(
                             class,
                             &name,
                             &pod.annotations,
                             &requested(res),
-                            &shared.ctx(),
+                            &shared.ctx(pool.as_deref()),
                         ),
                     };
                     // settings written at start are recorded there, with their outcome
@@ -688,7 +743,7 @@ impl Hook for Isolation {
                         &c.name,
                         &pod.annotations,
                         &stored_requested(&stored),
-                        &shared.ctx(),
+                        &shared.ctx(pool.as_deref()),
                     );
                     let cg = match CgroupPath::pod_under(&pod.cgroup_parent, &shared.pod_root)
                         .and_then(|p| p.container(&c.id))
@@ -777,6 +832,132 @@ mod tests {
 
     fn tree(tag: &str, files: &[(&str, &str)]) -> std::path::PathBuf {
         qoslet_cgroups::testing::tree(&format!("iso-{tag}"), files)
+    }
+
+    /// An inventory that stays as built (the agent's follows the store).
+    struct Fixed(Arc<qoslet_hooks::inventory::Inventory>);
+    impl InventorySource for Fixed {
+        fn current(&self) -> Arc<qoslet_hooks::inventory::Inventory> {
+            self.0.clone()
+        }
+    }
+
+    /// Issue 14 item 5 at CreateContainer: an LS container is created on the
+    /// share pool of the inventory (the node without the CPUs a running LSR
+    /// container is bound to), an LSR container bound by its annotation and
+    /// without CFS quota; before the inventory is set, kubelet's cpusets stand.
+    #[tokio::test]
+    async fn containers_are_created_on_the_share_pool_or_their_binding() {
+        use qoslet_hooks::inventory::{ContainerEntry, Inventory, PodEntry};
+        let node = NodeFacts {
+            online_cpus: (0..4).collect(),
+            milli_cpus: 4000,
+            ..Default::default()
+        };
+        let hook = Isolation::new(
+            None,
+            None,
+            ResourceQosStrategy::default(),
+            node,
+            Trust::default(),
+            PodRoot::default(),
+        );
+        let store = Store::new();
+        let bound = r#"{"cpuset":"2-3"}"#;
+        for (id, class, parent, ann) in [
+            ("pls", "LS", "/kubepods/burstable/podpls", None),
+            ("plsr", "LSR", "/kubepods/podplsr", Some(bound)),
+        ] {
+            let mut pod = PodRecord {
+                id: id.into(),
+                name: id.into(),
+                cgroup_parent: parent.into(),
+                ..Default::default()
+            };
+            pod.labels
+                .insert("koordinator.sh/qosClass".into(), class.into());
+            if let Some(a) = ann {
+                pod.annotations
+                    .insert(decide::ANNOTATION_RESOURCE_STATUS.into(), a.into());
+            }
+            store.upsert_pod(pod);
+        }
+        let create = |pod: &str| {
+            Arc::new(CriRequest::CreateContainer(cri::CreateContainerRequest {
+                pod_sandbox_id: pod.into(),
+                config: Some(cri::ContainerConfig {
+                    metadata: Some(cri::ContainerMetadata {
+                        name: "app".into(),
+                        attempt: 0,
+                    }),
+                    linux: Some(cri::LinuxContainerConfig {
+                        resources: Some(cri::LinuxContainerResources {
+                            cpu_quota: 200_000,
+                            cpu_period: 100_000,
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }))
+        };
+        let patched = |r: Option<CriRequest>| match r {
+            Some(CriRequest::CreateContainer(c)) => c
+                .config
+                .and_then(|c| c.linux)
+                .and_then(|l| l.resources)
+                .map(|r| (r.cpuset_cpus, r.cpu_quota))
+                .unwrap_or_default(),
+            other => panic!("{other:?}"),
+        };
+        let ctx = || HookContext {
+            store: store.clone(),
+        };
+        let ls = hook.before(ctx(), create("pls")).await.unwrap();
+        assert_eq!(
+            patched(ls),
+            (String::new(), 0),
+            "no inventory yet: kubelet's"
+        );
+        // the LSR pod's container runs, bound to CPUs 2-3
+        let lsr = PodEntry {
+            id: "plsr".into(),
+            name: "plsr".into(),
+            namespace: String::new(),
+            cgroup: CgroupPath::parse("/kubepods/podplsr").unwrap(),
+            class: Some(PodClass {
+                class: QosClass::Lsr,
+                by_label: true,
+                trusted: false,
+                kube: Some(qoslet_hooks::KubeQos::Guaranteed),
+            }),
+            annotations: [(
+                decide::ANNOTATION_RESOURCE_STATUS.to_string(),
+                bound.to_string(),
+            )]
+            .into(),
+            limits: Default::default(),
+            containers: vec![ContainerEntry {
+                id: "c1".into(),
+                name: "app".into(),
+                cgroup: CgroupPath::parse("/kubepods/podplsr/c1").unwrap(),
+                memory_limit: 0,
+                cpu_quota: 200_000,
+                cpu_period: 100_000,
+                cpuset_cpus: String::new(),
+            }],
+        };
+        let inv = Inventory {
+            generation: 1,
+            pods: vec![lsr],
+        };
+        let _ = hook.inventory_slot().set(Arc::new(Fixed(Arc::new(inv))));
+        let ls = hook.before(ctx(), create("pls")).await.unwrap();
+        assert_eq!(patched(ls), ("0-1".into(), 0), "the share pool");
+        let lsr = hook.before(ctx(), create("plsr")).await.unwrap();
+        assert_eq!(patched(lsr), ("2-3".into(), -1), "bound, no CFS quota");
     }
 
     /// Issue 15 item 5: `applied` says what happened. A cgroup write the kernel

@@ -55,6 +55,7 @@ impl Env {
             page_size: self.page_size.max(1),
             node: &self.node,
             devices: &self.devices,
+            share_pool: None,
         }
     }
 }
@@ -169,13 +170,21 @@ fn w(cgroup: &CgroupPath, knob: Knob, plugin: &'static str, rule: String) -> Wri
 /// tree) and the CPUs bound to LSE/LSR pods.
 pub fn reconcile_all(state: &NodeState, ctx: &Context) -> (Plan, BTreeSet<u32>) {
     let mut plan = Plan::new();
-    let mut exclusive = BTreeSet::new();
+    let bound: Vec<BTreeSet<u32>> = state
+        .pods
+        .iter()
+        .flat_map(|p| reconcile::bound(p, ctx.node))
+        .collect();
+    let exclusive: BTreeSet<u32> = bound.iter().flatten().copied().collect();
+    let pool = qoslet_hooks::decide::share_pool(ctx.node, bound);
+    let ctx = Context {
+        share_pool: Some(&pool),
+        ..*ctx
+    };
     for p in &state.pods {
-        for cpus in reconcile::pod(p, ctx, &mut plan) {
-            exclusive.extend(crate::cpuset::parse_cpus(&cpus).unwrap_or_default());
-        }
+        reconcile::pod(p, &ctx, &mut plan);
     }
-    reconcile::kube_qos(&state.qos_dirs, ctx, &mut plan);
+    reconcile::kube_qos(&state.qos_dirs, &ctx, &mut plan);
     (plan, exclusive)
 }
 
@@ -1057,7 +1066,7 @@ mod tests {
             kube: None,
             cgroup: cg.clone(),
             annotations: BTreeMap::new(),
-            sandbox_memory_limit: 0,
+            limits: Default::default(),
             sandbox: None,
             cpu_cores: cores,
             containers: vec![Container {
@@ -1138,6 +1147,96 @@ mod tests {
             files.push((format!("cpuset/{cg}/cpuset.cpus"), "0-15\n"));
         }
         MemFs::v1_tree(&files)
+    }
+
+    /// Issue 14 item 5 on a v1 tree: an LSR pod bound to CPUs 2-3 runs
+    /// without CFS quota (pod and container, koordlet's
+    /// `SetContainerCPUSetAndUnsetCFS` / `UnsetPodCPUQuota` reconcilers); the LS
+    /// pod moves to the share pool without them (`calCPUSharePools`); when the
+    /// binding goes (here: the pod is no longer trusted nor labelled), quota and
+    /// cpusets go back to kubelet's, and the LS pod back to every CPU.
+    #[test]
+    fn cpuset_bound_pods_unset_quota_and_ls_share_the_rest() {
+        let mut files = vec![
+            ("cpu/cgroup.procs".to_string(), ""),
+            ("cpuset/cgroup.procs".to_string(), ""),
+        ];
+        for (cg, quota) in [
+            ("kubepods/burstable/podls", "200000\n"),
+            ("kubepods/burstable/podls/cls", "200000\n"),
+            ("kubepods/podlsr", "200000\n"),
+            ("kubepods/podlsr/clsr", "200000\n"),
+        ] {
+            files.push((format!("cpu/{cg}/cpu.cfs_quota_us"), quota));
+            files.push((format!("cpu/{cg}/cpu.cfs_period_us"), "100000\n"));
+            files.push((format!("cpuset/{cg}/cpuset.cpus"), "0-15\n"));
+        }
+        let (m, cg) = MemFs::v1_tree(&files);
+        let env = Env {
+            features: cg.host().features.clone(),
+            node: NodeFacts {
+                online_cpus: (0..16).collect(),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let mut lsr = pod("lsr", QosClass::Lsr, "/kubepods", 1.0, 200_000);
+        lsr.annotations.insert(
+            qoslet_hooks::decide::ANNOTATION_RESOURCE_STATUS.into(),
+            r#"{"cpuset":"2-3"}"#.into(),
+        );
+        lsr.limits = qoslet_hooks::decide::SandboxLimits {
+            memory_limit: 0,
+            cpu_quota: 200_000,
+            cpu_period: 100_000,
+        };
+        let ls = pod("ls", QosClass::Ls, "/kubepods/burstable", 1.0, 200_000);
+        let mut s = state(1.0, 0.0, None);
+        s.pods = vec![ls.clone(), lsr.clone()];
+        let mut e = Engine::new(1);
+        let get = |f: &str| m.at(f).unwrap();
+        let t = e.plan(&s, &Policy::default(), &env);
+        let r = e.execute(&t.plan, &cg);
+        assert!(r.errors.is_empty(), "{r:?}");
+        assert_eq!(get("cpuset/kubepods/podlsr/clsr/cpuset.cpus"), "2-3");
+        assert_eq!(get("cpu/kubepods/podlsr/clsr/cpu.cfs_quota_us"), "-1");
+        assert_eq!(get("cpu/kubepods/podlsr/cpu.cfs_quota_us"), "-1");
+        assert_eq!(
+            get("cpuset/kubepods/burstable/podls/cls/cpuset.cpus"),
+            "0-1,4-15"
+        );
+        assert_eq!(
+            get("cpu/kubepods/burstable/podls/cls/cpu.cfs_quota_us"),
+            "200000"
+        );
+        // the binding is gone: kubelet's values come back
+        lsr.trusted = false;
+        lsr.by_label = false;
+        s.pods = vec![ls, lsr];
+        let t = e.plan(&s, &Policy::default(), &env);
+        assert!(
+            !t.plan
+                .writes()
+                .iter()
+                .any(|w| matches!(w.knob, Knob::CpusetCpus(_))),
+            "nothing pinned: {:?}",
+            t.plan.writes()
+        );
+        let r = e.execute(&t.plan, &cg);
+        assert!(r.errors.is_empty(), "{r:?}");
+        assert_eq!(get("cpu/kubepods/podlsr/clsr/cpu.cfs_quota_us"), "200000");
+        assert_eq!(get("cpu/kubepods/podlsr/cpu.cfs_quota_us"), "200000");
+        assert_eq!(get("cpuset/kubepods/podlsr/clsr/cpuset.cpus"), "0-15");
+        assert_eq!(
+            get("cpuset/kubepods/burstable/podls/cls/cpuset.cpus"),
+            "0-15"
+        );
+        // and stay so (restored once, not rewritten every tick)
+        let before = m.writes().len();
+        let t = e.plan(&s, &Policy::default(), &env);
+        let r = e.execute(&t.plan, &cg);
+        assert!(r.errors.is_empty(), "{r:?}");
+        assert_eq!(m.writes().len(), before);
     }
 
     /// Issue 14: on an Anolis-shaped tree (`cpu.bvt_warp_ns` in every cgroup),

@@ -108,6 +108,9 @@ struct Known {
     /// again: each repeat doubles the wait, up to [`MAX_BACKOFF`] checks.
     drifts: u32,
     quiet_until: u64,
+    /// What the file goes back to when it leaves the plan (`None`: the
+    /// kernel's default, [`restore_value`]).
+    restore: Option<Knob>,
 }
 
 /// The longest back-off on a file that keeps drifting, in drift-check intervals.
@@ -163,7 +166,11 @@ impl Executor {
         self.known.retain(|k, kn| {
             let keep = plan.contains(k);
             if !keep {
-                if let Some(v) = restore_value(&kn.knob) {
+                let back = match &kn.restore {
+                    Some(r) => (*r != kn.knob).then(|| r.clone()),
+                    None => restore_value(&kn.knob),
+                };
+                if let Some(v) = back {
                     restoring.insert(k.clone(), (k.0.clone(), v));
                 }
             }
@@ -283,6 +290,7 @@ impl Executor {
                             slot,
                             drifts,
                             quiet_until,
+                            restore: plan.restore_of(k).cloned(),
                         },
                     );
                 }

@@ -27,6 +27,9 @@ pub struct Write {
 pub struct Plan {
     writes: Vec<Write>,
     index: HashMap<Key, usize>,
+    /// What a file goes back to when it leaves the plan, where that is not
+    /// the kernel's default (kubelet's quota, cpuset, memory limit).
+    restore: HashMap<Key, Knob>,
 }
 
 impl PartialEq for Plan {
@@ -93,6 +96,17 @@ impl Plan {
     /// Whether the plan sets the file `k` names.
     pub fn contains(&self, k: &Key) -> bool {
         self.index.contains_key(k)
+    }
+
+    /// The value `w`'s file goes back to once no plugin plans it (instead of
+    /// the kernel's default): what its owner asked for.
+    pub fn restore_to(&mut self, w: &Write, to: Knob) {
+        self.restore.entry(key(w)).or_insert(to);
+    }
+
+    /// What the file `k` names goes back to when it leaves the plan, if set.
+    pub fn restore_of(&self, k: &Key) -> Option<&Knob> {
+        self.restore.get(k)
     }
 
     pub fn len(&self) -> usize {

@@ -5,10 +5,10 @@
 //! only what differs, so this puts back drift and applies a reloaded policy
 //! to running pods, and costs nothing at steady state.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use qoslet_cgroups::{CgroupPath, Knob};
-use qoslet_hooks::decide::{self, Action, Context, Decision, Requested};
+use qoslet_hooks::decide::{self, Action, Context, Decision, NodeFacts, Requested, SandboxLimits};
 use qoslet_hooks::{KubeQos, PodClass, QosClass};
 
 use crate::plan::{Plan, Write};
@@ -26,8 +26,8 @@ pub struct Pod {
     pub kube: Option<KubeQos>,
     pub cgroup: CgroupPath,
     pub annotations: BTreeMap<String, String>,
-    /// The sandbox config's memory limit (0: none).
-    pub sandbox_memory_limit: i64,
+    /// What the sandbox config asked for the whole pod.
+    pub limits: SandboxLimits,
     /// The sandbox (pause) container's own cgroup, a child of the pod's that no
     /// CRI container record names (`None`: unknown or absent). On v1 a pod's
     /// cpuset cannot shrink below a child's, so it is written with the containers'.
@@ -67,7 +67,7 @@ impl Pod {
             kube: pc.kube,
             cgroup: p.cgroup.clone(),
             annotations: p.annotations.clone(),
-            sandbox_memory_limit: p.sandbox_memory_limit,
+            limits: p.limits,
             sandbox: p.cgroup.container(&p.id).ok(),
             cpu_cores: 0.0,
             containers: p.containers.iter().map(Container::from_entry).collect(),
@@ -113,20 +113,51 @@ impl Container {
 }
 
 /// Adds the cgroup setting of a decision (CRI-carried or written by the
-/// hooks alike: the runtime wrote the former into the same file) with its rule.
-fn add(plan: &mut Plan, cg: &CgroupPath, d: &Decision, v2: bool) {
+/// hooks alike: the runtime wrote the former into the same file) with its
+/// rule, and what the file goes back to when the decision is gone (`back`).
+fn add(plan: &mut Plan, cg: &CgroupPath, d: &Decision, v2: bool, back: Option<Knob>) {
     let Some(k) = d.knob() else {
         return; // resctrl: the engine's resctrl sync keeps the groups
     };
     // the file as this layout names it (the runtime wrote a CRI-carried
     // setting into the same file the engine now keeps)
     let (setting, value) = k.describe(v2);
-    plan.add(Write {
+    let w = Write {
         cgroup: cg.clone(),
         knob: k.clone(),
         plugin: decide::feature(k),
         rule: format!("{setting} = {value}: {}", d.because),
-    });
+    };
+    if let Some(b) = back {
+        plan.restore_to(&w, b);
+    }
+    plan.add(w);
+}
+
+/// What kubelet asked for a setting qoslet overrides, which the file goes
+/// back to once qoslet's decision is gone (a binding dropped, the share pool
+/// back to the whole node): kubelet's quota and memory limit, its cpuset or,
+/// without one, every online CPU. `None`: a setting with a kernel default.
+fn kubelet_value(k: &Knob, r: &Requested, online: &BTreeSet<u32>) -> Option<Knob> {
+    match k {
+        Knob::CpuQuota { .. } => Some(Knob::CpuQuota {
+            quota: u64::try_from(r.cpu_quota).ok().filter(|q| *q > 0),
+            period: u64::try_from(r.cpu_period)
+                .ok()
+                .filter(|p| *p > 0)
+                .unwrap_or(100_000),
+        }),
+        Knob::MemoryLimit(_) => Some(Knob::MemoryLimit(
+            u64::try_from(r.memory_limit).ok().filter(|m| *m > 0),
+        )),
+        Knob::CpusetCpus(_) if !r.cpuset_cpus.trim().is_empty() => {
+            Some(Knob::CpusetCpus(r.cpuset_cpus.trim().to_string()))
+        }
+        Knob::CpusetCpus(_) if !online.is_empty() => Some(Knob::CpusetCpus(
+            qoslet_cgroups::cgroup::format_cpu_list(online),
+        )),
+        _ => None,
+    }
 }
 
 /// The kube QoS dirs' group identity (kernels with bvt, while koordlet's rule
@@ -166,24 +197,51 @@ pub fn kube_qos(dirs: &[(KubeQos, CgroupPath)], ctx: &Context, plan: &mut Plan) 
     }
 }
 
-/// Adds what the hooks would set on `p` and its containers now; returns the
-/// CPU lists its containers are bound to (LSE/LSR), which leave the share pool.
-pub fn pod(p: &Pod, ctx: &Context, plan: &mut Plan) -> Vec<String> {
-    let mut bound = Vec::new();
-    let d = decide::pod(p.pod_class(), &p.annotations, p.sandbox_memory_limit, ctx);
+/// The CPUs `p`'s containers are bound to (LSE/LSR, by its resource-status
+/// annotation as the hooks accept it), which leave the share pool.
+pub fn bound(p: &Pod, node: &NodeFacts) -> Vec<BTreeSet<u32>> {
+    p.containers
+        .iter()
+        .filter_map(|c| {
+            decide::binding(p.pod_class(), &p.annotations, &c.requested(), node)
+                .ok()
+                .flatten()
+                .map(|(cpus, _)| cpus)
+        })
+        .collect()
+}
+
+/// Adds what the hooks would set on `p` and its containers now (`ctx` with
+/// the share pool of every pod's [`bound`] CPUs).
+pub fn pod(p: &Pod, ctx: &Context, plan: &mut Plan) {
+    let d = decide::pod(p.pod_class(), &p.annotations, &p.limits, ctx);
+    let sandbox = Requested {
+        memory_limit: p.limits.memory_limit,
+        cpu_quota: p.limits.cpu_quota,
+        cpu_period: p.limits.cpu_period,
+        cpuset_cpus: "",
+    };
     for d in &d.decisions {
-        add(plan, &p.cgroup, d, ctx.v2);
+        // the pod's quota goes back to kubelet's (the sandbox's sum of limits) where known
+        let back = match d.knob() {
+            Some(k @ Knob::CpuQuota { .. }) if p.limits.cpu_quota > 0 => {
+                kubelet_value(k, &sandbox, &ctx.node.online_cpus)
+            }
+            _ => None,
+        };
+        add(plan, &p.cgroup, d, ctx.v2, back);
     }
     for c in &p.containers {
-        let d = decide::container(p.pod_class(), &c.name, &p.annotations, &c.requested(), ctx);
+        let r = c.requested();
+        let d = decide::container(p.pod_class(), &c.name, &p.annotations, &r, ctx);
         for d in &d.decisions {
-            if let Action::Cri(Knob::CpusetCpus(cpus)) = &d.action {
-                bound.push(cpus.clone());
-            }
-            add(plan, &c.cgroup, d, ctx.v2);
+            let back = match &d.action {
+                Action::Cri(k) => kubelet_value(k, &r, &ctx.node.online_cpus),
+                _ => None,
+            };
+            add(plan, &c.cgroup, d, ctx.v2, back);
         }
     }
-    bound
 }
 
 #[cfg(test)]
@@ -206,7 +264,7 @@ mod tests {
                 spec.to_string(),
             )]
             .into(),
-            sandbox_memory_limit: 0,
+            limits: Default::default(),
             sandbox: None,
             cpu_cores: 0.0,
             containers: vec![Container {
@@ -241,6 +299,7 @@ mod tests {
             page_size: 4096,
             node: &Default::default(),
             devices: &devices,
+            share_pool: None,
         };
         let mut plan = Plan::new();
         pod(&be_pod(), &ctx, &mut plan);

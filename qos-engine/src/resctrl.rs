@@ -172,7 +172,7 @@ mod tests {
             kube: None,
             cgroup: CgroupPath::parse(&format!("/kubepods/besteffort/pod{id}")).unwrap(),
             annotations: Default::default(),
-            sandbox_memory_limit: 0,
+            limits: Default::default(),
             sandbox: None,
             cpu_cores: 0.0,
             containers: vec![

@@ -1098,7 +1098,7 @@ mod tests {
                         kube: None,
                     }),
                     annotations: Default::default(),
-                    sandbox_memory_limit: 0,
+                    limits: Default::default(),
                     containers: p
                         .containers
                         .iter()

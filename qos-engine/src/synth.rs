@@ -147,7 +147,7 @@ pub fn build(root: &Path, s: &Shape) -> io::Result<Vec<Pod>> {
                 kube: None,
                 cgroup: CgroupPath::parse(&pcg).expect("synthetic path"),
                 annotations: Default::default(),
-                sandbox_memory_limit: 0,
+                limits: Default::default(),
                 sandbox: None,
                 cpu_cores: 0.0,
                 containers,

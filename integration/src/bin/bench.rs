@@ -516,6 +516,7 @@ fn decisions() {
             ..Default::default()
         },
         devices: &BTreeMap::new(),
+        share_pool: None,
     };
     let trust = qoslet_hooks::Trust::default();
     let n = 100_000;
