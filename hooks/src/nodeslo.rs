@@ -75,7 +75,7 @@ const SPEC: &[(&str, Support)] = &[
     ("resourceUsedThresholdWithBE.enable", I),
     ("resourceUsedThresholdWithBE.cpuSuppressThresholdPercent", I),
     ("resourceUsedThresholdWithBE.cpuSuppressPolicy", I),
-    ("resourceUsedThresholdWithBE.cpuSuppressMinPercent", N),
+    ("resourceUsedThresholdWithBE.cpuSuppressMinPercent", I),
     ("resourceUsedThresholdWithBE.memoryEvictThresholdPercent", P),
     ("resourceUsedThresholdWithBE.memoryEvictLowerPercent", P),
     (
@@ -312,7 +312,7 @@ mod tests {
                 },
                 "cgroupRoot": {"blkioQOS": {"enable": false}}
             },
-            "resourceUsedThresholdWithBE": {"enable": true, "cpuSuppressMinPercent": 10, "memoryEvictThresholdPercent": 70},
+            "resourceUsedThresholdWithBE": {"enable": true, "cpuEvictPolicy": "evictByRealLimit", "memoryEvictThresholdPercent": 70},
             "systemStrategy": {"minFreeKbytesFactor": 100},
             "extensions": {"anything": {"at": "all"}}
         });
@@ -340,7 +340,7 @@ mod tests {
             "resourceQOSStrategy.beClass.blkioQOS.blocks[].ioCfg.ioWeightPercent = 50",
             "resourceQOSStrategy.beClass.networkQOS",
             "resourceQOSStrategy.cgroupRoot",
-            "resourceUsedThresholdWithBE.cpuSuppressMinPercent = 10",
+            "resourceUsedThresholdWithBE.cpuEvictPolicy = \"evictByRealLimit\"",
             "resourceUsedThresholdWithBE.memoryEvictThresholdPercent = 70 (read and validated",
             "systemStrategy",
             "extensions",

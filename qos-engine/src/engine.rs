@@ -89,6 +89,9 @@ pub struct NodeState {
     pub period_us: u64,
     /// Online CPUs per NUMA node.
     pub numa: Vec<Vec<u32>>,
+    /// Each CPU's core and socket (hyper-thread siblings share a core); a CPU
+    /// missing here counts as its own core on socket 0.
+    pub places: BTreeMap<u32, crate::cpuset::CpuPlace>,
     /// The BE parent's cpuset now (`None`: unknown).
     pub be_cpuset: Option<BTreeSet<u32>>,
     /// The kube QoS dirs this node has (`kubepods`, its burstable and besteffort
@@ -166,16 +169,28 @@ fn w(cgroup: &CgroupPath, knob: Knob, plugin: &'static str, rule: String) -> Wri
     }
 }
 
+/// The CPUs bound to LSE and to LSR pods.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BoundCpus {
+    pub lse: BTreeSet<u32>,
+    pub lsr: BTreeSet<u32>,
+}
+
 /// The reconcile writes of all pods (with memory protection summed up the
 /// tree) and the CPUs bound to LSE/LSR pods.
-pub fn reconcile_all(state: &NodeState, ctx: &Context) -> (Plan, BTreeSet<u32>) {
+pub fn reconcile_all(state: &NodeState, ctx: &Context) -> (Plan, BoundCpus) {
     let mut plan = Plan::new();
-    let bound: Vec<BTreeSet<u32>> = state
-        .pods
-        .iter()
-        .flat_map(|p| reconcile::bound(p, ctx.node))
-        .collect();
-    let exclusive: BTreeSet<u32> = bound.iter().flatten().copied().collect();
+    let mut exclusive = BoundCpus::default();
+    let mut bound = Vec::new();
+    for p in &state.pods {
+        for cpus in reconcile::bound(p, ctx.node) {
+            match p.class {
+                QosClass::Lse => exclusive.lse.extend(&cpus),
+                _ => exclusive.lsr.extend(&cpus),
+            }
+            bound.push(cpus);
+        }
+    }
     let pool = qoslet_hooks::decide::share_pool(ctx.node, bound);
     let ctx = Context {
         share_pool: Some(&pool),
@@ -208,7 +223,7 @@ fn tick_with(
     policy: &Policy,
     env: &Env,
     burst_quota: &HashMap<String, u64>,
-    cached: Option<&(Plan, BTreeSet<u32>)>,
+    cached: Option<&(Plan, BoundCpus)>,
     external: &Protection,
 ) -> TickResult {
     let mut warnings = Vec::new();
@@ -322,15 +337,24 @@ fn tick_with(
     if cpuset_on && !all.is_empty() {
         let c = crate::cpuset::Input {
             // within the ceiling (v1 hotplug) and, under kubelet's static CPU
-            // manager, its shared pool (the other CPUs are pods' exclusive ones)
+            // manager, its shared pool (the other CPUs are pods' exclusive ones);
+            // never the reserved CPUs (koordlet: the node's reservation)
             numa: state
                 .numa
                 .iter()
-                .map(|n| n.iter().copied().filter(|c| pool.contains(c)).collect())
+                .map(|n| {
+                    n.iter()
+                        .copied()
+                        .filter(|c| pool.contains(c) && !env.node.reserved_cpus.contains(c))
+                        .collect()
+                })
                 .collect(),
-            exclusive: exclusive.clone(),
+            places: state.places.clone(),
+            lse: exclusive.lse.clone(),
+            lsr: exclusive.lsr.clone(),
             allowance_cores: s.allowance_cores,
             current: state.be_cpuset.clone(),
+            node_cpus: state.numa.iter().map(Vec::len).sum(),
         };
         let next = if state.usage_known {
             crate::cpuset::be_cpuset(&c)
@@ -340,10 +364,11 @@ fn tick_with(
         if let Some(cpus) = next.or_else(|| state.be_cpuset.clone()) {
             let list = crate::cpuset::format_cpus(&cpus);
             let rule = format!(
-                "BE allowance {:.2} cores -> {} CPUs from the share pool ({} CPUs bound to LSE/LSR)",
+                "BE allowance {:.2} cores -> {} CPUs (not LSE's {}, LSR's {} in proportion, not reserved; sibling pairs first)",
                 s.allowance_cores,
                 cpus.len(),
-                exclusive.len()
+                exclusive.lse.len(),
+                exclusive.lsr.len()
             );
             if state.static_cpu_manager {
                 for c in be_containers(state) {
@@ -950,7 +975,7 @@ struct Reconciled {
     generation: u64,
     policy: Policy,
     env: Env,
-    out: (Plan, BTreeSet<u32>),
+    out: (Plan, BoundCpus),
 }
 
 impl Engine {
@@ -1100,6 +1125,7 @@ mod tests {
             be_quota_us: quota,
             period_us: 100_000,
             numa: vec![(0..16).collect()],
+            places: BTreeMap::new(),
             be_cpuset: None,
             qos_dirs: Vec::new(),
             cpuset_ceiling: None,
@@ -1464,16 +1490,17 @@ mod tests {
         let t = e.plan(&state(6.0, 4.0, None), &p, &Env::default());
         let w = suppress_writes(&t);
         assert_eq!(w.len(), 3, "parent, pod, container: {w:?}");
-        assert!(w.iter().all(|w| w.knob == Knob::CpusetCpus("14-15".into())));
+        // the lowest cores first (koordlet's calculateBESuppressCPUSetPolicy)
+        assert!(w.iter().all(|w| w.knob == Knob::CpusetCpus("0-1".into())));
         let r = e.execute(&t.plan, &cg);
         assert!(r.errors.is_empty(), "{r:?}");
         assert_eq!(
             m.at("cpuset/kubepods/besteffort/podbe/cbe/cpuset.cpus")
                 .unwrap(),
-            "14-15"
+            "0-1"
         );
         let mut s = state(6.0, 4.0, None);
-        s.be_cpuset = Some([14, 15].into());
+        s.be_cpuset = Some([0, 1].into());
         let mut off = p.clone();
         off.threshold.cpu_suppress_policy = CpuSuppressPolicy::CfsQuota;
         let t = e.plan(&s, &off, &Env::default());
@@ -2160,7 +2187,7 @@ mod tests {
         assert_eq!(got.len(), 3, "{got:?}");
         for (cg, k) in &got {
             if cg == "kubepods/besteffort/podbe/cbe" {
-                assert_eq!(*k, Knob::CpusetCpus("14-15".into()), "the suppressed set");
+                assert_eq!(*k, Knob::CpusetCpus("0-1".into()), "the suppressed set");
             } else {
                 assert_eq!(*k, Knob::CpusetCpus("0-15".into()), "{cg} keeps all CPUs");
             }
@@ -2176,6 +2203,39 @@ mod tests {
             sets(&tick(&s, &p, &Env::default(), &HashMap::new())).len(),
             3
         );
+    }
+
+    /// Issue 14 item 7: the cpuset policy as koordlet's `adjustByCPUSet`
+    /// takes CPUs: never reserved ones nor LSE's, LSR's in proportion.
+    #[test]
+    fn be_cpuset_leaves_reserved_and_lse_cpus_and_takes_lsr_in_proportion() {
+        let mut s = state(6.0, 4.0, None);
+        for (id, class, cpus) in [("lsr", QosClass::Lsr, "2-3"), ("lse", QosClass::Lse, "4-5")] {
+            let mut p = pod(id, class, "/kubepods", 0.0, 200_000);
+            p.annotations.insert(
+                qoslet_hooks::decide::ANNOTATION_RESOURCE_STATUS.into(),
+                format!(r#"{{"cpuset":"{cpus}"}}"#),
+            );
+            s.pods.push(p);
+        }
+        let env = Env {
+            node: NodeFacts {
+                online_cpus: (0..16).collect(),
+                reserved_cpus: [0, 1].into(),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let mut p = cfs(80);
+        p.threshold.cpu_suppress_policy = CpuSuppressPolicy::Cpuset;
+        let t = tick(&s, &p, &env, &HashMap::new());
+        let be = t
+            .plan
+            .get(&(s.be_parent.clone(), "cpuset-cpus", None))
+            .expect("the BE cpuset");
+        // allowance 16 x 80% - 6 - max(0.5, 1) = 5.8 -> 6 CPUs of the 12 neither reserved
+        // nor LSE's: 6 x 2/12 = 1 from LSR's {2, 3}, 5 from the rest
+        assert_eq!(be.knob, Knob::CpusetCpus("2,6-10".into()), "{}", be.rule);
     }
 
     /// Review of issue 15 items 10-12: the BE cpuset never takes CPUs outside
@@ -2197,15 +2257,15 @@ mod tests {
             }
         };
         let mut s = state(6.0, 4.0, None);
-        assert!(set_of(&s).contains(&15), "the highest CPUs first");
+        assert!(set_of(&s).contains(&0), "the lowest cores first");
         s.static_cpu_manager = true;
-        s.shared_pool = Some((0..12).collect());
+        s.shared_pool = Some((4..16).collect());
         let got = set_of(&s);
-        assert!(!got.is_empty() && got.iter().all(|c| *c < 12), "{got:?}");
+        assert!(!got.is_empty() && got.iter().all(|c| *c >= 4), "{got:?}");
         let mut s = state(6.0, 4.0, None);
-        s.cpuset_ceiling = Some((0..15).collect());
+        s.cpuset_ceiling = Some((2..16).collect());
         let got = set_of(&s);
-        assert!(!got.is_empty() && !got.contains(&15), "{got:?}");
+        assert!(!got.is_empty() && got.iter().all(|c| *c >= 2), "{got:?}");
     }
 
     /// Review: a BE container capped below its limit is given its limit back

@@ -24,6 +24,9 @@ pub struct ResourceThresholdStrategy {
     /// Share of the node's CPUs LS and BE may use together before BE is suppressed.
     pub cpu_suppress_threshold_percent: i64,
     pub cpu_suppress_policy: CpuSuppressPolicy,
+    /// The least BE gets, as a share of the node's CPUs, however busy LS is
+    /// (unset: none; koordlet's `calculateBESuppressCPU`).
+    pub cpu_suppress_min_percent: Option<i64>,
     pub memory_evict_threshold_percent: i64,
     /// Default: the threshold minus 2.
     pub memory_evict_lower_percent: Option<i64>,
@@ -42,6 +45,7 @@ impl Default for ResourceThresholdStrategy {
             enable: false,
             cpu_suppress_threshold_percent: 65,
             cpu_suppress_policy: CpuSuppressPolicy::Cpuset,
+            cpu_suppress_min_percent: None,
             memory_evict_threshold_percent: 70,
             memory_evict_lower_percent: None,
             cpu_evict_be_satisfaction_lower_percent: None,
@@ -75,6 +79,9 @@ impl ResourceThresholdStrategy {
             "cpuSuppressThresholdPercent",
             self.cpu_suppress_threshold_percent,
         )?;
+        if let Some(m) = self.cpu_suppress_min_percent {
+            pct("cpuSuppressMinPercent", m)?;
+        }
         pct(
             "memoryEvictThresholdPercent",
             self.memory_evict_threshold_percent,

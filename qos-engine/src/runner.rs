@@ -184,22 +184,49 @@ fn numa(sys_root: &Path, capacity: f64) -> Vec<Vec<u32>> {
     vec![(0..capacity.max(1.0) as u32).collect()]
 }
 
-/// The NUMA layout, read again whenever the online CPUs change (CPU hotplug):
-/// one small sysfs read per tick.
+/// Each CPU's core and socket (`/sys/devices/system/cpu/cpuN/topology/core_id`,
+/// `physical_package_id`); a CPU whose files cannot be read is left out (it
+/// then counts as its own core on socket 0).
+fn places(sys_root: &Path, numa: &[Vec<u32>]) -> BTreeMap<u32, crate::cpuset::CpuPlace> {
+    let read = |cpu: u32, f: &str| -> Option<u32> {
+        std::fs::read_to_string(sys_root.join(format!("devices/system/cpu/cpu{cpu}/topology/{f}")))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    };
+    numa.iter()
+        .flatten()
+        .filter_map(|&c| {
+            Some((
+                c,
+                crate::cpuset::CpuPlace {
+                    core: read(c, "core_id")?,
+                    socket: read(c, "physical_package_id").unwrap_or(0),
+                },
+            ))
+        })
+        .collect()
+}
+
+/// The NUMA layout and the CPUs' places, read again whenever the online CPUs
+/// change (CPU hotplug): one small sysfs read per tick.
 #[derive(Default)]
 struct Topology {
     seen: Option<Option<String>>,
     numa: Vec<Vec<u32>>,
+    places: BTreeMap<u32, crate::cpuset::CpuPlace>,
 }
 
 impl Topology {
-    fn refresh(&mut self, sys_root: &Path, capacity: f64) -> &[Vec<u32>] {
+    fn refresh(&mut self, sys_root: &Path, capacity: f64) -> &Self {
         let online = std::fs::read_to_string(sys_root.join("devices/system/cpu/online")).ok();
         if self.seen.as_ref() != Some(&online) {
             self.numa = numa(sys_root, capacity);
+            self.places = places(sys_root, &self.numa);
             self.seen = Some(online);
         }
-        &self.numa
+        self
     }
 }
 
@@ -408,6 +435,7 @@ fn restore_plan(
         be_quota_us,
         period_us,
         numa: numa(&s.sys_root, capacity),
+        places: BTreeMap::new(),
         be_cpuset: None,
         qos_dirs: find_qos_dirs(cgroups, &s.pod_root, systemd),
         static_cpu_manager: s.cpu_manager.is_static(),
@@ -441,7 +469,7 @@ fn node_state(
     pods: Vec<Pod>,
     generation: u64,
     be: BeParent,
-    numa: &[Vec<u32>],
+    topo: &Topology,
     reserved: f64,
     qos_dirs: Vec<(qoslet_hooks::KubeQos, CgroupPath)>,
 ) -> NodeState {
@@ -459,7 +487,8 @@ fn node_state(
         be_parent: be.path,
         be_quota_us,
         period_us,
-        numa: numa.to_vec(),
+        numa: topo.numa.clone(),
+        places: topo.places.clone(),
         be_cpuset: be.cpuset,
         qos_dirs,
         cpuset_ceiling: None,
@@ -651,7 +680,7 @@ impl Shared {
                 }
             }
             let capacity = sample(&t.node, Metric::CpuCapacity).unwrap_or(1.0);
-            let numa = topology.refresh(&s.sys_root, capacity);
+            let topo = topology.refresh(&s.sys_root, capacity);
             let mut pol = policy.clone();
             let be = match &be_parent {
                 Some(bp) => BeParent {
@@ -681,7 +710,7 @@ impl Shared {
                 pods,
                 generation,
                 be,
-                numa,
+                topo,
                 s.reserved_cores,
                 qos_dirs.clone(),
             );
@@ -1237,16 +1266,26 @@ mod tests {
         std::fs::create_dir_all(d.join("devices/system/cpu")).unwrap();
         std::fs::write(d.join("devices/system/cpu/online"), "0-1\n").unwrap();
         node(0, "0-1\n");
+        // hyper-thread siblings: CPUs 0 and 2 share core 0, 1 and 3 core 1, on socket 0
+        for (cpu, core) in [(0, 0), (1, 1), (2, 0), (3, 1)] {
+            let p = d.join(format!("devices/system/cpu/cpu{cpu}/topology"));
+            std::fs::create_dir_all(&p).unwrap();
+            std::fs::write(p.join("core_id"), format!("{core}\n")).unwrap();
+            std::fs::write(p.join("physical_package_id"), "0\n").unwrap();
+        }
         let mut t = Topology::default();
-        assert_eq!(t.refresh(&d, 2.0), [vec![0, 1]]);
+        assert_eq!(t.refresh(&d, 2.0).numa, [vec![0, 1]]);
         node(1, "2-3\n");
         assert_eq!(
-            t.refresh(&d, 2.0),
+            t.refresh(&d, 2.0).numa,
             [vec![0, 1]],
             "no change online: no re-read"
         );
         std::fs::write(d.join("devices/system/cpu/online"), "0-3\n").unwrap();
-        assert_eq!(t.refresh(&d, 4.0), [vec![0, 1], vec![2, 3]]);
+        let t = t.refresh(&d, 4.0);
+        assert_eq!(t.numa, [vec![0, 1], vec![2, 3]]);
+        let cores: Vec<(u32, u32)> = t.places.iter().map(|(c, p)| (*c, p.core)).collect();
+        assert_eq!(cores, [(0, 0), (1, 1), (2, 0), (3, 1)]);
         let _ = std::fs::remove_dir_all(&d);
     }
 

@@ -67,16 +67,17 @@ pub struct Suppress {
     pub rule: String,
 }
 
-/// The BE allowance in cores (never negative).
+/// The BE allowance in cores (never negative, never below
+/// `cpuSuppressMinPercent` of the node when that is set).
 pub fn allowance(i: &Input, p: &ResourceThresholdStrategy) -> f64 {
     let a = i.capacity_cores * p.cpu_suppress_threshold_percent as f64 / 100.0
         - i.non_be_pod_usage_cores
         - i.host_app_usage_cores
         - i.system_usage_cores.max(i.reserved_cores);
-    if a.is_finite() {
-        a.max(0.0)
-    } else {
-        0.0
+    let a = if a.is_finite() { a.max(0.0) } else { 0.0 };
+    match p.cpu_suppress_min_percent {
+        Some(m) => a.max(i.capacity_cores.max(0.0) * m as f64 / 100.0),
+        None => a,
     }
 }
 
@@ -162,6 +163,27 @@ mod tests {
         // LS over the threshold: nothing for BE, never negative
         assert_eq!(allowance(&input(80.0, 5.0, 0.0, None), &p(65)), 0.0);
         assert_eq!(allowance(&input(f64::NAN, 5.0, 0.0, None), &p(65)), 0.0);
+        // cpuSuppressMinPercent: the floor koordlet's calculateBESuppressCPU keeps
+        // (100 cores x 10% = 10, above 65 - 80 - 5)
+        let min = |m| ResourceThresholdStrategy {
+            cpu_suppress_min_percent: Some(m),
+            ..p(65)
+        };
+        assert_eq!(allowance(&input(80.0, 5.0, 0.0, None), &min(10)), 10.0);
+        assert_eq!(
+            allowance(&input(30.0, 5.0, 0.0, None), &min(10)),
+            30.0,
+            "above the floor: as computed"
+        );
+        assert_eq!(
+            cfs_quota(&input(80.0, 5.0, 0.0, None), &min(10)).quota_us,
+            Some(1_000_000)
+        );
+        assert!(min(101)
+            .validate()
+            .unwrap_err()
+            .path
+            .contains("cpuSuppressMinPercent"));
     }
 
     #[test]

@@ -54,6 +54,7 @@ pub fn node_state(
         be_quota_us,
         period_us: 100_000,
         numa: vec![(0..cpus).collect()],
+        places: Default::default(),
         be_cpuset: None,
         qos_dirs: Vec::new(),
         cpuset_ceiling: None,
