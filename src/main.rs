@@ -235,7 +235,8 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
             trust.clone(),
             pod_root.clone(),
         )
-        .with_sysctl(&proc_root);
+        .with_sysctl(&proc_root)
+        .with_sys_root(std::path::Path::new("/sys"));
         iso.policy_handle().follow(policy_rx.clone());
         inventory_slot = Some(iso.inventory_slot());
         let hook: std::sync::Arc<dyn qoslet_proxy::Hook> = std::sync::Arc::new(iso);

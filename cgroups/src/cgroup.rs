@@ -41,6 +41,94 @@ pub mod files {
     pub const BLKIO_WRITE_BPS: &str = "blkio.throttle.write_bps_device";
     pub const BLKIO_READ_IOPS: &str = "blkio.throttle.read_iops_device";
     pub const BLKIO_WRITE_IOPS: &str = "blkio.throttle.write_iops_device";
+    pub const MEMORY_WMARK_RATIO: &str = "memory.wmark_ratio";
+    pub const MEMORY_WMARK_SCALE_FACTOR: &str = "memory.wmark_scale_factor";
+    pub const MEMORY_WMARK_MIN_ADJ: &str = "memory.wmark_min_adj";
+    pub const MEMORY_USE_PRIORITY_OOM: &str = "memory.use_priority_oom";
+    pub const MEMORY_PRIORITY: &str = "memory.priority";
+    pub const MEMORY_OOM_GROUP: &str = "memory.oom.group";
+}
+
+/// The memory files of Anolis / Alibaba Cloud Linux kernels (and, for
+/// `memory.oom.group`, of upstream cgroup v2) that memory QoS sets to a
+/// class's value, as koordlet's `cgroupResourceSummary` writes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum MemTune {
+    /// `memory.wmark_ratio` (0-100; 0: async reclaim off).
+    WmarkRatio,
+    /// `memory.wmark_scale_factor` (1-1000, per mille).
+    WmarkScaleFactor,
+    /// `memory.wmark_min_adj` (-25-50).
+    WmarkMinAdj,
+    /// `memory.use_priority_oom` (0-1).
+    UsePriorityOom,
+    /// `memory.priority` (0-12).
+    Priority,
+    /// `memory.oom.group` (0-1: the whole cgroup is OOM-killed together).
+    OomGroup,
+}
+
+impl MemTune {
+    pub const ALL: [MemTune; 6] = [
+        MemTune::WmarkRatio,
+        MemTune::WmarkScaleFactor,
+        MemTune::WmarkMinAdj,
+        MemTune::UsePriorityOom,
+        MemTune::Priority,
+        MemTune::OomGroup,
+    ];
+
+    pub fn file(self) -> &'static str {
+        match self {
+            MemTune::WmarkRatio => files::MEMORY_WMARK_RATIO,
+            MemTune::WmarkScaleFactor => files::MEMORY_WMARK_SCALE_FACTOR,
+            MemTune::WmarkMinAdj => files::MEMORY_WMARK_MIN_ADJ,
+            MemTune::UsePriorityOom => files::MEMORY_USE_PRIORITY_OOM,
+            MemTune::Priority => files::MEMORY_PRIORITY,
+            MemTune::OomGroup => files::MEMORY_OOM_GROUP,
+        }
+    }
+
+    /// The kernel's range for the file (koordlet's validators).
+    pub fn range(self) -> std::ops::RangeInclusive<i64> {
+        match self {
+            MemTune::WmarkRatio => 0..=100,
+            MemTune::WmarkScaleFactor => 1..=1000,
+            MemTune::WmarkMinAdj => -25..=50,
+            MemTune::UsePriorityOom | MemTune::OomGroup => 0..=1,
+            MemTune::Priority => 0..=12,
+        }
+    }
+
+    /// What memory QoS turned off writes back (koordlet's `NoneMemoryQOS`).
+    pub fn off(self) -> i64 {
+        match self {
+            MemTune::WmarkScaleFactor => 50,
+            _ => 0,
+        }
+    }
+
+    fn bit(self) -> u8 {
+        1 << self as u8
+    }
+}
+
+/// Which [`MemTune`] files this kernel has.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemTunes(u8);
+
+impl MemTunes {
+    pub fn with(self, t: MemTune) -> Self {
+        Self(self.0 | t.bit())
+    }
+
+    pub fn has(self, t: MemTune) -> bool {
+        self.0 & t.bit() != 0
+    }
+
+    pub fn any(self) -> bool {
+        self.0 != 0
+    }
 }
 
 /// A QoS setting, independent of the cgroup version.
@@ -74,6 +162,8 @@ pub enum Knob {
         device: Device,
         limits: IoLimits,
     },
+    /// One of the memory files memory QoS sets to a class's value.
+    MemoryTune(MemTune, i64),
 }
 
 impl Knob {
@@ -91,6 +181,14 @@ impl Knob {
             Knob::MemoryHigh(_) => "memory-high",
             Knob::CpusetCpus(_) => "cpuset-cpus",
             Knob::IoLimit { .. } => "io-limit",
+            Knob::MemoryTune(t, _) => match t {
+                MemTune::WmarkRatio => "memory-wmark-ratio",
+                MemTune::WmarkScaleFactor => "memory-wmark-scale-factor",
+                MemTune::WmarkMinAdj => "memory-wmark-min-adj",
+                MemTune::UsePriorityOom => "memory-use-priority-oom",
+                MemTune::Priority => "memory-priority",
+                MemTune::OomGroup => "memory-oom-group",
+            },
         }
     }
 
@@ -120,6 +218,7 @@ impl Knob {
             Knob::MemoryLow(b) => (files::MEMORY_LOW, b.to_string()),
             Knob::MemoryHigh(v) => (files::MEMORY_HIGH, bytes(*v, "max")),
             Knob::CpusetCpus(s) => (files::CPUSET_CPUS, s.clone()),
+            Knob::MemoryTune(t, v) => (t.file(), v.to_string()),
             Knob::IoLimit { device, limits: l } => {
                 let m = |v: Option<u64>| bytes(v, "max");
                 let value = format!(
@@ -206,6 +305,7 @@ impl Knob {
                 device: *device,
                 limits: IoLimits::default(),
             },
+            Knob::MemoryTune(t, v) if *v != t.off() => Knob::MemoryTune(*t, t.off()),
             _ => return None,
         })
     }
@@ -483,6 +583,15 @@ impl Cgroups {
                     return unsupported("empty or malformed cpu list (v1 has no inherited value)")
                 }
             },
+            Knob::MemoryTune(t, _) if !f.memory_tunes.has(*t) => {
+                return unsupported(
+                    "this kernel has no such memory file (Anolis / Alibaba Cloud Linux)",
+                )
+            }
+            Knob::MemoryTune(t, v) if !t.range().contains(v) => {
+                return unsupported("value outside the file's range")
+            }
+            Knob::MemoryTune(t, v) => vec![fw("memory", t.file(), v)],
             Knob::IoLimit { .. } if !f.blkio_throttle => {
                 return unsupported("this kernel has no blkio throttling (v1) / io controller (v2)")
             }
@@ -801,6 +910,7 @@ mod tests {
             cpu_burst: true,
             memory_qos: true,
             blkio_throttle: true,
+            memory_tunes: Default::default(),
         };
         let (a, b) = (v1(all.clone()), v2(all));
         let s = |v: &str| v.to_string();
@@ -1145,6 +1255,7 @@ mod tests {
             cpu_burst: true,
             memory_qos: true,
             blkio_throttle: true,
+            memory_tunes: Default::default(),
         });
         for k in [
             Knob::CpuShares(2),

@@ -35,6 +35,8 @@ pub struct Features {
     pub memory_qos: bool,
     /// blkio throttle files (v1) / `io.max` (v2).
     pub blkio_throttle: bool,
+    /// The memory files memory QoS tunes (wmark, priority, OOM group) this kernel has.
+    pub memory_tunes: crate::cgroup::MemTunes,
 }
 
 /// The host's cgroup view.
@@ -137,6 +139,14 @@ fn offered(dir: &Path, file: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// The memory-tune files `has` finds.
+fn tunes(has: impl Fn(&str) -> bool) -> crate::cgroup::MemTunes {
+    crate::cgroup::MemTune::ALL
+        .into_iter()
+        .filter(|t| has(t.file()))
+        .fold(Default::default(), |s, t| s.with(t))
+}
+
 fn probe_features(layout: &Layout) -> Features {
     match layout {
         Layout::V1 { controllers } => {
@@ -151,6 +161,7 @@ fn probe_features(layout: &Layout) -> Features {
                     && has(mem, "memory.low")
                     && has(mem, "memory.high"),
                 blkio_throttle: has(controllers.get("blkio"), "blkio.throttle.read_bps_device"),
+                memory_tunes: tunes(|f| has(mem, f)),
             }
         }
         Layout::V2 { root, controllers } => {
@@ -161,6 +172,7 @@ fn probe_features(layout: &Layout) -> Features {
                 cpu_burst: on("cpu") && offered(root, "cpu.max.burst"),
                 memory_qos: on("memory"),
                 blkio_throttle: on("io"),
+                memory_tunes: tunes(|f| on("memory") && offered(root, f)),
             }
         }
     }
@@ -199,7 +211,8 @@ pub(crate) mod tests {
                 cpu_idle: true,
                 cpu_burst: true,
                 memory_qos: false,
-                blkio_throttle: true
+                blkio_throttle: true,
+                memory_tunes: Default::default(),
             }
         );
         assert!(h.hierarchy("cpu").unwrap().ends_with("cpu"));
@@ -251,7 +264,8 @@ pub(crate) mod tests {
                 cpu_idle: true,
                 cpu_burst: true,
                 memory_qos: true,
-                blkio_throttle: true
+                blkio_throttle: true,
+                memory_tunes: Default::default(),
             }
         );
         assert_eq!(h.hierarchy("memory").unwrap(), d.as_path());

@@ -77,6 +77,10 @@ impl MemFs {
                 && has("memory", "memory.low")
                 && has("memory", "memory.high"),
             blkio_throttle: has("blkio", "blkio.throttle.read_bps_device"),
+            memory_tunes: crate::cgroup::MemTune::ALL
+                .into_iter()
+                .filter(|t| has("memory", t.file()))
+                .fold(Default::default(), |s, t| s.with(t)),
         };
         self.v1(features)
     }

@@ -96,10 +96,24 @@ pub struct Context<'a> {
     /// The policy's block device names resolved on this host (`/dev/vda` -> 254:0);
     /// a name missing here could not be resolved.
     pub devices: &'a BTreeMap<String, Device>,
-    /// The LS share pool ([`share_pool`]: the online, unreserved CPUs no
-    /// LSE/LSR container is bound to); `None`: not known here, and then no
-    /// container is moved to it.
-    pub share_pool: Option<&'a BTreeSet<u32>>,
+    /// The LS share pool; `None`: not known here, and then no container is
+    /// placed on it.
+    pub share_pool: Option<SharePool<'a>>,
+}
+
+/// The LS share pool as decisions place containers on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SharePool<'a> {
+    /// The CPUs no LSE/LSR pod is bound to ([`share_pool`]).
+    pub cpus: &'a BTreeSet<u32>,
+    /// Every CPU a container may run on now (online, and on cgroup v1 within
+    /// its pod's cpuset): the pool is taken within it, and a pool that is all
+    /// of it pins nothing.
+    pub whole: &'a BTreeSet<u32>,
+    /// Carry the pool even when it is all of `whole` (UpdateContainerResources:
+    /// containerd re-applies the cpuset its spec kept from an earlier patch
+    /// when kubelet's update carries none).
+    pub explicit: bool,
 }
 
 /// What the sandbox config asked for the whole pod (kubelet's sum of its
@@ -148,22 +162,35 @@ pub fn binding(
 }
 
 /// The LS share pool as koordlet's states informer computes it
-/// (`calCPUSharePools`, then `removeNodeReservedCPUs`): the online CPUs
-/// without the reserved ones and without every CPU a container is bound to.
-/// `bound`: the [`binding`]s of the running LSE/LSR containers.
+/// (`calCPUSharePools`): `online` without every CPU a pod is bound to.
+/// kubelet's reserved CPUs stay in it (koordlet's `calcNodeTopo`: Burstable
+/// pods must keep somewhere to run). `bound`: the [`binding`]s of the LSE/LSR
+/// pods ([`pod_binding`]) and of their running containers.
 pub fn share_pool(
-    node: &NodeFacts,
+    online: &BTreeSet<u32>,
     bound: impl IntoIterator<Item = BTreeSet<u32>>,
 ) -> BTreeSet<u32> {
-    let mut pool: BTreeSet<u32> = node
-        .online_cpus
-        .difference(&node.reserved_cpus)
-        .copied()
-        .collect();
+    let mut pool = online.clone();
     for b in bound {
         pool.retain(|c| !b.contains(c));
     }
     pool
+}
+
+/// The CPUs an LSE/LSR pod is bound to as a whole, by the same rules as its
+/// containers' with the sandbox's limits ([`binding`]): what keeps its CPUs
+/// out of the share pool while a container of it is not running (created,
+/// restarting after a crash).
+pub fn pod_binding(
+    pc: PodClass,
+    pod_annotations: &BTreeMap<String, String>,
+    sandbox: &SandboxLimits,
+    node: &NodeFacts,
+) -> Option<BTreeSet<u32>> {
+    binding(pc, pod_annotations, &sandbox.requested(), node)
+        .ok()
+        .flatten()
+        .map(|(cpus, _)| cpus)
 }
 
 /// The CFS quota a container bound to `cpus` may run without: koordlet
@@ -308,7 +335,8 @@ impl ContainerDecision {
                 Knob::CpuIdle(_)
                 | Knob::GroupIdentity(_)
                 | Knob::CpuBurst(_)
-                | Knob::IoLimit { .. } => {}
+                | Knob::IoLimit { .. }
+                | Knob::MemoryTune(..) => {}
             }
         }
         p
@@ -357,7 +385,9 @@ fn cgroup_knobs(ds: &[Decision]) -> Vec<Knob> {
 pub fn feature(k: &Knob) -> &'static str {
     match k {
         Knob::CpuIdle(_) | Knob::GroupIdentity(_) => "cpu-qos",
-        Knob::MemoryMin(_) | Knob::MemoryLow(_) | Knob::MemoryHigh(_) => "memory-qos",
+        Knob::MemoryMin(_) | Knob::MemoryLow(_) | Knob::MemoryHigh(_) | Knob::MemoryTune(..) => {
+            "memory-qos"
+        }
         Knob::IoLimit { .. } => "blkio",
         Knob::CpusetCpus(_) => "cpuset",
         Knob::CpuShares(_) | Knob::CpuQuota { .. } | Knob::MemoryLimit(_) => "batch-resources",
@@ -724,22 +754,29 @@ pub fn container(
 /// pod of another class that is not BestEffort while kubelet gives no cpuset
 /// (its CPU manager policy is `none`). Where kubelet gives a cpuset (the
 /// static policy's shared pool), an LS pod gets the share pool within it and
-/// any other keeps kubelet's (koordlet: "do nothing"). BestEffort pods keep
-/// what kubelet gave (koordlet clears it; qoslet's cpuset suppress writes BE
-/// cpusets itself, and with suppress off kubelet's shared pool keeps BE off
-/// Guaranteed pods' exclusive CPUs). Only while the pool is smaller than the
-/// node (a CPU is bound or reserved): otherwise pinning changes nothing.
+/// any other keeps kubelet's (koordlet: "do nothing"). BE and BestEffort
+/// pods keep what kubelet gave (koordlet clears a BestEffort pod's; qoslet's
+/// cpuset suppress writes BE cpusets itself, and with suppress off kubelet's
+/// shared pool keeps BE off Guaranteed pods' exclusive CPUs). Only while the
+/// pool is smaller than the CPUs the container may use (a CPU is bound), or
+/// when asked to carry it explicitly: otherwise pinning changes nothing.
 fn shared_cpus(pc: PodClass, requested: &Requested, ctx: &Context, d: &mut ContainerDecision) {
-    let Some(pool) = ctx.share_pool else {
+    let Some(p) = ctx.share_pool else {
         return;
     };
-    if pc.kube == Some(KubeQos::BestEffort) || *pool == ctx.node.online_cpus {
+    // BE's cpusets are cpuset suppress's (the engine writes BE pods' cgroups:
+    // a container cpuset outside its pod's is refused on v1)
+    if pc.class == QosClass::Be || pc.kube == Some(KubeQos::BestEffort) {
+        return;
+    }
+    let pool: BTreeSet<u32> = p.cpus.intersection(p.whole).copied().collect();
+    if pool == *p.whole && !p.explicit {
         return;
     }
     let ls = pc.by_label && pc.class == QosClass::Ls;
     let kubelet = requested.cpuset_cpus.trim();
     let (cpus, why) = if kubelet.is_empty() {
-        (pool.clone(), "the share pool".to_string())
+        (pool, "the share pool".to_string())
     } else if !ls {
         return;
     } else {
@@ -760,7 +797,7 @@ fn shared_cpus(pc: PodClass, requested: &Requested, ctx: &Context, d: &mut Conta
     d.decisions.push(cri(
         Knob::CpusetCpus(list.clone()),
         format!(
-            "{} pod on {why}: CPUs {list} (no LSE/LSR binding, not reserved)",
+            "{} pod on {why}: CPUs {list} (no LSE/LSR pod is bound to them)",
             pc.class.as_str()
         ),
     ));
@@ -900,14 +937,14 @@ fn bound_cpus(
             "none of the CPUs {short} is online and unreserved{within}"
         ));
     }
-    // an untrusted pod binds to no more CPUs than its own limit (the scheduler
-    // would have given it exactly that many): bound CPUs leave the share pool
-    // that BE and CPU burst use
+    // an untrusted pod binds to no more whole CPUs than its own limit (the
+    // scheduler gives an LSE/LSR pod exactly that many): bound CPUs leave the
+    // share pool of every other pod, and run without CFS quota
     if !pc.trusted {
         let Some(milli) = requested.milli_cpu() else {
             return Err("the container has no CPU limit to size a binding by".into());
         };
-        let most = milli.div_ceil(1000);
+        let most = milli / 1000;
         if got.len() as u64 > most {
             return Err(format!(
                 "{} CPUs asked, more than the container's CPU limit ({milli}m) allows",
@@ -1369,7 +1406,8 @@ mod tests {
     #[test]
     fn cpuset_pods_and_the_share_pool_as_koordlets_cpuset_hook() {
         let p = ResourceQosStrategy::default();
-        let pool = share_pool(&node(), [BTreeSet::from([2, 3])]);
+        let online = node().online_cpus;
+        let pool = share_pool(&online, [BTreeSet::from([2, 3])]);
         let unset = Some(-1);
         let kube = |pc: PodClass, k: KubeQos| PodClass {
             kube: Some(k),
@@ -1393,120 +1431,37 @@ mod tests {
             Option<i64>,
             usize,
         );
+        #[rustfmt::skip]
         let table: &[Case] = &[
             // getContainerCPUSet: the annotation's cpuset; UnsetContainerCPUQuota: -1
-            (
-                trusted(QosClass::Lsr),
-                bound,
-                200_000,
-                "",
-                Some("2-3"),
-                unset,
-                0,
-            ),
+            (trusted(QosClass::Lsr), bound, 200_000, "", Some("2-3"), unset, 0),
             (trusted(QosClass::Lse), bound, -1, "", Some("2-3"), unset, 0),
             // an untrusted pod bound within its 2-CPU limit: quota unset too
-            (
-                labelled(QosClass::Lsr),
-                bound,
-                200_000,
-                "",
-                Some("2-3"),
-                unset,
-                0,
-            ),
-            // ... but bound to more CPUs than its 1.5-CPU limit: the quota stays
-            (
-                labelled(QosClass::Lsr),
-                bound,
-                150_000,
-                "",
-                Some("2-3"),
-                None,
-                1,
-            ),
+            (labelled(QosClass::Lsr), bound, 200_000, "", Some("2-3"), unset, 0),
+            // ... but 2 CPUs for a 1.5-CPU limit, or one CPU for 10m: not bound (the
+            // scheduler binds whole CPUs), kubelet's quota stands; on the share pool
+            (labelled(QosClass::Lsr), bound, 150_000, "", Some("0-1,4-15"), None, 1),
+            (labelled(QosClass::Lsr), r#"{"cpuset":"5"}"#, 1_000, "", Some("0-1,4-15"), None, 1),
             // QoS=LS: all share pool (kubelet's none policy)
-            (
-                labelled(QosClass::Ls),
-                "",
-                200_000,
-                "",
-                Some("0-1,4-15"),
-                None,
-                0,
-            ),
+            (labelled(QosClass::Ls), "", 200_000, "", Some("0-1,4-15"), None, 0),
             // QoS=LS under kubelet's static policy: the share pool within kubelet's shared pool
-            (
-                labelled(QosClass::Ls),
-                "",
-                200_000,
-                "0-7",
-                Some("0-1,4-7"),
-                None,
-                0,
-            ),
+            (labelled(QosClass::Ls), "", 200_000, "0-7", Some("0-1,4-7"), None, 0),
             (labelled(QosClass::Ls), "", 200_000, "2-3", None, None, 1),
             // no QoS label, Burstable / Guaranteed, none policy: all share pool
-            (
-                unlabelled(QosClass::Ls, KubeQos::Burstable),
-                "",
-                200_000,
-                "",
-                Some("0-1,4-15"),
-                None,
-                0,
-            ),
-            (
-                unlabelled(QosClass::Lsr, KubeQos::Guaranteed),
-                "",
-                200_000,
-                "",
-                Some("0-1,4-15"),
-                None,
-                0,
-            ),
+            (unlabelled(QosClass::Ls, KubeQos::Burstable), "", 200_000, "", Some("0-1,4-15"), None, 0),
+            (unlabelled(QosClass::Lsr, KubeQos::Guaranteed), "", 200_000, "", Some("0-1,4-15"), None, 0),
             // ... static policy: kubelet's cpuset stands ("do nothing")
-            (
-                unlabelled(QosClass::Lsr, KubeQos::Guaranteed),
-                "",
-                200_000,
-                "4-5",
-                None,
-                None,
-                0,
-            ),
+            (unlabelled(QosClass::Lsr, KubeQos::Guaranteed), "", 200_000, "4-5", None, None, 0),
             // SYSTEM (no system QoS cpuset here): as its Kubernetes QoS
-            (
-                kube(labelled(QosClass::System), KubeQos::Burstable),
-                "",
-                200_000,
-                "",
-                Some("0-1,4-15"),
-                None,
-                0,
-            ),
-            // BestEffort: kubelet's cpuset stands (koordlet clears it: see shared_cpus)
+            (kube(labelled(QosClass::System), KubeQos::Burstable), "", 200_000, "", Some("0-1,4-15"), None, 0),
+            // BestEffort, and BE on any Kubernetes QoS: kubelet's cpuset stands
+            // (cpuset suppress writes BE pods' cgroups; koordlet clears BestEffort's)
             (labelled(QosClass::Be), "", -1, "", None, None, 0),
             (labelled(QosClass::Be), "", -1, "0-15", None, None, 0),
-            (
-                unlabelled(QosClass::Be, KubeQos::BestEffort),
-                "",
-                -1,
-                "",
-                None,
-                None,
-                0,
-            ),
+            (unlabelled(QosClass::Be, KubeQos::BestEffort), "", -1, "", None, None, 0),
+            (kube(labelled(QosClass::Be), KubeQos::Burstable), "", 200_000, "", None, None, 0),
             // an LS pod's cpuset annotation binds nothing (Koordinator's scheduler binds LSE/LSR)
-            (
-                labelled(QosClass::Ls),
-                bound,
-                200_000,
-                "",
-                Some("0-1,4-15"),
-                None,
-                0,
-            ),
+            (labelled(QosClass::Ls), bound, 200_000, "", Some("0-1,4-15"), None, 0),
         ];
         for (pc, a, quota, kubelet, cpuset, q, warnings) in table {
             let ann: BTreeMap<String, String> = if a.is_empty() {
@@ -1531,7 +1486,11 @@ mod tests {
                     page_size: 4096,
                     node: &node(),
                     devices: &BTreeMap::new(),
-                    share_pool: Some(&pool),
+                    share_pool: Some(SharePool {
+                        cpus: &pool,
+                        whole: &online,
+                        explicit: false,
+                    }),
                 },
             );
             let patch = d.patch();
@@ -1548,9 +1507,9 @@ mod tests {
                 assert_eq!(patch.cpu_period, Some(100_000));
             }
         }
-        // a share pool that is the whole node pins nothing; no share pool known: nothing
-        let whole = node().online_cpus;
-        for pool in [Some(&whole), None] {
+        // a share pool that is all the CPUs pins nothing, unless asked to carry
+        // it (UpdateContainerResources); no share pool known: nothing
+        let ctx = |pool: Option<SharePool<'static>>| {
             let d = container(
                 labelled(QosClass::Ls),
                 "app",
@@ -1566,8 +1525,25 @@ mod tests {
                     share_pool: pool,
                 },
             );
-            assert!(d.patch().is_empty(), "{pool:?}: {d:?}");
-        }
+            d.patch().cpuset_cpus
+        };
+        let whole: &'static BTreeSet<u32> = Box::leak(Box::new(online.clone()));
+        let share = |explicit| SharePool {
+            cpus: whole,
+            whole,
+            explicit,
+        };
+        assert_eq!(ctx(Some(share(false))), None);
+        assert_eq!(ctx(Some(share(true))).as_deref(), Some("0-15"));
+        assert_eq!(ctx(None), None);
+        // the pool is taken within what the container may use (its pod's cpuset on v1)
+        let narrow: &'static BTreeSet<u32> = Box::leak(Box::new((0..8).collect()));
+        let d = ctx(Some(SharePool {
+            cpus: Box::leak(Box::new(pool.clone())),
+            whole: narrow,
+            explicit: false,
+        }));
+        assert_eq!(d.as_deref(), Some("0-1,4-7"));
     }
 
     /// koordlet's `UnsetPodCPUQuota` on the pod's own cgroup: for an untrusted
@@ -1580,30 +1556,30 @@ mod tests {
             r#"{"cpuset":"2-3"}"#.to_string(),
         )]
         .into();
-        let limits = |q: i64| SandboxLimits {
+        let limits = |q: i64, period: i64| SandboxLimits {
             memory_limit: 0,
             cpu_quota: q,
-            cpu_period: 100_000,
+            cpu_period: period,
         };
-        let unset = Knob::CpuQuota {
+        let unset = |period| Knob::CpuQuota {
             quota: None,
-            period: 100_000,
+            period,
         };
-        // (pod, sandbox quota, unset?, warnings)
+        // (pod, sandbox quota and period, unset at period?)
         let table = [
-            (trusted(QosClass::Lsr), -1, true, 0),
-            (labelled(QosClass::Lsr), 200_000, true, 0),
-            (labelled(QosClass::Lse), 300_000, true, 0),
-            (labelled(QosClass::Lsr), 150_000, false, 1),
-            // no limit to size a binding by: the containers' warning, nothing here
-            (labelled(QosClass::Lsr), -1, false, 0),
-            (labelled(QosClass::Ls), 200_000, false, 0),
+            (trusted(QosClass::Lsr), -1, 0, Some(100_000)),
+            (labelled(QosClass::Lsr), 200_000, 100_000, Some(100_000)),
+            (labelled(QosClass::Lse), 150_000, 50_000, Some(50_000)),
+            // 2 CPUs for a 1.5-CPU limit; no limit to size a binding by: not bound
+            (labelled(QosClass::Lsr), 150_000, 100_000, None),
+            (labelled(QosClass::Lsr), -1, 0, None),
+            (labelled(QosClass::Ls), 200_000, 100_000, None),
         ];
-        for (pc, q, want, warnings) in table {
+        for (pc, q, period, want) in table {
             let d = pod(
                 pc,
                 &ann,
-                &limits(q),
+                &limits(q, period),
                 &Context {
                     features: &Features::default(),
                     v2: false,
@@ -1614,24 +1590,27 @@ mod tests {
                     share_pool: None,
                 },
             );
+            let got = d
+                .cgroup()
+                .into_iter()
+                .find(|k| matches!(k, Knob::CpuQuota { .. }));
+            assert_eq!(got, want.map(unset), "{pc:?} {q}: {d:?}");
             assert_eq!(
-                (d.cgroup().contains(&unset), d.warnings.len()),
-                (want, warnings),
-                "{pc:?} {q}: {d:?}"
+                pod_binding(pc, &ann, &limits(q, period), &node()).is_some(),
+                want.is_some(),
+                "the pod's binding keeps its CPUs out of the pool"
             );
         }
     }
 
-    /// koordlet's `calCPUSharePools` (every CPU a pod is bound to leaves the
-    /// LS pool) then `removeNodeReservedCPUs`.
+    /// koordlet's `calCPUSharePools`: every CPU a pod is bound to leaves the
+    /// LS pool; kubelet's reserved CPUs stay in it (`calcNodeTopo`).
     #[test]
-    fn share_pool_is_the_node_without_reserved_and_bound_cpus() {
-        let mut n = node();
-        n.online_cpus = (0..8).collect();
-        n.reserved_cpus = [0].into();
-        let pool = share_pool(&n, [BTreeSet::from([2, 3]), BTreeSet::from([3, 4])]);
-        assert_eq!(format_cpu_list(&pool), "1,5-7");
-        assert_eq!(format_cpu_list(&share_pool(&n, [])), "1-7");
+    fn share_pool_is_the_cpus_no_pod_is_bound_to() {
+        let online: BTreeSet<u32> = (0..8).collect();
+        let pool = share_pool(&online, [BTreeSet::from([2, 3]), BTreeSet::from([3, 4])]);
+        assert_eq!(format_cpu_list(&pool), "0-1,5-7");
+        assert_eq!(format_cpu_list(&share_pool(&online, [])), "0-7");
     }
 
     /// Issue 12: the scheduler's cpuset annotation as a pod author could write it.

@@ -63,19 +63,25 @@ impl Inventory {
         self.pods.iter().map(|p| p.containers.len()).sum()
     }
 
-    /// The LS share pool of this inventory ([`decide::share_pool`] of every
-    /// running LSE/LSR container's [`decide::binding`]).
-    pub fn share_pool(&self, node: &decide::NodeFacts) -> BTreeSet<u32> {
+    /// Every CPU an LSE/LSR pod of this inventory is bound to (its
+    /// [`decide::pod_binding`] and its running containers' [`decide::binding`]s):
+    /// what [`decide::share_pool`] leaves out.
+    pub fn bound_cpus(&self, node: &decide::NodeFacts) -> BTreeSet<u32> {
         let bound = self.pods.iter().flat_map(|p| {
-            p.containers.iter().filter_map(move |c| {
-                let pc = p.class?;
-                decide::binding(pc, &p.annotations, &c.requested(), node)
-                    .ok()
-                    .flatten()
-                    .map(|(cpus, _)| cpus)
-            })
+            let whole = p
+                .class
+                .and_then(|pc| decide::pod_binding(pc, &p.annotations, &p.limits, node));
+            whole
+                .into_iter()
+                .chain(p.containers.iter().filter_map(move |c| {
+                    let pc = p.class?;
+                    decide::binding(pc, &p.annotations, &c.requested(), node)
+                        .ok()
+                        .flatten()
+                        .map(|(cpus, _)| cpus)
+                }))
         });
-        decide::share_pool(node, bound)
+        bound.flatten().collect()
     }
 }
 

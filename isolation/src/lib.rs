@@ -43,12 +43,16 @@ pub struct Isolation {
     /// The agent's inventory, set once the store runs ([`Isolation::inventory_slot`]):
     /// the LS share pool is computed from it (unset: containers keep kubelet's cpusets).
     inventory: InventorySlot,
-    /// The share pool of the inventory generation it was computed at.
-    pool: Arc<std::sync::Mutex<Option<PoolAt>>>,
+    /// The CPUs LSE/LSR pods are bound to, at the inventory generation they
+    /// were computed at.
+    bound: Arc<std::sync::Mutex<Option<BoundAt>>>,
+    /// Where the online CPUs are read when a container is placed (`/sys`;
+    /// `None`: the node facts' as read at start).
+    sys_root: Option<std::path::PathBuf>,
 }
 
-/// A share pool and the inventory generation it was computed at.
-type PoolAt = (u64, Arc<std::collections::BTreeSet<u32>>);
+/// Bound CPUs and the inventory generation they were computed at.
+type BoundAt = (u64, Arc<std::collections::BTreeSet<u32>>);
 
 /// Where the composition hands the hook the agent's one inventory.
 pub type InventorySlot = Arc<std::sync::OnceLock<Arc<dyn InventorySource>>>;
@@ -113,7 +117,7 @@ struct Shared {
 
 impl Shared {
     /// The decisions' context; `pool`: the LS share pool, where known.
-    fn ctx<'a>(&'a self, pool: Option<&'a std::collections::BTreeSet<u32>>) -> decide::Context<'a> {
+    fn ctx<'a>(&'a self, pool: Option<decide::SharePool<'a>>) -> decide::Context<'a> {
         decide::Context {
             features: &self.features,
             v2: self.v2,
@@ -194,7 +198,8 @@ impl Isolation {
             resctrl: resctrl.map(Arc::new),
             sysctl: None,
             inventory: Default::default(),
-            pool: Default::default(),
+            bound: Default::default(),
+            sys_root: None,
             shared: PolicyHandle(Arc::new(std::sync::RwLock::new(Arc::new(Shared {
                 features,
                 v2,
@@ -224,23 +229,87 @@ impl Isolation {
     pub fn inventory_slot(&self) -> InventorySlot {
         self.inventory.clone()
     }
+
+    /// Reads the online CPUs under this sysfs root when placing a container
+    /// (CPU hotplug; without it, those read at start).
+    pub fn with_sys_root(mut self, sys_root: &std::path::Path) -> Self {
+        self.sys_root = Some(sys_root.into());
+        self
+    }
+
+    fn placer(&self) -> Placer {
+        Placer {
+            inventory: self.inventory.clone(),
+            bound: self.bound.clone(),
+            sys_root: self.sys_root.clone(),
+        }
+    }
 }
 
-/// The LS share pool now (`None` before the inventory is set), computed once
-/// per inventory generation (no file is read: the inventory is the store's).
-fn share_pool(
-    slot: &InventorySlot,
-    cache: &std::sync::Mutex<Option<PoolAt>>,
-    node: &NodeFacts,
-) -> Option<Arc<std::collections::BTreeSet<u32>>> {
-    let inv = slot.get()?.current();
-    let mut c = cache.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((_, p)) = c.as_ref().filter(|(g, _)| *g == inv.generation) {
-        return Some(p.clone());
+/// What places a container on the LS share pool, taken into a hook's future
+/// (which runs off the thread that serves kubelet: it reads sysfs and cgroupfs).
+struct Placer {
+    inventory: InventorySlot,
+    bound: Arc<std::sync::Mutex<Option<BoundAt>>>,
+    sys_root: Option<std::path::PathBuf>,
+}
+
+/// The share pool where a container is placed now.
+struct Placement {
+    pool: std::collections::BTreeSet<u32>,
+    whole: std::collections::BTreeSet<u32>,
+}
+
+impl Placement {
+    fn share(&self, explicit: bool) -> decide::SharePool<'_> {
+        decide::SharePool {
+            cpus: &self.pool,
+            whole: &self.whole,
+            explicit,
+        }
     }
-    let p = Arc::new(inv.share_pool(node));
-    *c = Some((inv.generation, p.clone()));
-    Some(p)
+}
+
+impl Placer {
+    /// The share pool for a container of the pod whose cgroup is `pod_cg`:
+    /// the CPUs online now (on cgroup v1 within the pod's cpuset, which a
+    /// container's must be inside) without those LSE/LSR pods are bound to.
+    /// `None` before the inventory is set.
+    fn place(
+        &self,
+        node: &NodeFacts,
+        cgroups: Option<&Cgroups>,
+        pod_cg: Option<&CgroupPath>,
+    ) -> Option<Placement> {
+        let inv = self.inventory.get()?.current();
+        let bound = {
+            let mut c = self.bound.lock().unwrap_or_else(|e| e.into_inner());
+            match c.as_ref().filter(|(g, _)| *g == inv.generation) {
+                Some((_, b)) => b.clone(),
+                None => {
+                    let b = Arc::new(inv.bound_cpus(node));
+                    *c = Some((inv.generation, b.clone()));
+                    b
+                }
+            }
+        };
+        let mut whole = self
+            .sys_root
+            .as_ref()
+            .and_then(|s| std::fs::read_to_string(s.join("devices/system/cpu/online")).ok())
+            .and_then(|s| qoslet_cgroups::cgroup::parse_cpu_list(s.trim()))
+            .filter(|c| !c.is_empty())
+            .unwrap_or_else(|| node.online_cpus.clone());
+        if let (Some(cg), Some(p)) = (cgroups, pod_cg) {
+            if !cg.host().is_v2() {
+                if let Some(within) = cg.read_cpuset(p) {
+                    whole.retain(|c| within.contains(c));
+                }
+            }
+        }
+        let pool = decide::share_pool(&whole, [bound.as_ref().clone()]);
+        Some(Placement { pool, whole })
+    }
 }
 
 /// The class of a pod, logging input problems.
@@ -502,8 +571,7 @@ impl Hook for Isolation {
         ctx: HookContext,
         req: Arc<CriRequest>,
     ) -> BoxFuture<Result<Option<CriRequest>, BoxError>> {
-        let (shared, cgroups) = (self.shared.get(), self.cgroups.clone());
-        let pool = share_pool(&self.inventory, &self.pool, &shared.node);
+        let (shared, cgroups, placer) = (self.shared.get(), self.cgroups.clone(), self.placer());
         Box::pin(async move {
             match &*req {
                 CriRequest::CreateContainer(r) => {
@@ -518,12 +586,14 @@ impl Hook for Isolation {
                         return Ok(None);
                     };
                     let (name, res) = name_and_resources(Some(cfg));
+                    let pcg = CgroupPath::pod_under(&pod.cgroup_parent, &shared.pod_root).ok();
+                    let place = placer.place(&shared.node, cgroups.as_deref(), pcg.as_ref());
                     let d = decide::container(
                         class,
                         &name,
                         &pod.annotations,
                         &requested(res),
-                        &shared.ctx(pool.as_deref()),
+                        &shared.ctx(place.as_ref().map(|p| p.share(false))),
                     );
                     for w in &d.warnings {
                         warn!(pod = %pod.name, container = %name, "{w}");
@@ -577,12 +647,16 @@ impl Hook for Isolation {
                     if let Some(l) = &r.linux {
                         merged.merge(&qoslet_proxy::store::Resources::from(l));
                     }
+                    // the pool carried even when whole: containerd re-applies the
+                    // cpuset its spec kept from an earlier patch otherwise
+                    let pcg = CgroupPath::pod_under(&pod.cgroup_parent, &shared.pod_root).ok();
+                    let place = placer.place(&shared.node, cgroups.as_deref(), pcg.as_ref());
                     let d = decide::container(
                         class,
                         &c.name,
                         &pod.annotations,
                         &stored_requested(&merged),
-                        &shared.ctx(pool.as_deref()),
+                        &shared.ctx(place.as_ref().map(|p| p.share(true))),
                     );
                     // the kernel checks the quota the runtime is about to write against
                     // the CFS burst the engine set: lower the burst first where needed
@@ -622,10 +696,7 @@ impl Hook for Isolation {
             self.resctrl.clone(),
             self.sysctl.clone(),
         );
-        // the share pool only where a decision is recorded with it
-        let pool = matches!(&*req, CriRequest::CreateContainer(_))
-            .then(|| share_pool(&self.inventory, &self.pool, &shared.node))
-            .flatten();
+        let placer = self.placer();
         Box::pin(async move {
             match (&*req, &*resp) {
                 (CriRequest::RunPodSandbox(_), CriResponse::RunPodSandbox(o)) => {
@@ -646,7 +717,7 @@ impl Hook for Isolation {
                         class,
                         &pod.annotations,
                         &sandbox_limits(&pod),
-                        &shared.ctx(pool.as_deref()),
+                        &shared.ctx(None),
                     );
                     for w in &d.warnings {
                         warn!(pod = %pod.name, namespace = %pod.namespace, "{w}");
@@ -707,20 +778,23 @@ impl Hook for Isolation {
                         .and_then(|j| {
                             serde_json::from_str::<qoslet_proxy::store::Resources>(j).ok()
                         });
+                    let pcg = CgroupPath::pod_under(&pod.cgroup_parent, &shared.pod_root).ok();
+                    let place = placer.place(&shared.node, cgroups.as_deref(), pcg.as_ref());
+                    let pool = place.as_ref().map(|p| p.share(false));
                     let d = match &kubelets {
                         Some(k) => decide::container(
                             class,
                             &name,
                             &pod.annotations,
                             &stored_requested(k),
-                            &shared.ctx(pool.as_deref()),
+                            &shared.ctx(pool),
                         ),
                         None => decide::container(
                             class,
                             &name,
                             &pod.annotations,
                             &requested(res),
-                            &shared.ctx(pool.as_deref()),
+                            &shared.ctx(pool),
                         ),
                     };
                     // settings written at start are recorded there, with their outcome
@@ -743,7 +817,7 @@ impl Hook for Isolation {
                         &c.name,
                         &pod.annotations,
                         &stored_requested(&stored),
-                        &shared.ctx(pool.as_deref()),
+                        &shared.ctx(None),
                     );
                     let cg = match CgroupPath::pod_under(&pod.cgroup_parent, &shared.pod_root)
                         .and_then(|p| p.container(&c.id))
@@ -834,11 +908,11 @@ mod tests {
         qoslet_cgroups::testing::tree(&format!("iso-{tag}"), files)
     }
 
-    /// An inventory that stays as built (the agent's follows the store).
-    struct Fixed(Arc<qoslet_hooks::inventory::Inventory>);
+    /// An inventory the test sets (the agent's follows the store).
+    struct Fixed(std::sync::Mutex<Arc<qoslet_hooks::inventory::Inventory>>);
     impl InventorySource for Fixed {
         fn current(&self) -> Arc<qoslet_hooks::inventory::Inventory> {
-            self.0.clone()
+            self.0.lock().unwrap().clone()
         }
     }
 
@@ -949,15 +1023,89 @@ mod tests {
                 cpuset_cpus: String::new(),
             }],
         };
-        let inv = Inventory {
+        let inv = Arc::new(Fixed(std::sync::Mutex::new(Arc::new(Inventory {
             generation: 1,
-            pods: vec![lsr],
-        };
-        let _ = hook.inventory_slot().set(Arc::new(Fixed(Arc::new(inv))));
+            pods: vec![lsr.clone()],
+        }))));
+        let _ = hook.inventory_slot().set(inv.clone());
         let ls = hook.before(ctx(), create("pls")).await.unwrap();
         assert_eq!(patched(ls), ("0-1".into(), 0), "the share pool");
-        let lsr = hook.before(ctx(), create("plsr")).await.unwrap();
-        assert_eq!(patched(lsr), ("2-3".into(), -1), "bound, no CFS quota");
+        let lsr_c = hook.before(ctx(), create("plsr")).await.unwrap();
+        assert_eq!(patched(lsr_c), ("2-3".into(), -1), "bound, no CFS quota");
+        // the LSR container restarting (not running): its pod's binding, sized by
+        // the sandbox's limit, keeps CPUs 2-3 out of the pool
+        let mut restarting = lsr;
+        restarting.containers.clear();
+        restarting.limits = decide::SandboxLimits {
+            memory_limit: 0,
+            cpu_quota: 200_000,
+            cpu_period: 100_000,
+        };
+        let restarting_entry = restarting.clone();
+        *inv.0.lock().unwrap() = Arc::new(Inventory {
+            generation: 2,
+            pods: vec![restarting],
+        });
+        let ls = hook.before(ctx(), create("pls")).await.unwrap();
+        assert_eq!(patched(ls), ("0-1".into(), 0), "still the share pool");
+        // the LSR pod gone: the pool is every CPU; a create pins nothing, and
+        // kubelet's update carries every CPU (containerd would re-apply the
+        // cpuset its spec kept from the create otherwise)
+        *inv.0.lock().unwrap() = Arc::new(Inventory {
+            generation: 3,
+            pods: Vec::new(),
+        });
+        let ls = hook.before(ctx(), create("pls")).await.unwrap();
+        assert_eq!(patched(ls), (String::new(), 0), "nothing pinned");
+        store.upsert_container(ContainerRecord {
+            id: "cls".into(),
+            pod_id: "pls".into(),
+            name: "app".into(),
+            ..Default::default()
+        });
+        let update = Arc::new(CriRequest::UpdateContainerResources(
+            cri::UpdateContainerResourcesRequest {
+                container_id: "cls".into(),
+                linux: Some(cri::LinuxContainerResources {
+                    cpu_quota: 200_000,
+                    cpu_period: 100_000,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        ));
+        match hook.before(ctx(), update).await.unwrap() {
+            Some(CriRequest::UpdateContainerResources(u)) => {
+                assert_eq!(u.linux.unwrap().cpuset_cpus, "0-3")
+            }
+            other => panic!("{other:?}"),
+        }
+        // on cgroup v1 the pool is taken within the pod's own cpuset (a
+        // container's must be inside it): the pod's 1-3 minus bound 2-3
+        let (_m, cgroups) = MemFs::v1_tree(&[
+            ("cpu/cgroup.procs", ""),
+            ("cpuset/cgroup.procs", ""),
+            ("cpuset/kubepods/burstable/podpls/cpuset.cpus", "1-3\n"),
+        ]);
+        let narrow = Isolation::new(
+            Some(cgroups),
+            None,
+            ResourceQosStrategy::default(),
+            NodeFacts {
+                online_cpus: (0..4).collect(),
+                milli_cpus: 4000,
+                ..Default::default()
+            },
+            Trust::default(),
+            PodRoot::default(),
+        );
+        *inv.0.lock().unwrap() = Arc::new(Inventory {
+            generation: 4,
+            pods: vec![restarting_entry],
+        });
+        let _ = narrow.inventory_slot().set(inv.clone());
+        let ls = narrow.before(ctx(), create("pls")).await.unwrap();
+        assert_eq!(patched(ls), ("1".into(), 0));
     }
 
     /// Issue 15 item 5: `applied` says what happened. A cgroup write the kernel

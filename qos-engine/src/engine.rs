@@ -180,10 +180,17 @@ pub struct BoundCpus {
 /// tree) and the CPUs bound to LSE/LSR pods.
 pub fn reconcile_all(state: &NodeState, ctx: &Context) -> (Plan, BoundCpus) {
     let mut plan = Plan::new();
+    // the CPUs online now (the NUMA layout follows hotplug) within the v1
+    // ceiling: what pods may run on, bindings included
+    let mut node = ctx.node.clone();
+    let now = state.all_cpus();
+    if !now.is_empty() {
+        node.online_cpus = now;
+    }
     let mut exclusive = BoundCpus::default();
     let mut bound = Vec::new();
     for p in &state.pods {
-        for cpus in reconcile::bound(p, ctx.node) {
+        for cpus in reconcile::bound(p, &node) {
             match p.class {
                 QosClass::Lse => exclusive.lse.extend(&cpus),
                 _ => exclusive.lsr.extend(&cpus),
@@ -191,9 +198,14 @@ pub fn reconcile_all(state: &NodeState, ctx: &Context) -> (Plan, BoundCpus) {
             bound.push(cpus);
         }
     }
-    let pool = qoslet_hooks::decide::share_pool(ctx.node, bound);
+    let pool = qoslet_hooks::decide::share_pool(&node.online_cpus, bound);
     let ctx = Context {
-        share_pool: Some(&pool),
+        node: &node,
+        share_pool: Some(qoslet_hooks::decide::SharePool {
+            cpus: &pool,
+            whole: &node.online_cpus,
+            explicit: false,
+        }),
         ..*ctx
     };
     for p in &state.pods {
@@ -338,16 +350,12 @@ fn tick_with(
         let c = crate::cpuset::Input {
             // within the ceiling (v1 hotplug) and, under kubelet's static CPU
             // manager, its shared pool (the other CPUs are pods' exclusive ones);
-            // never the reserved CPUs (koordlet: the node's reservation)
+            // kubelet's reserved CPUs are BE's too, as koordlet has them (it
+            // leaves out only the node annotation's reservation)
             numa: state
                 .numa
                 .iter()
-                .map(|n| {
-                    n.iter()
-                        .copied()
-                        .filter(|c| pool.contains(c) && !env.node.reserved_cpus.contains(c))
-                        .collect()
-                })
+                .map(|n| n.iter().copied().filter(|c| pool.contains(c)).collect())
                 .collect(),
             places: state.places.clone(),
             lse: exclusive.lse.clone(),
@@ -364,7 +372,7 @@ fn tick_with(
         if let Some(cpus) = next.or_else(|| state.be_cpuset.clone()) {
             let list = crate::cpuset::format_cpus(&cpus);
             let rule = format!(
-                "BE allowance {:.2} cores -> {} CPUs (not LSE's {}, LSR's {} in proportion, not reserved; sibling pairs first)",
+                "BE allowance {:.2} cores -> {} CPUs (not LSE's {}, LSR's {} in proportion; sibling pairs first)",
                 s.allowance_cores,
                 cpus.len(),
                 exclusive.lse.len(),
@@ -480,6 +488,34 @@ pub struct Found {
     pub be_subtree: Vec<CgroupPath>,
 }
 
+/// The quota a bound pod's own cgroup had before qoslet unset it, as kubelet
+/// sets it: the sum of its containers' limits when every one has a limit
+/// (init containers and overhead aside), else none (`None`: `w` is not such a write).
+fn bound_pod_quota(state: &NodeState, w: &Write) -> Option<Knob> {
+    let Knob::CpuQuota {
+        quota: None,
+        period,
+    } = w.knob
+    else {
+        return None;
+    };
+    let p = state.pods.iter().find(|p| p.cgroup == w.cgroup)?;
+    if !matches!(p.class, QosClass::Lse | QosClass::Lsr) || p.containers.is_empty() {
+        return None;
+    }
+    let mut sum = 0u128;
+    for c in &p.containers {
+        if c.cpu_quota <= 0 {
+            return None;
+        }
+        sum += c.cpu_quota as u128 * period as u128 / c.cpu_period.max(1000) as u128;
+    }
+    Some(Knob::CpuQuota {
+        quota: Some(u64::try_from(sum).unwrap_or(u64::MAX)),
+        period,
+    })
+}
+
 /// What `qoslet restore` (and `qosEngine.restoreOnExit`) writes: every file
 /// qoslet may have changed, back to the runtime's value or the kernel's
 /// default, so that nothing qoslet did outlives it (new BE pods would inherit
@@ -503,7 +539,14 @@ pub fn restore_plan(state: &NodeState, policy: &Policy, env: &Env, found: &Found
         memory_protection_up_the_tree(state, &mut reconciled, &Protection::new());
     }
     for r in reconciled.writes() {
-        let knob = crate::execute::restore_value(&r.knob).unwrap_or_else(|| r.knob.clone());
+        // a share-pool cpuset goes back to kubelet's; a bound pod's unset quota
+        // to its containers' sum; what the runtime's spec holds stays
+        let knob = reconciled
+            .restore_of(&crate::plan::key(r))
+            .cloned()
+            .or_else(|| crate::execute::restore_value(&r.knob))
+            .or_else(|| bound_pod_quota(state, r))
+            .unwrap_or_else(|| r.knob.clone());
         plan.add(w(&r.cgroup, knob, "restore", WHY.into()));
     }
     let f = &env.features;
@@ -834,7 +877,13 @@ fn burst_plugin(
     }
     let (pool_capacity, pool_usage) = share_pool(state);
     let pool_state = burst::pool(pool_usage, pool_capacity, b);
-    for p in state.pods.iter().filter(|p| burstable(p)) {
+    // a pod bound to CPUs runs without CFS quota (koordlet's cpuset hook): no
+    // quota to scale, and a scaled one would undo the hook's -1
+    for p in state
+        .pods
+        .iter()
+        .filter(|p| burstable(p) && reconcile::bound(p, &env.node).is_empty())
+    {
         let mut pod_sum = 0u64;
         let mut pod_period = 0u64;
         let mut all_limited = !p.containers.is_empty();
@@ -1235,10 +1284,21 @@ mod tests {
             get("cpu/kubepods/burstable/podls/cls/cpu.cfs_quota_us"),
             "200000"
         );
-        // the binding is gone: kubelet's values come back
-        lsr.trusted = false;
-        lsr.by_label = false;
-        s.pods = vec![ls, lsr];
+        // the LSR container not running (a crash, a restart): its pod's binding
+        // still keeps its CPUs out of the pool
+        let mut restarting = lsr.clone();
+        restarting.containers.clear();
+        s.pods = vec![ls.clone(), restarting];
+        let t = e.plan(&s, &Policy::default(), &env);
+        assert_eq!(
+            t.plan
+                .get(&(ls.containers[0].cgroup.clone(), "cpuset-cpus", None))
+                .map(|w| w.knob.clone()),
+            Some(Knob::CpusetCpus("0-1,4-15".into()))
+        );
+        // the LSR pod gone: the LS container back on every CPU (once); the
+        // binding's quota -1 is what the runtime keeps, never "restored" under it
+        s.pods = vec![ls.clone()];
         let t = e.plan(&s, &Policy::default(), &env);
         assert!(
             !t.plan
@@ -1250,12 +1310,29 @@ mod tests {
         );
         let r = e.execute(&t.plan, &cg);
         assert!(r.errors.is_empty(), "{r:?}");
-        assert_eq!(get("cpu/kubepods/podlsr/clsr/cpu.cfs_quota_us"), "200000");
-        assert_eq!(get("cpu/kubepods/podlsr/cpu.cfs_quota_us"), "200000");
-        assert_eq!(get("cpuset/kubepods/podlsr/clsr/cpuset.cpus"), "0-15");
         assert_eq!(
             get("cpuset/kubepods/burstable/podls/cls/cpuset.cpus"),
             "0-15"
+        );
+        assert_eq!(get("cpu/kubepods/podlsr/clsr/cpu.cfs_quota_us"), "-1");
+        // `qoslet restore` puts the bound pod's own quota back to its containers'
+        // sum (kubelet's); the containers' stay as the runtime has them
+        let mut s2 = s.clone();
+        s2.pods.push(lsr.clone());
+        let plan = restore_plan(&s2, &Policy::default(), &env, &Found::default());
+        assert_eq!(
+            plan.get(&(lsr.cgroup.clone(), "cpu-quota", None))
+                .map(|w| w.knob.clone()),
+            Some(Knob::CpuQuota {
+                quota: Some(200_000),
+                period: 100_000
+            })
+        );
+        assert_eq!(
+            plan.get(&(ls.containers[0].cgroup.clone(), "cpuset-cpus", None))
+                .map(|w| w.knob.clone()),
+            Some(Knob::CpusetCpus("0-15".into())),
+            "a share-pool cpuset back to every CPU"
         );
         // and stay so (restored once, not rewritten every tick)
         let before = m.writes().len();
@@ -2206,9 +2283,10 @@ mod tests {
     }
 
     /// Issue 14 item 7: the cpuset policy as koordlet's `adjustByCPUSet`
-    /// takes CPUs: never reserved ones nor LSE's, LSR's in proportion.
+    /// takes CPUs: never LSE's, LSR's in proportion; kubelet's reserved CPUs
+    /// are BE's too (koordlet leaves out only the node annotation's reservation).
     #[test]
-    fn be_cpuset_leaves_reserved_and_lse_cpus_and_takes_lsr_in_proportion() {
+    fn be_cpuset_leaves_lse_cpus_and_takes_lsr_in_proportion() {
         let mut s = state(6.0, 4.0, None);
         for (id, class, cpus) in [("lsr", QosClass::Lsr, "2-3"), ("lse", QosClass::Lse, "4-5")] {
             let mut p = pod(id, class, "/kubepods", 0.0, 200_000);
@@ -2226,16 +2304,58 @@ mod tests {
             },
             ..Default::default()
         };
-        let mut p = cfs(80);
+        let mut p = cfs(100);
         p.threshold.cpu_suppress_policy = CpuSuppressPolicy::Cpuset;
         let t = tick(&s, &p, &env, &HashMap::new());
         let be = t
             .plan
             .get(&(s.be_parent.clone(), "cpuset-cpus", None))
             .expect("the BE cpuset");
-        // allowance 16 x 80% - 6 - max(0.5, 1) = 5.8 -> 6 CPUs of the 12 neither reserved
-        // nor LSE's: 6 x 2/12 = 1 from LSR's {2, 3}, 5 from the rest
-        assert_eq!(be.knob, Knob::CpusetCpus("2,6-10".into()), "{}", be.rule);
+        // allowance 16 x 100% - 6 - max(0.5, 1) = 9 CPUs of the 14 not LSE's:
+        // 9 x 2/14 = 1 from LSR's {2, 3}, 8 from the rest, lowest first
+        assert_eq!(be.knob, Knob::CpusetCpus("0-2,6-11".into()), "{}", be.rule);
+    }
+
+    /// Review of issue 14 item 5: a pod bound to CPUs (here a trusted,
+    /// unlabelled Guaranteed pod) runs without quota: burst scaling leaves it.
+    #[test]
+    fn burst_leaves_pods_bound_to_cpus() {
+        let mut s = state(1.0, 0.0, None);
+        let mut g = pod("g", QosClass::Lsr, "/kubepods", 1.0, 200_000);
+        g.by_label = false;
+        g.annotations.insert(
+            qoslet_hooks::decide::ANNOTATION_RESOURCE_STATUS.into(),
+            r#"{"cpuset":"2-3"}"#.into(),
+        );
+        s.pods = vec![g.clone()];
+        let env = Env {
+            node: NodeFacts {
+                online_cpus: (0..16).collect(),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let mut p = Policy::default();
+        p.burst.policy = BurstPolicy::Auto;
+        let t = tick(&s, &p, &env, &HashMap::new());
+        let q = t
+            .plan
+            .get(&(g.containers[0].cgroup.clone(), "cpu-quota", None))
+            .map(|w| w.knob.clone());
+        assert_eq!(
+            q,
+            Some(Knob::CpuQuota {
+                quota: None,
+                period: 100_000
+            }),
+            "the hook's -1 stands: {:?}",
+            t.plan.writes()
+        );
+        assert!(t.burst_quota.is_empty(), "{:?}", t.burst_quota);
+        // unbound, the same pod is burst-scaled as before
+        s.pods[0].annotations.clear();
+        let t = tick(&s, &p, &env, &HashMap::new());
+        assert!(t.burst_quota.contains_key(&g.containers[0].id));
     }
 
     /// Review of issue 15 items 10-12: the BE cpuset never takes CPUs outside

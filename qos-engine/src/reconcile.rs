@@ -134,29 +134,19 @@ fn add(plan: &mut Plan, cg: &CgroupPath, d: &Decision, v2: bool, back: Option<Kn
     plan.add(w);
 }
 
-/// What kubelet asked for a setting qoslet overrides, which the file goes
-/// back to once qoslet's decision is gone (a binding dropped, the share pool
-/// back to the whole node): kubelet's quota and memory limit, its cpuset or,
-/// without one, every online CPU. `None`: a setting with a kernel default.
-fn kubelet_value(k: &Knob, r: &Requested, online: &BTreeSet<u32>) -> Option<Knob> {
-    match k {
-        Knob::CpuQuota { .. } => Some(Knob::CpuQuota {
-            quota: u64::try_from(r.cpu_quota).ok().filter(|q| *q > 0),
-            period: u64::try_from(r.cpu_period)
-                .ok()
-                .filter(|p| *p > 0)
-                .unwrap_or(100_000),
-        }),
-        Knob::MemoryLimit(_) => Some(Knob::MemoryLimit(
-            u64::try_from(r.memory_limit).ok().filter(|m| *m > 0),
-        )),
-        Knob::CpusetCpus(_) if !r.cpuset_cpus.trim().is_empty() => {
-            Some(Knob::CpusetCpus(r.cpuset_cpus.trim().to_string()))
-        }
-        Knob::CpusetCpus(_) if !online.is_empty() => Some(Knob::CpusetCpus(
-            qoslet_cgroups::cgroup::format_cpu_list(online),
-        )),
-        _ => None,
+/// What a container's share-pool cpuset goes back to once the pool is all of
+/// the CPUs again (or the container is bound after all): kubelet's cpuset, or
+/// without one what the runtime left, the parent's CPUs (v2: the empty value,
+/// inherited; v1: every CPU it may use).
+fn pool_restore(r: &Requested, v2: bool, whole: &BTreeSet<u32>) -> Option<Knob> {
+    let k = r.cpuset_cpus.trim();
+    if !k.is_empty() {
+        Some(Knob::CpusetCpus(k.to_string()))
+    } else if v2 {
+        Some(Knob::CpusetCpus(String::new()))
+    } else {
+        (!whole.is_empty())
+            .then(|| Knob::CpusetCpus(qoslet_cgroups::cgroup::format_cpu_list(whole)))
     }
 }
 
@@ -197,46 +187,48 @@ pub fn kube_qos(dirs: &[(KubeQos, CgroupPath)], ctx: &Context, plan: &mut Plan) 
     }
 }
 
-/// The CPUs `p`'s containers are bound to (LSE/LSR, by its resource-status
-/// annotation as the hooks accept it), which leave the share pool.
+/// The CPUs `p` and its containers are bound to (LSE/LSR, by its
+/// resource-status annotation as the hooks accept it), which leave the share pool.
 pub fn bound(p: &Pod, node: &NodeFacts) -> Vec<BTreeSet<u32>> {
-    p.containers
-        .iter()
-        .filter_map(|c| {
-            decide::binding(p.pod_class(), &p.annotations, &c.requested(), node)
-                .ok()
-                .flatten()
-                .map(|(cpus, _)| cpus)
-        })
+    let whole = decide::pod_binding(p.pod_class(), &p.annotations, &p.limits, node);
+    whole
+        .into_iter()
+        .chain(
+            p.containers
+                .iter()
+                .filter_map(|c| container_binding(p, c, node)),
+        )
         .collect()
+}
+
+/// The CPUs container `c` of `p` is bound to, if any.
+pub fn container_binding(p: &Pod, c: &Container, node: &NodeFacts) -> Option<BTreeSet<u32>> {
+    decide::binding(p.pod_class(), &p.annotations, &c.requested(), node)
+        .ok()
+        .flatten()
+        .map(|(cpus, _)| cpus)
 }
 
 /// Adds what the hooks would set on `p` and its containers now (`ctx` with
 /// the share pool of every pod's [`bound`] CPUs).
 pub fn pod(p: &Pod, ctx: &Context, plan: &mut Plan) {
     let d = decide::pod(p.pod_class(), &p.annotations, &p.limits, ctx);
-    let sandbox = Requested {
-        memory_limit: p.limits.memory_limit,
-        cpu_quota: p.limits.cpu_quota,
-        cpu_period: p.limits.cpu_period,
-        cpuset_cpus: "",
-    };
     for d in &d.decisions {
-        // the pod's quota goes back to kubelet's (the sandbox's sum of limits) where known
-        let back = match d.knob() {
-            Some(k @ Knob::CpuQuota { .. }) if p.limits.cpu_quota > 0 => {
-                kubelet_value(k, &sandbox, &ctx.node.online_cpus)
-            }
-            _ => None,
-        };
-        add(plan, &p.cgroup, d, ctx.v2, back);
+        add(plan, &p.cgroup, d, ctx.v2, None);
     }
     for c in &p.containers {
         let r = c.requested();
         let d = decide::container(p.pod_class(), &c.name, &p.annotations, &r, ctx);
+        // a cpuset that is not the container's binding is its share-pool place,
+        // which goes back when the pool is whole again (a binding, a batch limit
+        // or a quota unset stays as the runtime keeps it: the pod's annotation
+        // does not change while it runs)
+        let bound = container_binding(p, c, ctx.node).is_some();
         for d in &d.decisions {
-            let back = match &d.action {
-                Action::Cri(k) => kubelet_value(k, &r, &ctx.node.online_cpus),
+            let back = match (&d.action, ctx.share_pool) {
+                (Action::Cri(Knob::CpusetCpus(_)), Some(pool)) if !bound => {
+                    pool_restore(&r, ctx.v2, pool.whole)
+                }
                 _ => None,
             };
             add(plan, &c.cgroup, d, ctx.v2, back);
