@@ -95,6 +95,7 @@ pub fn build(store: &Store, generation: u64, trust: &Trust, pod_root: &PodRoot) 
                         100_000
                     },
                     cpuset_cpus: r.cpuset_cpus,
+                    oom_score_adj: r.oom_score_adj,
                 });
         }
         for p in pods.values().filter(|p| p.state == PodState::Ready) {

@@ -902,6 +902,46 @@ mod tests {
             .collect()
     }
 
+    /// Issue 14 item 8: the Anolis memory files, planned only where the
+    /// kernel has each, within koordlet's validator ranges, and put back to
+    /// koordlet's `NoneMemoryQOS` values when memory QoS is off.
+    #[test]
+    fn memory_tunes_where_the_kernel_has_them() {
+        let some = MemTunes::default()
+            .with(MemTune::WmarkRatio)
+            .with(MemTune::OomGroup);
+        let c = v1(Features {
+            memory_tunes: some,
+            ..Default::default()
+        });
+        let w = c.plan(&Knob::MemoryTune(MemTune::WmarkRatio, 95)).unwrap();
+        assert_eq!(
+            (w[0].file, w[0].value.as_str()),
+            ("memory.wmark_ratio", "95")
+        );
+        assert!(
+            c.plan(&Knob::MemoryTune(MemTune::Priority, 3)).is_err(),
+            "no such file here"
+        );
+        assert!(
+            c.plan(&Knob::MemoryTune(MemTune::WmarkRatio, 101)).is_err(),
+            "out of range"
+        );
+        assert!(c.plan(&Knob::MemoryTune(MemTune::OomGroup, 1)).is_ok());
+        assert_eq!(
+            Knob::MemoryTune(MemTune::WmarkScaleFactor, 20).kernel_default(),
+            Some(Knob::MemoryTune(MemTune::WmarkScaleFactor, 50))
+        );
+        assert_eq!(
+            Knob::MemoryTune(MemTune::WmarkRatio, 0).kernel_default(),
+            None
+        );
+        assert_eq!(
+            Knob::MemoryTune(MemTune::Priority, 8).describe(true),
+            ("memory.priority".into(), "8".into())
+        );
+    }
+
     #[test]
     fn plans_per_layout() {
         let all = Features {

@@ -231,11 +231,17 @@ pub(crate) mod tests {
                 ("memory/kubepods/memory.min", "0\n"),
                 ("memory/kubepods/memory.low", "0\n"),
                 ("memory/kubepods/memory.high", "max\n"),
+                ("memory/kubepods/memory.wmark_ratio", "0\n"),
+                ("memory/kubepods/memory.priority", "0\n"),
             ],
         );
         std::os::unix::fs::symlink(d.join("cpu,cpuacct"), d.join("cpu")).unwrap();
         let h = Host::detect(&d).unwrap();
         assert!(h.features.bvt && h.features.memory_qos && !h.features.cpu_idle);
+        use crate::cgroup::MemTune;
+        let t = h.features.memory_tunes;
+        assert!(t.has(MemTune::WmarkRatio) && t.has(MemTune::Priority));
+        assert!(!t.has(MemTune::OomGroup) && !t.has(MemTune::WmarkMinAdj));
         assert!(
             h.hierarchy("cpu").unwrap().ends_with("cpu,cpuacct"),
             "kernel's own link followed"

@@ -10,7 +10,7 @@ use qoslet_cgroups::{Device, Features, Knob};
 
 use crate::batch::{parse_spec, pod_total, Batch, Caps, ANNOTATION_EXTENDED_RESOURCE_SPEC};
 use crate::class::{KubeQos, PodClass, QosClass};
-use crate::policy::{memory_qos, CpuPolicy, ResourceQosStrategy};
+use crate::policy::{memory_qos, CpuPolicy, MemRequest, ResourceQosStrategy};
 
 /// Koordinator's scheduler writes the CPUs an LSE/LSR pod is bound to here: `{"cpuset":"0-3"}`.
 pub const ANNOTATION_RESOURCE_STATUS: &str = "scheduling.koordinator.sh/resource-status";
@@ -63,6 +63,9 @@ pub struct Requested<'a> {
     pub cpu_period: i64,
     /// The cpuset kubelet gave (its CPU manager; empty: none).
     pub cpuset_cpus: &'a str,
+    /// kubelet's `oom_score_adj` (0: unknown): a Burstable container's memory
+    /// request to within node memory / 1000 ([`kubelet_memory_request`]).
+    pub oom_score_adj: i64,
 }
 
 impl Requested<'_> {
@@ -133,7 +136,50 @@ impl SandboxLimits {
             cpu_quota: self.cpu_quota,
             cpu_period: self.cpu_period,
             cpuset_cpus: "",
+            oom_score_adj: 0,
         }
+    }
+}
+
+/// A Burstable container's memory request as kubelet's `oom_score_adj` gives
+/// it away (`GetContainerOOMScoreAdjust`: 1000 - 1000 x request / node
+/// memory, kept within 3..=999): between (1000 - adj) and (1001 - adj)
+/// thousandths of the node's memory (999 also stands for any request below a
+/// thousandth; 3 for any above 99.7 %), no more than its limit. `None`: not a
+/// Burstable value (Guaranteed and critical pods get -997, BestEffort 1000)
+/// or the node's memory unknown.
+pub fn kubelet_memory_request(
+    adj: i64,
+    node_memory: u64,
+    limit: Option<u64>,
+) -> Option<MemRequest> {
+    if !(3..=999).contains(&adj) || node_memory == 0 {
+        return None;
+    }
+    let at = |k: i64| (node_memory as u128 * k as u128 / 1000) as u64;
+    let (lo, hi) = match adj {
+        999 => (0, at(2)),
+        3 => (at(997), node_memory),
+        a => (at(1000 - a), at(1001 - a)),
+    };
+    let cap = |v: u64| limit.map_or(v, |l| v.min(l));
+    Some(MemRequest {
+        lo: cap(lo),
+        hi: cap(hi),
+    })
+}
+
+/// What memory QoS takes as a container's request: a Guaranteed pod's limit
+/// (LSE/LSR outside kubepods too), a Burstable one's from kubelet's
+/// `oom_score_adj`; `None`: unknown (a BestEffort pod's comes from its batch
+/// resources).
+fn container_memory_request(pc: PodClass, r: &Requested, node_memory: u64) -> Option<MemRequest> {
+    let limit = (r.memory_limit > 0).then_some(r.memory_limit as u64);
+    match pc.kube {
+        Some(KubeQos::Guaranteed) => limit.map(MemRequest::exact),
+        None if matches!(pc.class, QosClass::Lse | QosClass::Lsr) => limit.map(MemRequest::exact),
+        Some(KubeQos::Burstable) => kubelet_memory_request(r.oom_score_adj, node_memory, limit),
+        _ => None,
     }
 }
 
@@ -600,13 +646,17 @@ pub fn pod(
             }
         }
     }
-    if matches!(class, QosClass::Lse | QosClass::Lsr) && sandbox_memory_limit > 0 {
+    // a Guaranteed pod requests what it limits (a Burstable pod's sum is the
+    // engine's, from its containers')
+    let guaranteed = pc.kube == Some(KubeQos::Guaranteed)
+        || (pc.kube.is_none() && matches!(class, QosClass::Lse | QosClass::Lsr));
+    if class != QosClass::Be && guaranteed && sandbox_memory_limit > 0 {
         let l = sandbox_memory_limit as u64;
         memory_request = Some((l, Some(l)));
     }
     // the pod's own cgroup is not the runtime's: qoslet writes it on v1 and v2 alike
-    if let Some(settings) =
-        memory_request.and_then(|(req, lim)| memory_qos_settings(class, req, lim, ctx))
+    if let Some(settings) = memory_request
+        .and_then(|(req, lim)| memory_qos_settings(class, MemRequest::exact(req), lim, ctx))
     {
         if ctx.features.memory_qos {
             d.decisions
@@ -616,8 +666,30 @@ pub fn pod(
                 .push(format!("{NO_MEMORY_QOS}; pod level skipped"));
         }
     }
+    d.decisions.extend(memory_tunes(class, ctx));
     blkio(class, ctx, &mut d);
     d
+}
+
+/// The Anolis memory files memory QoS sets to the class's values (wmark,
+/// priority, OOM group), on pods and containers alike, where the kernel has
+/// each; none while the class has memory QoS off (koordlet then writes its
+/// `NoneMemoryQOS`: the executor puts each back to that).
+pub fn memory_tunes(class: QosClass, ctx: &Context) -> Vec<Decision> {
+    let q = &ctx.policy.of(class).memory_qos;
+    if !q.enable {
+        return Vec::new();
+    }
+    q.tunes()
+        .into_iter()
+        .filter(|(t, _, _)| ctx.features.memory_tunes.has(*t))
+        .map(|(t, v, f)| {
+            cgroup(
+                Knob::MemoryTune(t, v),
+                format!("{} memoryQOS.{f} {v}", class.as_str()),
+            )
+        })
+        .collect()
 }
 
 /// The class's block I/O limits (`blkioQOS`), per device the host has.
@@ -688,7 +760,7 @@ pub fn container(
                         batch(&b, &mut d);
                         // memory protection (min/low) from a batch request is a raise: trusted only
                         if let Some(req) = b.memory_request.filter(|_| pc.trusted) {
-                            memory(class, req, b.memory_limit, ctx, &mut d);
+                            memory(class, MemRequest::exact(req), b.memory_limit, ctx, &mut d);
                         }
                     }
                 }
@@ -727,12 +799,15 @@ pub fn container(
     if !bound {
         shared_cpus(pc, requested, ctx, &mut d);
     }
-    // Guaranteed pods (LSR/LSE) request what they limit; other classes' memory requests are
-    // not in CRI (they need the pod spec)
-    if matches!(class, QosClass::Lse | QosClass::Lsr) && requested.memory_limit > 0 {
-        let l = requested.memory_limit as u64;
-        memory(class, l, Some(l), ctx, &mut d);
+    // a Guaranteed pod requests what it limits, a Burstable one what kubelet's
+    // oom_score_adj tells (BE's come from its batch resources, above)
+    if class != QosClass::Be {
+        if let Some(req) = container_memory_request(pc, requested, ctx.node.memory_bytes) {
+            let limit = (requested.memory_limit > 0).then_some(requested.memory_limit as u64);
+            memory(class, req, limit, ctx, &mut d);
+        }
     }
+    d.decisions.extend(memory_tunes(class, ctx));
     identity(pc, ctx, false, &mut d.decisions);
     let q = &ctx.policy.of(class).resctrl_qos;
     if q.enable {
@@ -807,7 +882,7 @@ fn shared_cpus(pc: PodClass, requested: &Requested, ctx: &Context, d: &mut Conta
 /// known, as knobs with their reasons; `None` when the class has it off.
 fn memory_qos_settings(
     class: QosClass,
-    request: u64,
+    request: MemRequest,
     limit: Option<u64>,
     ctx: &Context,
 ) -> Option<Vec<(Knob, String)>> {
@@ -815,9 +890,16 @@ fn memory_qos_settings(
     if !q.enable {
         return None;
     }
-    let (min, low, high) = memory_qos(q, request, limit, ctx.page_size);
-    let why =
-        |f: &str, p: i64| format!("{} memoryQOS.{f} {p}% of request {request}", class.as_str());
+    let (min, low, high) = memory_qos(q, request, limit, ctx.node.memory_bytes, ctx.page_size);
+    let req = if request.lo == request.hi {
+        format!("request {}", request.lo)
+    } else {
+        format!(
+            "request {}..{} (kubelet's oom_score_adj)",
+            request.lo, request.hi
+        )
+    };
+    let why = |f: &str, p: i64| format!("{} memoryQOS.{f} {p}% of {req}", class.as_str());
     let mut out = vec![
         (
             Knob::MemoryMin(min),
@@ -832,9 +914,14 @@ fn memory_qos_settings(
         out.push((
             Knob::MemoryHigh(high),
             format!(
-                "{} memoryQOS.throttlingPercent {}% between request and limit",
+                "{} memoryQOS.throttlingPercent {}% between request and {}",
                 class.as_str(),
-                q.throttling_percent
+                q.throttling_percent,
+                if limit.is_some() {
+                    "limit"
+                } else {
+                    "node memory (no limit)"
+                }
             ),
         ));
     }
@@ -848,7 +935,7 @@ const NO_MEMORY_QOS: &str = "memoryQOS is enabled but this kernel has no memory.
 /// the files, a warning elsewhere.
 fn memory(
     class: QosClass,
-    request: u64,
+    request: MemRequest,
     limit: Option<u64>,
     ctx: &Context,
     d: &mut ContainerDecision,
@@ -1090,6 +1177,191 @@ mod tests {
                 share_pool: None,
             },
         )
+    }
+
+    /// kubelet's `GetContainerOOMScoreAdjust` (Burstable: 1000 - 1000 x
+    /// request / node memory, within 3..=999) read backwards.
+    #[test]
+    fn kubelets_oom_score_adj_gives_a_burstable_request_away() {
+        let gib = 1u64 << 30;
+        let node = 1000 * gib; // a thousandth of the node is 1 GiB
+        let r = |adj, limit| kubelet_memory_request(adj, node, limit).map(|r| (r.lo, r.hi));
+        // 4 GiB requested: adj 996
+        assert_eq!(r(996, None), Some((4 * gib, 5 * gib)));
+        assert_eq!(
+            r(996, Some(4 * gib + 1)),
+            Some((4 * gib, 4 * gib + 1)),
+            "within the limit"
+        );
+        // kubelet's clamps: 999 is any request under 2 thousandths; 3 anything above 99.7 %
+        assert_eq!(r(999, None), Some((0, 2 * gib)));
+        assert_eq!(r(3, None), Some((997 * gib, node)));
+        // Guaranteed / critical (-997), BestEffort (1000), unknown (0): not Burstable values
+        for adj in [-997, 1000, 0, 2, -1] {
+            assert_eq!(r(adj, None), None, "{adj}");
+        }
+        assert_eq!(
+            kubelet_memory_request(500, 0, None),
+            None,
+            "node memory unknown"
+        );
+        // the formula forward, for a few requests on a 64 GiB node: always within the bounds
+        let node = 64 * gib;
+        for req in [1u64, 100 << 20, gib, 3 * gib + 7, 63 * gib] {
+            let adj = (1000 - (1000 * req as u128 / node as u128) as i64).clamp(3, 999);
+            let b = kubelet_memory_request(adj, node, None).unwrap();
+            assert!(b.lo <= req && req <= b.hi, "{req}: {b:?}");
+        }
+    }
+
+    /// Issue 14 item 8: memory QoS for LS and SYSTEM pods (koordlet's
+    /// `calculateContainerResources` from the container's request), the
+    /// request from kubelet's oom_score_adj, and the Anolis files written
+    /// where the kernel has them.
+    #[test]
+    fn memory_qos_for_ls_and_system_and_the_anolis_files() {
+        let gib = 1u64 << 30;
+        let mut p = ResourceQosStrategy::default();
+        let on = MemoryQos {
+            enable: true,
+            min_limit_percent: 50,
+            low_limit_percent: 100,
+            throttling_percent: 50,
+            priority_enable: 1,
+            priority: 6,
+            oom_kill_group: 1,
+            ..p.ls_class.memory_qos.clone()
+        };
+        p.ls_class.memory_qos = on.clone();
+        p.system_class.memory_qos = MemoryQos {
+            wmark_ratio: 0,
+            ..on
+        };
+        let mut n = node();
+        n.memory_bytes = 1000 * gib;
+        let anolis = Features {
+            memory_qos: true,
+            memory_tunes: qoslet_cgroups::MemTune::ALL
+                .into_iter()
+                .fold(Default::default(), |s, t| s.with(t)),
+            ..Default::default()
+        };
+        let run_with = |p: &ResourceQosStrategy,
+                        pc: PodClass,
+                        adj: i64,
+                        limit: i64,
+                        f: &Features,
+                        v2: bool| {
+            container(
+                pc,
+                "app",
+                &BTreeMap::new(),
+                &Requested {
+                    memory_limit: limit,
+                    oom_score_adj: adj,
+                    ..Default::default()
+                },
+                &Context {
+                    features: f,
+                    v2,
+                    policy: p,
+                    page_size: 4096,
+                    node: &n,
+                    devices: &BTreeMap::new(),
+                    share_pool: None,
+                },
+            )
+        };
+        let run = |pc: PodClass, adj: i64, limit: i64, f: &Features, v2: bool| {
+            run_with(&p, pc, adj, limit, f, v2)
+        };
+        // an LS container with 4 GiB requested (adj 996) and an 8 GiB limit, on v2
+        let d = run(labelled(QosClass::Ls), 996, (8 * gib) as i64, &anolis, true);
+        let u = d.patch().unified;
+        assert_eq!(
+            u["memory.min"],
+            (2 * gib).to_string(),
+            "50% of the request's low end"
+        );
+        assert_eq!(u["memory.low"], (4 * gib).to_string());
+        // throttling from the high end: 5 + (8 - 5) x 50% = 6.5 GiB
+        assert_eq!(u["memory.high"], (13 * gib / 2).to_string());
+        let tunes: Vec<(&str, String)> = d
+            .cgroup()
+            .iter()
+            .filter(|k| matches!(k, Knob::MemoryTune(..)))
+            .map(|k| {
+                let (f, v) = k.describe(true);
+                (
+                    qoslet_cgroups::MemTune::ALL
+                        .into_iter()
+                        .find(|t| t.file() == f)
+                        .unwrap()
+                        .file(),
+                    v,
+                )
+            })
+            .collect();
+        assert_eq!(
+            tunes,
+            [
+                ("memory.wmark_ratio", "95".to_string()),
+                ("memory.wmark_scale_factor", "20".into()),
+                ("memory.wmark_min_adj", "-25".into()),
+                ("memory.use_priority_oom", "1".into()),
+                ("memory.priority", "6".into()),
+                ("memory.oom.group", "1".into()),
+            ]
+        );
+        // no limit: the node's memory stands for it (koordlet: allocatable)
+        let d = run(labelled(QosClass::Ls), 996, 0, &anolis, true);
+        let h: u64 = d.patch().unified["memory.high"].parse().unwrap();
+        assert_eq!(h, (5 * gib + (995 * gib) / 2) / 4096 * 4096);
+        // SYSTEM on a Burstable pod, v1 Anolis: written after start
+        let sys = PodClass {
+            kube: Some(KubeQos::Burstable),
+            ..labelled(QosClass::System)
+        };
+        let d = run(sys, 996, (8 * gib) as i64, &anolis, false);
+        assert!(d.cgroup().contains(&Knob::MemoryMin(2 * gib)), "{d:?}");
+        assert!(d
+            .cgroup()
+            .contains(&Knob::MemoryTune(qoslet_cgroups::MemTune::WmarkRatio, 0)));
+        // a kernel without the Anolis files: memory.min/low/high only
+        let upstream_v2 = Features {
+            memory_qos: true,
+            ..Default::default()
+        };
+        let d = run(
+            labelled(QosClass::Ls),
+            996,
+            (8 * gib) as i64,
+            &upstream_v2,
+            true,
+        );
+        assert!(!d.patch().unified.is_empty());
+        assert!(!d.cgroup().iter().any(|k| matches!(k, Knob::MemoryTune(..))));
+        // a Guaranteed LS pod requests its limit; a BestEffort one (adj 1000) nothing
+        let g = PodClass {
+            kube: Some(KubeQos::Guaranteed),
+            ..labelled(QosClass::Ls)
+        };
+        let d = run(g, -997, (2 * gib) as i64, &upstream_v2, true);
+        assert_eq!(d.patch().unified["memory.min"], gib.to_string());
+        let d = run(labelled(QosClass::Ls), 1000, 0, &upstream_v2, true);
+        assert!(d.patch().unified.is_empty());
+        // memory QoS off for the class: nothing at all
+        let mut off = p.clone();
+        off.ls_class.memory_qos.enable = false;
+        let d = run_with(
+            &off,
+            labelled(QosClass::Ls),
+            996,
+            (8 * gib) as i64,
+            &anolis,
+            true,
+        );
+        assert!(d.patch().is_empty() && d.cgroup().is_empty(), "{d:?}");
     }
 
     #[test]
@@ -1478,6 +1750,7 @@ mod tests {
                     cpu_period: 100_000,
                     cpuset_cpus: kubelet,
                     memory_limit: 0,
+                    oom_score_adj: 0,
                 },
                 &Context {
                     features: &upstream(),

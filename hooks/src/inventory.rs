@@ -55,6 +55,8 @@ pub struct ContainerEntry {
     pub cpu_period: i64,
     /// The cpuset kubelet asked for (empty: none).
     pub cpuset_cpus: String,
+    /// kubelet's `oom_score_adj` (0: unknown).
+    pub oom_score_adj: i64,
 }
 
 impl Inventory {
@@ -93,6 +95,7 @@ impl ContainerEntry {
             cpu_quota: self.cpu_quota,
             cpu_period: self.cpu_period,
             cpuset_cpus: &self.cpuset_cpus,
+            oom_score_adj: self.oom_score_adj,
         }
     }
 }

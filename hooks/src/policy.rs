@@ -103,6 +103,14 @@ impl ResourceQosStrategy {
                     ));
                 }
             }
+            for (t, v, f) in m.tunes() {
+                if !t.range().contains(&v) {
+                    return Err(PolicyError::new(
+                        format!("resourceQOSStrategy.{name}.memoryQOS.{f}"),
+                        format!("{v} is outside {:?} ({})", t.range(), t.file()),
+                    ));
+                }
+            }
             if !(0..=1).contains(&c.cpu_qos.sched_idle) {
                 return Err(PolicyError::new(
                     format!("resourceQOSStrategy.{name}.cpuQOS.schedIdle"),
@@ -218,6 +226,31 @@ pub struct MemoryQos {
     pub wmark_ratio: i64,
     pub wmark_scale_permill: i64,
     pub wmark_min_adj: i64,
+    /// `priorityEnable` (0/1: `memory.use_priority_oom`), `priority` (0-12:
+    /// `memory.priority`), `oomKillGroup` (0/1: `memory.oom.group`).
+    pub priority_enable: i64,
+    pub priority: i64,
+    pub oom_kill_group: i64,
+}
+
+impl MemoryQos {
+    /// The memory files memory QoS sets to this class's values, as koordlet's
+    /// `cgroupResourceSummary` (each written where the kernel has it).
+    pub fn tunes(&self) -> [(qoslet_cgroups::MemTune, i64, &'static str); 6] {
+        use qoslet_cgroups::MemTune::*;
+        [
+            (WmarkRatio, self.wmark_ratio, "wmarkRatio"),
+            (
+                WmarkScaleFactor,
+                self.wmark_scale_permill,
+                "wmarkScalePermill",
+            ),
+            (WmarkMinAdj, self.wmark_min_adj, "wmarkMinAdj"),
+            (UsePriorityOom, self.priority_enable, "priorityEnable"),
+            (Priority, self.priority, "priority"),
+            (OomGroup, self.oom_kill_group, "oomKillGroup"),
+        ]
+    }
 }
 
 impl Default for MemoryQos {
@@ -230,6 +263,9 @@ impl Default for MemoryQos {
             wmark_ratio: 95,
             wmark_scale_permill: 20,
             wmark_min_adj: 0,
+            priority_enable: 0,
+            priority: 0,
+            oom_kill_group: 0,
         }
     }
 }
@@ -395,6 +431,9 @@ mod raw {
         wmark_ratio: Option<i64>,
         wmark_scale_permill: Option<i64>,
         wmark_min_adj: Option<i64>,
+        priority_enable: Option<i64>,
+        priority: Option<i64>,
+        oom_kill_group: Option<i64>,
     }
 
     #[derive(Deserialize, Default)]
@@ -429,6 +468,9 @@ mod raw {
                 set(&mut q.wmark_ratio, m.wmark_ratio);
                 set(&mut q.wmark_scale_permill, m.wmark_scale_permill);
                 set(&mut q.wmark_min_adj, m.wmark_min_adj);
+                set(&mut q.priority_enable, m.priority_enable);
+                set(&mut q.priority, m.priority);
+                set(&mut q.oom_kill_group, m.oom_kill_group);
             }
             if let Some(r) = self.resctrl {
                 let q = &mut d.resctrl_qos;
@@ -464,22 +506,45 @@ mod raw {
     }
 }
 
-/// memory.min / memory.low / memory.high for a container, from Koordinator's formulas:
-/// min = request x min%, low = request x low%, high = floor((request + (limit - request) x
-/// throttling%) / page) x page (no high when throttling is 0 or there is no limit).
+/// A memory request known within bounds: exactly (a Guaranteed pod's limit,
+/// a batch request) or from kubelet's `oom_score_adj` (to node memory / 1000).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemRequest {
+    pub lo: u64,
+    pub hi: u64,
+}
+
+impl MemRequest {
+    pub fn exact(v: u64) -> Self {
+        Self { lo: v, hi: v }
+    }
+}
+
+/// memory.min / memory.low / memory.high for a container, as koordlet's
+/// `calculateContainerResources`: min = request x min%, low = request x low%
+/// (no less than min when set), high = floor((request + (limit - request) x
+/// throttling%) / page) x page with node memory for a missing limit (no less
+/// than min; none when throttling is 0: `max`). Protections take the request's
+/// lower bound, throttling its upper one: never more of either than koordlet's.
 pub fn memory_qos(
     q: &MemoryQos,
-    request: u64,
+    request: MemRequest,
     limit: Option<u64>,
+    node_memory: u64,
     page: u64,
 ) -> (u64, u64, Option<u64>) {
     let pct = |v: u64, p: i64| v.saturating_mul(p.clamp(0, 100) as u64) / 100;
-    let min = pct(request, q.min_limit_percent);
-    let low = pct(request, q.low_limit_percent);
+    let min = pct(request.lo, q.min_limit_percent);
+    let mut low = pct(request.lo, q.low_limit_percent);
+    if low > 0 && low < min {
+        low = min;
+    }
+    let limit = limit.or((node_memory > 0).then_some(node_memory));
     let high = match limit {
-        Some(l) if q.throttling_percent > 0 && l > request => {
-            let h = request + pct(l - request, q.throttling_percent);
-            Some(h / page * page)
+        Some(l) if q.throttling_percent > 0 => {
+            let r = request.hi.min(l);
+            let h = (r + pct(l - r, q.throttling_percent)) / page.max(1) * page.max(1);
+            Some(h.max(min))
         }
         _ => None,
     };
@@ -588,17 +653,56 @@ mod tests {
             throttling_percent: 80,
             ..Default::default()
         };
-        let (min, low, high) = memory_qos(&q, 1 << 30, Some(2 << 30), 4096);
+        let g = |r: u64| MemRequest::exact(r);
+        let (min, low, high) = memory_qos(&q, g(1 << 30), Some(2 << 30), 0, 4096);
         assert_eq!((min, low), (512 << 20, 1 << 30));
         let want = ((1u64 << 30) + (1u64 << 30) * 80 / 100) / 4096 * 4096;
         assert_eq!(high, Some(want));
+        // koordlet's calculateContainerResources: no limit, the node's memory
+        let node = 8u64 << 30;
         assert_eq!(
-            memory_qos(&q, 1 << 30, None, 4096).2,
-            None,
-            "no limit, no high"
+            memory_qos(&q, g(1 << 30), None, node, 4096).2,
+            Some(((1u64 << 30) + (7u64 << 30) * 80 / 100) / 4096 * 4096)
         );
         assert_eq!(
-            memory_qos(&MemoryQos::default(), 1 << 30, Some(2 << 30), 4096),
+            memory_qos(&q, g(1 << 30), None, 0, 4096).2,
+            None,
+            "nothing known"
+        );
+        // request = limit (Guaranteed): high at the limit
+        assert_eq!(
+            memory_qos(&q, g(1 << 30), Some(1 << 30), 0, 4096).2,
+            Some(1 << 30)
+        );
+        // low no less than min, high no less than min
+        let q2 = MemoryQos {
+            min_limit_percent: 100,
+            low_limit_percent: 20,
+            throttling_percent: 1,
+            ..q.clone()
+        };
+        let (min, low, high) = memory_qos(&q2, g(1 << 30), Some(1 << 30), 0, 4096);
+        assert_eq!((min, low, high), (1 << 30, 1 << 30, Some(1 << 30)));
+        // throttling 0: no high (max)
+        let q3 = MemoryQos {
+            throttling_percent: 0,
+            ..q.clone()
+        };
+        assert_eq!(memory_qos(&q3, g(1 << 30), Some(2 << 30), 0, 4096).2, None);
+        // a request known within bounds: protections from its low end, throttling its high end
+        let r = MemRequest {
+            lo: 1 << 30,
+            hi: (1 << 30) + (8 << 20),
+        };
+        let (min, _, high) = memory_qos(&q, r, Some(2 << 30), 0, 4096);
+        assert_eq!(min, 512 << 20);
+        let hi = (1u64 << 30) + (8 << 20);
+        assert_eq!(
+            high,
+            Some((hi + ((2u64 << 30) - hi) * 80 / 100) / 4096 * 4096)
+        );
+        assert_eq!(
+            memory_qos(&MemoryQos::default(), g(1 << 30), Some(2 << 30), 0, 4096),
             (0, 0, None),
             "off by default"
         );

@@ -237,14 +237,16 @@ async fn real_restart_reads_scaled_quotas_and_restore_puts_a_suppressed_node_bac
 
 /// Issue 15 item 10: kubelet's static CPU manager gives every container a
 /// cpuset (non-exclusive ones the shared pool). With the BE cpuset suppressed
-/// on the besteffort parent (CPU 1, CPU 0 bound to an LSR pod), a new BE
+/// on the besteffort parent (CPU 1, CPU 0 bound to an LSE pod), a new BE
 /// container given `0-1` fails in runc (v1: a child's CPUs must be within its
 /// parent's). With `cpuManagerPolicy: static` qoslet narrows BE containers
 /// only, so the container is created, and then narrowed within a tick.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_static_cpu_manager_keeps_be_containers_creatable_under_suppression() {
     let _serial = SERIAL.lock().await;
-    // this host's CPUs: an LSR pod takes all but the last, BE is left the last
+    // this host's CPUs: an LSE pod takes all but the last, BE is left the last
+    // (koordlet's cpuset suppress never gives BE an LSE pod's CPUs; an LSR pod's
+    // it shares in proportion)
     let cpus = host_cpus();
     assert!(
         cpus.len() >= 2,
@@ -269,13 +271,13 @@ async fn real_static_cpu_manager_keeps_be_containers_creatable_under_suppression
     let mut via = Cri::connect(&q.sock).await;
     let mut cleanup = Cleanup::new(&tb.sock);
 
-    // an LSR pod bound to all CPUs but the last: the BE share pool is the last
+    // an LSE pod bound to all CPUs but the last: the BE share pool is the last
     let lsr = unique("lsr");
     let lsr_cgp = format!("{root}/pod{lsr}");
     let mut lsr_cfg = pod_config(&lsr, &lsr_cgp);
     lsr_cfg
         .labels
-        .insert("koordinator.sh/qosClass".into(), "LSR".into());
+        .insert("koordinator.sh/qosClass".into(), "LSE".into());
     lsr_cfg.annotations.insert(
         "scheduling.koordinator.sh/resource-status".into(),
         format!(r#"{{"cpuset":"{lsr_cpus}"}}"#),
@@ -291,7 +293,7 @@ async fn real_static_cpu_manager_keeps_be_containers_creatable_under_suppression
                 SLEEP_LOOP,
                 Some(cri::LinuxContainerResources {
                     cpu_period: 100_000,
-                    // an untrusted LSR pod binds to no more CPUs than its limit
+                    // an untrusted LSE pod binds to no more CPUs than its limit
                     cpu_quota: 100_000 * (cpus.len() as i64 - 1),
                     cpu_shares: 1024,
                     memory_limit_in_bytes: 64 << 20,

@@ -340,6 +340,7 @@ fn requested(r: Option<&cri::LinuxContainerResources>) -> Requested<'_> {
         cpu_quota: r.cpu_quota,
         cpu_period: r.cpu_period,
         cpuset_cpus: &r.cpuset_cpus,
+        oom_score_adj: r.oom_score_adj,
     })
     .unwrap_or_default()
 }
@@ -408,6 +409,7 @@ fn stored_requested(r: &qoslet_proxy::store::Resources) -> Requested<'_> {
         cpu_quota: r.cpu_quota,
         cpu_period: r.cpu_period,
         cpuset_cpus: &r.cpuset_cpus,
+        oom_score_adj: r.oom_score_adj,
     }
 }
 
@@ -1021,6 +1023,7 @@ mod tests {
                 cpu_quota: 200_000,
                 cpu_period: 100_000,
                 cpuset_cpus: String::new(),
+                oom_score_adj: 0,
             }],
         };
         let inv = Arc::new(Fixed(std::sync::Mutex::new(Arc::new(Inventory {

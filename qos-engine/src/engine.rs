@@ -1153,6 +1153,7 @@ mod tests {
                 cpu_cores: cores,
                 throttled_ratio: 0.5,
                 cpuset_cpus: String::new(),
+                oom_score_adj: 0,
             }],
         }
     }
@@ -2314,6 +2315,81 @@ mod tests {
         // allowance 16 x 100% - 6 - max(0.5, 1) = 9 CPUs of the 14 not LSE's:
         // 9 x 2/14 = 1 from LSR's {2, 3}, 8 from the rest, lowest first
         assert_eq!(be.knob, Knob::CpusetCpus("0-2,6-11".into()), "{}", be.rule);
+    }
+
+    /// Issue 14 item 8: a Burstable pod's own memory protection is its
+    /// containers' (their requests from kubelet's oom_score_adj), and the kube
+    /// QoS dirs get their class's OOM priority where the kernel has the files.
+    #[test]
+    fn burstable_pods_protect_their_containers_sum_and_qos_dirs_their_oom_priority() {
+        let gib = 1u64 << 30;
+        let mut s = state(1.0, 0.0, None);
+        let mut ls = pod("ls", QosClass::Ls, "/kubepods/burstable", 1.0, 200_000);
+        ls.kube = Some(KubeQos::Burstable);
+        let mut second = ls.containers[0].clone();
+        second.id = "cls2".into();
+        second.name = "side".into();
+        second.cgroup = ls.cgroup.container("cls2").unwrap();
+        ls.containers.push(second);
+        for c in &mut ls.containers {
+            c.oom_score_adj = 996; // 4 GiB each on a 1000 GiB node
+            c.memory_limit = (8 * gib) as i64;
+        }
+        s.pods = vec![ls.clone()];
+        s.qos_dirs = vec![(
+            KubeQos::Burstable,
+            CgroupPath::parse("/kubepods/burstable").unwrap(),
+        )];
+        let mut features = Features {
+            memory_qos: true,
+            ..Default::default()
+        };
+        features.memory_tunes = features
+            .memory_tunes
+            .with(qoslet_cgroups::MemTune::Priority);
+        let env = Env {
+            features,
+            node: NodeFacts {
+                memory_bytes: 1000 * gib,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let mut p = Policy::default();
+        p.qos.ls_class.memory_qos.enable = true;
+        p.qos.ls_class.memory_qos.min_limit_percent = 50;
+        p.qos.ls_class.memory_qos.priority = 8;
+        let t = tick(&s, &p, &env, &HashMap::new());
+        let get = |cg: &CgroupPath, name| {
+            t.plan
+                .get(&(cg.clone(), name, None))
+                .map(|w| w.knob.clone())
+        };
+        assert_eq!(
+            get(&ls.containers[0].cgroup, "memory-min"),
+            Some(Knob::MemoryMin(2 * gib))
+        );
+        assert_eq!(
+            get(&ls.cgroup, "memory-min"),
+            Some(Knob::MemoryMin(4 * gib)),
+            "the pod: its containers' sum"
+        );
+        let dir = CgroupPath::parse("/kubepods/burstable").unwrap();
+        assert_eq!(
+            get(&dir, "memory-priority"),
+            Some(Knob::MemoryTune(qoslet_cgroups::MemTune::Priority, 8))
+        );
+        assert_eq!(
+            get(&ls.cgroup, "memory-priority"),
+            Some(Knob::MemoryTune(qoslet_cgroups::MemTune::Priority, 8))
+        );
+        // off: none of it planned (the executor writes NoneMemoryQOS back)
+        let t = tick(&s, &Policy::default(), &env, &HashMap::new());
+        assert!(
+            !t.plan.writes().iter().any(|w| w.plugin == "memory-qos"),
+            "{:?}",
+            t.plan.writes()
+        );
     }
 
     /// Review of issue 14 item 5: a pod bound to CPUs (here a trusted,

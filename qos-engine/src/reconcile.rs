@@ -49,6 +49,8 @@ pub struct Container {
     pub cpu_period: i64,
     /// The cpuset kubelet asked for (empty: none).
     pub cpuset_cpus: String,
+    /// kubelet's `oom_score_adj` (0: unknown).
+    pub oom_score_adj: i64,
     /// From the metrics cache.
     pub cpu_cores: f64,
     pub throttled_ratio: f64,
@@ -94,6 +96,7 @@ impl Container {
             cgroup: c.cgroup.clone(),
             memory_limit: c.memory_limit,
             cpuset_cpus: c.cpuset_cpus.clone(),
+            oom_score_adj: c.oom_score_adj,
             cpu_quota: c.cpu_quota,
             cpu_period: c.cpu_period,
             cpu_cores: 0.0,
@@ -108,6 +111,7 @@ impl Container {
             cpu_quota: self.cpu_quota,
             cpu_period: self.cpu_period,
             cpuset_cpus: &self.cpuset_cpus,
+            oom_score_adj: self.oom_score_adj,
         }
     }
 }
@@ -172,6 +176,31 @@ pub fn kube_qos(dirs: &[(KubeQos, CgroupPath)], ctx: &Context, plan: &mut Plan) 
                 ),
             });
         }
+        // koordlet's calculateQoSResources: the QoS dir takes its class's
+        // (Guaranteed LSR's, Burstable LS's, BestEffort BE's) OOM priority and group
+        let class = match kube {
+            KubeQos::Guaranteed => QosClass::Lsr,
+            KubeQos::Burstable => QosClass::Ls,
+            KubeQos::BestEffort => QosClass::Be,
+        };
+        for d in decide::memory_tunes(class, ctx) {
+            if let Some(
+                k @ Knob::MemoryTune(
+                    qoslet_cgroups::MemTune::UsePriorityOom
+                    | qoslet_cgroups::MemTune::Priority
+                    | qoslet_cgroups::MemTune::OomGroup,
+                    _,
+                ),
+            ) = d.knob()
+            {
+                plan.add(Write {
+                    cgroup: cg.clone(),
+                    knob: k.clone(),
+                    plugin: "memory-qos",
+                    rule: format!("{kube:?} kube QoS dir: {}", d.because),
+                });
+            }
+        }
         if ctx.features.cpu_idle && core_sched && idle {
             plan.add(Write {
                 cgroup: cg.clone(),
@@ -216,6 +245,10 @@ pub fn pod(p: &Pod, ctx: &Context, plan: &mut Plan) {
     for d in &d.decisions {
         add(plan, &p.cgroup, d, ctx.v2, None);
     }
+    // a pod whose own request is not in CRI (Burstable: only its containers'
+    // are, through kubelet's oom_score_adj) protects what its containers claim
+    // (koordlet's calculatePodResources: the pod's request x min% / low%)
+    let mut sums = [(0u64, false); 2];
     for c in &p.containers {
         let r = c.requested();
         let d = decide::container(p.pod_class(), &c.name, &p.annotations, &r, ctx);
@@ -225,6 +258,11 @@ pub fn pod(p: &Pod, ctx: &Context, plan: &mut Plan) {
         // does not change while it runs)
         let bound = container_binding(p, c, ctx.node).is_some();
         for d in &d.decisions {
+            match d.knob() {
+                Some(Knob::MemoryMin(v)) => sums[0] = (sums[0].0.saturating_add(*v), true),
+                Some(Knob::MemoryLow(v)) => sums[1] = (sums[1].0.saturating_add(*v), true),
+                _ => {}
+            }
             let back = match (&d.action, ctx.share_pool) {
                 (Action::Cri(Knob::CpusetCpus(_)), Some(pool)) if !bound => {
                     pool_restore(&r, ctx.v2, pool.whole)
@@ -232,6 +270,34 @@ pub fn pod(p: &Pod, ctx: &Context, plan: &mut Plan) {
                 _ => None,
             };
             add(plan, &c.cgroup, d, ctx.v2, back);
+        }
+    }
+    let own = |name: &str| {
+        d.decisions
+            .iter()
+            .any(|d| d.knob().is_some_and(|k| k.name() == name))
+    };
+    if ctx.features.memory_qos {
+        for ((sum, any), knob) in sums
+            .into_iter()
+            .zip([Knob::MemoryMin(0), Knob::MemoryLow(0)])
+        {
+            if !any || own(knob.name()) {
+                continue;
+            }
+            let knob = match knob {
+                Knob::MemoryMin(_) => Knob::MemoryMin(sum),
+                _ => Knob::MemoryLow(sum),
+            };
+            let (setting, value) = knob.describe(ctx.v2);
+            plan.add(Write {
+                cgroup: p.cgroup.clone(),
+                knob,
+                plugin: "memory-qos",
+                rule: format!(
+                    "{setting} = {value}: the sum of its containers' (the pod's request is theirs)"
+                ),
+            });
         }
     }
 }
@@ -269,6 +335,7 @@ mod tests {
                 cpu_cores: 0.0,
                 throttled_ratio: 0.0,
                 cpuset_cpus: String::new(),
+                oom_score_adj: 0,
             }],
         }
     }

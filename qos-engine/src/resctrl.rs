@@ -186,6 +186,7 @@ mod tests {
                     cpu_cores: 0.0,
                     throttled_ratio: 0.0,
                     cpuset_cpus: String::new(),
+                    oom_score_adj: 0,
                 },
                 Container {
                     id: "gone".into(),
@@ -198,6 +199,7 @@ mod tests {
                     cpu_cores: 0.0,
                     throttled_ratio: 0.0,
                     cpuset_cpus: String::new(),
+                    oom_score_adj: 0,
                 },
             ],
         };

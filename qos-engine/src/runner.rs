@@ -1139,6 +1139,7 @@ mod tests {
                             cpu_quota: c.cpu_quota,
                             cpu_period: c.cpu_period,
                             cpuset_cpus: c.cpuset_cpus.clone(),
+                            oom_score_adj: c.oom_score_adj,
                         })
                         .collect(),
                 })

@@ -137,6 +137,7 @@ pub fn build(root: &Path, s: &Shape) -> io::Result<Vec<Pod>> {
                         cpu_cores: 0.0,
                         throttled_ratio: 0.0,
                         cpuset_cpus: String::new(),
+                        oom_score_adj: 0,
                     }
                 })
                 .collect();
