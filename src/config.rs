@@ -373,11 +373,9 @@ mod tests {
         for f in [
             "resourceQOSStrategy.policies.netQOSPolicy",
             "resourceQOSStrategy.lsrClass.cpuQOS.coreExpeller",
-            "resourceQOSStrategy.beClass.memoryQOS.wmarkMinAdj = 50",
             "resourceQOSStrategy.beClass.networkQOS",
             "resourceQOSStrategy.cgroupRoot",
             "resourceUsedThresholdWithBE.cpuEvictPolicy",
-            "cpuBurstStrategy.cfsQuotaBurstPeriodSeconds",
             "systemStrategy",
         ] {
             assert!(listed.contains(f), "{f} not listed:\n{listed}");

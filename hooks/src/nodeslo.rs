@@ -121,7 +121,7 @@ const SPEC: &[(&str, Support)] = &[
     ("cpuBurstStrategy.policy", I),
     ("cpuBurstStrategy.cpuBurstPercent", I),
     ("cpuBurstStrategy.cfsQuotaBurstPercent", I),
-    ("cpuBurstStrategy.cfsQuotaBurstPeriodSeconds", N),
+    ("cpuBurstStrategy.cfsQuotaBurstPeriodSeconds", I),
     ("cpuBurstStrategy.sharePoolThresholdPercent", I),
     ("systemStrategy", N),
     ("extensions", N),

@@ -32,6 +32,9 @@ pub struct CpuBurstStrategy {
     pub policy: BurstPolicy,
     pub cpu_burst_percent: i64,
     pub cfs_quota_burst_percent: i64,
+    /// How long a container may run above its limit, as koordlet's token
+    /// bucket counts it (`burstLimiter`); negative: as long as the pool allows.
+    pub cfs_quota_burst_period_seconds: i64,
     pub share_pool_threshold_percent: i64,
 }
 
@@ -41,6 +44,7 @@ impl Default for CpuBurstStrategy {
             policy: BurstPolicy::None,
             cpu_burst_percent: 1000,
             cfs_quota_burst_percent: 300,
+            cfs_quota_burst_period_seconds: -1,
             share_pool_threshold_percent: 50,
         }
     }
@@ -70,6 +74,62 @@ impl CpuBurstStrategy {
             ));
         }
         Ok(())
+    }
+}
+
+/// koordlet's `burstLimiter`: a token bucket per container holding
+/// `cfsQuotaBurstPeriodSeconds x (cfsQuotaBurstPercent - 100)` percent-seconds;
+/// running at or above the limit spends `(usage% - 100)` a second, running
+/// below 60 % of it saves `(100 - usage%)` a second, and while the bucket is
+/// empty the quota is scaled down. It starts between empty and half full
+/// (koordlet: at random; here from the container's id, so a restart of many
+/// containers does not scale them all in step).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limiter {
+    capacity: f64,
+    tokens: f64,
+    last_s: f64,
+    period_s: i64,
+}
+
+impl Limiter {
+    pub fn new(id: &str, period_s: i64, max_percent: i64, now_s: f64) -> Self {
+        let capacity = (period_s.max(0) * (max_percent - 100).max(0)) as f64;
+        let h = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+        });
+        let start = (h >> 11) as f64 / (1u64 << 53) as f64 / 2.0;
+        Self {
+            capacity,
+            tokens: capacity * start,
+            last_s: now_s,
+            period_s,
+        }
+    }
+
+    /// Whether the bucket was made for this configuration.
+    pub fn is_for(&self, period_s: i64, max_percent: i64) -> bool {
+        self.period_s == period_s
+            && self.capacity == (period_s.max(0) * (max_percent - 100).max(0)) as f64
+    }
+
+    /// Spends or saves for the time since the last call at `usage_percent` of
+    /// the limit; whether the container may stay scaled up.
+    pub fn allow(&mut self, now_s: f64, usage_percent: f64) -> bool {
+        let dt = (now_s - self.last_s).max(0.0);
+        if usage_percent >= 100.0 {
+            self.tokens -= (usage_percent - 100.0) * dt;
+        } else if usage_percent < 60.0 {
+            self.tokens += (100.0 - usage_percent) * dt;
+        }
+        self.tokens = self.tokens.clamp(-self.capacity, self.capacity);
+        self.last_s = now_s;
+        self.tokens > 0.0
+    }
+
+    /// Not asked for two periods: forgotten (koordlet's `Expire`).
+    pub fn expired(&self, now_s: f64) -> bool {
+        now_s - self.last_s > 2.0 * self.period_s as f64
     }
 }
 
@@ -107,6 +167,8 @@ pub struct Container {
     pub current_quota_us: u64,
     /// Share of periods throttled over the last interval.
     pub throttled_ratio: f64,
+    /// The container's [`Limiter`] has run dry: scale down, whatever the pool.
+    pub limited: bool,
 }
 
 /// What to write (`None`: leave as is).
@@ -129,6 +191,11 @@ pub fn decide(c: &Container, pool_state: Pool, s: &CpuBurstStrategy) -> Burst {
     let cur = c.current_quota_us;
     let (target, why) = match (quota_on, pool_state) {
         (false, _) => (cur, "cfsQuotaBurst off"),
+        (true, _) if c.limited && cur > c.limit_quota_us => (
+            ((cur as f64 * 0.8) as u64).max(c.limit_quota_us),
+            "above the limit for longer than cfsQuotaBurstPeriodSeconds allows: quota x0.8 toward the limit",
+        ),
+        (true, _) if c.limited => (cur, "cfsQuotaBurstPeriodSeconds spent: quota held at the limit"),
         (true, Pool::Overloaded) if cur > c.limit_quota_us => (
             ((cur as f64 * 0.8) as u64).max(c.limit_quota_us),
             "share pool overloaded: quota x0.8 toward the limit",
@@ -180,6 +247,7 @@ mod tests {
             period_us: 100_000,
             current_quota_us: cur,
             throttled_ratio: throttled,
+            limited: false,
         }
     }
 
@@ -316,5 +384,59 @@ mod tests {
         .path
         .ends_with("cfsQuotaBurstPercent"));
         assert!(serde_json::from_str::<CpuBurstStrategy>(r#"{"policy":"sometimes"}"#).is_err());
+    }
+
+    /// koordlet's `burstLimiter`: capacity period x (max% - 100); spent
+    /// (usage% - 100) a second at or above the limit, saved (100 - usage%) a
+    /// second below 60 %, clamped to +-capacity; dry at 0 or below.
+    #[test]
+    fn the_burst_limiter_is_koordlets_token_bucket() {
+        // 10 s at up to 300 %: 2000 percent-seconds
+        let mut l = Limiter::new("c1", 10, 300, 0.0);
+        assert!(
+            l.tokens >= 0.0 && l.tokens < 1000.0,
+            "starts below half: {}",
+            l.tokens
+        );
+        assert_eq!(
+            l.tokens,
+            Limiter::new("c1", 10, 300, 5.0).tokens,
+            "deterministic"
+        );
+        l.tokens = 500.0;
+        // at 300 % of the limit: 200 a second; dry after 2.5 s
+        assert!(l.allow(1.0, 300.0));
+        assert!(l.allow(2.0, 300.0));
+        assert!(!l.allow(3.0, 300.0), "{}", l.tokens);
+        // between 60 % and 100 %: neither spent nor saved
+        assert!(!l.allow(10.0, 80.0));
+        // below 60 %: saved (100 - 20) a second, up to the capacity
+        assert!(l.allow(12.0, 20.0), "{}", l.tokens);
+        assert!(l.allow(1000.0, 0.0));
+        assert_eq!(l.tokens, 2000.0);
+        // at most as far into debt as the capacity
+        assert!(!l.allow(2000.0, 300.0));
+        assert_eq!(l.tokens, -2000.0);
+        assert!(
+            !l.expired(2020.0) && l.expired(2020.5),
+            "two periods unasked"
+        );
+        assert!(l.is_for(10, 300) && !l.is_for(20, 300) && !l.is_for(10, 200));
+        // a dry bucket scales the quota down whatever the pool, never below the limit
+        let mut dry = c(400_000, 0.5);
+        dry.limited = true;
+        let b = decide(&dry, Pool::Idle, &s(BurstPolicy::Auto));
+        assert_eq!(b.quota_us, Some(320_000), "{}", b.rule);
+        dry.current_quota_us = 220_000;
+        assert_eq!(
+            decide(&dry, Pool::Idle, &s(BurstPolicy::Auto)).quota_us,
+            Some(200_000)
+        );
+        dry.current_quota_us = 200_000;
+        assert_eq!(
+            decide(&dry, Pool::Idle, &s(BurstPolicy::Auto)).quota_us,
+            None,
+            "held at the limit"
+        );
     }
 }

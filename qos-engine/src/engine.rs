@@ -223,7 +223,15 @@ pub fn tick(
     env: &Env,
     burst_quota: &HashMap<String, u64>,
 ) -> TickResult {
-    tick_with(state, policy, env, burst_quota, None, &BTreeMap::new())
+    tick_with(
+        state,
+        policy,
+        env,
+        burst_quota,
+        &Default::default(),
+        None,
+        &BTreeMap::new(),
+    )
 }
 
 /// What others asked of the pods' ancestors' memory.min/low (by cgroup and knob name).
@@ -235,6 +243,7 @@ fn tick_with(
     policy: &Policy,
     env: &Env,
     burst_quota: &HashMap<String, u64>,
+    limited: &std::collections::HashSet<String>,
     cached: Option<&(Plan, BoundCpus)>,
     external: &Protection,
 ) -> TickResult {
@@ -432,8 +441,15 @@ fn tick_with(
     }
 
     // 3. burst
-    let (pool, burst_quota) =
-        burst_plugin(state, policy, env, burst_quota, &mut plan, &mut warnings);
+    let (pool, burst_quota) = burst_plugin(
+        state,
+        policy,
+        env,
+        burst_quota,
+        limited,
+        &mut plan,
+        &mut warnings,
+    );
 
     TickResult {
         plan,
@@ -865,6 +881,7 @@ fn burst_plugin(
     policy: &Policy,
     env: &Env,
     last: &HashMap<String, u64>,
+    limited: &std::collections::HashSet<String>,
     plan: &mut Plan,
     warnings: &mut Vec<String>,
 ) -> (Option<Pool>, HashMap<String, u64>) {
@@ -906,6 +923,7 @@ fn burst_plugin(
                     period_us: period,
                     current_quota_us: cur,
                     throttled_ratio: c.throttled_ratio,
+                    limited: limited.contains(&c.id),
                 },
                 pool_state,
                 b,
@@ -1010,6 +1028,10 @@ fn burst_plugin(
 pub struct Engine {
     executor: Executor,
     burst_quota: HashMap<String, u64>,
+    /// Each burstable container's cfsQuotaBurstPeriodSeconds bucket.
+    limiters: HashMap<String, burst::Limiter>,
+    /// Where [`Engine::plan`]'s clock starts.
+    started: std::time::Instant,
     reconciled: Option<Reconciled>,
     /// The ancestors' memory.min/low: what qoslet last planned there, and what
     /// another writer last put there.
@@ -1024,6 +1046,8 @@ struct Reconciled {
     generation: u64,
     policy: Policy,
     env: Env,
+    /// The CPUs pods could use (the share pool is taken within them: hotplug).
+    cpus: BTreeSet<u32>,
     out: (Plan, BoundCpus),
 }
 
@@ -1033,6 +1057,8 @@ impl Engine {
         Self {
             executor: Executor::new(verify_every),
             burst_quota: HashMap::new(),
+            limiters: HashMap::new(),
+            started: std::time::Instant::now(),
             reconciled: None,
             ours: Protection::new(),
             theirs: Protection::new(),
@@ -1041,8 +1067,66 @@ impl Engine {
 
     /// Plans one tick (no I/O).
     pub fn plan(&mut self, state: &NodeState, policy: &Policy, env: &Env) -> TickResult {
+        let now_s = self.started.elapsed().as_secs_f64();
+        self.plan_at(state, policy, env, now_s)
+    }
+
+    /// The containers whose cfsQuotaBurstPeriodSeconds bucket is empty at
+    /// `now_s` (their usage as a share of their limit spent since the last tick).
+    fn limit_bursts(
+        &mut self,
+        state: &NodeState,
+        policy: &Policy,
+        now_s: f64,
+    ) -> std::collections::HashSet<String> {
+        let b = &policy.burst;
+        let mut out = std::collections::HashSet::new();
+        let scale_on = matches!(b.policy, BurstPolicy::CfsQuotaBurstOnly | BurstPolicy::Auto);
+        if !scale_on || b.cfs_quota_burst_period_seconds < 0 {
+            self.limiters.clear();
+            return out;
+        }
+        for p in state.pods.iter().filter(|p| burstable(p)) {
+            for c in p.containers.iter().filter(|c| c.cpu_quota > 0) {
+                let limit_cores = c.cpu_quota as f64 / c.cpu_period.max(1000) as f64;
+                let l = self.limiters.entry(c.id.clone()).or_insert_with(|| {
+                    burst::Limiter::new(
+                        &c.id,
+                        b.cfs_quota_burst_period_seconds,
+                        b.cfs_quota_burst_percent,
+                        now_s,
+                    )
+                });
+                if !l.is_for(b.cfs_quota_burst_period_seconds, b.cfs_quota_burst_percent) {
+                    *l = burst::Limiter::new(
+                        &c.id,
+                        b.cfs_quota_burst_period_seconds,
+                        b.cfs_quota_burst_percent,
+                        now_s,
+                    );
+                }
+                if !l.allow(now_s, c.cpu_cores / limit_cores * 100.0) {
+                    out.insert(c.id.clone());
+                }
+            }
+        }
+        self.limiters.retain(|_, l| !l.expired(now_s));
+        out
+    }
+
+    /// [`Engine::plan`] at `now_s` seconds on the engine's clock.
+    pub fn plan_at(
+        &mut self,
+        state: &NodeState,
+        policy: &Policy,
+        env: &Env,
+        now_s: f64,
+    ) -> TickResult {
+        let cpus = state.all_cpus();
         let hit = match (&self.reconciled, state.pods_generation) {
-            (Some(r), Some(now)) => r.generation == now && r.policy == *policy && r.env == *env,
+            (Some(r), Some(now)) => {
+                r.generation == now && r.policy == *policy && r.env == *env && r.cpus == cpus
+            }
             _ => false,
         };
         if !hit {
@@ -1052,10 +1136,13 @@ impl Engine {
                     generation: g,
                     policy: policy.clone(),
                     env: env.clone(),
+                    cpus: cpus.clone(),
                     out,
                 }
             });
         }
+        // cfsQuotaBurstPeriodSeconds: each scaled container's token bucket
+        let limited = self.limit_bursts(state, policy, now_s);
         let cached = self.reconciled.as_ref().map(|r| &r.out);
         // a value in an ancestor's file that is not the one qoslet planned there
         // was written by someone else (a first sight counts as qoslet's own: an
@@ -1076,7 +1163,15 @@ impl Engine {
             }
         }
         self.theirs.retain(|k, _| state.ancestors.contains_key(k));
-        let t = tick_with(state, policy, env, &self.burst_quota, cached, &self.theirs);
+        let t = tick_with(
+            state,
+            policy,
+            env,
+            &self.burst_quota,
+            &limited,
+            cached,
+            &self.theirs,
+        );
         self.burst_quota = t.burst_quota.clone();
         // what qoslet planned on each ancestor read this tick (nothing planned: 0,
         // so a value another writer puts there later is told apart)
@@ -2389,6 +2484,52 @@ mod tests {
             !t.plan.writes().iter().any(|w| w.plugin == "memory-qos"),
             "{:?}",
             t.plan.writes()
+        );
+    }
+
+    /// Issue 14: cfsQuotaBurstPeriodSeconds. A container held at 3x its limit
+    /// (throttled, the share pool idle) is scaled up only while its bucket
+    /// lasts, then scaled back down to the limit; without the setting it stays up.
+    #[test]
+    fn cfs_quota_burst_period_bounds_how_long_a_quota_stays_scaled_up() {
+        let mut s = state(0.0, 0.0, None);
+        s.capacity_cores = 64.0;
+        s.node_usage_cores = 6.5;
+        let mut ls = pod("ls", QosClass::Ls, "/kubepods/burstable", 6.0, 200_000);
+        ls.containers[0].cpu_cores = 6.0; // 300 % of its 2-core limit
+        s.pods = vec![ls.clone()];
+        let id = ls.containers[0].id.clone();
+        let run = |period: i64| {
+            let mut p = Policy::default();
+            p.burst.policy = BurstPolicy::CfsQuotaBurstOnly;
+            p.burst.cfs_quota_burst_period_seconds = period;
+            let mut e = Engine::new(1);
+            (0..30)
+                .map(|t| {
+                    let r = e.plan_at(&s, &p, &Env::default(), t as f64);
+                    r.burst_quota.get(&id).copied().unwrap_or(200_000)
+                })
+                .collect::<Vec<u64>>()
+        };
+        let unbounded = run(-1);
+        assert_eq!(
+            *unbounded.last().unwrap(),
+            600_000,
+            "scaled up to 300 % and kept: {unbounded:?}"
+        );
+        // 5 s: 5 x 200 = 1000 percent-seconds, spent at 200 a second
+        let bounded = run(5);
+        let top = *bounded.iter().max().unwrap();
+        assert!(top > 200_000, "scaled up first: {bounded:?}");
+        assert_eq!(
+            *bounded.last().unwrap(),
+            200_000,
+            "then back to the limit: {bounded:?}"
+        );
+        let first_down = bounded.windows(2).position(|w| w[1] < w[0]).unwrap();
+        assert!(
+            first_down <= 6,
+            "within the period (and a bucket started at most half full): {bounded:?}"
         );
     }
 
