@@ -105,7 +105,7 @@ async fn real_canonical_quantities_and_koordinators_default_node_slo() {
     for f in [
         "resourceQOSStrategy.policies.netQOSPolicy",
         "resourceQOSStrategy.beClass.networkQOS",
-        "cpuBurstStrategy.cfsQuotaBurstPeriodSeconds",
+        "resourceUsedThresholdWithBE.cpuEvictPolicy",
     ] {
         assert!(listed.contains(f), "{f} not in:\n{listed}");
     }
