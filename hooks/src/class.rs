@@ -272,6 +272,24 @@ pub fn classify(
     }
 }
 
+/// Koordinator's priority class label (it overrides the class that
+/// `spec.priority` falls in, which CRI does not carry).
+pub const LABEL_PRIORITY_CLASS: &str = "koordinator.sh/priority-class";
+
+/// A pod's Koordinator priority class from its label, as koordlet's
+/// `GetPodPriorityClassByName` reads it: `koord-prod`, `koord-mid`,
+/// `koord-batch` or `koord-free`; anything else is none (`None`: no label;
+/// the pod's `spec.priority` needs the Kubernetes API).
+pub fn priority_class(labels: &BTreeMap<String, String>) -> Option<&'static str> {
+    let v = labels.get(LABEL_PRIORITY_CLASS)?;
+    Some(
+        ["koord-prod", "koord-mid", "koord-batch", "koord-free"]
+            .into_iter()
+            .find(|p| *p == v.as_str())
+            .unwrap_or("none"),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -567,5 +585,17 @@ mod tests {
         ] {
             assert_eq!(QosClass::parse(c.as_str()), Some(c));
         }
+    }
+
+    /// Koordinator's `GetPodPriorityClassByName`: the four classes, anything else none.
+    #[test]
+    fn priority_class_label() {
+        let l = |v: &str| -> BTreeMap<String, String> {
+            [(LABEL_PRIORITY_CLASS.to_string(), v.to_string())].into()
+        };
+        assert_eq!(priority_class(&l("koord-batch")), Some("koord-batch"));
+        assert_eq!(priority_class(&l("koord-prod")), Some("koord-prod"));
+        assert_eq!(priority_class(&l("koord-PROD")), Some("none"));
+        assert_eq!(priority_class(&BTreeMap::new()), None);
     }
 }

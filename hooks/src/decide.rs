@@ -10,7 +10,7 @@ use qoslet_cgroups::{Device, Features, Knob};
 
 use crate::batch::{parse_spec, pod_total, Batch, Caps, ANNOTATION_EXTENDED_RESOURCE_SPEC};
 use crate::class::{KubeQos, PodClass, QosClass};
-use crate::policy::{memory_qos, CpuPolicy, MemRequest, ResourceQosStrategy};
+use crate::policy::{memory_qos, CpuPolicy, MemRequest, MemoryQos, ResourceQosStrategy};
 
 /// Koordinator's scheduler writes the CPUs an LSE/LSR pod is bound to here: `{"cpuset":"0-3"}`.
 pub const ANNOTATION_RESOURCE_STATUS: &str = "scheduling.koordinator.sh/resource-status";
@@ -502,6 +502,248 @@ pub fn group_identity(pc: PodClass, policy: &ResourceQosStrategy) -> (i64, Strin
     }
 }
 
+/// A pod's own CPU QoS (`{"enable": true, "groupIdentity": -1}`), which
+/// koordlet's group identity hook takes over the class's for pods labelled LS
+/// (groupidentity `SetPodBvtValue`: "only allow LS change to BE").
+pub const ANNOTATION_CPU_QOS: &str = "koordinator.sh/cpuQOS";
+/// A pod's own memory QoS (`{"policy": "none"}`, or fields over the class's).
+pub const ANNOTATION_MEMORY_QOS: &str = "koordinator.sh/memoryQOS";
+/// A pod-level JSON annotation longer than this is refused unread.
+pub const MAX_QOS_ANNOTATION_BYTES: usize = 4 << 10;
+
+/// Reads a pod's JSON QoS annotation (`None`: absent).
+fn qos_annotation<T: serde::de::DeserializeOwned>(
+    annotations: &BTreeMap<String, String>,
+    key: &str,
+) -> Result<Option<T>, String> {
+    let Some(a) = annotations.get(key) else {
+        return Ok(None);
+    };
+    if a.len() > MAX_QOS_ANNOTATION_BYTES {
+        return Err(format!(
+            "{key}: {} bytes, over the {MAX_QOS_ANNOTATION_BYTES}-byte cap; ignored",
+            a.len()
+        ));
+    }
+    serde_json::from_str(a)
+        .map(Some)
+        .map_err(|e| format!("{key}: {e}; ignored"))
+}
+
+/// The group identity a pod labelled LS asks for itself with
+/// [`ANNOTATION_CPU_QOS`] over `class_value` (koordlet: `groupIdentity` when
+/// given, 0 unless `enable` is true). An untrusted pod may only lower it (the
+/// value koordlet allows, LS to BE, is a lowering). `Ok(None)`: not asked, or
+/// not an LS-labelled pod.
+fn pod_cpu_qos(
+    pc: PodClass,
+    annotations: &BTreeMap<String, String>,
+    class_value: i64,
+) -> Result<Option<(i64, String)>, String> {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct CpuQos {
+        enable: Option<bool>,
+        group_identity: Option<i64>,
+    }
+    if !(pc.by_label && pc.class == QosClass::Ls) {
+        return Ok(None);
+    }
+    let Some(c) = qos_annotation::<CpuQos>(annotations, ANNOTATION_CPU_QOS)? else {
+        return Ok(None);
+    };
+    if let Some(g) = c.group_identity.filter(|g| !(-1..=2).contains(g)) {
+        return Err(format!(
+            "{ANNOTATION_CPU_QOS}: groupIdentity {g} is not -1..=2; ignored"
+        ));
+    }
+    let asked = match (c.enable, c.group_identity) {
+        (Some(true), Some(g)) => g,
+        (Some(true), None) => class_value,
+        _ => 0,
+    };
+    Ok(Some(if pc.trusted || asked <= class_value {
+        (asked, format!("the pod's {ANNOTATION_CPU_QOS}: {asked}"))
+    } else {
+        (
+            class_value,
+            format!(
+                "the pod's {ANNOTATION_CPU_QOS} asks {asked}, above its class's: an untrusted pod only lowers it"
+            ),
+        )
+    }))
+}
+
+/// A pod's memory QoS: its class's, with what its [`ANNOTATION_MEMORY_QOS`]
+/// asks over it as koordlet's `mergePodResourceQoSForMemoryQoS` takes it
+/// (`policy: none` turns it off for the pod; `auto` starts from Koordinator's
+/// defaults for its class; the fields given replace the class's, and turn it
+/// on). An untrusted pod may only turn it off or lower what protects it
+/// (min/low percent, priority), throttle itself earlier (throttlingPercent,
+/// 1 or more), or reclaim earlier (wmarkMinAdj up); anything else it asks is
+/// ignored with a warning.
+pub fn pod_memory_qos(
+    pc: PodClass,
+    annotations: &BTreeMap<String, String>,
+    policy: &ResourceQosStrategy,
+    warnings: &mut Vec<String>,
+) -> MemoryQos {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Pod {
+        #[serde(default)]
+        policy: String,
+        min_limit_percent: Option<i64>,
+        low_limit_percent: Option<i64>,
+        throttling_percent: Option<i64>,
+        wmark_ratio: Option<i64>,
+        wmark_scale_permill: Option<i64>,
+        wmark_min_adj: Option<i64>,
+        priority_enable: Option<i64>,
+        priority: Option<i64>,
+        oom_kill_group: Option<i64>,
+    }
+    let class = policy.of(pc.class).memory_qos.clone();
+    let p = match qos_annotation::<Pod>(annotations, ANNOTATION_MEMORY_QOS) {
+        Ok(Some(p)) => p,
+        Ok(None) => return class,
+        Err(e) => {
+            warnings.push(e);
+            return class;
+        }
+    };
+    let off = MemoryQos {
+        enable: false,
+        ..class.clone()
+    };
+    let base = match p.policy.as_str() {
+        "none" => return off,
+        "" | "default" => class.clone(),
+        "auto" => MemoryQos {
+            enable: class.enable,
+            ..ResourceQosStrategy::default()
+                .of(pc.class)
+                .memory_qos
+                .clone()
+        },
+        other => {
+            warnings.push(format!(
+                "{ANNOTATION_MEMORY_QOS}: policy {other:?} is not none, default or auto; ignored"
+            ));
+            return class;
+        }
+    };
+    let mut q = base;
+    let mut ignored = Vec::new();
+    {
+        let mut take =
+            |dst: &mut i64, v: Option<i64>, name: &str, lowers: &dyn Fn(i64, i64) -> bool| {
+                let Some(v) = v else { return };
+                if pc.trusted || (class.enable && lowers(v, *dst)) {
+                    *dst = v;
+                } else {
+                    ignored.push(name.to_string());
+                }
+            };
+        let le = |v: i64, cur: i64| v <= cur;
+        take(
+            &mut q.min_limit_percent,
+            p.min_limit_percent,
+            "minLimitPercent",
+            &le,
+        );
+        take(
+            &mut q.low_limit_percent,
+            p.low_limit_percent,
+            "lowLimitPercent",
+            &le,
+        );
+        take(&mut q.priority, p.priority, "priority", &le);
+        take(
+            &mut q.throttling_percent,
+            p.throttling_percent,
+            "throttlingPercent",
+            &|v, cur| v >= 1 && (cur == 0 || v <= cur),
+        );
+        take(
+            &mut q.wmark_min_adj,
+            p.wmark_min_adj,
+            "wmarkMinAdj",
+            &|v, cur| v >= cur,
+        );
+        let never = |_: i64, _: i64| false;
+        take(&mut q.wmark_ratio, p.wmark_ratio, "wmarkRatio", &never);
+        take(
+            &mut q.wmark_scale_permill,
+            p.wmark_scale_permill,
+            "wmarkScalePermill",
+            &never,
+        );
+        take(
+            &mut q.priority_enable,
+            p.priority_enable,
+            "priorityEnable",
+            &never,
+        );
+        take(
+            &mut q.oom_kill_group,
+            p.oom_kill_group,
+            "oomKillGroup",
+            &never,
+        );
+    }
+    let asked = [
+        p.min_limit_percent,
+        p.low_limit_percent,
+        p.throttling_percent,
+        p.wmark_ratio,
+        p.wmark_scale_permill,
+        p.wmark_min_adj,
+        p.priority_enable,
+        p.priority,
+        p.oom_kill_group,
+    ]
+    .iter()
+    .any(Option::is_some);
+    // the pod's own fields turn memory QoS on for it (koordlet: they replace
+    // the class's, whether or not the class has it on); an untrusted pod's only lower
+    if pc.trusted && asked {
+        q.enable = true;
+    }
+    if !ignored.is_empty() {
+        warnings.push(format!(
+            "{ANNOTATION_MEMORY_QOS}: {} would raise the pod's memory QoS above its class's (an untrusted pod only lowers it); ignored",
+            ignored.join(", ")
+        ));
+    }
+    let pct_ok = [
+        q.min_limit_percent,
+        q.low_limit_percent,
+        q.throttling_percent,
+    ]
+    .iter()
+    .all(|v| (0..=100).contains(v));
+    if let Some((t, v, f)) = q
+        .tunes()
+        .into_iter()
+        .find(|(t, v, _)| !t.range().contains(v))
+    {
+        warnings.push(format!(
+            "{ANNOTATION_MEMORY_QOS}: {f} {v} is outside {:?} ({}); ignored",
+            t.range(),
+            t.file()
+        ));
+        return class;
+    }
+    if !pct_ok {
+        warnings.push(format!(
+            "{ANNOTATION_MEMORY_QOS}: a percentage is outside 0-100; ignored"
+        ));
+        return class;
+    }
+    q
+}
+
 /// The group identity of the kube QoS dirs (`kubepods` 0, burstable the LS
 /// value, besteffort the BE value), as koordlet's `kubeQOSDirParams`, and
 /// whether each is SCHED_IDLE under `cpuPolicy: coreSched` (koordlet's
@@ -542,10 +784,25 @@ pub fn kube_qos_dirs(policy: &ResourceQosStrategy) -> [(KubeQos, i64, bool); 3] 
 /// writes (EINVAL) on an idle cgroup, and the runtime writes the container's
 /// shares at every UpdateContainerResources; an idle pod cgroup makes all its
 /// containers yield just the same.
-fn identity(pc: PodClass, ctx: &Context, pod_level: bool, out: &mut Vec<Decision>) {
+fn identity(
+    pc: PodClass,
+    annotations: &BTreeMap<String, String>,
+    ctx: &Context,
+    pod_level: bool,
+    out: &mut Vec<Decision>,
+    warnings: &mut Vec<String>,
+) {
     if ctx.features.bvt {
         if group_identity_on(ctx.policy) {
             let (v, why) = group_identity(pc, ctx.policy);
+            let (v, why) = match pod_cpu_qos(pc, annotations, v) {
+                Ok(Some((v2, how))) => (v2, format!("{why}; {how}")),
+                Ok(None) => (v, why),
+                Err(e) => {
+                    warnings.push(e);
+                    (v, why)
+                }
+            };
             out.push(cgroup(Knob::GroupIdentity(v), why));
         }
     } else if pc.class == QosClass::Be && ctx.features.cpu_idle && pod_level {
@@ -575,7 +832,15 @@ pub fn pod(
     let class = pc.class;
     let sandbox_memory_limit = sandbox.memory_limit;
     let mut d = PodDecision::default();
-    identity(pc, ctx, true, &mut d.decisions);
+    let mq = pod_memory_qos(pc, pod_annotations, ctx.policy, &mut d.warnings);
+    identity(
+        pc,
+        pod_annotations,
+        ctx,
+        true,
+        &mut d.decisions,
+        &mut d.warnings,
+    );
     // a pod bound to CPUs runs without its CFS quota (the pod's own cgroup is
     // kubelet's: qoslet writes it; a wrong annotation is the containers' warning)
     if let Ok(Some((cpus, _))) = binding(pc, pod_annotations, &sandbox.requested(), ctx.node) {
@@ -656,7 +921,7 @@ pub fn pod(
     }
     // the pod's own cgroup is not the runtime's: qoslet writes it on v1 and v2 alike
     if let Some(settings) = memory_request
-        .and_then(|(req, lim)| memory_qos_settings(class, MemRequest::exact(req), lim, ctx))
+        .and_then(|(req, lim)| memory_qos_settings(class, &mq, MemRequest::exact(req), lim, ctx))
     {
         if ctx.features.memory_qos {
             d.decisions
@@ -666,7 +931,7 @@ pub fn pod(
                 .push(format!("{NO_MEMORY_QOS}; pod level skipped"));
         }
     }
-    d.decisions.extend(memory_tunes(class, ctx));
+    d.decisions.extend(memory_tunes(class, &mq, ctx));
     blkio(class, ctx, &mut d);
     d
 }
@@ -675,8 +940,7 @@ pub fn pod(
 /// priority, OOM group), on pods and containers alike, where the kernel has
 /// each; none while the class has memory QoS off (koordlet then writes its
 /// `NoneMemoryQOS`: the executor puts each back to that).
-pub fn memory_tunes(class: QosClass, ctx: &Context) -> Vec<Decision> {
-    let q = &ctx.policy.of(class).memory_qos;
+pub fn memory_tunes(class: QosClass, q: &MemoryQos, ctx: &Context) -> Vec<Decision> {
     if !q.enable {
         return Vec::new();
     }
@@ -740,6 +1004,7 @@ pub fn container(
 ) -> ContainerDecision {
     let class = pc.class;
     let mut d = ContainerDecision::default();
+    let mq = pod_memory_qos(pc, pod_annotations, ctx.policy, &mut d.warnings);
     if class == QosClass::Be {
         if let Some(a) = batch_annotation(pc, pod_annotations, &mut d.warnings) {
             match parse_spec(a) {
@@ -760,7 +1025,14 @@ pub fn container(
                         batch(&b, &mut d);
                         // memory protection (min/low) from a batch request is a raise: trusted only
                         if let Some(req) = b.memory_request.filter(|_| pc.trusted) {
-                            memory(class, MemRequest::exact(req), b.memory_limit, ctx, &mut d);
+                            memory(
+                                class,
+                                &mq,
+                                MemRequest::exact(req),
+                                b.memory_limit,
+                                ctx,
+                                &mut d,
+                            );
                         }
                     }
                 }
@@ -804,11 +1076,18 @@ pub fn container(
     if class != QosClass::Be {
         if let Some(req) = container_memory_request(pc, requested, ctx.node.memory_bytes) {
             let limit = (requested.memory_limit > 0).then_some(requested.memory_limit as u64);
-            memory(class, req, limit, ctx, &mut d);
+            memory(class, &mq, req, limit, ctx, &mut d);
         }
     }
-    d.decisions.extend(memory_tunes(class, ctx));
-    identity(pc, ctx, false, &mut d.decisions);
+    d.decisions.extend(memory_tunes(class, &mq, ctx));
+    identity(
+        pc,
+        pod_annotations,
+        ctx,
+        false,
+        &mut d.decisions,
+        &mut d.warnings,
+    );
     let q = &ctx.policy.of(class).resctrl_qos;
     if q.enable {
         d.decisions.push(Decision {
@@ -882,11 +1161,11 @@ fn shared_cpus(pc: PodClass, requested: &Requested, ctx: &Context, d: &mut Conta
 /// known, as knobs with their reasons; `None` when the class has it off.
 fn memory_qos_settings(
     class: QosClass,
+    q: &MemoryQos,
     request: MemRequest,
     limit: Option<u64>,
     ctx: &Context,
 ) -> Option<Vec<(Knob, String)>> {
-    let q = &ctx.policy.of(class).memory_qos;
     if !q.enable {
         return None;
     }
@@ -935,12 +1214,13 @@ const NO_MEMORY_QOS: &str = "memoryQOS is enabled but this kernel has no memory.
 /// the files, a warning elsewhere.
 fn memory(
     class: QosClass,
+    q: &MemoryQos,
     request: MemRequest,
     limit: Option<u64>,
     ctx: &Context,
     d: &mut ContainerDecision,
 ) {
-    let Some(settings) = memory_qos_settings(class, request, limit, ctx) else {
+    let Some(settings) = memory_qos_settings(class, q, request, limit, ctx) else {
         return;
     };
     let via: fn(Knob, String) -> Decision = if ctx.v2 {
@@ -2199,6 +2479,171 @@ mod tests {
     /// cpuQOS is on, 0 when off (written back), SYSTEM by its Kubernetes QoS,
     /// kube QoS dirs kubepods 0 / burstable LS / besteffort BE, all 0 under
     /// coreSched.
+    /// Issue 14 item 9: the pod-level `koordinator.sh/cpuQOS` annotation, as
+    /// koordlet's groupidentity `SetPodBvtValue` takes it (LS-labelled pods
+    /// only; `groupIdentity` when given, 0 unless enabled), bounded for
+    /// untrusted pods (only lowered).
+    #[test]
+    fn a_pods_cpu_qos_annotation_over_its_class() {
+        let bvt = Features {
+            bvt: true,
+            ..Default::default()
+        };
+        let gi = |pc: PodClass, a: &str| {
+            let ann: BTreeMap<String, String> =
+                [(ANNOTATION_CPU_QOS.to_string(), a.to_string())].into();
+            let d = container(
+                pc,
+                "app",
+                &ann,
+                &Requested::default(),
+                &Context {
+                    features: &bvt,
+                    v2: false,
+                    policy: &cpu_on(),
+                    page_size: 4096,
+                    node: &node(),
+                    devices: &BTreeMap::new(),
+                    share_pool: None,
+                },
+            );
+            let v = d.cgroup().iter().find_map(|k| match k {
+                Knob::GroupIdentity(v) => Some(*v),
+                _ => None,
+            });
+            (v, d.warnings.len())
+        };
+        let table: &[(PodClass, &str, Option<i64>, usize)] = &[
+            // LS to BE: what koordlet allows
+            (
+                labelled(QosClass::Ls),
+                r#"{"enable":true,"groupIdentity":-1}"#,
+                Some(-1),
+                0,
+            ),
+            // disabled (or enable unset): 0
+            (labelled(QosClass::Ls), r#"{"enable":false}"#, Some(0), 0),
+            (
+                labelled(QosClass::Ls),
+                r#"{"groupIdentity":-1}"#,
+                Some(0),
+                0,
+            ),
+            (labelled(QosClass::Ls), r#"{"enable":true}"#, Some(2), 0),
+            // out of range, malformed: a warning, the class's value
+            (
+                labelled(QosClass::Ls),
+                r#"{"enable":true,"groupIdentity":5}"#,
+                Some(2),
+                1,
+            ),
+            (labelled(QosClass::Ls), "{", Some(2), 1),
+            // not an LS-labelled pod: the annotation is not read
+            (
+                labelled(QosClass::Be),
+                r#"{"enable":true,"groupIdentity":2}"#,
+                Some(-1),
+                0,
+            ),
+            (
+                trusted(QosClass::Lsr),
+                r#"{"enable":true,"groupIdentity":-1}"#,
+                Some(2),
+                0,
+            ),
+        ];
+        for (pc, a, want, warnings) in table {
+            assert_eq!(gi(*pc, a), (*want, *warnings), "{pc:?} {a}");
+        }
+        // an untrusted pod may not raise itself above its class's value; a trusted one may
+        let mut low = cpu_on();
+        low.ls_class.cpu_qos.group_identity = 0;
+        let raised = r#"{"enable":true,"groupIdentity":2}"#;
+        let ann: BTreeMap<String, String> =
+            [(ANNOTATION_CPU_QOS.to_string(), raised.to_string())].into();
+        for (pc, want) in [(labelled(QosClass::Ls), 0), (trusted(QosClass::Ls), 2)] {
+            let d = pod(
+                pc,
+                &ann,
+                &SandboxLimits::default(),
+                &Context {
+                    features: &bvt,
+                    v2: false,
+                    policy: &low,
+                    page_size: 4096,
+                    node: &node(),
+                    devices: &BTreeMap::new(),
+                    share_pool: None,
+                },
+            );
+            assert!(
+                d.cgroup().contains(&Knob::GroupIdentity(want)),
+                "{pc:?}: {d:?}"
+            );
+        }
+    }
+
+    /// Issue 14 item 9: the pod-level `koordinator.sh/memoryQOS` annotation as
+    /// koordlet's `mergePodResourceQoSForMemoryQoS` takes it, bounded for
+    /// untrusted pods.
+    #[test]
+    fn a_pods_memory_qos_annotation_over_its_class() {
+        let mut p = ResourceQosStrategy::default();
+        p.ls_class.memory_qos.enable = true;
+        p.ls_class.memory_qos.min_limit_percent = 50;
+        p.ls_class.memory_qos.low_limit_percent = 80;
+        p.ls_class.memory_qos.throttling_percent = 60;
+        let qp = |p: &ResourceQosStrategy, pc: PodClass, a: &str| {
+            let ann: BTreeMap<String, String> =
+                [(ANNOTATION_MEMORY_QOS.to_string(), a.to_string())].into();
+            let mut w = Vec::new();
+            let m = pod_memory_qos(pc, &ann, p, &mut w);
+            (
+                m.enable,
+                m.min_limit_percent,
+                m.low_limit_percent,
+                m.throttling_percent,
+                w.len(),
+            )
+        };
+        let q = |pc: PodClass, a: &str| qp(&p, pc, a);
+        let ls = labelled(QosClass::Ls);
+        let tls = trusted(QosClass::Ls);
+        // (enable, min%, low%, throttling%, warnings)
+        type Got = (bool, i64, i64, i64, usize);
+        let table: &[(PodClass, &str, Got)] = &[
+            (ls, r#"{"policy":"none"}"#, (false, 50, 80, 60, 0)),
+            (ls, r#"{"minLimitPercent":20}"#, (true, 20, 80, 60, 0)),
+            // raises from an untrusted pod: ignored, with a warning
+            (
+                ls,
+                r#"{"minLimitPercent":90,"lowLimitPercent":10}"#,
+                (true, 50, 10, 60, 1),
+            ),
+            (ls, r#"{"throttlingPercent":0}"#, (true, 50, 80, 60, 1)),
+            (ls, r#"{"throttlingPercent":30}"#, (true, 50, 80, 30, 0)),
+            (
+                tls,
+                r#"{"minLimitPercent":90,"throttlingPercent":0}"#,
+                (true, 90, 80, 0, 0),
+            ),
+            // auto: Koordinator's defaults for the class (0 %), the class's switch
+            (tls, r#"{"policy":"auto"}"#, (true, 0, 0, 0, 0)),
+            (ls, r#"{"policy":"sometimes"}"#, (true, 50, 80, 60, 1)),
+            (ls, r#"{"minLimitPercent":"x"}"#, (true, 50, 80, 60, 1)),
+            (tls, r#"{"minLimitPercent":101}"#, (true, 50, 80, 60, 1)),
+        ];
+        for (pc, a, want) in table {
+            assert_eq!(q(*pc, a), *want, "{pc:?} {a}");
+        }
+        // a class with memory QoS off: a trusted pod's fields turn it on for the
+        // pod (they replace the class's); an untrusted pod's cannot
+        let mut off = p.clone();
+        off.ls_class.memory_qos.enable = false;
+        assert!(qp(&off, tls, r#"{"minLimitPercent":40}"#).0);
+        assert!(!qp(&off, ls, r#"{"minLimitPercent":40}"#).0);
+    }
+
     #[test]
     fn group_identity_as_koordlet_sets_it() {
         let on = cpu_on();

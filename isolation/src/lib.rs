@@ -715,6 +715,11 @@ impl Hook for Isolation {
                         "class-source",
                         &class_source(&pod, &shared.trust),
                     );
+                    // recorded for what ranks pods (eviction comes next); the
+                    // pod's spec.priority needs the Kubernetes API
+                    if let Some(pc) = qoslet_hooks::class::priority_class(&pod.labels) {
+                        ctx.store.set_pod_applied(&pod.id, "priority-class", pc);
+                    }
                     let d = decide::pod(
                         class,
                         &pod.annotations,

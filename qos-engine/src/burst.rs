@@ -67,6 +67,15 @@ impl CpuBurstStrategy {
                 ),
             ));
         }
+        if self.cfs_quota_burst_period_seconds < -1 {
+            return Err(PolicyError::new(
+                "cpuBurstStrategy.cfsQuotaBurstPeriodSeconds",
+                format!(
+                    "{} is below -1 (unlimited)",
+                    self.cfs_quota_burst_period_seconds
+                ),
+            ));
+        }
         if !(0..=100).contains(&self.share_pool_threshold_percent) {
             return Err(PolicyError::new(
                 "cpuBurstStrategy.sharePoolThresholdPercent",
@@ -74,6 +83,105 @@ impl CpuBurstStrategy {
             ));
         }
         Ok(())
+    }
+}
+
+/// A pod's own CPU burst config (`{"policy": "none"}`, or fields over the node's).
+pub const ANNOTATION_CPU_BURST: &str = "koordinator.sh/cpuBurst";
+
+impl CpuBurstStrategy {
+    /// The config for a pod: the node's with what the pod's
+    /// [`ANNOTATION_CPU_BURST`] asks over it (koordlet's `genPodBurstConfig`:
+    /// the pod's fields replace the node's). An untrusted pod may only ask
+    /// for less: a policy without what the node's leaves off, smaller
+    /// percentages, a shorter cfsQuotaBurstPeriodSeconds; a raise is ignored
+    /// with the warning returned.
+    pub fn for_pod(
+        &self,
+        annotations: &std::collections::BTreeMap<String, String>,
+        trusted: bool,
+    ) -> (CpuBurstStrategy, Option<String>) {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Pod {
+            policy: Option<BurstPolicy>,
+            cpu_burst_percent: Option<i64>,
+            cfs_quota_burst_percent: Option<i64>,
+            cfs_quota_burst_period_seconds: Option<i64>,
+        }
+        let key = ANNOTATION_CPU_BURST;
+        let Some(a) = annotations.get(key) else {
+            return (self.clone(), None);
+        };
+        if a.len() > 4096 {
+            return (
+                self.clone(),
+                Some(format!("{key}: over 4096 bytes; ignored")),
+            );
+        }
+        let p: Pod = match serde_json::from_str(a) {
+            Ok(p) => p,
+            Err(e) => return (self.clone(), Some(format!("{key}: {e}; ignored"))),
+        };
+        let mut out = self.clone();
+        let mut raised = Vec::new();
+        let parts = |b: BurstPolicy| {
+            (
+                matches!(b, BurstPolicy::CpuBurstOnly | BurstPolicy::Auto),
+                matches!(b, BurstPolicy::CfsQuotaBurstOnly | BurstPolicy::Auto),
+            )
+        };
+        if let Some(pol) = p.policy {
+            let ((nb, ns), (pb, ps)) = (parts(self.policy), parts(pol));
+            if trusted || ((!pb || nb) && (!ps || ns)) {
+                out.policy = pol;
+            } else {
+                raised.push("policy");
+            }
+        }
+        let mut take = |dst: &mut i64, v: Option<i64>, name: &'static str, less: bool| {
+            if let Some(v) = v {
+                if trusted || less {
+                    *dst = v;
+                } else {
+                    raised.push(name);
+                }
+            }
+        };
+        let (cb, cq, cp) = (
+            self.cpu_burst_percent,
+            self.cfs_quota_burst_percent,
+            self.cfs_quota_burst_period_seconds,
+        );
+        take(
+            &mut out.cpu_burst_percent,
+            p.cpu_burst_percent,
+            "cpuBurstPercent",
+            p.cpu_burst_percent.is_some_and(|v| v <= cb),
+        );
+        take(
+            &mut out.cfs_quota_burst_percent,
+            p.cfs_quota_burst_percent,
+            "cfsQuotaBurstPercent",
+            p.cfs_quota_burst_percent.is_some_and(|v| v <= cq),
+        );
+        take(
+            &mut out.cfs_quota_burst_period_seconds,
+            p.cfs_quota_burst_period_seconds,
+            "cfsQuotaBurstPeriodSeconds",
+            p.cfs_quota_burst_period_seconds
+                .is_some_and(|v| v >= 0 && (cp < 0 || v <= cp)),
+        );
+        if let Err(e) = out.validate() {
+            return (self.clone(), Some(format!("{key}: {}; ignored", e.message)));
+        }
+        let warning = (!raised.is_empty()).then(|| {
+            format!(
+                "{key}: {} would raise the pod's CPU burst above the node's (an untrusted pod only lowers it); ignored",
+                raised.join(", ")
+            )
+        });
+        (out, warning)
     }
 }
 
@@ -437,6 +545,82 @@ mod tests {
             decide(&dry, Pool::Idle, &s(BurstPolicy::Auto)).quota_us,
             None,
             "held at the limit"
+        );
+    }
+
+    /// Issue 14 item 9: the pod-level `koordinator.sh/cpuBurst` annotation as
+    /// koordlet's `genPodBurstConfig` merges it, bounded for untrusted pods.
+    #[test]
+    fn a_pods_cpu_burst_annotation_over_the_nodes() {
+        let node = CpuBurstStrategy {
+            policy: BurstPolicy::Auto,
+            cfs_quota_burst_period_seconds: 60,
+            ..Default::default()
+        };
+        let run = |a: &str, trusted: bool| {
+            let ann = [(ANNOTATION_CPU_BURST.to_string(), a.to_string())].into();
+            let (b, w) = node.for_pod(&ann, trusted);
+            (
+                b.policy,
+                b.cpu_burst_percent,
+                b.cfs_quota_burst_percent,
+                b.cfs_quota_burst_period_seconds,
+                w.is_some(),
+            )
+        };
+        use BurstPolicy::*;
+        // (policy, cpuBurst%, cfsQuotaBurst%, period s, warned)
+        type Got = (BurstPolicy, i64, i64, i64, bool);
+        let table: &[(&str, bool, Got)] = &[
+            (r#"{"policy":"none"}"#, false, (None, 1000, 300, 60, false)),
+            (
+                r#"{"policy":"cpuBurstOnly","cpuBurstPercent":200}"#,
+                false,
+                (CpuBurstOnly, 200, 300, 60, false),
+            ),
+            // raises from an untrusted pod: ignored, with a warning
+            (
+                r#"{"cpuBurstPercent":5000,"cfsQuotaBurstPeriodSeconds":-1}"#,
+                false,
+                (Auto, 1000, 300, 60, true),
+            ),
+            (
+                r#"{"cfsQuotaBurstPercent":200,"cfsQuotaBurstPeriodSeconds":10}"#,
+                false,
+                (Auto, 1000, 200, 10, false),
+            ),
+            (
+                r#"{"cpuBurstPercent":5000,"cfsQuotaBurstPeriodSeconds":-1}"#,
+                true,
+                (Auto, 5000, 300, -1, false),
+            ),
+            // bad input: the node's, with a warning
+            (
+                r#"{"policy":"sometimes"}"#,
+                true,
+                (Auto, 1000, 300, 60, true),
+            ),
+            (
+                r#"{"cfsQuotaBurstPercent":50}"#,
+                true,
+                (Auto, 1000, 300, 60, true),
+            ),
+        ];
+        for (a, trusted, want) in table {
+            assert_eq!(run(a, *trusted), *want, "{a} trusted {trusted}");
+        }
+        // a node with burst off: an untrusted pod cannot turn it on for itself
+        let off = CpuBurstStrategy::default();
+        let ann = [(
+            ANNOTATION_CPU_BURST.to_string(),
+            r#"{"policy":"auto"}"#.to_string(),
+        )]
+        .into();
+        assert_eq!(off.for_pod(&ann, false).0.policy, None);
+        assert_eq!(off.for_pod(&ann, true).0.policy, Auto);
+        assert_eq!(
+            off.for_pod(&Default::default(), false),
+            (off.clone(), Option::None)
         );
     }
 }

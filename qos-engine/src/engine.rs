@@ -901,6 +901,14 @@ fn burst_plugin(
         .iter()
         .filter(|p| burstable(p) && reconcile::bound(p, &env.node).is_empty())
     {
+        // the pod's own cpuBurst annotation over the node's config
+        let (pod_b, warning) = policy.burst.for_pod(&p.annotations, p.trusted);
+        if let Some(wn) = warning {
+            warnings.push(format!("pod {}: {wn}", p.id));
+        }
+        let b = &pod_b;
+        let burst_on = matches!(b.policy, BurstPolicy::CpuBurstOnly | BurstPolicy::Auto);
+        let scale_on = matches!(b.policy, BurstPolicy::CfsQuotaBurstOnly | BurstPolicy::Auto);
         let mut pod_sum = 0u64;
         let mut pod_period = 0u64;
         let mut all_limited = !p.containers.is_empty();
@@ -1079,38 +1087,37 @@ impl Engine {
         policy: &Policy,
         now_s: f64,
     ) -> std::collections::HashSet<String> {
-        let b = &policy.burst;
         let mut out = std::collections::HashSet::new();
-        let scale_on = matches!(b.policy, BurstPolicy::CfsQuotaBurstOnly | BurstPolicy::Auto);
-        if !scale_on || b.cfs_quota_burst_period_seconds < 0 {
-            self.limiters.clear();
-            return out;
-        }
+        let mut seen = std::collections::HashSet::new();
         for p in state.pods.iter().filter(|p| burstable(p)) {
+            // the pod's own cpuBurst annotation over the node's config
+            let (b, _) = policy.burst.for_pod(&p.annotations, p.trusted);
+            let scale_on = matches!(b.policy, BurstPolicy::CfsQuotaBurstOnly | BurstPolicy::Auto);
+            if !scale_on || b.cfs_quota_burst_period_seconds < 0 {
+                continue;
+            }
             for c in p.containers.iter().filter(|c| c.cpu_quota > 0) {
+                seen.insert(c.id.clone());
                 let limit_cores = c.cpu_quota as f64 / c.cpu_period.max(1000) as f64;
-                let l = self.limiters.entry(c.id.clone()).or_insert_with(|| {
+                let fresh = || {
                     burst::Limiter::new(
                         &c.id,
                         b.cfs_quota_burst_period_seconds,
                         b.cfs_quota_burst_percent,
                         now_s,
                     )
-                });
+                };
+                let l = self.limiters.entry(c.id.clone()).or_insert_with(fresh);
                 if !l.is_for(b.cfs_quota_burst_period_seconds, b.cfs_quota_burst_percent) {
-                    *l = burst::Limiter::new(
-                        &c.id,
-                        b.cfs_quota_burst_period_seconds,
-                        b.cfs_quota_burst_percent,
-                        now_s,
-                    );
+                    *l = fresh();
                 }
                 if !l.allow(now_s, c.cpu_cores / limit_cores * 100.0) {
                     out.insert(c.id.clone());
                 }
             }
         }
-        self.limiters.retain(|_, l| !l.expired(now_s));
+        self.limiters
+            .retain(|id, l| seen.contains(id) && !l.expired(now_s));
         out
     }
 
@@ -2499,26 +2506,26 @@ mod tests {
         ls.containers[0].cpu_cores = 6.0; // 300 % of its 2-core limit
         s.pods = vec![ls.clone()];
         let id = ls.containers[0].id.clone();
-        let run = |period: i64| {
+        let run = |s: &NodeState, period: i64| {
             let mut p = Policy::default();
             p.burst.policy = BurstPolicy::CfsQuotaBurstOnly;
             p.burst.cfs_quota_burst_period_seconds = period;
             let mut e = Engine::new(1);
             (0..30)
                 .map(|t| {
-                    let r = e.plan_at(&s, &p, &Env::default(), t as f64);
+                    let r = e.plan_at(s, &p, &Env::default(), t as f64);
                     r.burst_quota.get(&id).copied().unwrap_or(200_000)
                 })
                 .collect::<Vec<u64>>()
         };
-        let unbounded = run(-1);
+        let unbounded = run(&s, -1);
         assert_eq!(
             *unbounded.last().unwrap(),
             600_000,
             "scaled up to 300 % and kept: {unbounded:?}"
         );
         // 5 s: 5 x 200 = 1000 percent-seconds, spent at 200 a second
-        let bounded = run(5);
+        let bounded = run(&s, 5);
         let top = *bounded.iter().max().unwrap();
         assert!(top > 200_000, "scaled up first: {bounded:?}");
         assert_eq!(
@@ -2531,6 +2538,22 @@ mod tests {
             first_down <= 6,
             "within the period (and a bucket started at most half full): {bounded:?}"
         );
+        // the pod's own koordinator.sh/cpuBurst (koordlet's genPodBurstConfig) over
+        // the node's unbounded config: the same bound; `policy: none`: never scaled
+        for a in [
+            r#"{"cfsQuotaBurstPeriodSeconds":5}"#,
+            r#"{"policy":"none"}"#,
+        ] {
+            s.pods[0].annotations =
+                [(burst::ANNOTATION_CPU_BURST.to_string(), a.to_string())].into();
+            let r = run(&s, -1);
+            assert_eq!(*r.last().unwrap(), 200_000, "{a}: {r:?}");
+            if a.contains("none") {
+                assert!(r.iter().all(|q| *q == 200_000), "{r:?}");
+            } else {
+                assert!(r.iter().any(|q| *q > 200_000), "{r:?}");
+            }
+        }
     }
 
     /// Review of issue 14 item 5: a pod bound to CPUs (here a trusted,

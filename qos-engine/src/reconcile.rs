@@ -183,7 +183,7 @@ pub fn kube_qos(dirs: &[(KubeQos, CgroupPath)], ctx: &Context, plan: &mut Plan) 
             KubeQos::Burstable => QosClass::Ls,
             KubeQos::BestEffort => QosClass::Be,
         };
-        for d in decide::memory_tunes(class, ctx) {
+        for d in decide::memory_tunes(class, &ctx.policy.of(class).memory_qos, ctx) {
             if let Some(
                 k @ Knob::MemoryTune(
                     qoslet_cgroups::MemTune::UsePriorityOom
