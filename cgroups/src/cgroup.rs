@@ -305,6 +305,9 @@ impl Knob {
                 device: *device,
                 limits: IoLimits::default(),
             },
+            // memory.oom.group is kubelet's too (>= 1.28 sets 1 on cgroup v2):
+            // never written back under it
+            Knob::MemoryTune(MemTune::OomGroup, _) => return None,
             Knob::MemoryTune(t, v) if *v != t.off() => Knob::MemoryTune(*t, t.off()),
             _ => return None,
         })
@@ -935,6 +938,11 @@ mod tests {
         assert_eq!(
             Knob::MemoryTune(MemTune::WmarkRatio, 0).kernel_default(),
             None
+        );
+        assert_eq!(
+            Knob::MemoryTune(MemTune::OomGroup, 1).kernel_default(),
+            None,
+            "kubelet's memory.oom.group is never written back under it"
         );
         assert_eq!(
             Knob::MemoryTune(MemTune::Priority, 8).describe(true),

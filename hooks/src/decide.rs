@@ -66,6 +66,10 @@ pub struct Requested<'a> {
     /// kubelet's `oom_score_adj` (0: unknown): a Burstable container's memory
     /// request to within node memory / 1000 ([`kubelet_memory_request`]).
     pub oom_score_adj: i64,
+    /// The pod's CPU limit in milli-cores (its sandbox's; 0: unknown): an
+    /// untrusted pod's binding is sized by it, as the scheduler sizes the
+    /// pod's one cpuset for all its containers.
+    pub pod_milli_cpu: u64,
 }
 
 impl Requested<'_> {
@@ -137,7 +141,13 @@ impl SandboxLimits {
             cpu_period: self.cpu_period,
             cpuset_cpus: "",
             oom_score_adj: 0,
+            pod_milli_cpu: 0,
         }
+    }
+
+    /// The pod's CPU limit in milli-cores (0: none known).
+    pub fn milli_cpu(&self) -> u64 {
+        self.requested().milli_cpu().unwrap_or(0)
     }
 }
 
@@ -947,6 +957,9 @@ pub fn memory_tunes(class: QosClass, q: &MemoryQos, ctx: &Context) -> Vec<Decisi
     q.tunes()
         .into_iter()
         .filter(|(t, _, _)| ctx.features.memory_tunes.has(*t))
+        // oomKillGroup 0 leaves memory.oom.group as it is: kubelet (>= 1.28, v2)
+        // sets 1 on containers, and koordlet's 0 would undo it
+        .filter(|(t, v, _)| *t != qoslet_cgroups::MemTune::OomGroup || *v == 1)
         .map(|(t, v, f)| {
             cgroup(
                 Knob::MemoryTune(t, v),
@@ -1308,7 +1321,9 @@ fn bound_cpus(
     // scheduler gives an LSE/LSR pod exactly that many): bound CPUs leave the
     // share pool of every other pod, and run without CFS quota
     if !pc.trusted {
-        let Some(milli) = requested.milli_cpu() else {
+        // the pod's limit where known: the scheduler binds the pod, all its
+        // containers to the same CPUs (a 1-CPU sidecar of a 4-CPU pod too)
+        let Some(milli) = requested.milli_cpu().max(nonzero(requested.pod_milli_cpu)) else {
             return Err("the container has no CPU limit to size a binding by".into());
         };
         let most = milli / 1000;
@@ -1628,8 +1643,34 @@ mod tests {
         };
         let d = run(g, -997, (2 * gib) as i64, &upstream_v2, true);
         assert_eq!(d.patch().unified["memory.min"], gib.to_string());
-        let d = run(labelled(QosClass::Ls), 1000, 0, &upstream_v2, true);
+        let be = PodClass {
+            kube: Some(KubeQos::BestEffort),
+            ..labelled(QosClass::Ls)
+        };
+        let d = run(be, 1000, 0, &upstream_v2, true);
         assert!(d.patch().unified.is_empty());
+        // kubelet's -997 on a Burstable pod (a critical one): no request known
+        let d = run(sys, -997, (8 * gib) as i64, &upstream_v2, true);
+        assert!(d.patch().unified.is_empty());
+        // oomKillGroup 0 leaves memory.oom.group to kubelet (it sets 1 on v2)
+        let zero = MemoryQos {
+            oom_kill_group: 0,
+            ..p.ls_class.memory_qos.clone()
+        };
+        let mut p0 = p.clone();
+        p0.ls_class.memory_qos = zero;
+        let d = run_with(
+            &p0,
+            labelled(QosClass::Ls),
+            996,
+            (8 * gib) as i64,
+            &anolis,
+            true,
+        );
+        assert!(!d
+            .cgroup()
+            .iter()
+            .any(|k| matches!(k, Knob::MemoryTune(qoslet_cgroups::MemTune::OomGroup, _))));
         // memory QoS off for the class: nothing at all
         let mut off = p.clone();
         off.ls_class.memory_qos.enable = false;
@@ -2031,6 +2072,7 @@ mod tests {
                     cpuset_cpus: kubelet,
                     memory_limit: 0,
                     oom_score_adj: 0,
+                    pod_milli_cpu: 0,
                 },
                 &Context {
                     features: &upstream(),
@@ -2097,6 +2139,52 @@ mod tests {
             explicit: false,
         }));
         assert_eq!(d.as_deref(), Some("0-1,4-7"));
+    }
+
+    /// Review: the scheduler binds a pod, all its containers to the same CPUs
+    /// (koordlet takes the pod's cpuset for every container): an untrusted
+    /// pod's binding is sized by the pod's limit, each container's quota unset
+    /// only within its own.
+    #[test]
+    fn every_container_of_a_bound_pod_shares_its_cpus() {
+        let ann: BTreeMap<String, String> = [(
+            ANNOTATION_RESOURCE_STATUS.to_string(),
+            r#"{"cpuset":"2-5"}"#.to_string(),
+        )]
+        .into();
+        let p = ResourceQosStrategy::default();
+        // a 4-CPU pod: a 3-CPU app and a 1-CPU sidecar
+        for (quota, pod, cpuset, unset) in [
+            (300_000, 400_000, Some("2-5"), false),
+            (100_000, 400_000, Some("2-5"), false),
+            (400_000, 400_000, Some("2-5"), true),
+            // the pod's limit unknown: the container's own
+            (100_000, 0, None, false),
+        ] {
+            let d = container(
+                labelled(QosClass::Lsr),
+                "app",
+                &ann,
+                &Requested {
+                    cpu_quota: quota,
+                    cpu_period: 100_000,
+                    pod_milli_cpu: pod / 100,
+                    ..Default::default()
+                },
+                &Context {
+                    features: &upstream(),
+                    v2: false,
+                    policy: &p,
+                    page_size: 4096,
+                    node: &node(),
+                    devices: &BTreeMap::new(),
+                    share_pool: None,
+                },
+            );
+            let patch = d.patch();
+            assert_eq!(patch.cpuset_cpus.as_deref(), cpuset, "{quota} {pod}: {d:?}");
+            assert_eq!(patch.cpu_quota == Some(-1), unset, "{quota} {pod}: {d:?}");
+        }
     }
 
     /// koordlet's `UnsetPodCPUQuota` on the pod's own cgroup: for an untrusted

@@ -77,7 +77,11 @@ impl Inventory {
                 .into_iter()
                 .chain(p.containers.iter().filter_map(move |c| {
                     let pc = p.class?;
-                    decide::binding(pc, &p.annotations, &c.requested(), node)
+                    let r = decide::Requested {
+                        pod_milli_cpu: p.limits.milli_cpu(),
+                        ..c.requested()
+                    };
+                    decide::binding(pc, &p.annotations, &r, node)
                         .ok()
                         .flatten()
                         .map(|(cpus, _)| cpus)
@@ -96,6 +100,7 @@ impl ContainerEntry {
             cpu_period: self.cpu_period,
             cpuset_cpus: &self.cpuset_cpus,
             oom_score_adj: self.oom_score_adj,
+            pod_milli_cpu: 0,
         }
     }
 }

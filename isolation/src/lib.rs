@@ -341,6 +341,7 @@ fn requested(r: Option<&cri::LinuxContainerResources>) -> Requested<'_> {
         cpu_period: r.cpu_period,
         cpuset_cpus: &r.cpuset_cpus,
         oom_score_adj: r.oom_score_adj,
+        pod_milli_cpu: 0,
     })
     .unwrap_or_default()
 }
@@ -410,7 +411,15 @@ fn stored_requested(r: &qoslet_proxy::store::Resources) -> Requested<'_> {
         cpu_period: r.cpu_period,
         cpuset_cpus: &r.cpuset_cpus,
         oom_score_adj: r.oom_score_adj,
+        pod_milli_cpu: 0,
     }
+}
+
+/// What kubelet asked for a container, with its pod's CPU limit (an untrusted
+/// pod's binding is sized by it).
+fn with_pod<'a>(mut r: Requested<'a>, pod: &PodRecord) -> Requested<'a> {
+    r.pod_milli_cpu = sandbox_limits(pod).milli_cpu();
+    r
 }
 
 /// The container's name and the resources kubelet asked for.
@@ -594,7 +603,7 @@ impl Hook for Isolation {
                         class,
                         &name,
                         &pod.annotations,
-                        &requested(res),
+                        &with_pod(requested(res), &pod),
                         &shared.ctx(place.as_ref().map(|p| p.share(false))),
                     );
                     for w in &d.warnings {
@@ -657,12 +666,30 @@ impl Hook for Isolation {
                         class,
                         &c.name,
                         &pod.annotations,
-                        &stored_requested(&merged),
+                        &with_pod(stored_requested(&merged), &pod),
                         &shared.ctx(place.as_ref().map(|p| p.share(true))),
                     );
                     // the kernel checks the quota the runtime is about to write against
                     // the CFS burst the engine set: lower the burst first where needed
-                    let patch = d.patch();
+                    let mut patch = d.patch();
+                    // v2: memory QoS carried at create stays in containerd's spec,
+                    // which kubelet's update (without those unified keys) applies
+                    // again: what the class no longer sets goes back to its default
+                    if shared.v2 {
+                        let kubelets = r.linux.as_ref().map(|l| &l.unified);
+                        for (key, default) in [
+                            ("memory.min", "0"),
+                            ("memory.low", "0"),
+                            ("memory.high", "max"),
+                        ] {
+                            if c.applied.contains_key(key)
+                                && !patch.unified.contains_key(key)
+                                && !kubelets.is_some_and(|u| u.contains_key(key))
+                            {
+                                patch.unified.insert(key.into(), default.into());
+                            }
+                        }
+                    }
                     if let Some(cg) = cgroups.as_deref() {
                         let quota = patch.cpu_quota.unwrap_or(merged.cpu_quota);
                         make_room_for_quota(cg, &ctx.store, &pod, &c.id, quota, &shared.pod_root);
@@ -793,14 +820,14 @@ impl Hook for Isolation {
                             class,
                             &name,
                             &pod.annotations,
-                            &stored_requested(k),
+                            &with_pod(stored_requested(k), &pod),
                             &shared.ctx(pool),
                         ),
                         None => decide::container(
                             class,
                             &name,
                             &pod.annotations,
-                            &requested(res),
+                            &with_pod(requested(res), &pod),
                             &shared.ctx(pool),
                         ),
                     };
@@ -823,7 +850,7 @@ impl Hook for Isolation {
                         class,
                         &c.name,
                         &pod.annotations,
-                        &stored_requested(&stored),
+                        &with_pod(stored_requested(&stored), &pod),
                         &shared.ctx(None),
                     );
                     let cg = match CgroupPath::pod_under(&pod.cgroup_parent, &shared.pod_root)
@@ -1114,6 +1141,83 @@ mod tests {
         let _ = narrow.inventory_slot().set(inv.clone());
         let ls = narrow.before(ctx(), create("pls")).await.unwrap();
         assert_eq!(patched(ls), ("1".into(), 0));
+    }
+
+    /// Review of issue 14 item 8: on cgroup v2 the memory QoS a create carried
+    /// in `unified` stays in containerd's spec, and kubelet's update (without
+    /// those keys) would apply it again: once the class no longer sets it, the
+    /// update carries the defaults.
+    #[tokio::test]
+    async fn v2_updates_put_back_memory_qos_the_class_no_longer_sets() {
+        let m = MemFs::new();
+        m.set("kubepods.slice/memory.min", "0\n");
+        let cgroups = m.v2(qoslet_cgroups::Features {
+            memory_qos: true,
+            ..Default::default()
+        });
+        let hook = Isolation::new(
+            Some(cgroups),
+            None,
+            ResourceQosStrategy::default(), // memory QoS off
+            NodeFacts::default(),
+            Trust::default(),
+            PodRoot::default(),
+        );
+        let store = Store::new();
+        let mut pod = PodRecord {
+            id: "p1".into(),
+            name: "web".into(),
+            cgroup_parent: "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice"
+                .into(),
+            ..Default::default()
+        };
+        pod.labels
+            .insert("koordinator.sh/qosClass".into(), "LS".into());
+        store.upsert_pod(pod);
+        let mut c = ContainerRecord {
+            id: "c1".into(),
+            pod_id: "p1".into(),
+            name: "app".into(),
+            ..Default::default()
+        };
+        // what the create carried while the class had memory QoS on
+        c.applied.insert("memory.min".into(), "1073741824".into());
+        c.applied.insert("memory.high".into(), "2147483648".into());
+        store.upsert_container(c);
+        let update = |unified: &[(&str, &str)]| {
+            Arc::new(CriRequest::UpdateContainerResources(
+                cri::UpdateContainerResourcesRequest {
+                    container_id: "c1".into(),
+                    linux: Some(cri::LinuxContainerResources {
+                        cpu_quota: 200_000,
+                        cpu_period: 100_000,
+                        unified: unified
+                            .iter()
+                            .map(|(k, v)| (k.to_string(), v.to_string()))
+                            .collect(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            ))
+        };
+        let ctx = || HookContext {
+            store: store.clone(),
+        };
+        let got = |r: Option<CriRequest>| match r {
+            Some(CriRequest::UpdateContainerResources(u)) => u.linux.unwrap().unified,
+            other => panic!("{other:?}"),
+        };
+        let u = got(hook.before(ctx(), update(&[])).await.unwrap());
+        assert_eq!(u.get("memory.min").map(String::as_str), Some("0"));
+        assert_eq!(u.get("memory.high").map(String::as_str), Some("max"));
+        assert!(!u.contains_key("memory.low"), "never carried: not touched");
+        // kubelet's own value (its MemoryQoS) stands
+        let u = got(hook
+            .before(ctx(), update(&[("memory.min", "5")]))
+            .await
+            .unwrap());
+        assert!(!u.contains_key("memory.min"), "{u:?}");
     }
 
     /// Issue 15 item 5: `applied` says what happened. A cgroup write the kernel

@@ -202,7 +202,7 @@ pub struct Limiter {
 
 impl Limiter {
     pub fn new(id: &str, period_s: i64, max_percent: i64, now_s: f64) -> Self {
-        let capacity = (period_s.max(0) * (max_percent - 100).max(0)) as f64;
+        let capacity = period_s.max(0) as f64 * (max_percent - 100).max(0) as f64;
         let h = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
             (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
         });
@@ -218,7 +218,7 @@ impl Limiter {
     /// Whether the bucket was made for this configuration.
     pub fn is_for(&self, period_s: i64, max_percent: i64) -> bool {
         self.period_s == period_s
-            && self.capacity == (period_s.max(0) * (max_percent - 100).max(0)) as f64
+            && self.capacity == period_s.max(0) as f64 * (max_percent - 100).max(0) as f64
     }
 
     /// Spends or saves for the time since the last call at `usage_percent` of
@@ -237,7 +237,7 @@ impl Limiter {
 
     /// Not asked for two periods: forgotten (koordlet's `Expire`).
     pub fn expired(&self, now_s: f64) -> bool {
-        now_s - self.last_s > 2.0 * self.period_s as f64
+        now_s - self.last_s > 2.0 * self.period_s.max(0) as f64
     }
 }
 
@@ -530,6 +530,12 @@ mod tests {
             "two periods unasked"
         );
         assert!(l.is_for(10, 300) && !l.is_for(20, 300) && !l.is_for(10, 200));
+        // a policy's extreme values neither overflow nor panic
+        let mut huge = Limiter::new("c2", i64::MAX, i64::MAX, 0.0);
+        huge.allow(1.0, 300.0);
+        assert!(huge.tokens.is_finite());
+        let mut none = Limiter::new("c3", 0, 300, 0.0);
+        assert!(!none.allow(1.0, 300.0), "no period: no burst");
         // a dry bucket scales the quota down whatever the pool, never below the limit
         let mut dry = c(400_000, 0.5);
         dry.limited = true;

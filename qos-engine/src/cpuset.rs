@@ -1,7 +1,7 @@
 //! The `cpuset` suppress policy, as koordlet's cpusuppress `adjustByCPUSet`
 //! and `calculateBESuppressCPUSetPolicy` pick it: BE gets a set of cores
 //! sized to the BE allowance (at least 2), from the CPUs no LSE pod is bound
-//! to and that are not reserved; CPUs bound to LSR pods are BE's in
+//! to (kubelet's reserved CPUs included, as koordlet has them); CPUs bound to LSR pods are BE's in
 //! proportion to their share of those. Within each group, CPUs are taken
 //! round-robin over the (NUMA node, socket) buckets, largest first,
 //! hyper-thread sibling pairs first, from the lowest core ids. Growing is
@@ -24,7 +24,7 @@ pub struct CpuPlace {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Input {
     /// The CPUs BE may take, per NUMA node (online, within kubelet's shared
-    /// pool and the v1 ceiling, not reserved).
+    /// pool and the v1 ceiling).
     pub numa: Vec<Vec<u32>>,
     /// Core and socket by CPU id (a CPU missing here is its own core on socket 0).
     pub places: BTreeMap<u32, CpuPlace>,

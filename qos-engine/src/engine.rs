@@ -1111,7 +1111,14 @@ impl Engine {
                 if !l.is_for(b.cfs_quota_burst_period_seconds, b.cfs_quota_burst_percent) {
                     *l = fresh();
                 }
-                if !l.allow(now_s, c.cpu_cores / limit_cores * 100.0) {
+                // usage not measured (0): neither spent nor saved, as koordlet
+                // counts a failed query at the limit
+                let usage = if c.cpu_cores > 0.0 {
+                    c.cpu_cores / limit_cores * 100.0
+                } else {
+                    100.0
+                };
+                if !l.allow(now_s, usage) {
                     out.insert(c.id.clone());
                 }
             }

@@ -76,6 +76,15 @@ impl Pod {
         })
     }
 
+    /// What kubelet asked for container `c` of this pod, with the pod's CPU
+    /// limit (an untrusted pod's binding is sized by it).
+    pub fn requested<'a>(&self, c: &'a Container) -> Requested<'a> {
+        Requested {
+            pod_milli_cpu: self.limits.milli_cpu(),
+            ..c.requested()
+        }
+    }
+
     /// The class as the hooks' decisions take it.
     pub fn pod_class(&self) -> PodClass {
         PodClass {
@@ -112,6 +121,7 @@ impl Container {
             cpu_period: self.cpu_period,
             cpuset_cpus: &self.cpuset_cpus,
             oom_score_adj: self.oom_score_adj,
+            pod_milli_cpu: 0,
         }
     }
 }
@@ -177,7 +187,9 @@ pub fn kube_qos(dirs: &[(KubeQos, CgroupPath)], ctx: &Context, plan: &mut Plan) 
             });
         }
         // koordlet's calculateQoSResources: the QoS dir takes its class's
-        // (Guaranteed LSR's, Burstable LS's, BestEffort BE's) OOM priority and group
+        // (Guaranteed LSR's, Burstable LS's, BestEffort BE's) OOM priority; not
+        // its OOM group (qoslet's choice: memory.oom.group on a QoS dir makes an
+        // OOM kill every pod of the tier, on kubepods every pod of the node)
         let class = match kube {
             KubeQos::Guaranteed => QosClass::Lsr,
             KubeQos::Burstable => QosClass::Ls,
@@ -186,9 +198,7 @@ pub fn kube_qos(dirs: &[(KubeQos, CgroupPath)], ctx: &Context, plan: &mut Plan) 
         for d in decide::memory_tunes(class, &ctx.policy.of(class).memory_qos, ctx) {
             if let Some(
                 k @ Knob::MemoryTune(
-                    qoslet_cgroups::MemTune::UsePriorityOom
-                    | qoslet_cgroups::MemTune::Priority
-                    | qoslet_cgroups::MemTune::OomGroup,
+                    qoslet_cgroups::MemTune::UsePriorityOom | qoslet_cgroups::MemTune::Priority,
                     _,
                 ),
             ) = d.knob()
@@ -232,7 +242,7 @@ pub fn bound(p: &Pod, node: &NodeFacts) -> Vec<BTreeSet<u32>> {
 
 /// The CPUs container `c` of `p` is bound to, if any.
 pub fn container_binding(p: &Pod, c: &Container, node: &NodeFacts) -> Option<BTreeSet<u32>> {
-    decide::binding(p.pod_class(), &p.annotations, &c.requested(), node)
+    decide::binding(p.pod_class(), &p.annotations, &p.requested(c), node)
         .ok()
         .flatten()
         .map(|(cpus, _)| cpus)
@@ -250,7 +260,7 @@ pub fn pod(p: &Pod, ctx: &Context, plan: &mut Plan) {
     // (koordlet's calculatePodResources: the pod's request x min% / low%)
     let mut sums = [(0u64, false); 2];
     for c in &p.containers {
-        let r = c.requested();
+        let r = p.requested(c);
         let d = decide::container(p.pod_class(), &c.name, &p.annotations, &r, ctx);
         // a cpuset that is not the container's binding is its share-pool place,
         // which goes back when the pool is whole again (a binding, a batch limit

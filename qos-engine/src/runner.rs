@@ -184,9 +184,10 @@ fn numa(sys_root: &Path, capacity: f64) -> Vec<Vec<u32>> {
     vec![(0..capacity.max(1.0) as u32).collect()]
 }
 
-/// Each CPU's core and socket (`/sys/devices/system/cpu/cpuN/topology/core_id`,
-/// `physical_package_id`); a CPU whose files cannot be read is left out (it
-/// then counts as its own core on socket 0).
+/// Each CPU's core and socket (`/sys/devices/system/cpu/cpuN/topology`: the
+/// core named by the lowest CPU of `thread_siblings_list`, which core ids do
+/// not name across clusters on arm64; `physical_package_id`); a CPU whose
+/// files cannot be read is left out (it then counts as its own core on socket 0).
 fn places(sys_root: &Path, numa: &[Vec<u32>]) -> BTreeMap<u32, crate::cpuset::CpuPlace> {
     let read = |cpu: u32, f: &str| -> Option<u32> {
         std::fs::read_to_string(sys_root.join(format!("devices/system/cpu/cpu{cpu}/topology/{f}")))
@@ -195,13 +196,20 @@ fn places(sys_root: &Path, numa: &[Vec<u32>]) -> BTreeMap<u32, crate::cpuset::Cp
             .parse()
             .ok()
     };
+    let siblings = |cpu: u32| -> Option<u32> {
+        let s = std::fs::read_to_string(sys_root.join(format!(
+            "devices/system/cpu/cpu{cpu}/topology/thread_siblings_list"
+        )))
+        .ok()?;
+        crate::cpuset::parse_cpus(s.trim())?.into_iter().next()
+    };
     numa.iter()
         .flatten()
         .filter_map(|&c| {
             Some((
                 c,
                 crate::cpuset::CpuPlace {
-                    core: read(c, "core_id")?,
+                    core: siblings(c)?,
                     socket: read(c, "physical_package_id").unwrap_or(0),
                 },
             ))
@@ -1268,10 +1276,12 @@ mod tests {
         std::fs::write(d.join("devices/system/cpu/online"), "0-1\n").unwrap();
         node(0, "0-1\n");
         // hyper-thread siblings: CPUs 0 and 2 share core 0, 1 and 3 core 1, on socket 0
-        for (cpu, core) in [(0, 0), (1, 1), (2, 0), (3, 1)] {
+        for (cpu, siblings) in [(0, "0,2"), (1, "1,3"), (2, "0,2"), (3, "1,3")] {
             let p = d.join(format!("devices/system/cpu/cpu{cpu}/topology"));
             std::fs::create_dir_all(&p).unwrap();
-            std::fs::write(p.join("core_id"), format!("{core}\n")).unwrap();
+            // core ids that mislead (arm64 clusters restart them): siblings decide
+            std::fs::write(p.join("core_id"), "0\n").unwrap();
+            std::fs::write(p.join("thread_siblings_list"), format!("{siblings}\n")).unwrap();
             std::fs::write(p.join("physical_package_id"), "0\n").unwrap();
         }
         let mut t = Topology::default();
