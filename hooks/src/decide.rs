@@ -29,6 +29,8 @@ pub struct NodeFacts {
     /// Node capacity in milli-CPUs and bytes of memory (0: unknown, no cap).
     pub milli_cpus: u64,
     pub memory_bytes: u64,
+    /// The CPUs of each NUMA node, by node id (empty: unknown).
+    pub numa: BTreeMap<u32, BTreeSet<u32>>,
 }
 
 /// The batch-resources annotation as this pod may use it: an untrusted pod's
@@ -1082,7 +1084,7 @@ pub fn container(
         }
     };
     if !bound {
-        shared_cpus(pc, requested, ctx, &mut d);
+        shared_cpus(pc, pod_annotations, requested, ctx, &mut d);
     }
     // a Guaranteed pod requests what it limits, a Burstable one what kubelet's
     // oom_score_adj tells (BE's come from its batch resources, above)
@@ -1127,7 +1129,13 @@ pub fn container(
 /// shared pool keeps BE off Guaranteed pods' exclusive CPUs). Only while the
 /// pool is smaller than the CPUs the container may use (a CPU is bound), or
 /// when asked to carry it explicitly: otherwise pinning changes nothing.
-fn shared_cpus(pc: PodClass, requested: &Requested, ctx: &Context, d: &mut ContainerDecision) {
+fn shared_cpus(
+    pc: PodClass,
+    annotations: &BTreeMap<String, String>,
+    requested: &Requested,
+    ctx: &Context,
+    d: &mut ContainerDecision,
+) {
     let Some(p) = ctx.share_pool else {
         return;
     };
@@ -1137,6 +1145,44 @@ fn shared_cpus(pc: PodClass, requested: &Requested, ctx: &Context, d: &mut Conta
         return;
     }
     let pool: BTreeSet<u32> = p.cpus.intersection(p.whole).copied().collect();
+    // the scheduler's NUMA allocation (resource-status numaNodeResources with
+    // CPU): the share pools of those nodes only (koordlet's isNUMAAware
+    // branch, before any other rule; it only narrows, so any pod may ask it)
+    if let Some(nodes) = numa_nodes(annotations) {
+        let on: BTreeSet<u32> = nodes
+            .iter()
+            .filter_map(|n| ctx.node.numa.get(n))
+            .flatten()
+            .copied()
+            .collect();
+        if !on.is_empty() {
+            let cpus: BTreeSet<u32> = pool.intersection(&on).copied().collect();
+            let kubelet = parse_cpu_list(requested.cpuset_cpus.trim()).filter(|k| !k.is_empty());
+            let cpus: BTreeSet<u32> = match kubelet {
+                Some(k) => cpus.intersection(&k).copied().collect(),
+                None => cpus,
+            };
+            if cpus.is_empty() {
+                d.warnings.push(format!(
+                    "the share pool of NUMA nodes {nodes:?} is empty; cpuset left as kubelet asked"
+                ));
+            } else if cpus != *p.whole || p.explicit {
+                let list = format_cpu_list(&cpus);
+                d.decisions.push(cri(
+                    Knob::CpusetCpus(list.clone()),
+                    format!(
+                        "{} pod on the share pool of NUMA nodes {nodes:?} (its {ANNOTATION_RESOURCE_STATUS} numaNodeResources): CPUs {list}",
+                        pc.class.as_str()
+                    ),
+                ));
+            }
+            return;
+        }
+        d.warnings.push(format!(
+            "{ANNOTATION_RESOURCE_STATUS}: NUMA nodes {nodes:?} are not this host's; cpuset left as kubelet asked"
+        ));
+        return;
+    }
     if pool == *p.whole && !p.explicit {
         return;
     }
@@ -1247,6 +1293,53 @@ fn memory(
     };
     d.decisions
         .extend(settings.into_iter().map(|(k, why)| via(k, why)));
+}
+
+/// The NUMA nodes the scheduler allocated the pod's CPUs on (resource-status
+/// `numaNodeResources` entries with `cpu` or `kubernetes.io/batch-cpu`
+/// above zero, as koordlet's `isNUMAAware`); `None`: no such allocation (or
+/// an annotation that cannot be read, which the binding's rules warn of).
+pub fn numa_nodes(annotations: &BTreeMap<String, String>) -> Option<BTreeSet<u32>> {
+    #[derive(serde::Deserialize)]
+    struct Node {
+        node: u32,
+        #[serde(default)]
+        resources: BTreeMap<String, serde_json::Value>,
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Status {
+        #[serde(default)]
+        numa_node_resources: Vec<Node>,
+    }
+    let a = annotations.get(ANNOTATION_RESOURCE_STATUS)?;
+    if a.len() > MAX_RESOURCE_STATUS_BYTES {
+        return None;
+    }
+    let s: Status = serde_json::from_str(a).ok()?;
+    let positive = |v: &serde_json::Value| {
+        let text = match v {
+            serde_json::Value::String(s) => s.clone(),
+            serde_json::Value::Number(n) => n.to_string(),
+            _ => return false,
+        };
+        crate::quantity::Quantity::parse(text.trim())
+            .ok()
+            .and_then(|q| q.milli_value())
+            .is_some_and(|m| m > 0)
+    };
+    let nodes: BTreeSet<u32> = s
+        .numa_node_resources
+        .iter()
+        .take(1024)
+        .filter(|n| {
+            ["cpu", "kubernetes.io/batch-cpu"]
+                .iter()
+                .any(|k| n.resources.get(*k).is_some_and(positive))
+        })
+        .map(|n| n.node)
+        .collect();
+    (!nodes.is_empty()).then_some(nodes)
 }
 
 /// The `cpuset` of a resource-status annotation, as this pod may have it:
@@ -1389,13 +1482,14 @@ mod tests {
         p
     }
 
-    /// A 16-CPU node with 64 GiB.
+    /// A 16-CPU node with 64 GiB, two NUMA nodes of 8 CPUs.
     fn node() -> NodeFacts {
         NodeFacts {
             online_cpus: (0..16).collect(),
             reserved_cpus: BTreeSet::new(),
             milli_cpus: 16_000,
             memory_bytes: 64 << 30,
+            numa: [(0, (0..8).collect()), (1, (8..16).collect())].into(),
         }
     }
 
@@ -2013,6 +2107,10 @@ mod tests {
             kube: Some(k),
         };
         let bound = r#"{"cpuset":"2-3"}"#;
+        let numa0 = r#"{"numaNodeResources":[{"node":0,"resources":{"cpu":"4","memory":"4Gi"}}]}"#;
+        let numa_both = r#"{"numaNodeResources":[{"node":0,"resources":{"cpu":"2"}},{"node":1,"resources":{"kubernetes.io/batch-cpu":"2k"}}]}"#;
+        let numa_mem = r#"{"numaNodeResources":[{"node":1,"resources":{"memory":"4Gi"}}]}"#;
+        let numa7 = r#"{"numaNodeResources":[{"node":7,"resources":{"cpu":"1"}}]}"#;
         // (pod, annotation, kubelet's quota (period 100 ms), kubelet's cpuset,
         //  expected cpuset, expected quota, warnings)
         type Case<'a> = (
@@ -2055,6 +2153,17 @@ mod tests {
             (kube(labelled(QosClass::Be), KubeQos::Burstable), "", 200_000, "", None, None, 0),
             // an LS pod's cpuset annotation binds nothing (Koordinator's scheduler binds LSE/LSR)
             (labelled(QosClass::Ls), bound, 200_000, "", Some("0-1,4-15"), None, 0),
+            // isNUMAAware: the share pool of the NUMA nodes the scheduler allocated
+            // the pod's CPUs on (node 0: 0-7 without the bound 2-3), whatever its class
+            (labelled(QosClass::Ls), numa0, 200_000, "", Some("0-1,4-7"), None, 0),
+            (unlabelled(QosClass::Lsr, KubeQos::Guaranteed), numa0, 200_000, "4-5", Some("4-5"), None, 0),
+            (labelled(QosClass::Ls), numa_both, 200_000, "", Some("0-1,4-15"), None, 0),
+            // no CPU on the node entry (memory only): not NUMA-aware
+            (labelled(QosClass::Ls), numa_mem, 200_000, "", Some("0-1,4-15"), None, 0),
+            // a node this host does not have: a warning, kubelet's cpuset
+            (labelled(QosClass::Ls), numa7, 200_000, "", None, None, 1),
+            // BE: left to cpuset suppress
+            (labelled(QosClass::Be), numa0, -1, "", None, None, 0),
         ];
         for (pc, a, quota, kubelet, cpuset, q, warnings) in table {
             let ann: BTreeMap<String, String> = if a.is_empty() {

@@ -169,11 +169,23 @@ pub fn node_facts(
         })
         .map(|kb| kb.saturating_mul(1024))
         .unwrap_or(0);
+    // the NUMA layout (`node*/cpulist`), for pods the scheduler allocated on NUMA nodes
+    let numa = std::fs::read_dir(sys_root.join("devices/system/node"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let n: u32 = e.file_name().to_str()?.strip_prefix("node")?.parse().ok()?;
+            let cpus = std::fs::read_to_string(e.path().join("cpulist")).ok()?;
+            Some((n, parse_cpu_list(cpus.trim())?))
+        })
+        .collect();
     NodeFacts {
         milli_cpus: online.len() as u64 * 1000,
         online_cpus: online,
         reserved_cpus: reserved.and_then(parse_cpu_list).unwrap_or_default(),
         memory_bytes: memory,
+        numa,
     }
 }
 
