@@ -305,9 +305,6 @@ impl Knob {
                 device: *device,
                 limits: IoLimits::default(),
             },
-            // memory.oom.group is kubelet's too (>= 1.28 sets 1 on cgroup v2):
-            // never written back under it
-            Knob::MemoryTune(MemTune::OomGroup, _) => return None,
             Knob::MemoryTune(t, v) if *v != t.off() => Knob::MemoryTune(*t, t.off()),
             _ => return None,
         })
@@ -941,8 +938,7 @@ mod tests {
         );
         assert_eq!(
             Knob::MemoryTune(MemTune::OomGroup, 1).kernel_default(),
-            None,
-            "kubelet's memory.oom.group is never written back under it"
+            Some(Knob::MemoryTune(MemTune::OomGroup, 0))
         );
         assert_eq!(
             Knob::MemoryTune(MemTune::Priority, 8).describe(true),

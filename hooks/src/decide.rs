@@ -629,8 +629,23 @@ pub fn pod_memory_qos(
         ..class.clone()
     };
     let base = match p.policy.as_str() {
-        "none" => return off,
+        "none" if pc.trusted => return off,
+        // an untrusted pod's "none" drops what protects it, not what holds it
+        // back (memory.high, an earlier reclaim, its OOM priority)
+        "none" => {
+            return MemoryQos {
+                min_limit_percent: 0,
+                low_limit_percent: 0,
+                ..class
+            }
+        }
         "" | "default" => class.clone(),
+        "auto" if !pc.trusted => {
+            warnings.push(format!(
+                "{ANNOTATION_MEMORY_QOS}: policy auto ignored (Koordinator's defaults may not hold a pod back as its class does; an untrusted pod only lowers it)"
+            ));
+            class.clone()
+        }
         "auto" => MemoryQos {
             enable: class.enable,
             ..ResourceQosStrategy::default()
@@ -1163,8 +1178,9 @@ fn shared_cpus(
                 None => cpus,
             };
             if cpus.is_empty() {
+                // nothing of those nodes left: the node-wide pool, as without it
                 d.warnings.push(format!(
-                    "the share pool of NUMA nodes {nodes:?} is empty; cpuset left as kubelet asked"
+                    "the share pool of NUMA nodes {nodes:?} is empty; the whole share pool instead"
                 ));
             } else if cpus != *p.whole || p.explicit {
                 let list = format_cpu_list(&cpus);
@@ -1175,13 +1191,15 @@ fn shared_cpus(
                         pc.class.as_str()
                     ),
                 ));
+                return;
+            } else {
+                return;
             }
-            return;
+        } else {
+            d.warnings.push(format!(
+                "{ANNOTATION_RESOURCE_STATUS}: NUMA nodes {nodes:?} are not this host's; the whole share pool instead"
+            ));
         }
-        d.warnings.push(format!(
-            "{ANNOTATION_RESOURCE_STATUS}: NUMA nodes {nodes:?} are not this host's; cpuset left as kubelet asked"
-        ));
-        return;
     }
     if pool == *p.whole && !p.explicit {
         return;
@@ -1304,7 +1322,7 @@ pub fn numa_nodes(annotations: &BTreeMap<String, String>) -> Option<BTreeSet<u32
     struct Node {
         node: u32,
         #[serde(default)]
-        resources: BTreeMap<String, serde_json::Value>,
+        resources: Option<BTreeMap<String, serde_json::Value>>,
     }
     #[derive(serde::Deserialize)]
     #[serde(rename_all = "camelCase")]
@@ -1326,20 +1344,19 @@ pub fn numa_nodes(annotations: &BTreeMap<String, String>) -> Option<BTreeSet<u32
         crate::quantity::Quantity::parse(text.trim())
             .ok()
             .and_then(|q| q.milli_value())
-            .is_some_and(|m| m > 0)
+            .is_some_and(|m| m != 0)
     };
-    let nodes: BTreeSet<u32> = s
-        .numa_node_resources
-        .iter()
-        .take(1024)
-        .filter(|n| {
+    // NUMA-aware once any entry allocates CPU; then every entry's node (koordlet)
+    let entries = &s.numa_node_resources[..s.numa_node_resources.len().min(1024)];
+    let aware = entries.iter().any(|n| {
+        n.resources.as_ref().is_some_and(|r| {
             ["cpu", "kubernetes.io/batch-cpu"]
                 .iter()
-                .any(|k| n.resources.get(*k).is_some_and(positive))
+                .any(|k| r.get(*k).is_some_and(positive))
         })
-        .map(|n| n.node)
-        .collect();
-    (!nodes.is_empty()).then_some(nodes)
+    });
+    let nodes: BTreeSet<u32> = entries.iter().map(|n| n.node).collect();
+    (aware && !nodes.is_empty()).then_some(nodes)
 }
 
 /// The `cpuset` of a resource-status annotation, as this pod may have it:
@@ -2160,8 +2177,8 @@ mod tests {
             (labelled(QosClass::Ls), numa_both, 200_000, "", Some("0-1,4-15"), None, 0),
             // no CPU on the node entry (memory only): not NUMA-aware
             (labelled(QosClass::Ls), numa_mem, 200_000, "", Some("0-1,4-15"), None, 0),
-            // a node this host does not have: a warning, kubelet's cpuset
-            (labelled(QosClass::Ls), numa7, 200_000, "", None, None, 1),
+            // a node this host does not have: a warning, the whole share pool
+            (labelled(QosClass::Ls), numa7, 200_000, "", Some("0-1,4-15"), None, 1),
             // BE: left to cpuset suppress
             (labelled(QosClass::Be), numa0, -1, "", None, None, 0),
         ];
@@ -2671,11 +2688,6 @@ mod tests {
         assert_eq!(d.patch().cpu_quota, Some(20_000));
     }
 
-    /// Group identity as koordlet sets it (groupidentity/rule.go, `parseRule`,
-    /// `getPodBvtValue`, `getKubeQOSDirBvtValue`): a class's value when its
-    /// cpuQOS is on, 0 when off (written back), SYSTEM by its Kubernetes QoS,
-    /// kube QoS dirs kubepods 0 / burstable LS / besteffort BE, all 0 under
-    /// coreSched.
     /// Issue 14 item 9: the pod-level `koordinator.sh/cpuQOS` annotation, as
     /// koordlet's groupidentity `SetPodBvtValue` takes it (LS-labelled pods
     /// only; `groupIdentity` when given, 0 unless enabled), bounded for
@@ -2809,7 +2821,15 @@ mod tests {
         // (enable, min%, low%, throttling%, warnings)
         type Got = (bool, i64, i64, i64, usize);
         let table: &[(PodClass, &str, Got)] = &[
-            (ls, r#"{"policy":"none"}"#, (false, 50, 80, 60, 0)),
+            // an untrusted pod's none drops its protection, keeps its throttling
+            (ls, r#"{"policy":"none"}"#, (true, 0, 0, 60, 0)),
+            (tls, r#"{"policy":"none"}"#, (false, 50, 80, 60, 0)),
+            // an untrusted pod's auto would take Koordinator's defaults (no throttling): ignored
+            (
+                ls,
+                r#"{"policy":"auto","throttlingPercent":100}"#,
+                (true, 50, 80, 60, 2),
+            ),
             (ls, r#"{"minLimitPercent":20}"#, (true, 20, 80, 60, 0)),
             // raises from an untrusted pod: ignored, with a warning
             (
@@ -2841,6 +2861,11 @@ mod tests {
         assert!(!qp(&off, ls, r#"{"minLimitPercent":40}"#).0);
     }
 
+    /// Group identity as koordlet sets it (groupidentity/rule.go, `parseRule`,
+    /// `getPodBvtValue`, `getKubeQOSDirBvtValue`): a class's value when its
+    /// cpuQOS is on, 0 when off (written back), SYSTEM by its Kubernetes QoS,
+    /// kube QoS dirs kubepods 0 / burstable LS / besteffort BE, all 0 under
+    /// coreSched.
     #[test]
     fn group_identity_as_koordlet_sets_it() {
         let on = cpu_on();

@@ -698,7 +698,13 @@ impl Hook for Isolation {
                                 && !patch.unified.contains_key(key)
                                 && !kubelets.is_some_and(|u| u.contains_key(key))
                             {
-                                patch.unified.insert(key.into(), default.into());
+                                // kubelet's own create-time value (its MemoryQoS), else the default
+                                let back = c
+                                    .requested
+                                    .as_ref()
+                                    .and_then(|r| r.unified.get(key))
+                                    .map_or(default, String::as_str);
+                                patch.unified.insert(key.into(), back.into());
                             }
                         }
                     }
@@ -1195,6 +1201,11 @@ mod tests {
         // what the create carried while the class had memory QoS on
         c.applied.insert("memory.min".into(), "1073741824".into());
         c.applied.insert("memory.high".into(), "2147483648".into());
+        // kubelet's own create-time memory.high (its MemoryQoS gate)
+        c.requested = Some(qoslet_proxy::store::Resources {
+            unified: [("memory.high".to_string(), "3221225472".to_string())].into(),
+            ..Default::default()
+        });
         store.upsert_container(c);
         let update = |unified: &[(&str, &str)]| {
             Arc::new(CriRequest::UpdateContainerResources(
@@ -1222,7 +1233,11 @@ mod tests {
         };
         let u = got(hook.before(ctx(), update(&[])).await.unwrap());
         assert_eq!(u.get("memory.min").map(String::as_str), Some("0"));
-        assert_eq!(u.get("memory.high").map(String::as_str), Some("max"));
+        assert_eq!(
+            u.get("memory.high").map(String::as_str),
+            Some("3221225472"),
+            "kubelet's create-time value, not the default"
+        );
         assert!(!u.contains_key("memory.low"), "never carried: not touched");
         // kubelet's own value (its MemoryQoS) stands
         let u = got(hook

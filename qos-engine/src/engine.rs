@@ -560,7 +560,7 @@ pub fn restore_plan(state: &NodeState, policy: &Policy, env: &Env, found: &Found
         let knob = reconciled
             .restore_of(&crate::plan::key(r))
             .cloned()
-            .or_else(|| crate::execute::restore_value(&r.knob))
+            .or_else(|| crate::execute::restore_value_on(&r.knob, env.v2))
             .or_else(|| bound_pod_quota(state, r))
             .unwrap_or_else(|| r.knob.clone());
         plan.add(w(&r.cgroup, knob, "restore", WHY.into()));

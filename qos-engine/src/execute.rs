@@ -123,6 +123,15 @@ pub fn restore_value(k: &Knob) -> Option<Knob> {
     k.kernel_default()
 }
 
+/// [`restore_value`] on this layout: on cgroup v2 `memory.oom.group` is
+/// kubelet's (>= 1.28 sets 1 on every container), never written back under it.
+pub fn restore_value_on(k: &Knob, v2: bool) -> Option<Knob> {
+    match k {
+        Knob::MemoryTune(qoslet_cgroups::MemTune::OomGroup, _) if v2 => None,
+        _ => restore_value(k),
+    }
+}
+
 /// Applies plans; keeps what it applied between ticks.
 #[derive(Debug)]
 pub struct Executor {
@@ -155,6 +164,7 @@ impl Executor {
     /// when one fails). Files no longer in the plan are forgotten.
     pub fn execute(&mut self, plan: &Plan, cgroups: &Cgroups) -> Report {
         self.tick += 1;
+        let v2 = cgroups.host().is_v2();
         let phase = self.tick % self.verify_every;
         let mut r = Report {
             states: vec![WriteState::Skipped; plan.len()],
@@ -168,7 +178,7 @@ impl Executor {
             if !keep {
                 let back = match &kn.restore {
                     Some(r) => (*r != kn.knob).then(|| r.clone()),
-                    None => restore_value(&kn.knob),
+                    None => restore_value_on(&kn.knob, v2),
                 };
                 if let Some(v) = back {
                     restoring.insert(k.clone(), (k.0.clone(), v));
