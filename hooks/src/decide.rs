@@ -251,6 +251,29 @@ pub fn pod_binding(
         .map(|(cpus, _)| cpus)
 }
 
+/// Every binding of one pod: the pod's own ([`pod_binding`]) and its
+/// containers' ([`binding`], each with the pod's CPU limit), the CPUs that
+/// leave the share pool. `containers`: what kubelet asked for each running one.
+pub fn pod_bindings<'a>(
+    pc: PodClass,
+    pod_annotations: &BTreeMap<String, String>,
+    sandbox: &SandboxLimits,
+    containers: impl IntoIterator<Item = Requested<'a>>,
+    node: &NodeFacts,
+) -> Vec<BTreeSet<u32>> {
+    let pod_milli_cpu = sandbox.milli_cpu();
+    pod_binding(pc, pod_annotations, sandbox, node)
+        .into_iter()
+        .chain(containers.into_iter().filter_map(|r| {
+            let r = Requested { pod_milli_cpu, ..r };
+            binding(pc, pod_annotations, &r, node)
+                .ok()
+                .flatten()
+                .map(|(cpus, _)| cpus)
+        }))
+        .collect()
+}
+
 /// The CFS quota a container bound to `cpus` may run without: koordlet
 /// unsets it for any pod with a cpuset (`UnsetContainerCPUQuota`,
 /// `UnsetPodCPUQuota`: `IsPodCfsQuotaNeedUnset`); for an untrusted pod only

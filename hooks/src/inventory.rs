@@ -69,25 +69,15 @@ impl Inventory {
     /// [`decide::pod_binding`] and its running containers' [`decide::binding`]s):
     /// what [`decide::share_pool`] leaves out.
     pub fn bound_cpus(&self, node: &decide::NodeFacts) -> BTreeSet<u32> {
-        let bound = self.pods.iter().flat_map(|p| {
-            let whole = p
-                .class
-                .and_then(|pc| decide::pod_binding(pc, &p.annotations, &p.limits, node));
-            whole
-                .into_iter()
-                .chain(p.containers.iter().filter_map(move |c| {
-                    let pc = p.class?;
-                    let r = decide::Requested {
-                        pod_milli_cpu: p.limits.milli_cpu(),
-                        ..c.requested()
-                    };
-                    decide::binding(pc, &p.annotations, &r, node)
-                        .ok()
-                        .flatten()
-                        .map(|(cpus, _)| cpus)
-                }))
-        });
-        bound.flatten().collect()
+        self.pods
+            .iter()
+            .filter_map(|p| Some((p.class?, p)))
+            .flat_map(|(pc, p)| {
+                let containers = p.containers.iter().map(ContainerEntry::requested);
+                decide::pod_bindings(pc, &p.annotations, &p.limits, containers, node)
+            })
+            .flatten()
+            .collect()
     }
 }
 

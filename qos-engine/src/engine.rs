@@ -169,11 +169,12 @@ fn w(cgroup: &CgroupPath, knob: Knob, plugin: &'static str, rule: String) -> Wri
     }
 }
 
-/// The CPUs bound to LSE and to LSR pods.
+/// The CPUs bound to LSE and to LSR pods, and which pods are bound.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct BoundCpus {
     pub lse: BTreeSet<u32>,
     pub lsr: BTreeSet<u32>,
+    pub pods: std::collections::HashSet<String>,
 }
 
 /// The reconcile writes of all pods (with memory protection summed up the
@@ -191,6 +192,7 @@ pub fn reconcile_all(state: &NodeState, ctx: &Context) -> (Plan, BoundCpus) {
     let mut bound = Vec::new();
     for p in &state.pods {
         for cpus in reconcile::bound(p, &node) {
+            exclusive.pods.insert(p.id.clone());
             match p.class {
                 QosClass::Lse => exclusive.lse.extend(&cpus),
                 _ => exclusive.lsr.extend(&cpus),
@@ -445,8 +447,11 @@ fn tick_with(
         state,
         policy,
         env,
-        burst_quota,
-        limited,
+        &BurstInputs {
+            last: burst_quota,
+            limited,
+            bound: &exclusive.pods,
+        },
         &mut plan,
         &mut warnings,
     );
@@ -876,15 +881,27 @@ fn burstable(p: &Pod) -> bool {
     !(p.by_label && matches!(p.class, QosClass::Lsr | QosClass::Lse | QosClass::Be))
 }
 
+/// What CPU burst reads besides the node: the quotas the last tick left, the
+/// containers whose burst period is spent, the pods bound to CPUs.
+struct BurstInputs<'a> {
+    last: &'a HashMap<String, u64>,
+    limited: &'a std::collections::HashSet<String>,
+    bound: &'a std::collections::HashSet<String>,
+}
+
 fn burst_plugin(
     state: &NodeState,
     policy: &Policy,
     env: &Env,
-    last: &HashMap<String, u64>,
-    limited: &std::collections::HashSet<String>,
+    inputs: &BurstInputs,
     plan: &mut Plan,
     warnings: &mut Vec<String>,
 ) -> (Option<Pool>, HashMap<String, u64>) {
+    let BurstInputs {
+        last,
+        limited,
+        bound,
+    } = *inputs;
     let b = &policy.burst;
     let mut quotas = HashMap::new();
     let burst_on = matches!(b.policy, BurstPolicy::CpuBurstOnly | BurstPolicy::Auto);
@@ -899,7 +916,7 @@ fn burst_plugin(
     for p in state
         .pods
         .iter()
-        .filter(|p| burstable(p) && reconcile::bound(p, &env.node).is_empty())
+        .filter(|p| burstable(p) && !bound.contains(&p.id))
     {
         // the pod's own cpuBurst annotation over the node's config
         let (pod_b, warning) = policy.burst.for_pod(&p.annotations, p.trusted);

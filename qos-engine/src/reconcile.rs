@@ -229,23 +229,16 @@ pub fn kube_qos(dirs: &[(KubeQos, CgroupPath)], ctx: &Context, plan: &mut Plan) 
 /// The CPUs `p` and its containers are bound to (LSE/LSR, by its
 /// resource-status annotation as the hooks accept it), which leave the share pool.
 pub fn bound(p: &Pod, node: &NodeFacts) -> Vec<BTreeSet<u32>> {
-    let whole = decide::pod_binding(p.pod_class(), &p.annotations, &p.limits, node);
-    whole
-        .into_iter()
-        .chain(
-            p.containers
-                .iter()
-                .filter_map(|c| container_binding(p, c, node)),
-        )
-        .collect()
+    let containers = p.containers.iter().map(Container::requested);
+    decide::pod_bindings(p.pod_class(), &p.annotations, &p.limits, containers, node)
 }
 
-/// The CPUs container `c` of `p` is bound to, if any.
-pub fn container_binding(p: &Pod, c: &Container, node: &NodeFacts) -> Option<BTreeSet<u32>> {
-    decide::binding(p.pod_class(), &p.annotations, &p.requested(c), node)
-        .ok()
-        .flatten()
-        .map(|(cpus, _)| cpus)
+/// Whether container `c` of `p` is bound to CPUs.
+fn container_bound(p: &Pod, c: &Container, node: &NodeFacts) -> bool {
+    matches!(
+        decide::binding(p.pod_class(), &p.annotations, &p.requested(c), node),
+        Ok(Some(_))
+    )
 }
 
 /// Adds what the hooks would set on `p` and its containers now (`ctx` with
@@ -266,7 +259,7 @@ pub fn pod(p: &Pod, ctx: &Context, plan: &mut Plan) {
         // which goes back when the pool is whole again (a binding, a batch limit
         // or a quota unset stays as the runtime keeps it: the pod's annotation
         // does not change while it runs)
-        let bound = container_binding(p, c, ctx.node).is_some();
+        let bound = container_bound(p, c, ctx.node);
         for d in &d.decisions {
             match d.knob() {
                 Some(Knob::MemoryMin(v)) => sums[0] = (sums[0].0.saturating_add(*v), true),
