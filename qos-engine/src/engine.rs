@@ -183,9 +183,11 @@ pub fn reconcile_all(state: &NodeState, ctx: &Context) -> (Plan, BoundCpus) {
     let mut plan = Plan::new();
     // the CPUs online now (the NUMA layout follows hotplug) within the v1
     // ceiling: what pods may run on, bindings included
+    // (only where the online CPUs are known at all: without sysfs the NUMA
+    // layout is made up from the capacity, and nothing is bound against it)
     let mut node = ctx.node.clone();
     let now = state.all_cpus();
-    if !now.is_empty() {
+    if !now.is_empty() && !node.online_cpus.is_empty() {
         node.online_cpus = now;
     }
     let mut exclusive = BoundCpus::default();
@@ -2616,6 +2618,10 @@ mod tests {
             t.plan.writes()
         );
         assert!(t.burst_quota.is_empty(), "{:?}", t.burst_quota);
+        // the online CPUs unknown (no sysfs: the NUMA layout is made up from the
+        // capacity): nothing is bound against it, the pod is burst-scaled
+        let t = tick(&s, &p, &Env::default(), &HashMap::new());
+        assert!(t.burst_quota.contains_key(&g.containers[0].id));
         // unbound, the same pod is burst-scaled as before
         s.pods[0].annotations.clear();
         let t = tick(&s, &p, &env, &HashMap::new());
