@@ -21,7 +21,6 @@
 //! = node − the pods' root cgroup, BE = the besteffort cgroup, not a sum over
 //! the pods that happened to have a rate this tick.
 
-use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -30,7 +29,7 @@ use qoslet_cgroups::{CgroupError, CgroupPath, Host};
 
 use crate::fasthash::FastMap;
 use crate::metric::{sample as get, Metric};
-use crate::parse::{self, CpuStat, Io, Memory, Psi};
+use crate::parse::{self, CpuStat, Devices, Memory, Psi};
 
 /// What a series belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -63,8 +62,8 @@ pub struct CgroupRaw {
     pub cpu: CpuStat,
     pub memory: Option<Memory>,
     pub oom_kills: Option<u64>,
-    /// Per device (`major:minor`); shared with the collector's last read.
-    pub io: Arc<BTreeMap<String, Io>>,
+    /// Per device.
+    pub io: Devices,
     /// cpu, memory, io (v2 only).
     pub psi: [Option<Psi>; 3],
 }
@@ -188,10 +187,10 @@ fn step<T: PartialEq + Clone>(
     }
 }
 
-fn io_totals(io: &BTreeMap<String, Io>) -> Option<[u64; 4]> {
+fn io_totals(io: &Devices) -> Option<[u64; 4]> {
     // no device yet (a fresh v2 cgroup's empty io.stat) is zero, not unknown
     Some({
-        io.values().fold([0u64; 4], |a, i| {
+        io.iter().fold([0u64; 4], |a, (_, i)| {
             [
                 a[0].saturating_add(i.read_bytes),
                 a[1].saturating_add(i.write_bytes),
@@ -242,7 +241,7 @@ struct Files {
     /// v1 cpu.stat (periods, throttling): read when the CPU usage moved.
     stat: Option<Counter<CpuStat>>,
     /// I/O counters: read when the CPU usage moved (or, v2, pages are dirty).
-    io_counters: Option<Counter<Arc<BTreeMap<String, Io>>>>,
+    io_counters: Option<Counter<Devices>>,
     /// memory.stat as read the previous tick (its page-in signs).
     mem_prev: Option<Memory>,
     /// Whether the I/O counters moved at their last read (kept read every
@@ -250,8 +249,6 @@ struct Files {
     io_moving: bool,
     /// What was read the previous tick (usage, pressure).
     prev: Option<Prev>,
-    /// The tick this cgroup was last asked for.
-    seen: u64,
 }
 
 /// Rarely-changing files (OOM kill counts), the counters believed still, and
@@ -289,7 +286,6 @@ impl Files {
             mem_prev: None,
             io_moving: false,
             prev: None,
-            seen: 0,
         }
     }
 
@@ -334,11 +330,22 @@ fn real_clock() -> Clock {
     Box::new(move || start.elapsed().as_nanos() as u64)
 }
 
+/// One target's files, in the order of the last tick's targets.
+struct Slot {
+    target: Arc<Target>,
+    files: Option<Files>,
+}
+
 /// Reads the node and cgroups and turns counters into rates.
 pub struct Collector {
     host: Host,
     proc_root: PathBuf,
-    files: FastMap<String, Files>,
+    /// The targets' files, in the order they were last asked for: a tick over
+    /// the same targets (the store unchanged) finds each by position, without
+    /// hashing and comparing its name (cold in cache after a second).
+    slots: Vec<Slot>,
+    /// The QoS groups' files, by name.
+    groups_files: FastMap<&'static str, Files>,
     tick_no: u64,
     node_prev: Option<(u64, NodeRaw)>,
     fd_budget: usize,
@@ -451,7 +458,8 @@ impl Collector {
         Self {
             host,
             proc_root: proc_root.into(),
-            files: FastMap::default(),
+            slots: Vec::new(),
+            groups_files: FastMap::default(),
             tick_no: 0,
             node_prev: None,
             fd_budget: fd_budget(Path::new("/proc")),
@@ -510,9 +518,10 @@ impl Collector {
         }
         self.tick_no += 1;
         // the QoS groups right after the node, so their figures and the node's
-        // span the same time
+        // span the same time; a group no longer asked for closes its files
         let groups = self.groups.clone();
-        let group = |c: &mut Self, name: &str, cg: &Option<CgroupPath>| {
+        let mut old = std::mem::take(&mut self.groups_files);
+        let mut group = |c: &mut Self, name: &'static str, cg: &Option<CgroupPath>| {
             let cg = cg.as_ref()?;
             let target = Target {
                 entity: format!("group/{name}"),
@@ -525,49 +534,77 @@ impl Collector {
                 pod_entity: String::new(),
             };
             let at = c.at();
-            match c.read_cgroup(&target, at) {
+            let mut slot = old.remove(name);
+            let r = c.read_cgroup(&mut slot, &target, at);
+            if let Some(f) = slot {
+                c.groups_files.insert(name, f);
+            }
+            match r {
                 Ok((_, samples)) => Some(samples),
                 Err(e) => {
                     tracing::debug!(group = name, error = %e, "QoS group unreadable this tick");
-                    c.forget(&target.entity);
                     None
                 }
             }
         };
         let pods_group = group(self, "pods", &groups.pods);
         let be_group = group(self, "besteffort", &groups.besteffort);
-        for target in targets {
+        for (_, f) in old {
+            self.fds_open -= f.open_fds();
+        }
+        let same = self.slots.len() == targets.len()
+            && self
+                .slots
+                .iter()
+                .zip(targets)
+                .all(|(s, t)| Arc::ptr_eq(&s.target, t));
+        if !same {
+            self.reslot(targets);
+        }
+        let mut slots = std::mem::take(&mut self.slots);
+        t.readings.reserve(slots.len());
+        for slot in &mut slots {
             let at = self.at();
-            match self.read_cgroup(target, at) {
+            match self.read_cgroup(&mut slot.files, &slot.target, at) {
                 Ok((raw, samples)) => t.readings.push(Reading {
-                    target: target.clone(),
+                    target: slot.target.clone(),
                     samples,
                     raw,
                 }),
                 Err(e) => {
                     if !matches!(e, ReadError::Vanished) {
-                        tracing::debug!(entity = %target.entity, error = %e, "sample skipped");
+                        tracing::debug!(entity = %slot.target.entity, error = %e, "sample skipped");
                     }
-                    self.forget(&target.entity);
                     t.skipped += 1;
                 }
             }
         }
-        // cgroups no longer asked for: their handles close
-        let (tick, open) = (self.tick_no, &mut self.fds_open);
-        self.files.retain(|_, f| {
-            let keep = f.seen == tick;
-            if !keep {
-                *open -= f.open_fds();
-            }
-            keep
-        });
+        self.slots = slots;
         aggregate(&mut t, &groups, pods_group.as_deref(), be_group.as_deref());
         t
     }
 
-    fn forget(&mut self, entity: &str) {
-        if let Some(f) = self.files.remove(entity) {
+    /// Lines the slots up with `targets`: each keeps its files by entity
+    /// name; the files of a cgroup no longer asked for close.
+    fn reslot(&mut self, targets: &[Arc<Target>]) {
+        let mut by_name: FastMap<String, Files> = FastMap::default();
+        for s in self.slots.drain(..) {
+            if let Some(f) = s.files {
+                // a name given twice (a bad inventory): one set of files
+                // stays, the other closes
+                if let Some(twice) = by_name.insert(s.target.entity.clone(), f) {
+                    self.fds_open -= twice.open_fds();
+                }
+            }
+        }
+        self.slots = targets
+            .iter()
+            .map(|t| Slot {
+                target: t.clone(),
+                files: by_name.remove(&t.entity),
+            })
+            .collect();
+        for (_, f) in by_name {
             self.fds_open -= f.open_fds();
         }
     }
@@ -663,27 +700,51 @@ impl Collector {
     }
 
     /// Reads one cgroup: its raw counters and the samples derived from them.
+    /// A cgroup that could not be read leaves `slot` empty (its files closed):
+    /// the next read finds its files again.
     #[allow(clippy::type_complexity)]
     fn read_cgroup(
         &mut self,
+        slot: &mut Option<Files>,
         t: &Target,
         at: u64,
     ) -> Result<(CgroupRaw, Vec<(Metric, f64)>), ReadError> {
-        if !self.files.contains_key(&t.entity) {
-            let f = self.files_of(t)?;
-            self.files.insert(t.entity.clone(), f);
+        let r = self.read_cgroup_files(slot, t, at);
+        if r.is_err() {
+            if let Some(f) = slot.take() {
+                self.fds_open -= f.open_fds();
+            }
         }
+        r
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn read_cgroup_files(
+        &mut self,
+        slot: &mut Option<Files>,
+        t: &Target,
+        at: u64,
+    ) -> Result<(CgroupRaw, Vec<(Metric, f64)>), ReadError> {
+        let f = match slot {
+            Some(f) => f,
+            None => slot.insert(self.files_of(t)?),
+        };
         let v2 = self.host.is_v2();
         let (budget, open) = (self.fd_budget, &mut self.fds_open);
         let (buf, buf2) = (&mut self.buf, &mut self.buf2);
-        let f = self.files.get_mut(&t.entity).expect("inserted above");
-        f.seen = self.tick_no;
         let slow = f.reads.is_multiple_of(SLOW_EVERY);
         f.reads += 1;
-        // a removed cgroup: the kernel answers ENODEV on kept handles; a
-        // directory check now and then also covers plain file trees
-        if slow && f.cpu_stat.fd.is_some() && !f.cpu_stat.dir.exists() {
-            return Err(ReadError::Vanished);
+        // a removed cgroup: the kernel answers ENODEV on kept handles; on
+        // plain file trees a kept file that was unlinked (its cgroup removed,
+        // or removed and made again) is found now and then (an fstat, no walk
+        // of the path)
+        if slow {
+            use std::os::unix::fs::MetadataExt;
+            if let Some(fd) = &f.cpu_stat.fd {
+                if fd.metadata().is_ok_and(|m| m.nlink() == 0) {
+                    return Err(ReadError::Vanished);
+                }
+            }
         }
         // the path is built only when a parse fails (not on every read)
         let perr = |f: &CFile| {
@@ -699,12 +760,12 @@ impl Collector {
         let (usage, stat) = match &mut f.cpu_usage {
             Some(u) => {
                 let n = read_file(u, buf, budget, open)?;
-                (parse::single(text(&buf[..n])).map_err(perr(u))?, None)
+                (parse::single(&buf[..n]).map_err(perr(u))?, None)
             }
             // v2: the usage is in cpu.stat, read every tick
             None => {
                 let n = read_file(&mut f.cpu_stat, buf, budget, open)?;
-                let c = parse::cpu_stat(text(&buf[..n]), v2).map_err(perr(&f.cpu_stat))?;
+                let c = parse::cpu_stat(&buf[..n], v2).map_err(perr(&f.cpu_stat))?;
                 (c.usage_ns.unwrap_or(0), Some(c))
             }
         };
@@ -718,7 +779,7 @@ impl Collector {
             Some(c) => Some(c),
             None if (moved && quota) || slow || f.stat.is_none() => {
                 let n = read_file(&mut f.cpu_stat, buf, budget, open)?;
-                Some(parse::cpu_stat(text(&buf[..n]), v2).map_err(perr(&f.cpu_stat))?)
+                Some(parse::cpu_stat(&buf[..n], v2).map_err(perr(&f.cpu_stat))?)
             }
             None => None,
         };
@@ -727,12 +788,11 @@ impl Collector {
         raw.cpu_ns = usage;
         let n = read_file(&mut f.mem_usage, buf, budget, open)?;
         let n2 = read_file(&mut f.mem_stat, buf2, budget, open)?;
-        let memory =
-            parse::memory(text(&buf[..n]), text(&buf2[..n2]), v2).map_err(perr(&f.mem_stat))?;
+        let memory = parse::memory(&buf[..n], &buf2[..n2], v2).map_err(perr(&f.mem_stat))?;
         raw.memory = Some(memory);
         if let (Some(e), true) = (&mut f.events, slow) {
             if let Ok(n) = read_file(e, buf, budget, open) {
-                f.oom_kills = parse::oom_kills(text(&buf[..n]));
+                f.oom_kills = parse::oom_kills(&buf[..n]);
             }
         }
         raw.oom_kills = f.oom_kills;
@@ -758,15 +818,12 @@ impl Collector {
             match f.io.as_mut_slice() {
                 [stat] => read_file(stat, buf, budget, open)
                     .ok()
-                    .map(|n| Arc::new(parse::io_stat_v2(text(&buf[..n])))),
+                    .map(|n| parse::io_stat_v2(&buf[..n])),
                 [bytes, ops] => match (
                     read_file(bytes, buf, budget, open),
                     read_file(ops, buf2, budget, open),
                 ) {
-                    (Ok(n), Ok(n2)) => Some(Arc::new(parse::blkio_v1(
-                        text(&buf[..n]),
-                        text(&buf2[..n2]),
-                    ))),
+                    (Ok(n), Ok(n2)) => Some(parse::blkio_v1(&buf[..n], &buf2[..n2])),
                     _ => None,
                 },
                 _ => None,
@@ -777,7 +834,7 @@ impl Collector {
         // an unreadable I/O file is not "still": no I/O rate this tick
         let io_unreadable = io.is_none() && (wanted || slow);
         if let (Some(now), Some(c)) = (&io, &f.io_counters) {
-            f.io_moving = **now != *c.value;
+            f.io_moving = *now != c.value;
         }
         let io_step = if io_unreadable {
             None
@@ -1486,6 +1543,71 @@ mod tests {
                 assert!((u - 1.0).abs() < 1e-9, "{}: {u}", r.target.entity);
             }
         }
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Each target's files and counters follow its entity whatever the list's
+    /// order or Arcs; a target no longer asked for closes its files; a cgroup
+    /// removed and made again on a file tree is read from its new files.
+    #[test]
+    fn state_follows_the_entity_not_the_list() {
+        let sec = 1_000_000_000u64;
+        let d = v1_tree("slots", &["kubepods/a", "kubepods/b"]);
+        let mut c = Collector::new(v1_host(&d), &d.join("proc")).with_clock(frozen());
+        let list = |names: &[&str]| -> Vec<Arc<Target>> {
+            names
+                .iter()
+                .map(|n| {
+                    Arc::new(target(
+                        &format!("pod/{n}"),
+                        Kind::Pod,
+                        &format!("/kubepods/{n}"),
+                        "LS",
+                    ))
+                })
+                .collect()
+        };
+        let t = c.tick(1000, 0, &list(&["a", "b"]));
+        assert_eq!(t.readings.len(), 2);
+        let open = c.open_files();
+        put(&d, "cg/cpuacct/kubepods/a/cpuacct.usage", sec / 2);
+        put(&d, "cg/cpuacct/kubepods/b/cpuacct.usage", sec / 4);
+        // the same entities, new Arcs, the other order: rates at once
+        let t = c.tick(1001, sec, &list(&["b", "a"]));
+        let rate = |t: &Tick, e: &str| {
+            let r = t.readings.iter().find(|r| r.target.entity == e).unwrap();
+            get(&r.samples, Metric::CpuUsage)
+        };
+        assert_eq!(t.readings[0].target.entity, "pod/b");
+        assert!((rate(&t, "pod/a").unwrap() - 0.5).abs() < 1e-9);
+        assert!((rate(&t, "pod/b").unwrap() - 0.25).abs() < 1e-9);
+        assert_eq!(c.open_files(), open, "no file opened again");
+        // b no longer asked for: its files close; a keeps its counters
+        put(&d, "cg/cpuacct/kubepods/a/cpuacct.usage", sec);
+        let t = c.tick(1002, 2 * sec, &list(&["a"]));
+        assert!((rate(&t, "pod/a").unwrap() - 0.5).abs() < 1e-9);
+        assert!(c.open_files() < open, "b's files closed");
+        // a removed and made again (new files, a counter restarted)
+        std::fs::remove_dir_all(d.join("cg/memory/kubepods/a")).unwrap();
+        std::fs::remove_dir_all(d.join("cg/cpu/kubepods/a")).unwrap();
+        std::fs::remove_dir_all(d.join("cg/cpuacct/kubepods/a")).unwrap();
+        for (p, v) in v1_cgroup("kubepods/a", 1000, 0, 0, 3 << 20) {
+            std::fs::create_dir_all(d.join(&p).parent().unwrap()).unwrap();
+            put(&d, &p, v);
+        }
+        let seen = (3..3 + SLOW_EVERY as u32 + 1).any(|i| {
+            let t = c.tick(1000 + i, u64::from(i) * sec, &list(&["a"]));
+            t.readings
+                .iter()
+                .any(|r| get(&r.samples, Metric::MemoryUsage) == Some((3u64 << 20) as f64))
+        });
+        assert!(seen, "the new cgroup's files are read");
+        // a name given twice (a bad inventory): every file is counted closed
+        c.tick(2000, 100 * sec, &list(&["a", "a"]));
+        c.tick(2001, 101 * sec, &list(&["a"]));
+        assert!(c.open_files() > 0);
+        c.tick(2002, 102 * sec, &[]);
+        assert_eq!(c.open_files(), 0);
         std::fs::remove_dir_all(&d).unwrap();
     }
 

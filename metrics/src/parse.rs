@@ -8,7 +8,8 @@ use std::collections::BTreeMap;
 #[error("{0}")]
 pub struct ParseError(pub String);
 
-fn bad(what: &str, content: &str) -> ParseError {
+fn bad(what: &str, content: &(impl AsRef<[u8]> + ?Sized)) -> ParseError {
+    let content = String::from_utf8_lossy(content.as_ref());
     let head: String = content.chars().take(80).collect();
     ParseError(format!("{what}: unexpected content {head:?}"))
 }
@@ -27,30 +28,65 @@ pub fn flat_keyed(content: &str) -> BTreeMap<&str, u64> {
 }
 
 /// The values of `keys` in `key value` lines, in one pass without allocating.
-pub fn keyed<const N: usize>(content: &str, keys: [&str; N]) -> [Option<u64>; N] {
-    // a byte loop: the lines are short, so per-line searchers cost more
-    // than the scan (this runs for every cgroup every tick)
+/// Bytes in (the files are ASCII; nothing to validate first).
+pub fn keyed<const N: usize>(
+    content: &(impl AsRef<[u8]> + ?Sized),
+    keys: [&str; N],
+) -> [Option<u64>; N] {
+    // one byte loop over each line (the key, then its value): the lines are
+    // short, so searchers cost more than the scan (this runs for every cgroup
+    // every tick); a key's length and last byte are compared before its
+    // bytes (most lines match neither)
     let mut out = [None; N];
-    for l in content.as_bytes().split(|b| *b == b'\n') {
-        let Some(sp) = l.iter().position(|b| *b == b' ') else {
+    let b = content.as_ref();
+    let mut i = 0;
+    while i < b.len() {
+        let start = i;
+        while i < b.len() && b[i] != b' ' && b[i] != b'\n' {
+            i += 1;
+        }
+        let (key, spaced) = (&b[start..i], i < b.len() && b[i] == b' ');
+        let value = i + 1;
+        while i < b.len() && b[i] != b'\n' {
+            i += 1;
+        }
+        i += 1;
+        // a line without a space has no value
+        let Some(last) = key.last().filter(|_| spaced) else {
             continue;
         };
-        let k = &l[..sp];
-        if let Some(i) = keys.iter().position(|x| x.as_bytes() == k) {
-            out[i] = std::str::from_utf8(l[sp + 1..].trim_ascii())
-                .ok()
-                .and_then(|v| v.parse().ok());
+        for (k, x) in keys.iter().enumerate() {
+            let x = x.as_bytes();
+            if x.len() == key.len() && x.last() == Some(last) && x == key {
+                out[k] = number(&b[value..i - 1]);
+                break;
+            }
         }
     }
     out
 }
 
+/// A decimal number of ASCII digits, surrounding whitespace allowed (`None`:
+/// anything else, or past u64).
+pub fn number(b: &[u8]) -> Option<u64> {
+    let b = b.trim_ascii();
+    if b.is_empty() {
+        return None;
+    }
+    let mut v: u64 = 0;
+    for &c in b {
+        let d = c.wrapping_sub(b'0');
+        if d > 9 {
+            return None;
+        }
+        v = v.checked_mul(10)?.checked_add(u64::from(d))?;
+    }
+    Some(v)
+}
+
 /// A single number (cpuacct.usage, memory.usage_in_bytes, memory.current).
-pub fn single(content: &str) -> Result<u64, ParseError> {
-    content
-        .trim()
-        .parse()
-        .map_err(|_| bad("a single number", content))
+pub fn single(content: &(impl AsRef<[u8]> + ?Sized)) -> Result<u64, ParseError> {
+    number(content.as_ref()).ok_or_else(|| bad("a single number", content))
 }
 
 /// CFS bandwidth counters.
@@ -64,7 +100,7 @@ pub struct CpuStat {
 }
 
 /// v1 `cpu.stat` (throttled_time in ns) or v2 `cpu.stat` (µs fields).
-pub fn cpu_stat(content: &str, v2: bool) -> Result<CpuStat, ParseError> {
+pub fn cpu_stat(content: &(impl AsRef<[u8]> + ?Sized), v2: bool) -> Result<CpuStat, ParseError> {
     if v2 {
         let [usage, periods, throttled, time] = keyed(
             content,
@@ -108,7 +144,11 @@ pub struct Memory {
 /// From the usage file and memory.stat. v1 uses the hierarchical `total_*`
 /// fields (a pod's children count); v2's memory.stat is hierarchical already.
 /// Working set = usage - inactive file, as kubelet computes it.
-pub fn memory(usage: &str, stat: &str, v2: bool) -> Result<Memory, ParseError> {
+pub fn memory(
+    usage: &(impl AsRef<[u8]> + ?Sized),
+    stat: &(impl AsRef<[u8]> + ?Sized),
+    v2: bool,
+) -> Result<Memory, ParseError> {
     let usage = single(usage)?;
     // one pass over the file for every field
     let keys = if v2 {
@@ -149,7 +189,7 @@ pub fn memory(usage: &str, stat: &str, v2: bool) -> Result<Memory, ParseError> {
 
 /// OOM kills from v1 `memory.oom_control` or v2 `memory.events` (`None`: an
 /// older kernel without the field).
-pub fn oom_kills(content: &str) -> Option<u64> {
+pub fn oom_kills(content: &(impl AsRef<[u8]> + ?Sized)) -> Option<u64> {
     keyed(content, ["oom_kill"])[0]
 }
 
@@ -162,63 +202,201 @@ pub struct Io {
     pub write_ops: u64,
 }
 
+/// A block device (`major:minor`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Dev {
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl Dev {
+    /// `8:0` (`None`: anything else).
+    pub fn parse(s: &[u8]) -> Option<Dev> {
+        let colon = s.iter().position(|b| *b == b':')?;
+        let (major, minor) = (number(&s[..colon])?, number(&s[colon + 1..])?);
+        Some(Dev {
+            major: u32::try_from(major).ok()?,
+            minor: u32::try_from(minor).ok()?,
+        })
+    }
+}
+
+impl std::fmt::Display for Dev {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.major, self.minor)
+    }
+}
+
+/// Devices held inline (a cgroup's I/O nearly always goes to one or two).
+const INLINE_DEVICES: usize = 2;
+
+/// I/O counters per device, sorted by device. Up to [`INLINE_DEVICES`] are
+/// held inline: a read allocates nothing, and a copy is a copy (nothing shared
+/// whose count is touched, cold, every tick).
+#[derive(Debug, Clone)]
+pub struct Devices(Repr);
+
+#[derive(Debug, Clone)]
+enum Repr {
+    /// The first `n` entries (`n` ≤ [`INLINE_DEVICES`]).
+    Few(u8, [(Dev, Io); INLINE_DEVICES]),
+    Many(std::sync::Arc<[(Dev, Io)]>),
+}
+
+impl Default for Devices {
+    fn default() -> Self {
+        Devices(Repr::Few(0, Default::default()))
+    }
+}
+
+/// The same devices with the same counters, however held.
+impl PartialEq for Devices {
+    fn eq(&self, o: &Self) -> bool {
+        self.as_slice() == o.as_slice()
+    }
+}
+
+impl Eq for Devices {}
+
+impl Devices {
+    pub fn as_slice(&self) -> &[(Dev, Io)] {
+        match &self.0 {
+            Repr::Few(n, d) => &d[..usize::from(*n).min(INLINE_DEVICES)],
+            Repr::Many(d) => d,
+        }
+    }
+
+    pub fn iter(&self) -> std::slice::Iter<'_, (Dev, Io)> {
+        self.as_slice().iter()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.as_slice().is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+
+    /// The counters of `dev`.
+    pub fn get(&self, dev: Dev) -> Option<&Io> {
+        self.iter().find(|(d, _)| *d == dev).map(|(_, io)| io)
+    }
+}
+
+impl FromIterator<(Dev, Io)> for Devices {
+    /// Sorted by device; a device given twice keeps its last counters.
+    fn from_iter<I: IntoIterator<Item = (Dev, Io)>>(it: I) -> Self {
+        let mut b = DevicesBuilder::default();
+        for (d, io) in it {
+            *b.entry(d) = io;
+        }
+        b.build()
+    }
+}
+
+/// Devices as a file is parsed: on the stack while they are few.
+#[derive(Default)]
+struct DevicesBuilder {
+    n: usize,
+    few: [(Dev, Io); 8],
+    more: Vec<(Dev, Io)>,
+}
+
+impl DevicesBuilder {
+    fn entry(&mut self, dev: Dev) -> &mut Io {
+        if let Some(i) = self.few[..self.n].iter().position(|(d, _)| *d == dev) {
+            return &mut self.few[i].1;
+        }
+        if self.n < self.few.len() {
+            self.few[self.n] = (dev, Io::default());
+            self.n += 1;
+            return &mut self.few[self.n - 1].1;
+        }
+        let i = match self.more.iter().position(|(d, _)| *d == dev) {
+            Some(i) => i,
+            None => {
+                self.more.push((dev, Io::default()));
+                self.more.len() - 1
+            }
+        };
+        &mut self.more[i].1
+    }
+
+    fn build(mut self) -> Devices {
+        if self.more.is_empty() && self.n <= INLINE_DEVICES {
+            let mut d: [(Dev, Io); INLINE_DEVICES] = Default::default();
+            d[..self.n].copy_from_slice(&self.few[..self.n]);
+            d[..self.n].sort_unstable_by_key(|(d, _)| *d);
+            return Devices(Repr::Few(self.n as u8, d));
+        }
+        let mut all = self.few[..self.n].to_vec();
+        all.append(&mut self.more);
+        all.sort_unstable_by_key(|(d, _)| *d);
+        Devices(Repr::Many(all.into()))
+    }
+}
+
+/// The whitespace-separated fields of a line.
+fn fields(l: &[u8]) -> impl Iterator<Item = &[u8]> {
+    l.split(|b| b.is_ascii_whitespace())
+        .filter(|f| !f.is_empty())
+}
+
 /// v1 `blkio.throttle.io_service_bytes_recursive` + `io_serviced_recursive`
 /// (`8:0 Read 123` lines) into per-device counters.
-pub fn blkio_v1(bytes: &str, ops: &str) -> BTreeMap<String, Io> {
-    let mut out: BTreeMap<String, Io> = BTreeMap::new();
-    for (content, is_bytes) in [(bytes, true), (ops, false)] {
-        for l in content.lines() {
-            let mut f = l.split_ascii_whitespace();
+pub fn blkio_v1(bytes: &(impl AsRef<[u8]> + ?Sized), ops: &(impl AsRef<[u8]> + ?Sized)) -> Devices {
+    let mut out = DevicesBuilder::default();
+    for (content, is_bytes) in [(bytes.as_ref(), true), (ops.as_ref(), false)] {
+        for l in content.split(|b| *b == b'\n') {
+            let mut f = fields(l);
             let (Some(dev), Some(op), Some(v), None) = (f.next(), f.next(), f.next(), f.next())
             else {
                 continue;
             };
-            let Ok(v) = v.parse::<u64>() else { continue };
-            if !dev.contains(':') {
+            let (Some(dev), Some(v)) = (Dev::parse(dev), number(v)) else {
                 continue;
-            }
-            // a device seen before (its other lines) is found without a new key
-            let e = match out.get_mut(dev) {
-                Some(e) => e,
-                None => out.entry(dev.to_string()).or_default(),
             };
+            let e = out.entry(dev);
             match (op, is_bytes) {
-                ("Read", true) => e.read_bytes = v,
-                ("Write", true) => e.write_bytes = v,
-                ("Read", false) => e.read_ops = v,
-                ("Write", false) => e.write_ops = v,
+                (b"Read", true) => e.read_bytes = v,
+                (b"Write", true) => e.write_bytes = v,
+                (b"Read", false) => e.read_ops = v,
+                (b"Write", false) => e.write_ops = v,
                 _ => {}
             }
         }
     }
-    out
+    out.build()
 }
 
 /// v2 `io.stat`: `8:0 rbytes=1 wbytes=2 rios=3 wios=4 dbytes=0 dios=0`.
-pub fn io_stat_v2(content: &str) -> BTreeMap<String, Io> {
-    let mut out = BTreeMap::new();
-    for l in content.lines() {
-        let mut it = l.split_whitespace();
-        let Some(dev) = it.next().filter(|d| d.contains(':')) else {
+pub fn io_stat_v2(content: &(impl AsRef<[u8]> + ?Sized)) -> Devices {
+    let mut out = DevicesBuilder::default();
+    for l in content.as_ref().split(|b| *b == b'\n') {
+        let mut it = fields(l);
+        let Some(dev) = it.next().and_then(Dev::parse) else {
             continue;
         };
         let mut io = Io::default();
         for kv in it {
-            let Some((k, v)) = kv.split_once('=') else {
+            let Some(eq) = kv.iter().position(|b| *b == b'=') else {
                 continue;
             };
-            let Ok(v) = v.parse::<u64>() else { continue };
-            match k {
-                "rbytes" => io.read_bytes = v,
-                "wbytes" => io.write_bytes = v,
-                "rios" => io.read_ops = v,
-                "wios" => io.write_ops = v,
+            let Some(v) = number(&kv[eq + 1..]) else {
+                continue;
+            };
+            match &kv[..eq] {
+                b"rbytes" => io.read_bytes = v,
+                b"wbytes" => io.write_bytes = v,
+                b"rios" => io.read_ops = v,
+                b"wios" => io.write_ops = v,
                 _ => {}
             }
         }
-        out.insert(dev.to_string(), io);
+        *out.entry(dev) = io;
     }
-    out
+    out.build()
 }
 
 /// Pressure stall totals (µs) of one resource.
@@ -421,10 +599,36 @@ mod tests {
     }
 
     #[test]
+    fn keyed_lines() {
+        let f = "total_rss_huge 7\ntotal_rss 5\nnovalue\n total_cache 9\ntotal_dirty x1\ntotal_pgpgin  12 \ntotal_cache 3";
+        assert_eq!(
+            keyed(f, ["total_rss", "total_cache", "total_dirty", "total_pgpgin", "novalue"]),
+            [Some(5), Some(3), None, Some(12), None],
+            "a longer key is another key; no value, not a number: none; the last line counts without its newline"
+        );
+        assert_eq!(keyed("", ["a"]), [None]);
+        assert_eq!(
+            keyed("a 1\n\n\na 2\n", ["a"]),
+            [Some(2)],
+            "the last of a key wins"
+        );
+        assert_eq!(number(b" 18446744073709551615\n"), Some(u64::MAX));
+        assert_eq!(number(b"18446744073709551616"), None, "past u64");
+        assert_eq!(number(b"-1"), None);
+        assert_eq!(number(b""), None);
+        assert_eq!(single("12\n").unwrap(), 12);
+        assert!(
+            single(&b"\xff"[..]).is_err(),
+            "not text: an error, no panic"
+        );
+    }
+
+    #[test]
     fn io_v1_and_v2() {
+        let dev = |s: &str| Dev::parse(s.as_bytes()).unwrap();
         let io = blkio_v1(V1_BLKIO_BYTES, V1_BLKIO_OPS);
         assert_eq!(
-            io["254:0"],
+            *io.get(dev("254:0")).unwrap(),
             Io {
                 read_bytes: 1_332_183_040,
                 write_bytes: 1_712_283_648,
@@ -434,9 +638,52 @@ mod tests {
         );
         assert_eq!(io.len(), 1, "the Total line is not a device");
         let io = io_stat_v2(V2_IO_STAT);
-        assert_eq!(io["259:0"].read_bytes, 4_407_296);
-        assert_eq!(io["8:16"].read_ops, 1);
+        assert_eq!(io.get(dev("259:0")).unwrap().read_bytes, 4_407_296);
+        assert_eq!(io.get(dev("8:16")).unwrap().read_ops, 1);
         assert!(blkio_v1("nonsense\n", "").is_empty());
+        assert_eq!(dev("8:16").to_string(), "8:16");
+        assert_eq!(Dev::parse(b"8"), None);
+        assert_eq!(Dev::parse(b"8:x"), None);
+        // sorted by device, held inline while few, shared past that
+        let many: Devices = (0..5u32)
+            .rev()
+            .map(|m| {
+                (
+                    Dev {
+                        major: 8,
+                        minor: m * 16,
+                    },
+                    Io {
+                        read_ops: u64::from(m),
+                        ..Io::default()
+                    },
+                )
+            })
+            .collect();
+        assert!(matches!(many.0, Repr::Many(_)));
+        let minors: Vec<u32> = many.iter().map(|(d, _)| d.minor).collect();
+        assert_eq!(minors, [0, 16, 32, 48, 64]);
+        assert_eq!(many.get(dev("8:48")).unwrap().read_ops, 3);
+        let few = io_stat_v2("8:16 rbytes=1 rios=1\n8:0 rbytes=2 rios=2\n");
+        assert!(matches!(few.0, Repr::Few(2, _)));
+        let one: Devices = few.iter().copied().take(1).collect();
+        assert_ne!(one, few);
+        assert_eq!(
+            few.iter().copied().collect::<Devices>(),
+            few,
+            "the same devices, equal"
+        );
+        assert_eq!(
+            few.iter().map(|(d, _)| d.to_string()).collect::<Vec<_>>(),
+            ["8:0", "8:16"]
+        );
+        // ten devices in a v1 file (past the parser's stack)
+        let bytes: String = (0..10)
+            .map(|m| format!("8:{m} Read {m}\n8:{m} Write 1\n"))
+            .collect();
+        let ten = blkio_v1(&bytes, "");
+        assert_eq!(ten.len(), 10);
+        assert_eq!(ten.get(dev("8:9")).unwrap().read_bytes, 9);
     }
 
     #[test]

@@ -225,7 +225,7 @@ pub fn render(t: &Tick, series: usize, collect_seconds: f64, skipped_total: u64)
             for r in &rs {
                 for (dev, io) in r.raw.io.iter() {
                     let mut l = labels(r);
-                    l.push(("device", dev.clone()));
+                    l.push(("device", dev.to_string()));
                     let refs: Vec<(&str, &str)> = l.iter().map(|(k, v)| (*k, v.as_str())).collect();
                     o.sample(&name, &refs, f(io) as f64);
                 }
@@ -390,18 +390,20 @@ mod tests {
                 pgmajfault: 0,
             }),
             oom_kills: Some(0),
-            io: std::sync::Arc::new(
-                [(
-                    "254:0".to_string(),
-                    Io {
-                        read_bytes: 4096,
-                        write_bytes: 0,
-                        read_ops: 1,
-                        write_ops: 0,
-                    },
-                )]
-                .into(),
-            ),
+            io: [(
+                crate::parse::Dev {
+                    major: 254,
+                    minor: 0,
+                },
+                Io {
+                    read_bytes: 4096,
+                    write_bytes: 0,
+                    read_ops: 1,
+                    write_ops: 0,
+                },
+            )]
+            .into_iter()
+            .collect(),
             psi: [
                 Some(Psi {
                     some_us: 2_000_000,

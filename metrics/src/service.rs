@@ -144,8 +144,23 @@ pub fn groups(targets: &[Arc<Target>], pod_root: &qoslet_cgroups::PodRoot) -> Gr
     Groups::default()
 }
 
-/// Records a tick into the cache.
-pub fn record(db: &mut Tsdb, t: &Tick) {
+/// Where each reading of a tick over one list of targets was last recorded
+/// (see [`crate::tsdb::Hint`]), by the reading's place in the tick. The list
+/// is held, so a target's address names it for as long as the hints do.
+#[derive(Default)]
+pub struct Hints {
+    of: Option<Arc<Vec<Arc<Target>>>>,
+    at: Vec<(usize, crate::tsdb::Hint)>,
+}
+
+/// Records a tick over `targets` into the cache.
+pub fn record(db: &mut Tsdb, t: &Tick, targets: &Arc<Vec<Arc<Target>>>, hints: &mut Hints) {
+    if !hints.of.as_ref().is_some_and(|o| Arc::ptr_eq(o, targets)) {
+        *hints = Hints {
+            of: Some(targets.clone()),
+            at: Vec::with_capacity(targets.len()),
+        };
+    }
     if !t.node.is_empty() {
         db.record("node", t.ts, &t.node);
     }
@@ -155,8 +170,17 @@ pub fn record(db: &mut Tsdb, t: &Tick) {
     if !t.be.is_empty() {
         db.record("be", t.ts, &t.be);
     }
-    for r in &t.readings {
-        db.record(&r.target.entity, t.ts, &r.samples);
+    for (i, r) in t.readings.iter().enumerate() {
+        let key = Arc::as_ptr(&r.target) as usize;
+        if hints.at.len() <= i {
+            hints.at.resize(i + 1, (0, Default::default()));
+        }
+        let h = &mut hints.at[i];
+        // a reading elsewhere in the list than last time (one before it skipped)
+        if h.0 != key {
+            *h = (key, Default::default());
+        }
+        db.record_hinted(&mut h.1, &r.target.entity, t.ts, &r.samples);
     }
 }
 
@@ -486,7 +510,7 @@ async fn collect_loop(
             return;
         }
     };
-    let mut collector = Some(collector);
+    let mut collector = Some((collector, Hints::default()));
     let mut snapshot_task: Option<JoinHandle<()>> = None;
     let mut last_snapshot = tokio::time::Instant::now();
     let mut ticker = tokio::time::interval(m.interval);
@@ -507,7 +531,9 @@ async fn collect_loop(
             cached = (inv.generation, Arc::new(t), g);
         }
         let (targets, groups) = (cached.1.clone(), cached.2.clone());
-        let Some(mut c) = collector.take() else { break };
+        let Some((mut c, mut hints)) = collector.take() else {
+            break;
+        };
         let t0 = Instant::now();
         let stamp = m.stamp();
         let mm = m.clone();
@@ -521,18 +547,18 @@ async fn collect_loop(
                 // recording closes minutes (histograms): a millisecond or two at
                 // 1,000 containers, not for the thread that serves CRI
                 let mut db = lock(&mm.tsdb);
-                record(&mut db, &tick);
+                record(&mut db, &tick, &targets, &mut hints);
                 db.expire(stamp.ts);
                 mm.series.store(db.series_count() as u64, Ordering::Relaxed);
                 drop(db);
-                (c, tick)
+                (c, hints, tick)
             })
             .await;
-        let Some((c, tick)) = r else {
+        let Some((c, hints, tick)) = r else {
             warn!("metrics collection panicked; collection stopped");
             break;
         };
-        collector = Some(c);
+        collector = Some((c, hints));
         m.collect_ns
             .store(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         m.skipped_total

@@ -23,7 +23,7 @@ use crate::codec::{
     decode_at, encode_at, get_varint, put_varint, unzigzag, zigzag, HIST_LINEAR, LINEAR,
     ROLLUP_LINEAR,
 };
-use crate::fasthash::FastMap;
+use crate::fasthash::FastHasher;
 use crate::metric::Metric;
 
 /// Raw samples are kept this long (seconds).
@@ -1052,7 +1052,7 @@ pub const DEFAULT_MAX_SERIES: usize = 50_000;
 /// Time is the caller's *series time*: whole seconds that never go back (see
 /// [`crate::clock::SeriesClock`]); a sample not after its series' last one is
 /// ignored.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub struct Tsdb {
     interval: u32,
     max_series: usize,
@@ -1060,8 +1060,58 @@ pub struct Tsdb {
     evicted: u64,
     /// New series refused: the cap was full of entities still being recorded.
     refused: u64,
-    entities: FastMap<String, Entity>,
+    /// In the order they were first recorded (the collector's order), so a
+    /// tick's recording walks them front to back.
+    entities: Entities,
+    /// Bumped whenever an entity is removed (the positions behind it move):
+    /// a [`Hint`] taken before is stale.
+    layout: u64,
 }
+
+type Entities = indexmap::IndexMap<String, Entity, std::hash::BuildHasherDefault<FastHasher>>;
+
+/// Layouts are drawn from one counter, so that no two caches (or one cache
+/// before and after a change) ever share a layout a hint could match.
+static LAYOUTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+fn new_layout() -> u64 {
+    LAYOUTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// A copy has a layout of its own: a hint kept for one never fits the other.
+impl Clone for Tsdb {
+    fn clone(&self) -> Self {
+        Self {
+            interval: self.interval,
+            max_series: self.max_series,
+            series: self.series,
+            evicted: self.evicted,
+            refused: self.refused,
+            entities: self.entities.clone(),
+            layout: new_layout(),
+        }
+    }
+}
+
+/// The same samples and settings (the order of entities and the layout are
+/// not the content).
+impl PartialEq for Tsdb {
+    fn eq(&self, o: &Self) -> bool {
+        self.interval == o.interval
+            && self.max_series == o.max_series
+            && self.series == o.series
+            && self.evicted == o.evicted
+            && self.refused == o.refused
+            && self.entities == o.entities
+    }
+}
+
+/// Where an entity was found when it was last recorded: the next record of
+/// the *same* entity goes straight there while nothing was removed from the
+/// cache since, without hashing and comparing its name (cold in cache a
+/// second later). A hint belongs to one entity name; its holder keeps it so.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Hint(Option<(u64, u32)>);
 
 impl Tsdb {
     /// `interval`: the collection interval in seconds (1-600).
@@ -1072,7 +1122,8 @@ impl Tsdb {
             series: 0,
             evicted: 0,
             refused: 0,
-            entities: FastMap::default(),
+            entities: Entities::default(),
+            layout: new_layout(),
         }
     }
 
@@ -1095,7 +1146,8 @@ impl Tsdb {
                 if freed >= over {
                     break;
                 }
-                self.entities.remove(&k);
+                self.entities.swap_remove(&k);
+                self.layout = new_layout();
                 freed += n;
                 self.evicted += 1;
             }
@@ -1132,6 +1184,65 @@ impl Tsdb {
     /// otherwise evict one live entity per new one, every tick): the new
     /// series is refused instead, counted, and logged.
     pub fn record(&mut self, entity: &str, ts: u32, samples: &[(Metric, f64)]) {
+        self.record_hinted(&mut Hint::default(), entity, ts, samples);
+    }
+
+    /// [`Tsdb::record`], found through `hint` (which it updates) where that
+    /// is still good: `hint` must be one kept for `entity` (or the default).
+    pub fn record_hinted(
+        &mut self,
+        hint: &mut Hint,
+        entity: &str,
+        ts: u32,
+        samples: &[(Metric, f64)],
+    ) {
+        let interval = self.interval;
+        let at = match hint.0 {
+            Some((layout, i)) if layout == self.layout && (i as usize) < self.entities.len() => {
+                Some(i as usize)
+            }
+            _ => self.entities.get_index_of(entity),
+        };
+        // an entity that has a series for each of its samples (nearly every
+        // call)
+        if let Some((i, (name, e))) = at.and_then(|i| Some((i, self.entities.get_index_mut(i)?))) {
+            debug_assert_eq!(name, entity, "a hint kept for another entity");
+            // each metric's series index (an entity has one series per metric)
+            let mut at = [0u8; 64];
+            let all = samples.iter().all(|(m, v)| {
+                !v.is_finite()
+                    || e.series.iter().position(|(x, _)| x == m).is_some_and(|i| {
+                        at[*m as usize % 64] = i as u8;
+                        true
+                    })
+            });
+            if all {
+                e.last_seen = e.last_seen.max(ts);
+                for &(m, v) in samples {
+                    if v.is_finite() {
+                        e.series[usize::from(at[m as usize % 64])].1.push(
+                            Scale::of(m),
+                            interval,
+                            ts,
+                            v,
+                        );
+                    }
+                }
+                *hint = Hint(Some((self.layout, i as u32)));
+                return;
+            }
+        }
+        self.record_new(entity, ts, samples);
+        *hint = Hint(
+            self.entities
+                .get_index_of(entity)
+                .map(|i| (self.layout, i as u32)),
+        );
+    }
+
+    /// Records samples some of which need a new series (or a new entity).
+    fn record_new(&mut self, entity: &str, ts: u32, samples: &[(Metric, f64)]) {
+        let interval = self.interval;
         // the metrics this adds a series for (each once)
         let fresh = |e: Option<&Entity>| {
             samples
@@ -1158,7 +1269,6 @@ impl Tsdb {
                 return;
             };
             e.last_seen = e.last_seen.max(ts);
-            let interval = self.interval;
             for &(m, v) in samples {
                 if let Some(i) = e.series.iter().position(|(x, _)| *x == m) {
                     if v.is_finite() {
@@ -1168,7 +1278,6 @@ impl Tsdb {
             }
             return;
         }
-        let interval = self.interval;
         let e = match self.entities.get_mut(entity) {
             Some(e) => e,
             None => self.entities.entry(entity.to_string()).or_insert(Entity {
@@ -1208,7 +1317,8 @@ impl Tsdb {
             else {
                 return false;
             };
-            if let Some(e) = self.entities.remove(&victim) {
+            if let Some(e) = self.entities.swap_remove(&victim) {
+                self.layout = new_layout();
                 self.series -= e.series.len();
                 self.evicted += 1;
                 if self.evicted.is_power_of_two() {
@@ -1239,6 +1349,9 @@ impl Tsdb {
             live
         });
         self.series -= dropped;
+        if self.entities.len() < before {
+            self.layout = new_layout();
+        }
         if self.entities.len() < before && self.entities.capacity() > 2 * self.entities.len() + 64 {
             self.entities.shrink_to_fit();
         }
@@ -1446,7 +1559,9 @@ impl Tsdb {
 
     /// Bytes the cache holds on the heap: its table, names, series and data.
     pub fn memory_bytes(&self) -> usize {
-        let table = self.entities.capacity() * (std::mem::size_of::<(String, Entity)>() + 1);
+        // entries (hash, name, entity) and the index table (position, control byte)
+        let table = self.entities.capacity()
+            * (std::mem::size_of::<(u64, String, Entity)>() + std::mem::size_of::<usize>() + 1);
         let per_entity: usize = self
             .entities
             .iter()
@@ -2127,6 +2242,58 @@ mod tests {
         assert_eq!(db.entities().collect::<Vec<_>>(), vec!["here"]);
         assert_eq!(db.metrics_of("here"), vec![Metric::MemoryUsage]);
         assert_eq!(db.last("here", Metric::MemoryUsage), Some((T0 + 1000, 1.0)));
+    }
+
+    /// A hint goes straight to its entity while nothing moved, and is never
+    /// followed to another entity after a removal moved the entries (expiry,
+    /// eviction), in this cache or in a clone of it.
+    #[test]
+    fn hints_never_lead_to_another_entity() {
+        let mut db = Tsdb::new(1).with_max_series(3);
+        let (mut a, mut b, mut c) = (Hint::default(), Hint::default(), Hint::default());
+        db.record_hinted(&mut a, "a", T0, &[(Metric::CpuUsage, 1.0)]);
+        db.record_hinted(&mut b, "b", T0, &[(Metric::CpuUsage, 2.0)]);
+        db.record_hinted(&mut c, "c", T0 + 700, &[(Metric::CpuUsage, 3.0)]);
+        assert!(a.0.is_some() && b.0.is_some() && c.0.is_some());
+        // copies that only grow: a hint taken in one never fits the other
+        let mut one = Tsdb::new(1);
+        one.record("a", T0, &[(Metric::CpuUsage, 1.0)]);
+        let mut copy = one.clone();
+        let mut x = Hint::default();
+        one.record_hinted(&mut x, "x", T0, &[(Metric::CpuUsage, 2.5)]);
+        copy.record("y", T0, &[(Metric::CpuUsage, 3.5)]);
+        copy.record_hinted(&mut x, "x", T0 + 1, &[(Metric::CpuUsage, 9.0)]);
+        assert_eq!(copy.last("y", Metric::CpuUsage), Some((T0, 3.5)));
+        assert_eq!(copy.last("x", Metric::CpuUsage), Some((T0 + 1, 9.0)));
+        let kept = db.clone();
+        // a and b expire; c moves to the front of the entries
+        db.expire(T0 + 700);
+        assert_eq!(db.entities().collect::<Vec<_>>(), ["c"]);
+        db.record_hinted(&mut c, "c", T0 + 701, &[(Metric::CpuUsage, 4.0)]);
+        assert_eq!(db.last("c", Metric::CpuUsage), Some((T0 + 701, 4.0)));
+        // a comes back: a new entity, after c
+        db.record_hinted(&mut a, "a", T0 + 701, &[(Metric::CpuUsage, 5.0)]);
+        assert_eq!(db.last("a", Metric::CpuUsage), Some((T0 + 701, 5.0)));
+        assert_eq!(db.last("c", Metric::CpuUsage), Some((T0 + 701, 4.0)));
+        // the clone kept its own entries: c's fresh hint does not fit there
+        let mut kept = kept;
+        kept.expire(T0 + 1);
+        db.record_hinted(&mut c, "c", T0 + 702, &[(Metric::CpuUsage, 6.0)]);
+        kept.record_hinted(&mut c, "c", T0 + 702, &[(Metric::CpuUsage, 7.0)]);
+        assert_eq!(kept.last("c", Metric::CpuUsage), Some((T0 + 702, 7.0)));
+        assert_eq!(kept.last("a", Metric::CpuUsage), Some((T0, 1.0)));
+        assert_eq!(db.last("c", Metric::CpuUsage), Some((T0 + 702, 6.0)));
+        // an eviction under the cap moves entries too
+        let mut d = Hint::default();
+        db.record_hinted(&mut d, "d", T0 + 800, &[(Metric::CpuUsage, 8.0)]);
+        db.record_hinted(&mut d, "d", T0 + 800, &[(Metric::MemoryUsage, 1.0)]);
+        assert_eq!(db.entities().collect::<Vec<_>>(), ["c", "d"], "a evicted");
+        db.record_hinted(&mut c, "c", T0 + 801, &[(Metric::CpuUsage, 9.0)]);
+        db.record_hinted(&mut d, "d", T0 + 801, &[(Metric::CpuUsage, 10.0)]);
+        assert_eq!(db.last("c", Metric::CpuUsage), Some((T0 + 801, 9.0)));
+        assert_eq!(db.last("d", Metric::CpuUsage), Some((T0 + 801, 10.0)));
+        assert_eq!(db.last("d", Metric::MemoryUsage), Some((T0 + 800, 1.0)));
+        assert_eq!(db.series_count(), 3);
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //! 4. the whole agent: the real `qoslet proxy` with that cache (loaded from its
 //!    snapshot) and the 1,500 cgroups in its store, collecting every second: RSS and CPU.
 //!
-//! Run: cargo build --release --workspace --bins && target/release/metrics_bench [--hours H] [--skip-agent] [--collect-only]
+//! Run: cargo build --release --workspace --bins && target/release/metrics_bench [--hours H] [--skip-agent] [--collect-only] [--skip-collection] [--agent-secs S]
+//! (`QOSLET_BIN` picks the agent binary: old and new side by side)
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -236,6 +237,12 @@ fn main() {
         .and_then(|i| args.get(i + 1)?.parse().ok())
         .unwrap_or(24);
     let skip_agent = args.iter().any(|a| a == "--skip-agent");
+    // the agent's CPU is measured over this many seconds (A/B runs: longer)
+    let agent_secs: u64 = args
+        .iter()
+        .position(|a| a == "--agent-secs")
+        .and_then(|i| args.get(i + 1)?.parse().ok())
+        .unwrap_or(30);
     let base = if Path::new("/dev/shm").is_dir() {
         PathBuf::from("/dev/shm")
     } else {
@@ -254,10 +261,14 @@ fn main() {
     //    realistic mix (CPU usage always; CFS throttling on the quarter with a
     //    quota; I/O on a fifth)
     let tree = build_tree(&cg_root, 1);
+    let collection = !args.iter().any(|a| a == "--skip-collection");
     for (label, mix) in [
         ("every counter moving", Mix::All),
         ("realistic mix", Mix::Realistic),
-    ] {
+    ]
+    .into_iter()
+    .filter(|_| collection)
+    {
         let host = Host::detect(&tree.root).unwrap();
         let mut c = Collector::new(host, Path::new("/proc"));
         let t0 = now();
@@ -510,7 +521,7 @@ fn main() {
         m
     };
     let (c0, w0, th0) = (cpu_ticks(pid), Instant::now(), threads(pid));
-    std::thread::sleep(Duration::from_secs(30));
+    std::thread::sleep(Duration::from_secs(agent_secs));
     let (c1, w1, th1) = (cpu_ticks(pid), w0.elapsed(), threads(pid));
     for (name, t) in &th1 {
         let d = t - th0.get(name).copied().unwrap_or(0);
