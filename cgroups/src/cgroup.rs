@@ -667,13 +667,27 @@ impl Cgroups {
         let mut writes = self.plan(knob)?;
         // v1 checks each of the two files against the parent's quota/period ratio
         // as it is written: a shorter period goes in after the quota (a longer one
-        // before it), so no step raises the ratio above both the old and the new
+        // before it), so no step raises the ratio above both the old and the new.
+        // Both files read as wanted (the steady state) is no write and no order.
         if let (Knob::CpuQuota { period, .. }, false) = (knob, self.host.is_v2()) {
-            let cur = self
-                .read(cg, "cpu", "cpu.cfs_period_us")
-                .ok()
-                .and_then(|p| p.trim().parse::<u64>().ok());
-            if cur.is_some_and(|c| *period < c) {
+            let mut cur_period = None;
+            let mut unchanged = true;
+            for w in &writes {
+                let p = self.path_of(cg, w)?;
+                match self.backend.read(&p) {
+                    Ok(cur) => {
+                        if w.file == files::CPU_CFS_PERIOD {
+                            cur_period = cur.trim().parse::<u64>().ok();
+                        }
+                        unchanged &= crate::fs::same(&cur, &w.value);
+                    }
+                    Err(_) => unchanged = false,
+                }
+            }
+            if unchanged {
+                return Ok(out);
+            }
+            if cur_period.is_some_and(|c| *period < c) {
                 writes.reverse();
             }
         }

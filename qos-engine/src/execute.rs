@@ -16,7 +16,9 @@
 //! runtime owns (quota, shares, memory limit, cpuset) are put back by the
 //! plugins that changed them and by kubelet's next update.
 
-use std::collections::HashMap;
+// settings by (cgroup, knob): names from the store (kubelet's and the
+// runtime's ids), not chosen by pod authors; SipHash showed in the tick's profile
+use qoslet_metrics::fasthash::FastMap;
 
 use qoslet_cgroups::fs::Outcome;
 use qoslet_cgroups::{CgroupError, CgroupPath, Cgroups, Knob};
@@ -135,9 +137,9 @@ pub fn restore_value_on(k: &Knob, v2: bool) -> Option<Knob> {
 /// Applies plans; keeps what it applied between ticks.
 #[derive(Debug)]
 pub struct Executor {
-    known: HashMap<Key, Known>,
+    known: FastMap<Key, Known>,
     /// Settings that left the plan, still to be written back to their default.
-    restoring: HashMap<Key, (CgroupPath, Knob)>,
+    restoring: FastMap<Key, (CgroupPath, Knob)>,
     tick: u64,
     next_slot: u64,
     verify_every: u64,
@@ -147,8 +149,8 @@ impl Executor {
     /// `verify_every`: re-read each file once every this many ticks (1: every tick).
     pub fn new(verify_every: u64) -> Self {
         Self {
-            known: HashMap::new(),
-            restoring: HashMap::new(),
+            known: FastMap::default(),
+            restoring: FastMap::default(),
             tick: 0,
             next_slot: 0,
             verify_every: verify_every.max(1),

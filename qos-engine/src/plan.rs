@@ -7,7 +7,9 @@
 //! identity, each I/O limit); SCHED_IDLE on beats off; for protections
 //! (memory.min/low) the higher one.
 
-use std::collections::HashMap;
+// settings by (cgroup, knob): names from the store (kubelet's and the
+// runtime's ids), not chosen by pod authors; SipHash showed in the tick's profile
+use qoslet_metrics::fasthash::FastMap;
 
 use qoslet_cgroups::{CgroupPath, Knob};
 
@@ -26,10 +28,10 @@ pub struct Write {
 #[derive(Debug, Clone, Default)]
 pub struct Plan {
     writes: Vec<Write>,
-    index: HashMap<Key, usize>,
+    index: FastMap<Key, usize>,
     /// What a file goes back to when it leaves the plan, where that is not
     /// the kernel's default (kubelet's quota, cpuset, memory limit).
-    restore: HashMap<Key, Knob>,
+    restore: FastMap<Key, Knob>,
 }
 
 impl PartialEq for Plan {
