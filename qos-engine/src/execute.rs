@@ -191,16 +191,22 @@ impl Executor {
         // a setting planned again is the plan's
         self.restoring.retain(|k, _| !plan.contains(k));
         let mut done = Vec::new();
-        for (k, (cg, knob)) in &self.restoring {
+        // in the order the kernel accepts (a burst back to 0 before its quota
+        // shrinks, parents before children as quotas grow), as the plan's own
+        let back: Vec<(&Key, (CgroupPath, Knob))> =
+            self.restoring.iter().map(|(k, v)| (k, v.clone())).collect();
+        let writes: Vec<(CgroupPath, Knob)> = back.iter().map(|(_, w)| w.clone()).collect();
+        for i in cgroups.order(&writes) {
+            let (k, (cg, knob)) = (&back[i].0, &back[i].1);
             match cgroups.apply(cg, knob) {
                 Ok(o) => {
                     if o == Outcome::Written {
                         r.written += 1;
                     }
-                    done.push(k.clone());
+                    done.push((*k).clone());
                 }
                 Err(CgroupError::Missing { .. } | CgroupError::Unsupported { .. }) => {
-                    done.push(k.clone())
+                    done.push((*k).clone())
                 }
                 Err(e) => r.errors.push(format!("restoring {cg}: {e}")),
             }
