@@ -298,7 +298,7 @@ fn tick_with(
         .flat_map(|p| {
             std::iter::once(&p.cgroup)
                 .chain(p.sandbox.as_ref())
-                .chain(p.containers.iter().map(|c| &c.cgroup))
+                .chain(p.containers.iter().map(|c| &c.entry.cgroup))
         })
         .collect();
     let quota_on = t.enable && t.cpu_suppress_policy == CpuSuppressPolicy::CfsQuota;
@@ -346,7 +346,8 @@ fn tick_with(
             crate::cpuset::format_cpus(&all)
         };
         let rule = "kubelet's static CPU manager: the BE cpuset is set on BE containers; their parents keep all CPUs";
-        let containers: BTreeSet<&CgroupPath> = be_containers(state).map(|c| &c.cgroup).collect();
+        let containers: BTreeSet<&CgroupPath> =
+            be_containers(state).map(|c| &c.entry.cgroup).collect();
         for cg in std::iter::once(&state.be_parent)
             .chain(be_tree.iter().copied())
             .filter(|cg| !containers.contains(cg))
@@ -394,7 +395,7 @@ fn tick_with(
             if state.static_cpu_manager {
                 for c in be_containers(state) {
                     plan.add(w(
-                        &c.cgroup,
+                        &c.entry.cgroup,
                         Knob::CpusetCpus(list.clone()),
                         "cpu-suppress",
                         format!("{rule}; kubelet's static CPU manager: BE containers only"),
@@ -407,9 +408,9 @@ fn tick_with(
     } else if state.static_cpu_manager && !all.is_empty() {
         // not suppressing: BE containers keep (or get back) kubelet's own cpuset
         for c in be_containers(state) {
-            let (list, rule) = if !c.cpuset_cpus.is_empty() {
+            let (list, rule) = if !c.entry.cpuset_cpus.is_empty() {
                 (
-                    c.cpuset_cpus.clone(),
+                    c.entry.cpuset_cpus.clone(),
                     "BE cpuset not suppressed: kubelet's cpuset (static CPU manager)",
                 )
             } else if env.v2 {
@@ -421,7 +422,7 @@ fn tick_with(
                 )
             };
             plan.add(w(
-                &c.cgroup,
+                &c.entry.cgroup,
                 Knob::CpusetCpus(list),
                 "cpu-suppress",
                 rule.into(),
@@ -528,10 +529,10 @@ fn bound_pod_quota(state: &NodeState, w: &Write) -> Option<Knob> {
     }
     let mut sum = 0u128;
     for c in &p.containers {
-        if c.cpu_quota <= 0 {
+        if c.entry.cpu_quota <= 0 {
             return None;
         }
-        sum += c.cpu_quota as u128 * period as u128 / c.cpu_period.max(1000) as u128;
+        sum += c.entry.cpu_quota as u128 * period as u128 / c.entry.cpu_period.max(1000) as u128;
     }
     Some(Knob::CpuQuota {
         quota: Some(u64::try_from(sum).unwrap_or(u64::MAX)),
@@ -623,7 +624,7 @@ pub fn restore_plan(state: &NodeState, policy: &Policy, env: &Env, found: &Found
     let known: BTreeSet<&CgroupPath> = state
         .pods
         .iter()
-        .flat_map(|p| p.containers.iter().map(|c| &c.cgroup))
+        .flat_map(|p| p.containers.iter().map(|c| &c.entry.cgroup))
         .collect();
     for p in &state.pods {
         defaults(&mut plan, &p.cgroup);
@@ -634,16 +635,16 @@ pub fn restore_plan(state: &NodeState, policy: &Policy, env: &Env, found: &Found
         let pod_file = found.quotas.get(&p.cgroup).copied();
         let mut delta: i128 = 0;
         for c in &p.containers {
-            defaults(&mut plan, &c.cgroup);
-            let period = c.cpu_period.max(1000) as u64;
-            if c.cpu_quota > 0 && !planned(&plan, &c.cgroup, "cpu-quota") {
-                let limit = c.cpu_quota as u64;
-                if let Some((Some(q), fp)) = found.quotas.get(&c.cgroup).copied() {
+            defaults(&mut plan, &c.entry.cgroup);
+            let period = c.entry.cpu_period.max(1000) as u64;
+            if c.entry.cpu_quota > 0 && !planned(&plan, &c.entry.cgroup, "cpu-quota") {
+                let limit = c.entry.cpu_quota as u64;
+                if let Some((Some(q), fp)) = found.quotas.get(&c.entry.cgroup).copied() {
                     // compared at the container's own period
                     let q = (q as u128 * period as u128 / fp.max(1) as u128) as u64;
                     if q != limit {
                         plan.add(w(
-                            &c.cgroup,
+                            &c.entry.cgroup,
                             Knob::CpuQuota {
                                 quota: Some(limit),
                                 period,
@@ -659,10 +660,15 @@ pub fn restore_plan(state: &NodeState, policy: &Policy, env: &Env, found: &Found
                     }
                 }
             }
-            if p.class == QosClass::Be && !planned(&plan, &c.cgroup, "cpuset-cpus") {
-                let own = (!c.cpuset_cpus.is_empty()).then(|| c.cpuset_cpus.clone());
+            if p.class == QosClass::Be && !planned(&plan, &c.entry.cgroup, "cpuset-cpus") {
+                let own = (!c.entry.cpuset_cpus.is_empty()).then(|| c.entry.cpuset_cpus.clone());
                 if let Some(cpus) = own.or_else(|| all_cpus.clone()) {
-                    plan.add(w(&c.cgroup, Knob::CpusetCpus(cpus), "restore", WHY.into()));
+                    plan.add(w(
+                        &c.entry.cgroup,
+                        Knob::CpusetCpus(cpus),
+                        "restore",
+                        WHY.into(),
+                    ));
                 }
             }
         }
@@ -803,9 +809,13 @@ fn cap_be_children(state: &NodeState, parent_quota: Option<u64>, plan: &mut Plan
         let mut own: Vec<(&CgroupPath, Option<(u64, u64)>)> = Vec::new();
         own.push((&p.cgroup, None));
         for c in &p.containers {
-            let kubelet =
-                (c.cpu_quota > 0).then(|| (c.cpu_quota as u64, c.cpu_period.max(1000) as u64));
-            own.push((&c.cgroup, kubelet));
+            let kubelet = (c.entry.cpu_quota > 0).then(|| {
+                (
+                    c.entry.cpu_quota as u64,
+                    c.entry.cpu_period.max(1000) as u64,
+                )
+            });
+            own.push((&c.entry.cgroup, kubelet));
         }
         for (cg, kubelet) in own {
             let planned = match plan
@@ -865,8 +875,8 @@ pub fn share_pool(state: &NodeState) -> (f64, f64) {
             capacity -= p
                 .containers
                 .iter()
-                .filter(|c| c.cpu_quota > 0 && c.cpu_period > 0)
-                .map(|c| c.cpu_quota as f64 / c.cpu_period as f64)
+                .filter(|c| c.entry.cpu_quota > 0 && c.entry.cpu_period > 0)
+                .map(|c| c.entry.cpu_quota as f64 / c.entry.cpu_period as f64)
                 .sum::<f64>();
         }
         if matches!(p.class, QosClass::Lse | QosClass::Lsr | QosClass::Be) {
@@ -936,21 +946,21 @@ fn burst_plugin(
         let mut pod_burst = 0u64;
         let mut pod_cur = 0u64;
         for c in &p.containers {
-            if c.cpu_quota <= 0 {
+            if c.entry.cpu_quota <= 0 {
                 all_limited = false;
                 continue;
             }
-            let limit = c.cpu_quota as u64;
-            let period = c.cpu_period.max(1000) as u64;
+            let limit = c.entry.cpu_quota as u64;
+            let period = c.entry.cpu_period.max(1000) as u64;
             // never below kubelet's limit (an in-place resize up raises the floor)
-            let cur = last.get(&c.id).copied().unwrap_or(limit).max(limit);
+            let cur = last.get(&c.entry.id).copied().unwrap_or(limit).max(limit);
             let d = burst::decide(
                 &burst::Container {
                     limit_quota_us: limit,
                     period_us: period,
                     current_quota_us: cur,
                     throttled_ratio: c.throttled_ratio,
-                    limited: limited.contains(&c.id),
+                    limited: limited.contains(&c.entry.id),
                 },
                 pool_state,
                 b,
@@ -966,7 +976,7 @@ fn burst_plugin(
             if let (Some(bu), true) = (d.burst_us, env.features.cpu_burst) {
                 let bu = bu.min(target).min(cur).min(limit);
                 plan.add(w(
-                    &c.cgroup,
+                    &c.entry.cgroup,
                     Knob::CpuBurst(bu),
                     "cpu-burst",
                     d.rule.clone(),
@@ -976,7 +986,7 @@ fn burst_plugin(
                 // as koordlet: burst off writes 0 (a burst left by an earlier run or
                 // policy, which the executor does not remember, is reset too)
                 plan.add(w(
-                    &c.cgroup,
+                    &c.entry.cgroup,
                     Knob::CpuBurst(0),
                     "cpu-burst",
                     "cpuBurst off: no burst".into(),
@@ -990,7 +1000,7 @@ fn burst_plugin(
                     "cfsQuotaBurst off: quota back to the limit".to_string()
                 };
                 plan.add(w(
-                    &c.cgroup,
+                    &c.entry.cgroup,
                     Knob::CpuQuota {
                         quota: Some(target),
                         period,
@@ -1001,7 +1011,7 @@ fn burst_plugin(
             }
             if target != limit {
                 pod_scaled = true;
-                quotas.insert(c.id.clone(), target);
+                quotas.insert(c.entry.id.clone(), target);
             }
             if pod_period == 0 {
                 pod_period = period;
@@ -1010,7 +1020,9 @@ fn burst_plugin(
         }
         // the pod's own quota (kubelet: the sum of its containers' limits) follows
         if all_limited
-            && (scale_on || pod_scaled || p.containers.iter().any(|c| last.contains_key(&c.id)))
+            && (scale_on
+                || pod_scaled
+                || p.containers.iter().any(|c| last.contains_key(&c.entry.id)))
         {
             plan.add(w(
                 &p.cgroup,
@@ -1022,7 +1034,8 @@ fn burst_plugin(
                 "the pod's quota: the sum of its containers' quotas".into(),
             ));
         }
-        if !burst_on && env.features.cpu_burst && p.containers.iter().any(|c| c.cpu_quota > 0) {
+        if !burst_on && env.features.cpu_burst && p.containers.iter().any(|c| c.entry.cpu_quota > 0)
+        {
             plan.add(w(
                 &p.cgroup,
                 Knob::CpuBurst(0),
@@ -1115,18 +1128,21 @@ impl Engine {
             if !scale_on || b.cfs_quota_burst_period_seconds < 0 {
                 continue;
             }
-            for c in p.containers.iter().filter(|c| c.cpu_quota > 0) {
-                seen.insert(c.id.clone());
-                let limit_cores = c.cpu_quota as f64 / c.cpu_period.max(1000) as f64;
+            for c in p.containers.iter().filter(|c| c.entry.cpu_quota > 0) {
+                seen.insert(c.entry.id.clone());
+                let limit_cores = c.entry.cpu_quota as f64 / c.entry.cpu_period.max(1000) as f64;
                 let fresh = || {
                     burst::Limiter::new(
-                        &c.id,
+                        &c.entry.id,
                         b.cfs_quota_burst_period_seconds,
                         b.cfs_quota_burst_percent,
                         now_s,
                     )
                 };
-                let l = self.limiters.entry(c.id.clone()).or_insert_with(fresh);
+                let l = self
+                    .limiters
+                    .entry(c.entry.id.clone())
+                    .or_insert_with(fresh);
                 if !l.is_for(b.cfs_quota_burst_period_seconds, b.cfs_quota_burst_percent) {
                     *l = fresh();
                 }
@@ -1138,7 +1154,7 @@ impl Engine {
                     100.0
                 };
                 if !l.allow(now_s, usage) {
-                    out.insert(c.id.clone());
+                    out.insert(c.entry.id.clone());
                 }
             }
         }
@@ -1227,12 +1243,12 @@ impl Engine {
     /// when scaling is off. Only for containers not seen before; a quota at or
     /// below the limit says nothing (the limit is the floor).
     pub fn seed_quota(&mut self, container: &Container, file_quota_us: Option<u64>) {
-        if container.cpu_quota <= 0 || self.burst_quota.contains_key(&container.id) {
+        if container.entry.cpu_quota <= 0 || self.burst_quota.contains_key(&container.entry.id) {
             return;
         }
         // read at the container's own period
-        if let Some(q) = file_quota_us.filter(|q| *q > container.cpu_quota as u64) {
-            self.burst_quota.insert(container.id.clone(), q);
+        if let Some(q) = file_quota_us.filter(|q| *q > container.entry.cpu_quota as u64) {
+            self.burst_quota.insert(container.entry.id.clone(), q);
         }
     }
 
@@ -1272,16 +1288,18 @@ mod tests {
             sandbox: None,
             cpu_cores: cores,
             containers: vec![Container {
-                id: format!("c{id}"),
-                name: "main".into(),
-                cgroup: cg.container(&format!("c{id}")).unwrap(),
-                memory_limit: 0,
-                cpu_quota: quota,
-                cpu_period: 100_000,
+                entry: qoslet_hooks::inventory::ContainerEntry {
+                    id: format!("c{id}"),
+                    name: "main".into(),
+                    cgroup: cg.container(&format!("c{id}")).unwrap(),
+                    memory_limit: 0,
+                    cpu_quota: quota,
+                    cpu_period: 100_000,
+                    cpuset_cpus: String::new(),
+                    oom_score_adj: 0,
+                },
                 cpu_cores: cores,
                 throttled_ratio: 0.5,
-                cpuset_cpus: String::new(),
-                oom_score_adj: 0,
             }],
         }
     }
@@ -1421,7 +1439,7 @@ mod tests {
         let t = e.plan(&s, &Policy::default(), &env);
         assert_eq!(
             t.plan
-                .get(&(ls.containers[0].cgroup.clone(), "cpuset-cpus", None))
+                .get(&(ls.containers[0].entry.cgroup.clone(), "cpuset-cpus", None))
                 .map(|w| w.knob.clone()),
             Some(Knob::CpusetCpus("0-1,4-15".into()))
         );
@@ -1458,7 +1476,7 @@ mod tests {
             })
         );
         assert_eq!(
-            plan.get(&(ls.containers[0].cgroup.clone(), "cpuset-cpus", None))
+            plan.get(&(ls.containers[0].entry.cgroup.clone(), "cpuset-cpus", None))
                 .map(|w| w.knob.clone()),
             Some(Knob::CpusetCpus("0-15".into())),
             "a share-pool cpuset back to every CPU"
@@ -1642,7 +1660,7 @@ mod tests {
     fn v1_be_children_are_capped_under_the_parent_and_given_back_their_own() {
         let (m, cg) = tree();
         let mut s = state(7.0, 4.0, None);
-        s.pods[1].containers[0].cpu_quota = 300_000; // the BE container's own 3 cores
+        s.pods[1].containers[0].entry.cpu_quota = 300_000; // the BE container's own 3 cores
         let mut e = Engine::new(10);
         let t = e.plan(&s, &cfs(50), &Env::default());
         let w = suppress_writes(&t);
@@ -1724,7 +1742,7 @@ mod tests {
         let mut second = s.pods[1].clone();
         second.id = "be2".into();
         second.cgroup = CgroupPath::parse("/kubepods/besteffort/podbe2").unwrap();
-        second.containers[0].cgroup = second.cgroup.container("cbe2").unwrap();
+        second.containers[0].entry.cgroup = second.cgroup.container("cbe2").unwrap();
         s.pods.push(second);
         for p in s.pods.iter_mut().filter(|p| p.class == QosClass::Be) {
             p.annotations.insert(
@@ -1960,8 +1978,8 @@ mod tests {
         let system = pod("sys", QosClass::System, "/kubepods/burstable", 0.1, 100_000);
         let mut two = pod("two", QosClass::Ls, "/kubepods/burstable", 0.2, 100_000);
         let mut second = two.containers[0].clone();
-        second.id = "ctwo2".into();
-        second.cgroup = two.cgroup.container("ctwo2").unwrap();
+        second.entry.id = "ctwo2".into();
+        second.entry.cgroup = two.cgroup.container("ctwo2").unwrap();
         two.containers.push(second);
         s.pods.extend([labelled_lsr, unlabelled_gu, system, two]);
         let t = Engine::new(10).plan(&s, &p, &env);
@@ -2051,7 +2069,7 @@ mod tests {
         p.burst.policy = BurstPolicy::Auto;
         e.plan(&state(1.0, 1.0, None), &p, &env);
         let mut s = state(10.0, 1.0, None);
-        s.pods[0].containers[0].cpu_quota = 400_000;
+        s.pods[0].containers[0].entry.cpu_quota = 400_000;
         let t = e.plan(&s, &p, &env);
         assert!(
             of(&t, c, false).unwrap_or(400_000) >= 400_000,
@@ -2122,7 +2140,7 @@ mod tests {
             t.plan
                 .writes()
                 .iter()
-                .find(|w| w.cgroup == ls.cgroup && w.knob.name() == "cpu-quota")
+                .find(|w| w.cgroup == ls.entry.cgroup && w.knob.name() == "cpu-quota")
                 .map(|w| w.knob.clone())
         };
         // scaling off: without the seed nothing is written (the defect)
@@ -2196,12 +2214,16 @@ mod tests {
     #[test]
     fn a_short_period_child_stays_within_the_parents_ratio() {
         let mut s = state(1.0, 1.0, Some(2_000));
-        s.pods[1].containers[0].cpu_quota = 5_000;
-        s.pods[1].containers[0].cpu_period = 10_000;
+        s.pods[1].containers[0].entry.cpu_quota = 5_000;
+        s.pods[1].containers[0].entry.cpu_period = 10_000;
         let mut plan = Plan::new();
         cap_be_children(&s, Some(2_000), &mut plan);
         let c = plan
-            .get(&(s.pods[1].containers[0].cgroup.clone(), "cpu-quota", None))
+            .get(&(
+                s.pods[1].containers[0].entry.cgroup.clone(),
+                "cpu-quota",
+                None,
+            ))
             .unwrap();
         match c.knob {
             Knob::CpuQuota {
@@ -2377,7 +2399,7 @@ mod tests {
     fn static_cpu_manager_suppresses_on_containers_only() {
         let mut s = state(6.0, 4.0, None);
         s.static_cpu_manager = true;
-        s.pods[1].containers[0].cpuset_cpus = "0-13".into();
+        s.pods[1].containers[0].entry.cpuset_cpus = "0-13".into();
         let mut p = cfs(50);
         p.threshold.cpu_suppress_policy = CpuSuppressPolicy::Cpuset;
         let sets = |t: &TickResult| -> Vec<(String, Knob)> {
@@ -2455,13 +2477,13 @@ mod tests {
         let mut ls = pod("ls", QosClass::Ls, "/kubepods/burstable", 1.0, 200_000);
         ls.kube = Some(KubeQos::Burstable);
         let mut second = ls.containers[0].clone();
-        second.id = "cls2".into();
-        second.name = "side".into();
-        second.cgroup = ls.cgroup.container("cls2").unwrap();
+        second.entry.id = "cls2".into();
+        second.entry.name = "side".into();
+        second.entry.cgroup = ls.cgroup.container("cls2").unwrap();
         ls.containers.push(second);
         for c in &mut ls.containers {
-            c.oom_score_adj = 996; // 4 GiB each on a 1000 GiB node
-            c.memory_limit = (8 * gib) as i64;
+            c.entry.oom_score_adj = 996; // 4 GiB each on a 1000 GiB node
+            c.entry.memory_limit = (8 * gib) as i64;
         }
         s.pods = vec![ls.clone()];
         s.qos_dirs = vec![(
@@ -2494,7 +2516,7 @@ mod tests {
                 .map(|w| w.knob.clone())
         };
         assert_eq!(
-            get(&ls.containers[0].cgroup, "memory-min"),
+            get(&ls.containers[0].entry.cgroup, "memory-min"),
             Some(Knob::MemoryMin(2 * gib))
         );
         assert_eq!(
@@ -2531,7 +2553,7 @@ mod tests {
         let mut ls = pod("ls", QosClass::Ls, "/kubepods/burstable", 6.0, 200_000);
         ls.containers[0].cpu_cores = 6.0; // 300 % of its 2-core limit
         s.pods = vec![ls.clone()];
-        let id = ls.containers[0].id.clone();
+        let id = ls.containers[0].entry.id.clone();
         let run = |s: &NodeState, period: i64| {
             let mut p = Policy::default();
             p.burst.policy = BurstPolicy::CfsQuotaBurstOnly;
@@ -2606,7 +2628,7 @@ mod tests {
         let t = tick(&s, &p, &env, &HashMap::new());
         let q = t
             .plan
-            .get(&(g.containers[0].cgroup.clone(), "cpu-quota", None))
+            .get(&(g.containers[0].entry.cgroup.clone(), "cpu-quota", None))
             .map(|w| w.knob.clone());
         assert_eq!(
             q,
@@ -2621,11 +2643,11 @@ mod tests {
         // the online CPUs unknown (no sysfs: the NUMA layout is made up from the
         // capacity): nothing is bound against it, the pod is burst-scaled
         let t = tick(&s, &p, &Env::default(), &HashMap::new());
-        assert!(t.burst_quota.contains_key(&g.containers[0].id));
+        assert!(t.burst_quota.contains_key(&g.containers[0].entry.id));
         // unbound, the same pod is burst-scaled as before
         s.pods[0].annotations.clear();
         let t = tick(&s, &p, &env, &HashMap::new());
-        assert!(t.burst_quota.contains_key(&g.containers[0].id));
+        assert!(t.burst_quota.contains_key(&g.containers[0].entry.id));
     }
 
     /// Review of issue 15 items 10-12: the BE cpuset never takes CPUs outside
@@ -2639,7 +2661,11 @@ mod tests {
             let t = tick(s, &p, &Env::default(), &HashMap::new());
             let w = t
                 .plan
-                .get(&(s.pods[1].containers[0].cgroup.clone(), "cpuset-cpus", None))
+                .get(&(
+                    s.pods[1].containers[0].entry.cgroup.clone(),
+                    "cpuset-cpus",
+                    None,
+                ))
                 .unwrap();
             match &w.knob {
                 Knob::CpusetCpus(l) => crate::cpuset::parse_cpus(l).unwrap(),
@@ -2663,8 +2689,8 @@ mod tests {
     #[test]
     fn restore_gives_a_capped_be_container_its_limit_and_leaves_its_pod() {
         let mut s = state(1.0, 1.0, Some(2_000));
-        s.pods[1].containers[0].cpu_quota = 200_000;
-        let be_c = s.pods[1].containers[0].cgroup.clone();
+        s.pods[1].containers[0].entry.cpu_quota = 200_000;
+        let be_c = s.pods[1].containers[0].entry.cgroup.clone();
         let be_p = s.pods[1].cgroup.clone();
         let mut found = Found::default();
         found.quotas.insert(be_c.clone(), (Some(50_000), 100_000));

@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use qoslet_cgroups::{CgroupPath, Knob};
 use qoslet_hooks::decide::{self, Action, Context, Decision, NodeFacts, Requested, SandboxLimits};
+use qoslet_hooks::inventory::ContainerEntry;
 use qoslet_hooks::{KubeQos, PodClass, QosClass};
 
 use crate::plan::{Plan, Write};
@@ -37,20 +38,11 @@ pub struct Pod {
     pub containers: Vec<Container>,
 }
 
-/// A running container.
+/// A running container: the inventory's entry (its id, cgroup and what
+/// kubelet asked for), with its usage filled in per tick.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Container {
-    pub id: String,
-    pub name: String,
-    pub cgroup: CgroupPath,
-    /// What kubelet asked for: memory limit (0: none), CFS quota (≤ 0: none) and period.
-    pub memory_limit: i64,
-    pub cpu_quota: i64,
-    pub cpu_period: i64,
-    /// The cpuset kubelet asked for (empty: none).
-    pub cpuset_cpus: String,
-    /// kubelet's `oom_score_adj` (0: unknown).
-    pub oom_score_adj: i64,
+    pub entry: ContainerEntry,
     /// From the metrics cache.
     pub cpu_cores: f64,
     pub throttled_ratio: f64,
@@ -98,16 +90,9 @@ impl Pod {
 
 impl Container {
     /// An inventory container as the engine plans it (usage filled in per tick).
-    pub fn from_entry(c: &qoslet_hooks::inventory::ContainerEntry) -> Self {
+    pub fn from_entry(c: &ContainerEntry) -> Self {
         Container {
-            id: c.id.clone(),
-            name: c.name.clone(),
-            cgroup: c.cgroup.clone(),
-            memory_limit: c.memory_limit,
-            cpuset_cpus: c.cpuset_cpus.clone(),
-            oom_score_adj: c.oom_score_adj,
-            cpu_quota: c.cpu_quota,
-            cpu_period: c.cpu_period,
+            entry: c.clone(),
             cpu_cores: 0.0,
             throttled_ratio: 0.0,
         }
@@ -115,14 +100,7 @@ impl Container {
 
     /// What kubelet asked for, as the hooks' decisions take it.
     pub fn requested(&self) -> Requested<'_> {
-        Requested {
-            memory_limit: self.memory_limit,
-            cpu_quota: self.cpu_quota,
-            cpu_period: self.cpu_period,
-            cpuset_cpus: &self.cpuset_cpus,
-            oom_score_adj: self.oom_score_adj,
-            pod_milli_cpu: 0,
-        }
+        self.entry.requested()
     }
 }
 
@@ -254,7 +232,7 @@ pub fn pod(p: &Pod, ctx: &Context, plan: &mut Plan) {
     let mut sums = [(0u64, false); 2];
     for c in &p.containers {
         let r = p.requested(c);
-        let d = decide::container(p.pod_class(), &c.name, &p.annotations, &r, ctx);
+        let d = decide::container(p.pod_class(), &c.entry.name, &p.annotations, &r, ctx);
         // a cpuset that is not the container's binding is its share-pool place,
         // which goes back when the pool is whole again (a binding, a batch limit
         // or a quota unset stays as the runtime keeps it: the pod's annotation
@@ -272,7 +250,7 @@ pub fn pod(p: &Pod, ctx: &Context, plan: &mut Plan) {
                 }
                 _ => None,
             };
-            add(plan, &c.cgroup, d, ctx.v2, back);
+            add(plan, &c.entry.cgroup, d, ctx.v2, back);
         }
     }
     let own = |name: &str| {
@@ -329,16 +307,18 @@ mod tests {
             sandbox: None,
             cpu_cores: 0.0,
             containers: vec![Container {
-                id: "c1".into(),
-                name: "work".into(),
-                cgroup: CgroupPath::parse("/kubepods/besteffort/podp1/c1").unwrap(),
-                memory_limit: 0,
-                cpu_quota: 0,
-                cpu_period: 100_000,
+                entry: ContainerEntry {
+                    id: "c1".into(),
+                    name: "work".into(),
+                    cgroup: CgroupPath::parse("/kubepods/besteffort/podp1/c1").unwrap(),
+                    memory_limit: 0,
+                    cpu_quota: 0,
+                    cpu_period: 100_000,
+                    cpuset_cpus: String::new(),
+                    oom_score_adj: 0,
+                },
                 cpu_cores: 0.0,
                 throttled_ratio: 0.0,
-                cpuset_cpus: String::new(),
-                oom_score_adj: 0,
             }],
         }
     }

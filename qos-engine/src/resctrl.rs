@@ -60,7 +60,7 @@ pub fn desired(
             ),
         });
         g.containers
-            .extend(p.containers.iter().map(|c| c.cgroup.clone()));
+            .extend(p.containers.iter().map(|c| c.entry.cgroup.clone()));
     }
     out
 }
@@ -177,29 +177,34 @@ mod tests {
             cpu_cores: 0.0,
             containers: vec![
                 Container {
-                    id: "c1".into(),
-                    name: "w".into(),
-                    cgroup: CgroupPath::parse(&format!("/kubepods/besteffort/pod{id}/c1")).unwrap(),
-                    memory_limit: 0,
-                    cpu_quota: 0,
-                    cpu_period: 100_000,
+                    entry: qoslet_hooks::inventory::ContainerEntry {
+                        id: "c1".into(),
+                        name: "w".into(),
+                        cgroup: CgroupPath::parse(&format!("/kubepods/besteffort/pod{id}/c1"))
+                            .unwrap(),
+                        memory_limit: 0,
+                        cpu_quota: 0,
+                        cpu_period: 100_000,
+                        cpuset_cpus: String::new(),
+                        oom_score_adj: 0,
+                    },
                     cpu_cores: 0.0,
                     throttled_ratio: 0.0,
-                    cpuset_cpus: String::new(),
-                    oom_score_adj: 0,
                 },
                 Container {
-                    id: "gone".into(),
-                    name: "x".into(),
-                    cgroup: CgroupPath::parse(&format!("/kubepods/besteffort/pod{id}/gone"))
-                        .unwrap(),
-                    memory_limit: 0,
-                    cpu_quota: 0,
-                    cpu_period: 100_000,
+                    entry: qoslet_hooks::inventory::ContainerEntry {
+                        id: "gone".into(),
+                        name: "x".into(),
+                        cgroup: CgroupPath::parse(&format!("/kubepods/besteffort/pod{id}/gone"))
+                            .unwrap(),
+                        memory_limit: 0,
+                        cpu_quota: 0,
+                        cpu_period: 100_000,
+                        cpuset_cpus: String::new(),
+                        oom_score_adj: 0,
+                    },
                     cpu_cores: 0.0,
                     throttled_ratio: 0.0,
-                    cpuset_cpus: String::new(),
-                    oom_score_adj: 0,
                 },
             ],
         };

@@ -309,7 +309,7 @@ impl Skeleton {
                     format!("pod/{}", p.id),
                     p.containers
                         .iter()
-                        .map(|c| format!("container/{}", c.id))
+                        .map(|c| format!("container/{}", c.entry.id))
                         .collect(),
                 )
             })
@@ -414,7 +414,7 @@ fn restore_plan(
     let v1 = !cgroups.host().is_v2();
     let mut found = crate::engine::Found::default();
     for p in &k.pods {
-        for cg in std::iter::once(&p.cgroup).chain(p.containers.iter().map(|c| &c.cgroup)) {
+        for cg in std::iter::once(&p.cgroup).chain(p.containers.iter().map(|c| &c.entry.cgroup)) {
             if let Some(q) = cgroups.read_cpu_quota(cg) {
                 found.quotas.insert(cg.clone(), q);
             }
@@ -642,14 +642,14 @@ impl Shared {
                         .pods
                         .iter()
                         .flat_map(|p| &p.containers)
-                        .map(|c| (c.id.as_str(), c.cpuset_cpus.as_str()))
+                        .map(|c| (c.entry.id.as_str(), c.entry.cpuset_cpus.as_str()))
                         .collect();
                     for c in k.pods.iter().flat_map(|p| &p.containers) {
                         if before
-                            .get(c.id.as_str())
-                            .is_some_and(|b| *b != c.cpuset_cpus)
+                            .get(c.entry.id.as_str())
+                            .is_some_and(|b| *b != c.entry.cpuset_cpus)
                         {
-                            engine.forget(&c.cgroup, "cpuset-cpus");
+                            engine.forget(&c.entry.cgroup, "cpuset-cpus");
                         }
                     }
                 }
@@ -768,7 +768,7 @@ impl Shared {
                     .iter()
                     .filter(|p| p.class == qoslet_hooks::QosClass::Be)
                     .flat_map(|p| &p.containers)
-                    .filter_map(|c| cg.read_cpuset(&c.cgroup))
+                    .filter_map(|c| cg.read_cpuset(&c.entry.cgroup))
                     .take(4)
                     .min_by_key(|c| c.len());
             }
@@ -792,13 +792,13 @@ impl Shared {
                 let live: HashSet<&str> = state
                     .pods
                     .iter()
-                    .flat_map(|p| p.containers.iter().map(|c| c.id.as_str()))
+                    .flat_map(|p| p.containers.iter().map(|c| c.entry.id.as_str()))
                     .collect();
                 seeded.retain(|id| live.contains(id.as_str()));
                 for c in state.pods.iter().flat_map(|p| &p.containers) {
-                    if c.cpu_quota > 0 && seeded.insert(c.id.clone()) {
-                        let q = cg.read_cpu_quota(&c.cgroup).and_then(|(q, period)| {
-                            q.map(|q| q * c.cpu_period as u64 / period.max(1))
+                    if c.entry.cpu_quota > 0 && seeded.insert(c.entry.id.clone()) {
+                        let q = cg.read_cpu_quota(&c.entry.cgroup).and_then(|(q, period)| {
+                            q.map(|q| q * c.entry.cpu_period as u64 / period.max(1))
                         });
                         engine.seed_quota(c, q);
                     }
@@ -1140,14 +1140,14 @@ mod tests {
                         .containers
                         .iter()
                         .map(|c| ContainerEntry {
-                            id: c.id.clone(),
-                            name: c.name.clone(),
-                            cgroup: c.cgroup.clone(),
-                            memory_limit: c.memory_limit,
-                            cpu_quota: c.cpu_quota,
-                            cpu_period: c.cpu_period,
-                            cpuset_cpus: c.cpuset_cpus.clone(),
-                            oom_score_adj: c.oom_score_adj,
+                            id: c.entry.id.clone(),
+                            name: c.entry.name.clone(),
+                            cgroup: c.entry.cgroup.clone(),
+                            memory_limit: c.entry.memory_limit,
+                            cpu_quota: c.entry.cpu_quota,
+                            cpu_period: c.entry.cpu_period,
+                            cpuset_cpus: c.entry.cpuset_cpus.clone(),
+                            oom_score_adj: c.entry.oom_score_adj,
                         })
                         .collect(),
                 })

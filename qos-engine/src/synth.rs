@@ -124,20 +124,23 @@ pub fn build(root: &Path, s: &Shape) -> io::Result<Vec<Pod>> {
                     all.push(format!("{pcg}/{cid}"));
                     let limited = class == QosClass::Ls && s.ls_limit_cores > 0.0;
                     Container {
-                        id: cid.clone(),
-                        name: format!("c{c}"),
-                        cgroup: CgroupPath::parse(&format!("{pcg}/{cid}")).expect("synthetic path"),
-                        memory_limit: 0,
-                        cpu_quota: if limited {
-                            (s.ls_limit_cores * 100_000.0) as i64
-                        } else {
-                            0
+                        entry: qoslet_hooks::inventory::ContainerEntry {
+                            id: cid.clone(),
+                            name: format!("c{c}"),
+                            cgroup: CgroupPath::parse(&format!("{pcg}/{cid}"))
+                                .expect("synthetic path"),
+                            memory_limit: 0,
+                            cpu_quota: if limited {
+                                (s.ls_limit_cores * 100_000.0) as i64
+                            } else {
+                                0
+                            },
+                            cpu_period: 100_000,
+                            cpuset_cpus: String::new(),
+                            oom_score_adj: 0,
                         },
-                        cpu_period: 100_000,
                         cpu_cores: 0.0,
                         throttled_ratio: 0.0,
-                        cpuset_cpus: String::new(),
-                        oom_score_adj: 0,
                     }
                 })
                 .collect();
@@ -210,7 +213,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(pods.len(), 3);
-        assert_eq!(pods[0].containers[1].cpu_quota, 200_000);
+        assert_eq!(pods[0].containers[1].entry.cpu_quota, 200_000);
         let cg = qoslet_cgroups::Cgroups::detect(&d).unwrap();
         assert!(cg.host().features.cpu_idle && cg.host().features.cpu_burst);
         let be = CgroupPath::parse("kubepods/besteffort/podbe00000/be00000c1").unwrap();
