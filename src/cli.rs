@@ -59,7 +59,7 @@ pub async fn status(a: AdminArgs) -> Result<()> {
                     "runtimeName": b.runtime_name, "runtimeVersion": b.runtime_version, "error": b.error})),
                 "counters": s.counters.as_ref().map(|c| serde_json::json!({"pods": c.pods, "containers": c.containers,
                     "callsTotal": c.calls_total, "callsPassthrough": c.calls_passthrough, "callsIntercepted": c.calls_intercepted,
-                    "backendUnavailable": c.backend_unavailable, "hookErrors": c.hook_errors, "hookTimeouts": c.hook_timeouts,
+                    "backendUnavailable": c.backend_unavailable, "backendResets": c.backend_resets, "hookErrors": c.hook_errors, "hookTimeouts": c.hook_timeouts,
                     "hookPanics": c.hook_panics, "callsRefused": c.calls_refused, "oversizedMessages": c.oversized_messages,
                     "connections": c.connections_terminated})),
             }))?
@@ -85,8 +85,8 @@ pub async fn status(a: AdminArgs) -> Result<()> {
         c.pods, c.containers, s.state_dir
     );
     println!(
-        "calls: {} total, {} passed through, {} intercepted, {} in flight, {} backend unavailable, {} refused, {} oversized",
-        c.calls_total, c.calls_passthrough, c.calls_intercepted, c.calls_in_flight, c.backend_unavailable, c.calls_refused, c.oversized_messages
+        "calls: {} total, {} passed through, {} intercepted, {} in flight, {} backend unavailable, {} reset by the runtime, {} refused, {} oversized",
+        c.calls_total, c.calls_passthrough, c.calls_intercepted, c.calls_in_flight, c.backend_unavailable, c.backend_resets, c.calls_refused, c.oversized_messages
     );
     println!(
         "hooks: {} errors, {} timeouts, {} panics",

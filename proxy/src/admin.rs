@@ -89,6 +89,7 @@ impl Admin for AdminService {
                 calls_passthrough: l(&s.calls_passthrough),
                 calls_intercepted: l(&s.calls_intercepted),
                 backend_unavailable: l(&s.backend_unavailable),
+                backend_resets: l(&s.backend_resets),
                 calls_in_flight: l(&s.calls_in_flight),
                 hook_errors: l(&h.errors),
                 hook_timeouts: l(&h.timeouts),

@@ -1,22 +1,35 @@
-//! Tolerance for gRPC clients that send a unix socket path as `:authority`.
+//! What h2 would misjudge in a client's header blocks, put right before h2
+//! reads them.
 //!
-//! kubelet before 1.26, crictl and grpcurl 1.8 (grpc-go dialing a unix path)
-//! send `:authority: /run/qoslet/qoslet.sock`. containerd (grpc-go) accepts it;
-//! Rust's HTTP/2 server (h2) rejects the stream with PROTOCOL_ERROR because a
-//! path is not a valid URI authority. A proxy that kubelet cannot tell from
-//! containerd must accept it too.
+//! 1. **A unix socket path as `:authority`.** kubelet before 1.26, crictl and
+//!    grpcurl 1.8 (grpc-go dialing a unix path) send `:authority:
+//!    /run/qoslet/qoslet.sock`. containerd (grpc-go) accepts it; Rust's HTTP/2
+//!    server (h2) rejects the stream with PROTOCOL_ERROR because a path is not a
+//!    valid URI authority. A proxy that kubelet cannot tell from containerd must
+//!    accept it too: such a block is re-encoded with `localhost`.
+//! 2. **A malformed request** (an upper-case, empty or invalid field name, a
+//!    value with control characters, an unknown pseudo-header, a method that
+//!    does not parse: [`h2_refuses_field`]). RFC 9113 §8.1.1 makes it a stream
+//!    error, and containerd resets just that stream (PROTOCOL_ERROR); h2's
+//!    HPACK decoder takes it for a connection error and closes the connection
+//!    with every call of kubelet's on it. Such a block is handed to h2 as a
+//!    stand-in that h2 resets at stream level, with the same code.
 //!
-//! [`AuthorityFix`] wraps the server side of a connection and looks at the
-//! client's first header block. If its `:authority` is valid (or absent), the
-//! connection is passed through untouched from then on (no per-byte cost). If
-//! not, the connection switches to rewrite mode: every client header block is
-//! HPACK-decoded (tracking the client's dynamic table) and re-encoded as
-//! literals without indexing, with an invalid `:authority` replaced by
-//! `localhost`. Data frames are never touched. Anything that does not parse is
-//! passed on as it is, for the HTTP/2 server to judge.
+//! [`AuthorityFix`] wraps the server side of a connection and HPACK-decodes
+//! each client header block (fluke-hpack, tracking the client's dynamic table;
+//! the codec is theirs, only the judgement is qoslet's). A well-formed block
+//! goes to h2 as it came. After the first block that had to be changed, h2's
+//! table no longer matches the client's, so the connection switches to rewrite
+//! mode: every later block is re-encoded as literals without indexing. DATA
+//! frames are never changed. Anything that does not parse (or exceeds the
+//! limits of [`crate::limits`], which are h2's own) is passed on as it is, for
+//! h2 to judge. The client's SETTINGS_MAX_HEADER_LIST_SIZE is noted on the way
+//! ([`ClientSettings`]) for the runtime connection made on the client's behalf.
 
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -28,17 +41,18 @@ use crate::h2frame::{
 };
 /// The client's HPACK decoding context (fluke-hpack: maintained, fuzzed).
 type Decoder = fluke_hpack::Decoder<'static>;
-/// A header block larger than this is not decoded (passed on for h2 to judge).
-const MAX_BLOCK: usize = 1 << 20;
+/// A header block larger than this (encoded) is not decoded here (passed on
+/// for h2 to judge with the same limit).
+const MAX_BLOCK: usize = crate::limits::MAX_HEADER_LIST;
 /// The most a block may decode to (names + values + 32 per field, as RFC 7541
 /// counts): a small block of references to one large table entry (an HPACK
 /// bomb) stops being read here instead of allocating gigabytes.
-const MAX_DECODED: usize = 1 << 20;
-/// CONTINUATION frames one block may take (h2's own limit at these settings is 20).
-const MAX_CONTINUATIONS: u32 = 20;
+const MAX_DECODED: usize = crate::limits::MAX_HEADER_LIST;
+/// CONTINUATION frames one block may take (h2's own limit at qoslet's settings).
+const MAX_CONTINUATIONS: u32 = crate::limits::MAX_CONTINUATIONS as u32;
 /// The largest frame qoslet's HTTP/2 server accepts (`SETTINGS_MAX_FRAME_SIZE`),
 /// and the size rewritten header blocks are split at.
-pub const SERVER_MAX_FRAME: usize = 1 << 20;
+pub const SERVER_MAX_FRAME: usize = crate::limits::MAX_FRAME;
 /// The dynamic table size qoslet's HTTP/2 server advertises (h2's default):
 /// a client's size update above it is a decoding error (RFC 7541 §6.3).
 const SERVER_HEADER_TABLE: usize = 4096;
@@ -58,16 +72,39 @@ struct Block {
 
 /// What decoding a client's header block gave.
 enum Decoded {
-    /// The headers, and whether an `:authority` h2 would refuse is among them.
-    Headers(Vec<(Vec<u8>, Vec<u8>)>, bool),
+    /// The headers, whether an `:authority` h2 would refuse is among them, and
+    /// whether h2 would take the block for a connection error although RFC 9113
+    /// (§8.1.1, §8.2.1, §8.3) makes it a malformed request: a stream error.
+    Headers(Vec<(Vec<u8>, Vec<u8>)>, bool, bool),
     /// Over [`MAX_DECODED`].
     TooBig,
     /// Not HPACK (or a decoder panic, caught: fluke-hpack unwraps some integers).
     Bad,
 }
 
+/// Whether h2's HPACK decoder refuses this field outright (a connection error,
+/// GOAWAY PROTOCOL_ERROR): an empty, upper-case or otherwise invalid name, a
+/// value with control characters, an unknown pseudo-header, a method or status
+/// that does not parse, a pseudo-header value that is not UTF-8. containerd
+/// (Go's HTTP/2) resets just that stream for each of them.
+pub fn h2_refuses_field(name: &[u8], value: &[u8]) -> bool {
+    if name.is_empty() {
+        return true;
+    }
+    if name[0] == b':' {
+        let utf8 = std::str::from_utf8(value).is_ok();
+        return match &name[1..] {
+            b"authority" | b"scheme" | b"path" | b"protocol" => !utf8,
+            b"method" => http::Method::from_bytes(value).is_err(),
+            b"status" => http::StatusCode::from_bytes(value).is_err(),
+            _ => true,
+        };
+    }
+    http::HeaderName::from_lowercase(name).is_err() || http::HeaderValue::from_bytes(value).is_err()
+}
+
 fn decode(decoder: &mut Decoder, block: &[u8]) -> Decoded {
-    let (mut size, mut over, mut bad) = (0usize, false, false);
+    let (mut size, mut over, mut bad, mut malformed) = (0usize, false, false, false);
     let mut out = Vec::new();
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         decoder.decode_with_cb(block, |n, v| {
@@ -79,7 +116,9 @@ fn decode(decoder: &mut Decoder, block: &[u8]) -> Decoded {
                 over = true;
                 return;
             }
-            if &*n == b":authority" && !valid_authority(&v) {
+            if h2_refuses_field(&n, &v) {
+                malformed = true;
+            } else if &*n == b":authority" && !valid_authority(&v) {
                 bad = true;
             }
             out.push((n.into_owned(), v.into_owned()));
@@ -87,10 +126,21 @@ fn decode(decoder: &mut Decoder, block: &[u8]) -> Decoded {
     }));
     match r {
         Ok(Ok(())) if over => Decoded::TooBig,
-        Ok(Ok(())) => Decoded::Headers(out, bad),
+        Ok(Ok(())) => Decoded::Headers(out, bad, malformed),
         _ => Decoded::Bad,
     }
 }
+
+/// What a malformed request is handed to h2 as: a block h2 decodes and then
+/// refuses as malformed (a connection-specific field, RFC 9113 §8.2.2), so it
+/// resets that stream with PROTOCOL_ERROR, as containerd does, and the
+/// connection lives on.
+const MALFORMED_STAND_IN: [(&[u8], &[u8]); 4] = [
+    (b":method", b"POST"),
+    (b":scheme", b"http"),
+    (b":path", b"/"),
+    (b"connection", b"qoslet-malformed-request"),
+];
 
 fn new_decoder() -> Box<Decoder> {
     let mut d = Decoder::new();
@@ -102,8 +152,6 @@ enum Mode {
     Preface,
     Detect(Box<Decoder>),
     Rewrite(Box<Decoder>),
-    /// Frames are followed (forwarded raw) only to drop one SETTINGS ACK.
-    Scan,
     Passthrough,
 }
 
@@ -119,7 +167,9 @@ pub struct AuthorityFix<S> {
     block: Option<Block>,
     eof: bool,
     rewritten: u64,
+    malformed: u64,
     drop_ack: bool,
+    client: Arc<ClientSettings>,
 }
 
 impl<S> AuthorityFix<S> {
@@ -133,7 +183,9 @@ impl<S> AuthorityFix<S> {
             block: None,
             eof: false,
             rewritten: 0,
+            malformed: 0,
             drop_ack: false,
+            client: Arc::default(),
         }
     }
 
@@ -145,18 +197,20 @@ impl<S> AuthorityFix<S> {
         self
     }
 
-    /// Detection is done: only the SETTINGS ACK may still need dropping.
-    fn settle(&mut self) {
-        self.mode = if self.drop_ack {
-            Mode::Scan
-        } else {
-            Mode::Passthrough
-        };
-    }
-
     /// The wrapped connection.
     pub fn get_ref(&self) -> &S {
         &self.io
+    }
+
+    /// What the client's SETTINGS said (shared: read when the runtime
+    /// connection for this client is made).
+    pub fn client_settings(&self) -> Arc<ClientSettings> {
+        self.client.clone()
+    }
+
+    /// Malformed requests handed to h2 as a stream error so far.
+    pub fn malformed(&self) -> u64 {
+        self.malformed
     }
 
     /// Header blocks rewritten so far.
@@ -195,7 +249,7 @@ impl<S> AuthorityFix<S> {
                     self.out.extend_from_slice(&p);
                     self.mode = Mode::Detect(new_decoder());
                 }
-                Mode::Detect(_) | Mode::Rewrite(_) | Mode::Scan => {
+                Mode::Detect(_) | Mode::Rewrite(_) => {
                     if self.inbuf.len() < FRAME_HEADER {
                         return;
                     }
@@ -221,14 +275,10 @@ impl<S> AuthorityFix<S> {
         let payload = &frame[FRAME_HEADER..];
         if ty == SETTINGS && flags & ACK != 0 && self.drop_ack && self.block.is_none() {
             self.drop_ack = false;
-            if matches!(self.mode, Mode::Scan) {
-                self.mode = Mode::Passthrough;
-            }
             return;
         }
-        if matches!(self.mode, Mode::Scan) {
-            self.out.extend_from_slice(&frame);
-            return;
+        if ty == SETTINGS && flags & ACK == 0 && stream_id == 0 {
+            self.settings(payload);
         }
         match ty {
             HEADERS if self.block.is_none() => {
@@ -307,33 +357,47 @@ impl<S> AuthorityFix<S> {
             Mode::Detect(d) | Mode::Rewrite(d) => d,
             _ => unreachable!("finish only runs while parsing"),
         };
-        let (headers, bad) = match decode(decoder, &b.fragment) {
-            Decoded::Headers(h, bad) => (h, bad),
+        let (headers, bad, malformed) = match decode(decoder, &b.fragment) {
+            Decoded::Headers(h, bad, malformed) => (h, bad, malformed),
             Decoded::TooBig | Decoded::Bad => {
                 self.block = Some(b);
                 return self.give_up();
             }
         };
         if matches!(self.mode, Mode::Detect(_)) {
-            if !bad {
-                // a well-behaved client: never look at this connection again
+            if !bad && !malformed {
+                // a well-formed block: h2 gets it as it came (and decodes the
+                // same table state)
                 self.out.extend_from_slice(&b.raw);
-                return self.settle();
+                return;
             }
             let Mode::Detect(d) = std::mem::replace(&mut self.mode, Mode::Passthrough) else {
                 unreachable!()
             };
+            // from here on h2's HPACK table is not the client's: every block is
+            // re-encoded as literals
             self.mode = Mode::Rewrite(d);
-            tracing::debug!("client sends a unix path as :authority; rewriting its header blocks");
-        }
-        let block = literal_block(headers.iter().map(|(name, value)| {
-            let value: &[u8] = if name == b":authority" && !valid_authority(value) {
-                b"localhost"
+            if malformed {
+                tracing::debug!("malformed request from the client; h2 resets its stream");
             } else {
-                value
-            };
-            (name.as_slice(), value)
-        }));
+                tracing::debug!(
+                    "client sends a unix path as :authority; rewriting its header blocks"
+                );
+            }
+        }
+        let block = if malformed {
+            self.malformed += 1;
+            literal_block(MALFORMED_STAND_IN)
+        } else {
+            literal_block(headers.iter().map(|(name, value)| {
+                let value: &[u8] = if name == b":authority" && !valid_authority(value) {
+                    b"localhost"
+                } else {
+                    value
+                };
+                (name.as_slice(), value)
+            }))
+        };
         self.rewritten += 1;
         write_header_frames(
             &mut self.out,
@@ -342,6 +406,39 @@ impl<S> AuthorityFix<S> {
             &block,
             SERVER_MAX_FRAME,
         );
+    }
+
+    /// A client SETTINGS frame: its SETTINGS_MAX_HEADER_LIST_SIZE is noted.
+    fn settings(&self, payload: &[u8]) {
+        for p in payload.chunks_exact(6) {
+            if u16::from_be_bytes([p[0], p[1]]) == 0x6 {
+                let v = u32::from_be_bytes([p[2], p[3], p[4], p[5]]);
+                self.client.header_list.store(v as u64, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// What a client connection's SETTINGS said, as far as qoslet mirrors it
+/// towards the runtime (see [`crate::limits::runtime_header_list`]).
+#[derive(Debug)]
+pub struct ClientSettings {
+    /// SETTINGS_MAX_HEADER_LIST_SIZE, or `u64::MAX` while none was advertised.
+    header_list: AtomicU64,
+}
+
+impl Default for ClientSettings {
+    fn default() -> Self {
+        Self {
+            header_list: AtomicU64::new(u64::MAX),
+        }
+    }
+}
+
+impl ClientSettings {
+    /// The client's advertised header-list limit, if it advertised one.
+    pub fn max_header_list(&self) -> Option<u32> {
+        u32::try_from(self.header_list.load(Ordering::Relaxed)).ok()
     }
 }
 
@@ -543,6 +640,75 @@ mod tests {
         }
     }
 
+    /// Issue 27 item 4: a request h2 would close the connection for (an
+    /// upper-case name) reaches h2 as a stand-in it resets at stream level;
+    /// the blocks before it went as they came, the ones after are re-encoded
+    /// whole (h2's table no longer matches the client's).
+    #[tokio::test]
+    async fn a_malformed_request_becomes_a_stream_error_and_later_blocks_survive() {
+        let mut bad = req(b"localhost", b"/a/Bad");
+        bad.push((b"X-Upper", b"v"));
+        let input = client_stream(
+            &[req(b"localhost", b"/a/B"), bad, req(b"localhost", b"/a/C")],
+            10_000,
+        );
+        let (out, n) = run(input.clone()).await;
+        assert_eq!(n, 2, "the stand-in and the block after it");
+        let after = blocks_of(&out);
+        assert_eq!(after.len(), 3);
+        assert_eq!(after[0], blocks_of(&input)[0]);
+        let stand_in: Vec<(Vec<u8>, Vec<u8>)> = MALFORMED_STAND_IN
+            .iter()
+            .map(|(n, v)| (n.to_vec(), v.to_vec()))
+            .collect();
+        assert_eq!(after[1], stand_in);
+        assert_eq!(after[2], blocks_of(&input)[2]);
+    }
+
+    #[test]
+    fn what_h2_refuses_outright() {
+        for (n, v) in [
+            (&b"X-Upper"[..], &b"v"[..]),
+            (b"", b"v"),
+            (b"a b", b"v"),
+            (b"x-a", b"a\x01b"),
+            (b":foo", b"bar"),
+            (b":method", b"P OST"),
+            (b":path", b"\xff"),
+        ] {
+            assert!(h2_refuses_field(n, v), "{n:?}");
+        }
+        for (n, v) in [
+            (&b"x-lower"[..], &b"v\tw"[..]),
+            (b":method", b"POST"),
+            (b":path", b"/runtime.v1.RuntimeService/Version"),
+            (b"x-bin", b"\x80\xff"),
+            (b":authority", b"/run/qoslet.sock"),
+        ] {
+            assert!(!h2_refuses_field(n, v), "{n:?}");
+        }
+    }
+
+    #[test]
+    fn the_clients_header_list_limit_is_noted() {
+        let mut f = AuthorityFix::new(());
+        let settings = f.client_settings();
+        assert_eq!(settings.max_header_list(), None);
+        let mut input = BytesMut::from(PREFACE);
+        // SETTINGS: MAX_CONCURRENT_STREAMS 100, MAX_HEADER_LIST_SIZE 16384
+        write_frame(
+            &mut input,
+            SETTINGS,
+            0,
+            0,
+            &[0, 3, 0, 0, 0, 100, 0, 6, 0, 0, 0x40, 0],
+        );
+        f.inbuf.extend_from_slice(&input);
+        f.process();
+        assert_eq!(settings.max_header_list(), Some(16384));
+        assert_eq!(&f.out[..], &input[..]);
+    }
+
     #[tokio::test]
     async fn garbage_is_passed_on_untouched() {
         let input = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec();
@@ -676,14 +842,14 @@ mod tests {
     }
 
     /// Review of issue 11: empty CONTINUATION frames (which grow no fragment)
-    /// end the parsing after 20, and a frame longer than the server's maximum
-    /// is never buffered.
+    /// end the parsing after h2's own limit (1,280), and a frame longer than
+    /// the server's maximum is never buffered.
     #[test]
     fn empty_continuations_and_oversized_frames_are_not_held() {
         let mut f = AuthorityFix::new(());
         let mut input = BytesMut::from(PREFACE);
         write_frame(&mut input, HEADERS, 0, 1, &[0x82]);
-        for _ in 0..30 {
+        for _ in 0..MAX_CONTINUATIONS + 10 {
             write_frame(&mut input, CONTINUATION, 0, 1, &[]);
         }
         f.inbuf.extend_from_slice(&input);

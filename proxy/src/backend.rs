@@ -51,6 +51,9 @@ pub enum Outgoing {
 /// left in two, each a wake-up of containerd's reader).
 struct RawConn {
     path: Arc<PathBuf>,
+    /// The client this connection serves (its header-list limit is advertised
+    /// to the runtime), or none for qoslet's own connection.
+    client: Option<Arc<crate::authority::ClientSettings>>,
     current: std::sync::Mutex<Option<(Sender, Arc<AtomicBool>)>>,
     connecting: tokio::sync::Mutex<()>,
 }
@@ -81,11 +84,17 @@ impl RawConn {
                 path: path.clone(),
                 source,
             })?;
+        // the frame size stays the RFC's (crate::limits::MAX_FRAME: containerd
+        // sends 16 KiB frames, and h2's CONTINUATION limit follows this setting);
+        // the header-list limit is the client's own, so containerd refuses
+        // trailers the client would refuse, as it does direct
+        let header_list = crate::limits::runtime_header_list(
+            self.client.as_ref().and_then(|c| c.max_header_list()),
+        );
         let handshake = h2::client::Builder::new()
-            .max_frame_size(1 << 20)
             .initial_window_size(4 << 20)
             .initial_connection_window_size(16 << 20)
-            .max_header_list_size(16 << 20)
+            .max_header_list_size(header_list)
             .handshake::<_, Bytes>(io);
         let (sender, conn) = tokio::time::timeout(Duration::from_secs(5), handshake)
             .await
@@ -124,6 +133,7 @@ impl Backend {
         let path = Arc::new(parse_unix(endpoint)?);
         let raw = Arc::new(RawConn {
             path: path.clone(),
+            client: None,
             current: Default::default(),
             connecting: Default::default(),
         });
@@ -147,12 +157,13 @@ impl Backend {
     /// only its own connection's window, never every client's (one shared
     /// connection window would let a few stalled 4 MiB answers freeze all CRI
     /// calls on the node).
-    pub fn own_connection(&self) -> Self {
+    pub fn own_connection(&self, client: Option<Arc<crate::authority::ClientSettings>>) -> Self {
         Self {
             endpoint: self.endpoint.clone(),
             path: self.path.clone(),
             raw: Arc::new(RawConn {
                 path: self.path.clone(),
+                client,
                 current: Default::default(),
                 connecting: Default::default(),
             }),
@@ -190,7 +201,9 @@ impl Backend {
         );
         match self.request_once(parts, body).await {
             Err(BackendError::Http { source, .. })
-                if source.is_go_away() || source.reason() == Some(h2::Reason::REFUSED_STREAM) =>
+                if source.is_remote()
+                    && (source.is_go_away()
+                        || source.reason() == Some(h2::Reason::REFUSED_STREAM)) =>
             {
                 let (method, uri, version, headers, bytes) = again;
                 let (mut p, ()) = http::Request::new(()).into_parts();

@@ -118,9 +118,62 @@ pub fn route(path: &str) -> Route {
     }
 }
 
+/// Why the runtime could not survive this request, if it could not: requests
+/// that kill containerd for every pod on the node, told from their fields
+/// alone, which kubelet never sends. containerd 1.6's CreateContainer reads
+/// the sandbox's metadata for the container's name without checking it is
+/// there (a nil pointer: the daemon dies) once the sandbox exists and the
+/// container's own metadata is set; with either missing it answers an error
+/// of its own, so those are left to it. RunPodSandbox without metadata is
+/// refused by containerd itself, and the other intercepted calls carry ids only.
+pub fn unsurvivable(req: &CriRequest) -> Option<&'static str> {
+    match req {
+        CriRequest::CreateContainer(r)
+            if r.config.as_ref().is_some_and(|c| c.metadata.is_some())
+                && r.sandbox_config.as_ref().and_then(|s| s.metadata.as_ref()).is_none() =>
+        {
+            Some("CreateContainer without sandbox_config.metadata: the runtime cannot name the container (containerd 1.6 crashes on it); kubelet always sends the pod's metadata")
+        }
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_create_the_runtime_cannot_survive_is_told_apart() {
+        let meta = || cri::ContainerConfig {
+            metadata: Some(cri::ContainerMetadata {
+                name: "c".into(),
+                attempt: 0,
+            }),
+            ..Default::default()
+        };
+        let create = |config, sandbox_config| {
+            CriRequest::CreateContainer(cri::CreateContainerRequest {
+                pod_sandbox_id: "p".into(),
+                config,
+                sandbox_config,
+            })
+        };
+        // no sandbox config at all, or one without metadata: refused
+        assert!(unsurvivable(&create(Some(meta()), None)).is_some());
+        assert!(unsurvivable(&create(Some(meta()), Some(Default::default()))).is_some());
+        // what kubelet sends
+        let kubelet = cri::PodSandboxConfig {
+            metadata: Some(cri::PodSandboxMetadata {
+                name: "p".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert!(unsurvivable(&create(Some(meta()), Some(kubelet.clone()))).is_none());
+        // the runtime's own error answers these
+        assert!(unsurvivable(&create(None, None)).is_none());
+        assert!(unsurvivable(&create(Some(Default::default()), None)).is_none());
+    }
 
     #[test]
     fn routes() {

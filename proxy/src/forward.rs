@@ -42,11 +42,44 @@ pub struct ProxyStats {
     pub calls_passthrough: AtomicU64,
     pub calls_intercepted: AtomicU64,
     pub backend_unavailable: AtomicU64,
+    /// Calls whose stream the runtime reset (its connection alive): the reset
+    /// is passed to the client as it came.
+    pub backend_resets: AtomicU64,
     pub calls_in_flight: AtomicU64,
     pub calls_refused: AtomicU64,
     pub oversized_messages: AtomicU64,
     pub undecodable_messages: AtomicU64,
     pub connections_terminated: AtomicU64,
+}
+
+/// Set on a response that is not one: the call's stream is to be reset with
+/// this reason (the runtime reset its own stream, and a client direct to the
+/// runtime would have seen that reset, read by gRPC as a status of its own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResetStream(pub h2::Reason);
+
+/// Why a call got no answer from the runtime.
+enum NoAnswer {
+    /// qoslet answers with this status (runtime unreachable, bad URI).
+    Status(Status),
+    /// The runtime reset the stream: so does qoslet.
+    Reset(h2::Reason),
+}
+
+impl NoAnswer {
+    fn into_response(self) -> Response<Body> {
+        match self {
+            NoAnswer::Status(s) => status_response(s),
+            NoAnswer::Reset(r) => reset_response(r),
+        }
+    }
+}
+
+/// A response that tells the connection to reset the call's stream.
+pub fn reset_response(reason: h2::Reason) -> Response<Body> {
+    let mut r = Response::new(Body::empty());
+    r.extensions_mut().insert(ResetStream(reason));
+    r
 }
 
 type LocalService = tower::util::BoxCloneSyncService<Request<H2Body>, Response<Body>, Infallible>;
@@ -108,8 +141,8 @@ impl Forwarder {
     }
 
     /// A backend with a connection of its own (for one client connection).
-    pub fn own_backend(&self) -> Backend {
-        self.backend.own_connection()
+    pub fn own_backend(&self, client: Arc<crate::authority::ClientSettings>) -> Backend {
+        self.backend.own_connection(Some(client))
     }
 
     pub fn stats(&self) -> &Arc<ProxyStats> {
@@ -195,7 +228,7 @@ impl Forwarder {
                     }))
                 })
             }
-            Err(status) => status_response(status),
+            Err(no) => no.into_response(),
         }
     }
 
@@ -262,7 +295,7 @@ impl Forwarder {
         mut parts: http::request::Parts,
         body: Outgoing,
         backend: &Backend,
-    ) -> Result<Response<H2Body>, Status> {
+    ) -> Result<Response<H2Body>, NoAnswer> {
         // h2 hands over an absolute URI when the client sent :scheme and
         // :authority (gRPC clients do): kept as it is, not parsed again
         if parts.uri.scheme().is_none() || parts.uri.authority().is_none() {
@@ -283,10 +316,15 @@ impl Forwarder {
                     .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
             );
             parts.uri = Uri::from_parts(uri)
-                .map_err(|e| Status::from(QosletError::BadUri(e.to_string())))?;
+                .map_err(|e| NoAnswer::Status(QosletError::BadUri(e.to_string()).into()))?;
         }
         parts.version = http::Version::HTTP_2;
         backend.request(parts, body).await.map_err(|e| {
+            if let Some(reason) = crate::h2io::reset_behind(&e) {
+                self.stats.backend_resets.fetch_add(1, Ordering::Relaxed);
+                debug!(?reason, "the runtime reset the stream; so does qoslet");
+                return NoAnswer::Reset(reason);
+            }
             self.stats
                 .backend_unavailable
                 .fetch_add(1, Ordering::Relaxed);
@@ -298,11 +336,13 @@ impl Forwarder {
                 src = s.source();
             }
             debug!(error = %msg, "backend unavailable");
-            QosletError::RuntimeUnavailable {
-                endpoint: backend.endpoint().to_string(),
-                reason: msg,
-            }
-            .into()
+            NoAnswer::Status(
+                QosletError::RuntimeUnavailable {
+                    endpoint: backend.endpoint().to_string(),
+                    reason: msg,
+                }
+                .into(),
+            )
         })
     }
 
@@ -324,6 +364,12 @@ impl Forwarder {
                 return Prepared::Opaque(bytes);
             }
         };
+        if let Some(why) = crate::cri::unsurvivable(&original) {
+            // the runtime would die of it, for every pod on the node
+            self.stats.calls_refused.fetch_add(1, Ordering::Relaxed);
+            warn!(method = %point, reason = why, "request refused: the runtime cannot survive it");
+            return Prepared::Refuse(QosletError::BadRequest(format!("qoslet: {why}")).into());
+        }
         if !self.pipeline.wants(point, Stage::Before) {
             return Prepared::Forward {
                 request: original.clone(),
@@ -422,14 +468,14 @@ impl Forwarder {
             Prepared::Opaque(bytes) => {
                 return match self.send(parts, Outgoing::Bytes(bytes), backend).await {
                     Ok(resp) => resp.map(Body::new),
-                    Err(s) => status_response(s),
+                    Err(no) => no.into_response(),
                 };
             }
         };
         parts.headers.remove(http::header::CONTENT_LENGTH);
         let resp = match self.send(parts, Outgoing::Bytes(body), backend).await {
             Ok(r) => r,
-            Err(s) => return status_response(s),
+            Err(no) => return no.into_response(),
         };
         let (rparts, rbody) = resp.into_parts();
         let collected = match Limited::new(rbody, limit + FRAME_HEADER).collect().await {
@@ -440,7 +486,14 @@ impl Forwarder {
                     .fetch_add(1, Ordering::Relaxed);
                 return status_response(too_large(limit + 1, limit));
             }
-            Err(e) => return status_response(QosletError::RuntimeBrokeOff(e.to_string()).into()),
+            Err(e) => {
+                if let Some(reason) = crate::h2io::reset_behind(&*e) {
+                    // reset after its headers: the client has seen nothing yet
+                    self.stats.backend_resets.fetch_add(1, Ordering::Relaxed);
+                    return reset_response(reason);
+                }
+                return status_response(QosletError::RuntimeBrokeOff(e.to_string()).into());
+            }
         };
         let trailers = collected.trailers().cloned();
         let data = collected.to_bytes();

@@ -230,6 +230,28 @@ where
 
 /// The reason of the HTTP/2 error somewhere behind `e` (a peer's reset, as h2
 /// reports it under a gRPC status or a boxed error).
+/// The reset of one stream behind an error, if that is what it is: the
+/// runtime's RST_STREAM with its reason, or h2 refusing the runtime's answer
+/// on that stream (PROTOCOL_ERROR: the client's own HTTP/2 would have refused
+/// it too). Not a dead connection (GOAWAY, I/O).
+pub fn reset_behind(e: &(dyn std::error::Error + 'static)) -> Option<h2::Reason> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(h) = err.downcast_ref::<h2::Error>() {
+            if !h.is_reset() {
+                return None;
+            }
+            return Some(if h.is_remote() {
+                h.reason().unwrap_or(h2::Reason::INTERNAL_ERROR)
+            } else {
+                h2::Reason::PROTOCOL_ERROR
+            });
+        }
+        cur = err.source();
+    }
+    None
+}
+
 fn reason_behind(e: &(dyn std::error::Error + 'static)) -> Option<h2::Reason> {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = cur {

@@ -13,7 +13,9 @@
 //! * [`store`], [`checkpoint`], [`rebuild`]: the pod/container store and its persistence.
 //! * [`statefile`]: the private state dir (0700/0600, atomic no-follow writes, capped reads, the instance lock).
 //! * [`backend`], [`endpoint`]: connections to containerd, listening sockets.
-//! * [`authority`]: tolerance for clients that send a socket path as `:authority`.
+//! * [`authority`]: what h2 would misjudge in a client's header blocks: a socket path as
+//!   `:authority` (repaired), a malformed request (made a stream error, not a connection error).
+//! * [`limits`]: the wire limits (header blocks, frames, messages), each the direct path's own.
 //! * [`admin`]: the admin gRPC API.
 //!
 //! This crate holds no QoS policy: policies arrive as [`pipeline::Hook`]s.
@@ -31,6 +33,7 @@ mod fuzz;
 pub mod grpc;
 pub mod h2frame;
 pub mod h2io;
+pub mod limits;
 pub mod pipeline;
 pub mod rebuild;
 pub mod server;

@@ -297,9 +297,12 @@ async fn serve_proxy(
 /// qoslet's HTTP/2 server settings for kubelet's connections.
 fn server_settings() -> h2::server::Builder {
     let mut b = h2::server::Builder::new();
+    // neither the header-list limit nor the frame size is set: h2's defaults are
+    // grpc-go's (16 MiB enforced and not advertised, 16 KiB frames), so a client
+    // meets the limits containerd enforces, and h2's CONTINUATION-flood limit
+    // (which follows the frame size) lets a full 16 MiB block through in
+    // 16 KiB frames (crate::limits)
     b.max_concurrent_streams(1024)
-        .max_header_list_size(16 << 20)
-        .max_frame_size(crate::authority::SERVER_MAX_FRAME as u32)
         .initial_window_size(4 << 20)
         .initial_connection_window_size(16 << 20)
         // per stream, what qoslet holds of an answer its client has not read yet
@@ -321,7 +324,9 @@ async fn serve_connection(
     fwd.stats()
         .connections_terminated
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let handshake = server_settings().handshake::<_, Bytes>(AuthorityFix::new(stream));
+    let io = AuthorityFix::new(stream);
+    let client = io.client_settings();
+    let handshake = server_settings().handshake::<_, Bytes>(io);
     let mut conn = match tokio::select! {
         r = handshake => r,
         _ = stopped(&mut shutdown) => return,
@@ -332,8 +337,9 @@ async fn serve_connection(
             return;
         }
     };
-    // this client's own connection to the runtime, closed with it
-    let backend = fwd.own_backend();
+    // this client's own connection to the runtime, closed with it; made at its
+    // first call (after the client's SETTINGS), with the client's header-list limit
+    let backend = fwd.own_backend(client);
     // aborted and awaited when the connection ends (or at the drain deadline)
     let mut calls = tokio::task::JoinSet::new();
     let mut draining = *shutdown.borrow();
@@ -382,6 +388,10 @@ async fn serve_call(
         _ = std::future::poll_fn(|cx| respond.poll_reset(cx)) => return,
     };
     let (head, body) = resp.into_parts();
+    if let Some(crate::forward::ResetStream(reason)) = head.extensions.get() {
+        respond.send_reset(*reason);
+        return;
+    }
     // a trailers-only answer (the status in its HEADERS) keeps END_STREAM on them
     let end = body.is_end_stream();
     let mut send = match respond.send_response(http::Response::from_parts(head, ()), end) {
