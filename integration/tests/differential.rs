@@ -1,0 +1,181 @@
+//! The differential test of the data plane (issue 27): the same hostile
+//! requests, from clients that are not Rust's (gRPC C-core and the Python `h2`
+//! library, `integration/peers/diff_peer.py`), sent to the real containerd 1.6
+//! directly and through a real qoslet process, case by case: header blocks
+//! from 100 KiB to 15 MiB both ways, trailers that large from the runtime,
+//! streams the runtime resets, malformed and missing metadata. Each case must
+//! end the same way both ways, and a 2 s ExecSync in flight on the same
+//! connection must survive it both ways.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+
+use k8s_cri::v1 as cri;
+use qoslet_integration::process::QosletProcess;
+use qoslet_integration::testbed::{
+    self, container_config, pod_config, Cleanup, Cri, Testbed, SLEEP_LOOP,
+};
+use qoslet_integration::{scratch, unique};
+use qoslet_proto::admin::{admin_client::AdminClient, GetStatusRequest};
+use serde_json::Value;
+
+/// Runs the differential peer against `sock`: its outcome per case.
+fn outcomes(sock: &Path, container: &str, pod: &str) -> BTreeMap<String, Value> {
+    let pkgs = testbed::work_dir().join("py-peers");
+    assert!(
+        pkgs.join("h2").is_dir() && pkgs.join("grpc").is_dir(),
+        "{} lacks the peers' Python packages: run `integration/testbed/testbed.sh install`",
+        pkgs.display()
+    );
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers/diff_peer.py");
+    let o = Command::new("python3")
+        .env("PYTHONPATH", pkgs)
+        .arg(script)
+        .arg(sock)
+        .arg(container)
+        .arg(pod)
+        .output()
+        .expect("python3");
+    assert!(
+        o.status.success(),
+        "diff_peer failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"));
+            (v["case"].as_str().unwrap().to_string(), v)
+        })
+        .collect()
+}
+
+/// A pod with a running container, for the ExecSync in flight.
+async fn running_container(
+    tb: &Testbed,
+    cleanup: &mut Cleanup,
+) -> (String, String, cri::PodSandboxConfig) {
+    let mut direct = Cri::connect(&tb.sock).await;
+    let name = unique("diff");
+    let cgp = tb.cgroup_parent(&name);
+    let cfg = pod_config(&name, &cgp);
+    let pod = direct.run_pod(&cfg).await.unwrap();
+    cleanup.pods.push(pod.clone());
+    cleanup.cgroups.push(cgp);
+    let c = direct
+        .create(&pod, &cfg, container_config("app", SLEEP_LOOP, None))
+        .await
+        .unwrap();
+    direct.start(&c).await.unwrap();
+    (pod, c, cfg)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_hostile_requests_end_the_same_way_direct_and_through_qoslet() {
+    let tb = Testbed::main();
+    let dir = scratch("differential");
+    let q = QosletProcess::start(&dir, &tb.sock);
+    let mut cleanup = Cleanup::new(&tb.sock);
+    let (pod, container, _) = running_container(&tb, &mut cleanup).await;
+    let direct = outcomes(&tb.sock, &container, &pod);
+    let via = outcomes(&q.sock, &container, &pod);
+    assert_eq!(
+        direct.keys().collect::<Vec<_>>(),
+        via.keys().collect::<Vec<_>>()
+    );
+    assert!(direct.len() >= 30, "{direct:?}");
+    let mut differ = Vec::new();
+    for (case, d) in &direct {
+        let v = &via[case];
+        assert_eq!(v["exec"], true, "{case}: the ExecSync in flight through qoslet died: {v}");
+        if case.starts_with("strict-") {
+            // containerd answers these; h2 resets them as RFC 9113 wants (a
+            // stream error): the connection and its other calls live on
+            assert_eq!(v["outcome"], "reset:1", "{case}: {v}");
+            continue;
+        }
+        assert_eq!(d["exec"], true, "{case}: direct, the ExecSync died: {d}");
+        if d["outcome"] != v["outcome"] {
+            differ.push(format!("{case}: direct {d} / through qoslet {v}"));
+        }
+    }
+    assert!(differ.is_empty(), "outcomes differ:\n{}", differ.join("\n"));
+    // the facts the cases stand for, so the comparison cannot pass vacuously
+    let o = |case: &str| via[case]["outcome"].as_str().unwrap().to_string();
+    assert_eq!(o("trailers-status-id-15728640"), "grpc:NOT_FOUND");
+    assert_eq!(o("trailers-status-id-1048576-small-limit"), "grpc:INTERNAL");
+    assert_eq!(o("request-block-16k-frames-15728640"), "grpc:0");
+    assert_eq!(o("reset-no-content-type"), "reset:1");
+    assert_eq!(o("malformed-uppercase-name"), "reset:1");
+    // the message kubelet's own error carries, repeated whole (1 MiB of id)
+    assert_eq!(
+        via["trailers-status-id-1048576"]["details_len"],
+        direct["trailers-status-id-1048576"]["details_len"]
+    );
+    // resets are counted apart from a dead runtime
+    let c = AdminClient::new(qoslet_integration::channel(&q.admin).await)
+        .get_status(GetStatusRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .counters
+        .unwrap();
+    assert!(c.backend_resets >= 2, "{c:?}");
+    assert_eq!(c.backend_unavailable, 0, "{c:?}");
+}
+
+/// Item 5: containerd 1.6 dies of a CreateContainer with a real sandbox and
+/// `config.metadata` but no `sandbox_config.metadata`. Through qoslet it is
+/// refused with INVALID_ARGUMENT and a message, and the runtime stays up for
+/// every other call (an ExecSync in flight on the same connection included).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_the_runtime_cannot_survive_is_refused_and_the_runtime_lives() {
+    let tb = Testbed::main();
+    let dir = scratch("differential-crash");
+    let q = QosletProcess::start(&dir, &tb.sock);
+    let mut cleanup = Cleanup::new(&tb.sock);
+    let (pod, container, _) = running_container(&tb, &mut cleanup).await;
+    let pid = tb.containerd_pid().expect("containerd runs");
+    let mut via = Cri::connect(&q.sock).await;
+    let exec = {
+        let mut via = via.clone();
+        let container = container.clone();
+        tokio::spawn(async move {
+            via.rt
+                .exec_sync(cri::ExecSyncRequest {
+                    container_id: container,
+                    cmd: vec!["sleep".into(), "2".into()],
+                    timeout: 10,
+                })
+                .await
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    for sandbox_config in [None, Some(cri::PodSandboxConfig::default())] {
+        let err = via
+            .rt
+            .create_container(cri::CreateContainerRequest {
+                pod_sandbox_id: pod.clone(),
+                config: Some(container_config("crash", SLEEP_LOOP, None)),
+                sandbox_config,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+        assert!(
+            err.message().contains("sandbox_config.metadata"),
+            "{}",
+            err.message()
+        );
+    }
+    let e = exec.await.unwrap().unwrap().into_inner();
+    assert_eq!(e.exit_code, 0);
+    assert_eq!(tb.containerd_pid(), Some(pid), "containerd restarted");
+    Cri::connect(&tb.sock)
+        .await
+        .rt
+        .version(cri::VersionRequest::default())
+        .await
+        .unwrap();
+}
