@@ -88,7 +88,10 @@ async fn the_same_hostile_requests_end_the_same_way_direct_and_through_qoslet() 
     let mut differ = Vec::new();
     for (case, d) in &direct {
         let v = &via[case];
-        assert_eq!(v["exec"], true, "{case}: the ExecSync in flight through qoslet died: {v}");
+        assert_eq!(
+            v["exec"], true,
+            "{case}: the ExecSync in flight through qoslet died: {v}"
+        );
         if case.starts_with("strict-") {
             // containerd answers these; h2 resets them as RFC 9113 wants (a
             // stream error): the connection and its other calls live on

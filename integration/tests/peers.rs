@@ -78,8 +78,11 @@ async fn reset_streams_with_held_bytes_leave_the_connection_whole() {
 }
 
 /// Defect 7 (the CVE-2024-27316 class): a header block that never ends
-/// (CONTINUATION frames without END_HEADERS, 20 MiB offered) is refused early,
-/// and qoslet serves the next client.
+/// (CONTINUATION frames without END_HEADERS, 20 MiB offered) is refused before
+/// it is all taken, and qoslet serves the next client. What it holds meanwhile
+/// is bounded by the header-list limit (16 MiB, containerd's own: issue 27
+/// wants blocks that large accepted), held in the block being read and once
+/// more as it is handed to h2.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_continuation_flood_is_refused_and_qoslet_keeps_serving() {
     let tb = Testbed::main();
@@ -91,9 +94,10 @@ async fn a_continuation_flood_is_refused_and_qoslet_keeps_serving() {
         "the connection was cut before the 20 MiB were taken: {v}"
     );
     assert!(!v["goaway_error"].is_null() || !v["ended"].is_null(), "{v}");
+    let grown = q.rss_kib().saturating_sub(rss0);
     assert!(
-        q.rss_kib() < rss0 + (8 << 10),
-        "no header block buffered whole"
+        grown < 3 * (16 << 10),
+        "{grown} KiB held for one header block: more than its limit allows"
     );
     let mut c = Cri::connect(&q.sock).await;
     c.rt.version(cri::VersionRequest::default()).await.unwrap();
