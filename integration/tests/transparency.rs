@@ -37,7 +37,17 @@ fn create_request() -> cri::CreateContainerRequest {
             }),
             ..Default::default()
         }),
-        sandbox_config: None,
+        // kubelet always sends the pod's metadata (without it containerd 1.6
+        // crashes, and qoslet refuses the call)
+        sandbox_config: Some(cri::PodSandboxConfig {
+            metadata: Some(cri::PodSandboxMetadata {
+                name: "pod".into(),
+                uid: "uid-1".into(),
+                namespace: "default".into(),
+                attempt: 0,
+            }),
+            ..Default::default()
+        }),
     }
 }
 

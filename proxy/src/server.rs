@@ -303,6 +303,10 @@ fn server_settings() -> h2::server::Builder {
     // (which follows the frame size) lets a full 16 MiB block through in
     // 16 KiB frames (crate::limits)
     b.max_concurrent_streams(1024)
+        // a malformed request is reset at stream level (authority.rs), as
+        // containerd resets it, however many a connection sends: h2's default
+        // budget of 1,024 such resets per connection would end in GOAWAY
+        .max_local_error_reset_streams(None)
         .initial_window_size(4 << 20)
         .initial_connection_window_size(16 << 20)
         // per stream, what qoslet holds of an answer its client has not read yet
