@@ -14,16 +14,17 @@ printed, one JSON object per line:
     {"case": ..., "outcome": "grpc:NOT_FOUND" | "reset:1" | "http:431" | ..., "exec": true|false}
 """
 
-import json
 import os
 import socket
-import struct
 import sys
 import time
 
 import h2.config
 import h2.connection
 import h2.events
+
+# the protobuf and gRPC framing helpers of the other peer, in the same directory
+from h2_peer import grpc_frame, ld, out, varint
 
 EXEC = "/runtime.v1.RuntimeService/ExecSync"
 VERSION = "/runtime.v1.RuntimeService/Version"
@@ -32,20 +33,6 @@ PULL = "/runtime.v1.ImageService/PullImage"
 CREATE = "/runtime.v1.RuntimeService/CreateContainer"
 RUNPOD = "/runtime.v1.RuntimeService/RunPodSandbox"
 KiB, MiB = 1 << 10, 1 << 20
-
-
-def varint(n):
-    b = bytearray()
-    while True:
-        if n < 0x80:
-            b.append(n)
-            return bytes(b)
-        b.append((n & 0x7F) | 0x80)
-        n >>= 7
-
-
-def ld(field, payload):
-    return varint(field << 3 | 2) + varint(len(payload)) + payload
 
 
 def vi(field, n):
@@ -80,14 +67,6 @@ def exec_ok(answer):
                 i += 1
             i += 1
     return True
-
-
-def grpc_frame(payload):
-    return struct.pack(">?I", False, len(payload)) + payload
-
-
-def out(**kv):
-    print(json.dumps(kv), flush=True)
 
 
 # ---- gRPC C-core ----

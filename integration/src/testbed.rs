@@ -373,3 +373,21 @@ impl Drop for Cleanup {
         .join();
     }
 }
+
+/// `python3 integration/peers/SCRIPT`, with the peers' PyPI packages (the
+/// HTTP/2 and gRPC implementations that are not Rust's) on its path.
+pub fn python_peer(script: &str) -> std::process::Command {
+    let pkgs = work_dir().join("py-peers");
+    assert!(
+        pkgs.join("h2").is_dir() && pkgs.join("grpc").is_dir(),
+        "{} lacks the peers' Python packages: run `integration/testbed/testbed.sh install`",
+        pkgs.display()
+    );
+    let mut c = std::process::Command::new("python3");
+    c.env("PYTHONPATH", pkgs).arg(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("peers")
+            .join(script),
+    );
+    c
+}

@@ -9,7 +9,6 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Command;
 
 use k8s_cri::v1 as cri;
 use qoslet_integration::process::QosletProcess;
@@ -22,16 +21,7 @@ use serde_json::Value;
 
 /// Runs the differential peer against `sock`: its outcome per case.
 fn outcomes(sock: &Path, container: &str, pod: &str) -> BTreeMap<String, Value> {
-    let pkgs = testbed::work_dir().join("py-peers");
-    assert!(
-        pkgs.join("h2").is_dir() && pkgs.join("grpc").is_dir(),
-        "{} lacks the peers' Python packages: run `integration/testbed/testbed.sh install`",
-        pkgs.display()
-    );
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers/diff_peer.py");
-    let o = Command::new("python3")
-        .env("PYTHONPATH", pkgs)
-        .arg(script)
+    let o = testbed::python_peer("diff_peer.py")
         .arg(sock)
         .arg(container)
         .arg(pod)

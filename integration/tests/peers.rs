@@ -21,15 +21,8 @@ use qoslet_integration::{scratch, unique};
 use serde_json::Value;
 
 fn python(sock: &Path, args: &[&str]) -> Command {
-    let pkgs = testbed::work_dir().join("py-peers");
-    assert!(
-        pkgs.join("h2").is_dir() && pkgs.join("grpc").is_dir(),
-        "{} lacks the peers' Python packages: run `integration/testbed/testbed.sh install`",
-        pkgs.display()
-    );
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers/h2_peer.py");
-    let mut c = Command::new("python3");
-    c.env("PYTHONPATH", pkgs).arg(script).arg(sock).args(args);
+    let mut c = testbed::python_peer("h2_peer.py");
+    c.arg(sock).args(args);
     c
 }
 

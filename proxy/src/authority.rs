@@ -62,12 +62,35 @@ pub fn valid_authority(v: &[u8]) -> bool {
     http::uri::Authority::try_from(v).is_ok()
 }
 
+/// A header block spread over several frames, held until its last: only as
+/// the frames came (its HPACK fragment is taken out of them once, at the end).
 struct Block {
     stream_id: u32,
     end_stream: bool,
-    fragment: BytesMut,
     raw: BytesMut,
+    fragment_len: usize,
+    /// CONTINUATION frames without END_HEADERS, as h2 counts them.
     continuations: u32,
+}
+
+impl Block {
+    /// The HPACK fragment of the frames held.
+    fn fragment(&self) -> BytesMut {
+        let mut out = BytesMut::with_capacity(self.fragment_len);
+        let mut p = &self.raw[..];
+        while p.len() >= FRAME_HEADER {
+            let len = u32::from_be_bytes([0, p[0], p[1], p[2]]) as usize;
+            let (ty, flags, payload) = (p[3], p[4], &p[FRAME_HEADER..FRAME_HEADER + len]);
+            if ty == HEADERS {
+                // checked when the block began
+                out.extend_from_slice(headers_fragment(flags, payload).unwrap_or_default());
+            } else {
+                out.extend_from_slice(payload);
+            }
+            p = &p[FRAME_HEADER + len..];
+        }
+        out
+    }
 }
 
 /// What decoding a client's header block gave.
@@ -285,13 +308,19 @@ impl<S> AuthorityFix<S> {
                 let Some(fragment) = headers_fragment(flags, payload) else {
                     return self.passthrough_with(&frame);
                 };
+                let end_stream = flags & END_STREAM != 0;
+                if flags & END_HEADERS != 0 {
+                    // the common case, one frame: judged where it lies
+                    return self.finish(stream_id, end_stream, fragment, &frame);
+                }
                 self.block = Some(Block {
                     stream_id,
-                    end_stream: flags & END_STREAM != 0,
-                    fragment: BytesMut::from(fragment),
+                    end_stream,
+                    fragment_len: fragment.len(),
                     raw: BytesMut::from(&frame[..]),
                     continuations: 0,
                 });
+                return;
             }
             CONTINUATION
                 if self
@@ -300,12 +329,19 @@ impl<S> AuthorityFix<S> {
                     .is_some_and(|b| b.stream_id == stream_id) =>
             {
                 let b = self.block.as_mut().expect("checked");
-                b.fragment.extend_from_slice(payload);
+                b.fragment_len += payload.len();
                 b.raw.extend_from_slice(&frame);
-                b.continuations += 1;
+                if flags & END_HEADERS == 0 {
+                    b.continuations += 1;
+                }
                 // empty CONTINUATIONs grow nothing but the frame count
-                if b.fragment.len() > MAX_BLOCK || b.continuations > MAX_CONTINUATIONS {
+                if b.fragment_len > MAX_BLOCK || b.continuations > MAX_CONTINUATIONS {
                     return self.give_up();
+                }
+                if flags & END_HEADERS != 0 {
+                    let b = self.block.take().expect("block in progress");
+                    let fragment = b.fragment();
+                    return self.finish(b.stream_id, b.end_stream, &fragment, &b.raw);
                 }
             }
             // h2 calls this a protocol error
@@ -319,10 +355,6 @@ impl<S> AuthorityFix<S> {
                 self.out.extend_from_slice(&frame);
                 return;
             }
-        }
-        if flags & END_HEADERS != 0 {
-            let b = self.block.take().expect("block in progress");
-            self.finish(b);
         }
     }
 
@@ -352,15 +384,19 @@ impl<S> AuthorityFix<S> {
         self.passthrough();
     }
 
-    fn finish(&mut self, b: Block) {
+    /// A whole header block: `fragment` its HPACK bytes, `raw` its frames.
+    fn finish(&mut self, stream_id: u32, end_stream: bool, fragment: &[u8], raw: &[u8]) {
         let decoder = match &mut self.mode {
             Mode::Detect(d) | Mode::Rewrite(d) => d,
             _ => unreachable!("finish only runs while parsing"),
         };
-        let (headers, bad, malformed) = match decode(decoder, &b.fragment) {
+        let (headers, bad, malformed) = match decode(decoder, fragment) {
             Decoded::Headers(h, bad, malformed) => (h, bad, malformed),
             Decoded::TooBig | Decoded::Bad => {
-                self.block = Some(b);
+                if matches!(self.mode, Mode::Detect(_)) {
+                    // h2 judges it as it came
+                    self.out.extend_from_slice(raw);
+                }
                 return self.give_up();
             }
         };
@@ -368,7 +404,7 @@ impl<S> AuthorityFix<S> {
             if !bad && !malformed {
                 // a well-formed block: h2 gets it as it came (and decodes the
                 // same table state)
-                self.out.extend_from_slice(&b.raw);
+                self.out.extend_from_slice(raw);
                 return;
             }
             let Mode::Detect(d) = std::mem::replace(&mut self.mode, Mode::Passthrough) else {
@@ -401,8 +437,8 @@ impl<S> AuthorityFix<S> {
         self.rewritten += 1;
         write_header_frames(
             &mut self.out,
-            b.stream_id,
-            b.end_stream,
+            stream_id,
+            end_stream,
             &block,
             SERVER_MAX_FRAME,
         );
