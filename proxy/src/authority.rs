@@ -95,10 +95,8 @@ impl Block {
 
 /// What decoding a client's header block gave.
 enum Decoded {
-    /// The headers, whether an `:authority` h2 would refuse is among them, and
-    /// whether h2 would take the block for a connection error although RFC 9113
-    /// (§8.1.1, §8.2.1, §8.3) makes it a malformed request: a stream error.
-    Headers(Vec<(Vec<u8>, Vec<u8>)>, bool, bool),
+    /// The headers and what h2 would make of them.
+    Headers(Vec<(Vec<u8>, Vec<u8>)>, Verdict),
     /// Over [`MAX_DECODED`].
     TooBig,
     /// Not HPACK (or a decoder panic, caught: fluke-hpack unwraps some integers).
@@ -126,8 +124,51 @@ pub fn h2_refuses_field(name: &[u8], value: &[u8]) -> bool {
     http::HeaderName::from_lowercase(name).is_err() || http::HeaderValue::from_bytes(value).is_err()
 }
 
+/// What h2 would make of a decoded block.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Verdict {
+    /// An `:authority` h2 refuses (a socket path): repaired.
+    bad_authority: bool,
+    /// A field h2's HPACK decoder refuses outright ([`h2_refuses_field`]): a
+    /// connection error in h2, a stream error by RFC 9113 §8.1.1.
+    refused: bool,
+    /// A block h2 decodes and calls malformed (a connection-specific field,
+    /// `te` other than `trailers`, a pseudo-header after a regular field or
+    /// twice): a clean stream reset only when it comes in one frame (h2 judges
+    /// each frame's fields on their own and, mid-block, loses the verdict or
+    /// the block).
+    malformed: bool,
+}
+
+/// Whether h2's `HeaderBlock::load` calls this field malformed, given the
+/// pseudo-headers seen so far (`pseudo`, a bit each) and whether a regular
+/// field came before.
+fn h2_malformed_field(name: &[u8], value: &[u8], pseudo: &mut u8, regular: &mut bool) -> bool {
+    if let Some(p) = name.strip_prefix(b":") {
+        let bit = match p {
+            b"authority" => 1,
+            b"method" => 2,
+            b"scheme" => 4,
+            b"path" => 8,
+            b"protocol" => 16,
+            b"status" => 32,
+            _ => return false, // refused outright instead
+        };
+        let repeated = *pseudo & bit != 0;
+        *pseudo |= bit;
+        return repeated || *regular;
+    }
+    *regular = true;
+    matches!(
+        name,
+        b"connection" | b"transfer-encoding" | b"upgrade" | b"keep-alive" | b"proxy-connection"
+    ) || (name == b"te" && value != b"trailers")
+}
+
 fn decode(decoder: &mut Decoder, block: &[u8]) -> Decoded {
-    let (mut size, mut over, mut bad, mut malformed) = (0usize, false, false, false);
+    let (mut size, mut over) = (0usize, false);
+    let mut verdict = Verdict::default();
+    let (mut pseudo, mut regular) = (0u8, false);
     let mut out = Vec::new();
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         decoder.decode_with_cb(block, |n, v| {
@@ -140,16 +181,21 @@ fn decode(decoder: &mut Decoder, block: &[u8]) -> Decoded {
                 return;
             }
             if h2_refuses_field(&n, &v) {
-                malformed = true;
-            } else if &*n == b":authority" && !valid_authority(&v) {
-                bad = true;
+                verdict.refused = true;
+            } else {
+                if &*n == b":authority" && !valid_authority(&v) {
+                    verdict.bad_authority = true;
+                }
+                if h2_malformed_field(&n, &v, &mut pseudo, &mut regular) {
+                    verdict.malformed = true;
+                }
             }
             out.push((n.into_owned(), v.into_owned()));
         })
     }));
     match r {
         Ok(Ok(())) if over => Decoded::TooBig,
-        Ok(Ok(())) => Decoded::Headers(out, bad, malformed),
+        Ok(Ok(())) => Decoded::Headers(out, verdict),
         _ => Decoded::Bad,
     }
 }
@@ -311,7 +357,7 @@ impl<S> AuthorityFix<S> {
                 let end_stream = flags & END_STREAM != 0;
                 if flags & END_HEADERS != 0 {
                     // the common case, one frame: judged where it lies
-                    return self.finish(stream_id, end_stream, fragment, &frame);
+                    return self.finish(stream_id, end_stream, fragment, &frame, false);
                 }
                 self.block = Some(Block {
                     stream_id,
@@ -320,7 +366,6 @@ impl<S> AuthorityFix<S> {
                     raw: BytesMut::from(&frame[..]),
                     continuations: 0,
                 });
-                return;
             }
             CONTINUATION
                 if self
@@ -341,20 +386,18 @@ impl<S> AuthorityFix<S> {
                 if flags & END_HEADERS != 0 {
                     let b = self.block.take().expect("block in progress");
                     let fragment = b.fragment();
-                    return self.finish(b.stream_id, b.end_stream, &fragment, &b.raw);
+                    self.finish(b.stream_id, b.end_stream, &fragment, &b.raw, true);
                 }
             }
             // h2 calls this a protocol error
             _ if self.block.is_some() => {
                 if matches!(self.mode, Mode::Rewrite(_)) {
-                    return self.fail();
+                    self.fail();
+                } else {
+                    self.passthrough_with(&frame);
                 }
-                return self.passthrough_with(&frame);
             }
-            _ => {
-                self.out.extend_from_slice(&frame);
-                return;
-            }
+            _ => self.out.extend_from_slice(&frame),
         }
     }
 
@@ -384,14 +427,22 @@ impl<S> AuthorityFix<S> {
         self.passthrough();
     }
 
-    /// A whole header block: `fragment` its HPACK bytes, `raw` its frames.
-    fn finish(&mut self, stream_id: u32, end_stream: bool, fragment: &[u8], raw: &[u8]) {
+    /// A whole header block: `fragment` its HPACK bytes, `raw` its frames
+    /// (`multi`: more than one).
+    fn finish(
+        &mut self,
+        stream_id: u32,
+        end_stream: bool,
+        fragment: &[u8],
+        raw: &[u8],
+        multi: bool,
+    ) {
         let decoder = match &mut self.mode {
             Mode::Detect(d) | Mode::Rewrite(d) => d,
             _ => unreachable!("finish only runs while parsing"),
         };
-        let (headers, bad, malformed) = match decode(decoder, fragment) {
-            Decoded::Headers(h, bad, malformed) => (h, bad, malformed),
+        let (headers, verdict) = match decode(decoder, fragment) {
+            Decoded::Headers(h, v) => (h, v),
             Decoded::TooBig | Decoded::Bad => {
                 if matches!(self.mode, Mode::Detect(_)) {
                     // h2 judges it as it came
@@ -400,6 +451,12 @@ impl<S> AuthorityFix<S> {
                 return self.give_up();
             }
         };
+        let bad = verdict.bad_authority;
+        // a block h2 calls malformed is a clean reset only as the one frame it
+        // came in; re-encoded (it may be split) or in several frames, h2 would
+        // lose the verdict or the block, so it gets the stand-in
+        let malformed = verdict.refused
+            || (verdict.malformed && (multi || bad || matches!(self.mode, Mode::Rewrite(_))));
         if matches!(self.mode, Mode::Detect(_)) {
             if !bad && !malformed {
                 // a well-formed block: h2 gets it as it came (and decodes the
@@ -699,6 +756,38 @@ mod tests {
             .collect();
         assert_eq!(after[1], stand_in);
         assert_eq!(after[2], blocks_of(&input)[2]);
+    }
+
+    /// Second review of issue 27: a block h2 calls malformed (`connection`,
+    /// `te: gzip`, a pseudo-header after a regular field) is a clean stream
+    /// reset in h2 only as one frame; split over frames, h2 would end the
+    /// connection or serve it, so it gets the stand-in. As one frame it goes to
+    /// h2 as it came.
+    #[tokio::test]
+    async fn blocks_h2_calls_malformed_get_the_stand_in_only_across_frames() {
+        let stand_in: Vec<(Vec<u8>, Vec<u8>)> = MALFORMED_STAND_IN
+            .iter()
+            .map(|(n, v)| (n.to_vec(), v.to_vec()))
+            .collect();
+        for extra in [
+            (&b"connection"[..], &b"close"[..]),
+            (b"te", b"gzip"),
+            (b":path", b"/again"),
+        ] {
+            let mut bad = req(b"localhost", b"/a/Bad");
+            bad.push(extra);
+            // one frame: as it came, and the connection stays unrewritten
+            let input = client_stream(&[bad.clone(), req(b"localhost", b"/a/C")], 10_000);
+            let (out, n) = run(input.clone()).await;
+            assert_eq!((out, n), (input, 0), "{extra:?}");
+            // across frames: the stand-in, the next block re-encoded whole
+            let input = client_stream(&[bad, req(b"localhost", b"/a/C")], 20);
+            let (out, n) = run(input.clone()).await;
+            assert_eq!(n, 2, "{extra:?}");
+            let after = blocks_of(&out);
+            assert_eq!(after[0], stand_in, "{extra:?}");
+            assert_eq!(after[1], blocks_of(&input)[1]);
+        }
     }
 
     #[test]
