@@ -16,8 +16,8 @@
 //!    stand-in that h2 resets at stream level, with the same code.
 //!
 //! [`AuthorityFix`] wraps the server side of a connection and HPACK-decodes
-//! each client header block (fluke-hpack, tracking the client's dynamic table;
-//! the codec is theirs, only the judgement is qoslet's). A well-formed block
+//! each client header block ([`crate::hpack`], tracking the client's dynamic
+//! table). A well-formed block
 //! goes to h2 as it came. After the first block that had to be changed, h2's
 //! table no longer matches the client's, so the connection switches to rewrite
 //! mode: every later block is re-encoded as literals without indexing. DATA
@@ -27,6 +27,7 @@
 //! ([`ClientSettings`]) for the runtime connection made on the client's behalf.
 
 use std::io;
+use std::ops::ControlFlow;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -36,18 +37,20 @@ use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::h2frame::{
-    headers_fragment, literal_block, write_header_frames, ACK, CONTINUATION, END_HEADERS,
-    END_STREAM, FRAME_HEADER, HEADERS, PREFACE, SETTINGS,
+    headers_fragment, literal_block, put_literal, write_header_frames, ACK, CONTINUATION,
+    END_HEADERS, END_STREAM, FRAME_HEADER, HEADERS, PADDED, PREFACE, PRIORITY, SETTINGS,
 };
-/// The client's HPACK decoding context (fluke-hpack: maintained, fuzzed).
-type Decoder = fluke_hpack::Decoder<'static>;
+use crate::hpack::Decoder;
 /// A header block larger than this (encoded) is not decoded here (passed on
 /// for h2 to judge with the same limit).
 const MAX_BLOCK: usize = crate::limits::MAX_HEADER_LIST;
 /// The most a block may decode to (names + values + 32 per field, as RFC 7541
-/// counts): a small block of references to one large table entry (an HPACK
-/// bomb) stops being read here instead of allocating gigabytes.
+/// counts) before h2 refuses its stream (431, REFUSED_STREAM).
 const MAX_DECODED: usize = crate::limits::MAX_HEADER_LIST;
+/// Past this (h2's four times the limit) h2 stops decoding and ends the
+/// connection: a small block of references to one large table entry (an HPACK
+/// bomb) stops being read here too, instead of costing seconds.
+const MAX_DECODED_ABUSE: usize = 4 * MAX_DECODED;
 /// CONTINUATION frames one block may take (h2's own limit at qoslet's settings).
 const MAX_CONTINUATIONS: u32 = crate::limits::MAX_CONTINUATIONS as u32;
 /// The largest frame qoslet's HTTP/2 server accepts (`SETTINGS_MAX_FRAME_SIZE`),
@@ -71,6 +74,8 @@ struct Block {
     fragment_len: usize,
     /// CONTINUATION frames without END_HEADERS, as h2 counts them.
     continuations: u32,
+    /// Its HEADERS frame names its own stream as its dependency.
+    self_dependent: bool,
 }
 
 impl Block {
@@ -91,16 +96,6 @@ impl Block {
         }
         out
     }
-}
-
-/// What decoding a client's header block gave.
-enum Decoded {
-    /// The headers and what h2 would make of them.
-    Headers(Vec<(Vec<u8>, Vec<u8>)>, Verdict),
-    /// Over [`MAX_DECODED`].
-    TooBig,
-    /// Not HPACK (or a decoder panic, caught: fluke-hpack unwraps some integers).
-    Bad,
 }
 
 /// Whether h2's HPACK decoder refuses this field outright (a connection error,
@@ -165,38 +160,69 @@ fn h2_malformed_field(name: &[u8], value: &[u8], pseudo: &mut u8, regular: &mut 
     ) || (name == b"te" && value != b"trailers")
 }
 
-fn decode(decoder: &mut Decoder, block: &[u8]) -> Decoded {
-    let (mut size, mut over) = (0usize, false);
+/// How a header block came.
+#[derive(Clone, Copy)]
+struct How {
+    /// In more than one frame.
+    multi: bool,
+    /// With a priority on its own stream.
+    self_dependent: bool,
+}
+
+/// What decoding a client's header block gave.
+enum Decoded {
+    /// What h2 would make of it (its fields, re-encoded as literals, are in
+    /// the rewrite buffer unless `over`).
+    Headers(Verdict),
+    /// Decoded to more than [`MAX_DECODED`] (h2 decodes the rest and refuses
+    /// the stream, 431 and REFUSED_STREAM): nothing in the rewrite buffer.
+    TooBig(Verdict),
+    /// Not HPACK, or decoding to more than [`MAX_DECODED_ABUSE`] (an HPACK
+    /// bomb): h2 ends the connection.
+    Bad,
+}
+
+/// Decodes `block` with the client's table, judging each field as h2 would,
+/// and re-encodes it into `rewrite` as literals (a socket-path `:authority`
+/// as `localhost`), in case the block must be handed on rewritten.
+fn decode(decoder: &mut Decoder, block: &[u8], rewrite: &mut BytesMut) -> Decoded {
+    rewrite.clear();
+    let mut size = 0usize;
     let mut verdict = Verdict::default();
     let (mut pseudo, mut regular) = (0u8, false);
-    let mut out = Vec::new();
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        decoder.decode_with_cb(block, |n, v| {
-            if over {
-                return;
+    let r = decoder.decode(block, |n, v| {
+        size = size.saturating_add(n.len() + v.len() + 32);
+        if size > MAX_DECODED_ABUSE {
+            return ControlFlow::Break(());
+        }
+        if h2_refuses_field(n, v) {
+            verdict.refused = true;
+        } else {
+            if n == b":authority" && !valid_authority(v) {
+                verdict.bad_authority = true;
             }
-            size = size.saturating_add(n.len() + v.len() + 32);
-            if size > MAX_DECODED {
-                over = true;
-                return;
+            if h2_malformed_field(n, v, &mut pseudo, &mut regular) {
+                verdict.malformed = true;
             }
-            if h2_refuses_field(&n, &v) {
-                verdict.refused = true;
+        }
+        if size <= MAX_DECODED {
+            let v: &[u8] = if n == b":authority" && !valid_authority(v) {
+                b"localhost"
             } else {
-                if &*n == b":authority" && !valid_authority(&v) {
-                    verdict.bad_authority = true;
-                }
-                if h2_malformed_field(&n, &v, &mut pseudo, &mut regular) {
-                    verdict.malformed = true;
-                }
-            }
-            out.push((n.into_owned(), v.into_owned()));
-        })
-    }));
+                v
+            };
+            put_literal(rewrite, n, v);
+        }
+        ControlFlow::Continue(())
+    });
     match r {
-        Ok(Ok(())) if over => Decoded::TooBig,
-        Ok(Ok(())) => Decoded::Headers(out, verdict),
-        _ => Decoded::Bad,
+        Ok(()) if size > MAX_DECODED_ABUSE => Decoded::Bad,
+        Ok(()) if size > MAX_DECODED => {
+            rewrite.clear();
+            Decoded::TooBig(verdict)
+        }
+        Ok(()) => Decoded::Headers(verdict),
+        Err(_) => Decoded::Bad,
     }
 }
 
@@ -212,9 +238,23 @@ const MALFORMED_STAND_IN: [(&[u8], &[u8]); 4] = [
 ];
 
 fn new_decoder() -> Box<Decoder> {
-    let mut d = Decoder::new();
-    d.set_max_allowed_table_size(SERVER_HEADER_TABLE);
-    Box::new(d)
+    Box::new(Decoder::new(SERVER_HEADER_TABLE))
+}
+
+/// Whether a HEADERS frame's priority names its own stream: h2 resets the
+/// stream (PROTOCOL_ERROR, RFC 9113 §5.3.1) before it decodes the block, so
+/// its HPACK table would miss the block's entries.
+fn self_dependent(flags: u8, stream_id: u32, payload: &[u8]) -> bool {
+    if flags & PRIORITY == 0 {
+        return false;
+    }
+    let p = if flags & PADDED != 0 {
+        payload.get(1..)
+    } else {
+        Some(payload)
+    };
+    p.and_then(|p| p.get(..4))
+        .is_some_and(|d| u32::from_be_bytes([d[0], d[1], d[2], d[3]]) & 0x7fff_ffff == stream_id)
 }
 
 enum Mode {
@@ -239,6 +279,8 @@ pub struct AuthorityFix<S> {
     malformed: u64,
     drop_ack: bool,
     client: Arc<ClientSettings>,
+    /// The block being judged, re-encoded as literals (reused).
+    scratch: BytesMut,
 }
 
 impl<S> AuthorityFix<S> {
@@ -255,6 +297,7 @@ impl<S> AuthorityFix<S> {
             malformed: 0,
             drop_ack: false,
             client: Arc::default(),
+            scratch: BytesMut::new(),
         }
     }
 
@@ -355,9 +398,14 @@ impl<S> AuthorityFix<S> {
                     return self.passthrough_with(&frame);
                 };
                 let end_stream = flags & END_STREAM != 0;
+                let self_dependent = self_dependent(flags, stream_id, payload);
                 if flags & END_HEADERS != 0 {
                     // the common case, one frame: judged where it lies
-                    return self.finish(stream_id, end_stream, fragment, &frame, false);
+                    let how = How {
+                        multi: false,
+                        self_dependent,
+                    };
+                    return self.finish(stream_id, end_stream, fragment, &frame, how);
                 }
                 self.block = Some(Block {
                     stream_id,
@@ -365,6 +413,7 @@ impl<S> AuthorityFix<S> {
                     fragment_len: fragment.len(),
                     raw: BytesMut::from(&frame[..]),
                     continuations: 0,
+                    self_dependent,
                 });
             }
             CONTINUATION
@@ -386,7 +435,11 @@ impl<S> AuthorityFix<S> {
                 if flags & END_HEADERS != 0 {
                     let b = self.block.take().expect("block in progress");
                     let fragment = b.fragment();
-                    self.finish(b.stream_id, b.end_stream, &fragment, &b.raw, true);
+                    let how = How {
+                        multi: true,
+                        self_dependent: b.self_dependent,
+                    };
+                    self.finish(b.stream_id, b.end_stream, &fragment, &b.raw, how);
                 }
             }
             // h2 calls this a protocol error
@@ -427,24 +480,18 @@ impl<S> AuthorityFix<S> {
         self.passthrough();
     }
 
-    /// A whole header block: `fragment` its HPACK bytes, `raw` its frames
-    /// (`multi`: more than one).
-    fn finish(
-        &mut self,
-        stream_id: u32,
-        end_stream: bool,
-        fragment: &[u8],
-        raw: &[u8],
-        multi: bool,
-    ) {
+    /// A whole header block: `fragment` its HPACK bytes, `raw` its frames.
+    fn finish(&mut self, stream_id: u32, end_stream: bool, fragment: &[u8], raw: &[u8], how: How) {
+        let rewriting = matches!(self.mode, Mode::Rewrite(_));
         let decoder = match &mut self.mode {
             Mode::Detect(d) | Mode::Rewrite(d) => d,
             _ => unreachable!("finish only runs while parsing"),
         };
-        let (headers, verdict) = match decode(decoder, fragment) {
-            Decoded::Headers(h, v) => (h, v),
-            Decoded::TooBig | Decoded::Bad => {
-                if matches!(self.mode, Mode::Detect(_)) {
+        let (verdict, over) = match decode(decoder, fragment, &mut self.scratch) {
+            Decoded::Headers(v) => (v, false),
+            Decoded::TooBig(v) => (v, true),
+            Decoded::Bad => {
+                if !rewriting {
                     // h2 judges it as it came
                     self.out.extend_from_slice(raw);
                 }
@@ -454,15 +501,19 @@ impl<S> AuthorityFix<S> {
         let bad = verdict.bad_authority;
         // a block h2 calls malformed is a clean reset only as the one frame it
         // came in; re-encoded (it may be split) or in several frames, h2 would
-        // lose the verdict or the block, so it gets the stand-in
+        // lose the verdict or the block, so it gets the stand-in. A block too
+        // large is h2's to refuse as it came; re-encoded, it is a stand-in.
         let malformed = verdict.refused
-            || (verdict.malformed && (multi || bad || matches!(self.mode, Mode::Rewrite(_))));
-        if matches!(self.mode, Mode::Detect(_)) {
+            || how.self_dependent
+            || (verdict.malformed && (how.multi || bad || rewriting))
+            || (over && (bad || rewriting));
+        if !rewriting {
             if !bad && !malformed {
-                // a well-formed block: h2 gets it as it came (and decodes the
-                // same table state)
+                // a well-formed block (or one h2 refuses on its own, keeping
+                // its table): h2 gets it as it came, and decodes the same
+                // table state
                 self.out.extend_from_slice(raw);
-                return;
+                return self.shrink_scratch();
             }
             let Mode::Detect(d) = std::mem::replace(&mut self.mode, Mode::Passthrough) else {
                 unreachable!()
@@ -478,27 +529,34 @@ impl<S> AuthorityFix<S> {
                 );
             }
         }
-        let block = if malformed {
-            self.malformed += 1;
-            literal_block(MALFORMED_STAND_IN)
-        } else {
-            literal_block(headers.iter().map(|(name, value)| {
-                let value: &[u8] = if name == b":authority" && !valid_authority(value) {
-                    b"localhost"
-                } else {
-                    value
-                };
-                (name.as_slice(), value)
-            }))
-        };
         self.rewritten += 1;
-        write_header_frames(
-            &mut self.out,
-            stream_id,
-            end_stream,
-            &block,
-            SERVER_MAX_FRAME,
-        );
+        if malformed {
+            self.malformed += 1;
+            let block = literal_block(MALFORMED_STAND_IN);
+            write_header_frames(
+                &mut self.out,
+                stream_id,
+                end_stream,
+                &block,
+                SERVER_MAX_FRAME,
+            );
+        } else {
+            write_header_frames(
+                &mut self.out,
+                stream_id,
+                end_stream,
+                &self.scratch,
+                SERVER_MAX_FRAME,
+            );
+        }
+        self.shrink_scratch();
+    }
+
+    /// A large block's copy is not kept for the connection's life.
+    fn shrink_scratch(&mut self) {
+        if self.scratch.capacity() > 64 << 10 {
+            self.scratch = BytesMut::new();
+        }
     }
 
     /// A client SETTINGS frame: its SETTINGS_MAX_HEADER_LIST_SIZE is noted.
@@ -790,6 +848,83 @@ mod tests {
         }
     }
 
+    /// Review of issue 27: h2 resets a stream whose HEADERS names itself as
+    /// its dependency before it decodes the block, so its table would miss
+    /// the block's entries: the block gets the stand-in (the same reset), and
+    /// later blocks are re-encoded. Another stream's dependency passes.
+    #[tokio::test]
+    async fn a_self_dependent_priority_gets_the_stand_in() {
+        let stand_in: Vec<(Vec<u8>, Vec<u8>)> = MALFORMED_STAND_IN
+            .iter()
+            .map(|(n, v)| (n.to_vec(), v.to_vec()))
+            .collect();
+        for (dependency, padded) in [(1u32, false), (1, true), (3, false)] {
+            let mut enc = fluke_hpack::Encoder::new();
+            let mut input = BytesMut::from(PREFACE);
+            write_frame(&mut input, SETTINGS, 0, 0, &[]);
+            let first = req(b"localhost", b"/a/B");
+            let mut payload = Vec::new();
+            if padded {
+                payload.push(2);
+            }
+            payload.extend_from_slice(&dependency.to_be_bytes());
+            payload.push(15); // weight
+            payload.extend_from_slice(&enc.encode(first.iter().copied()));
+            if padded {
+                payload.extend_from_slice(&[0, 0]);
+            }
+            let flags = END_HEADERS | END_STREAM | PRIORITY | if padded { PADDED } else { 0 };
+            write_frame(&mut input, HEADERS, flags, 1, &payload);
+            let second = enc.encode(req(b"localhost", b"/a/C").iter().copied());
+            write_frame(&mut input, HEADERS, END_HEADERS | END_STREAM, 3, &second);
+            let (out, n) = run(input.to_vec()).await;
+            if dependency == 3 {
+                assert_eq!(
+                    (&out[..], n),
+                    (&input[..], 0),
+                    "another stream's priority passes"
+                );
+                continue;
+            }
+            assert_eq!(n, 2, "padded: {padded}");
+            let after = blocks_of(&out);
+            assert_eq!(after[0], stand_in);
+            let expect: Vec<(Vec<u8>, Vec<u8>)> = req(b"localhost", b"/a/C")
+                .iter()
+                .map(|(n, v)| (n.to_vec(), v.to_vec()))
+                .collect();
+            assert_eq!(
+                after[1], expect,
+                "the next block decoded with the client's table"
+            );
+        }
+    }
+
+    /// A block that decodes past the header-list limit is h2's to refuse as
+    /// it came (h2 decodes it to its end, so the tables stay equal): nothing
+    /// is rewritten, and a malformed request after it still gets a reset of
+    /// its own stream.
+    #[tokio::test]
+    async fn an_oversized_block_is_h2s_and_the_connection_is_still_judged() {
+        // 4,200 references to one 4 KiB entry: ~17 MiB decoded, a few KiB sent
+        let big = vec![b'v'; 4000];
+        let mut huge: Vec<(&[u8], &[u8])> = req(b"localhost", b"/a/B");
+        huge.extend(std::iter::repeat_n((&b"x-big"[..], &big[..]), 4200));
+        let mut bad = req(b"localhost", b"/a/D");
+        bad.push((b"X-Upper", b"v"));
+        let input = client_stream(&[huge.clone(), req(b"localhost", b"/a/C")], 16 << 10);
+        assert!(input.len() < 64 << 10);
+        let (out, n) = run(input.clone()).await;
+        assert_eq!((out, n), (input, 0), "passed on as it came");
+        let input = client_stream(&[huge, bad], 16 << 10);
+        let (out, n) = run(input).await;
+        assert_eq!(n, 1, "the malformed request after it is judged");
+        assert_eq!(
+            blocks_of(&out)[1][3],
+            (b"connection".to_vec(), b"qoslet-malformed-request".to_vec())
+        );
+    }
+
     #[test]
     fn what_h2_refuses_outright() {
         for (n, v) in [
@@ -925,35 +1060,53 @@ mod tests {
     }
 
     /// Review of issue 11: an HPACK bomb (one 4 KiB table entry, then a
-    /// megabyte of one-byte references to it: 4 GB once decoded) stops at the
-    /// decode budget; a size update whose integer does not end (which panics
-    /// inside fluke-hpack) is caught; a size update above the server's table
-    /// size is refused.
+    /// megabyte of one-byte references to it: 4 GB once decoded) stops at
+    /// h2's abuse budget (four times the header-list limit) and is h2's to
+    /// refuse; a block decoding to just over the limit is decoded to its end
+    /// (the table stays the client's), as h2 does; a size update whose
+    /// integer does not end and one above the server's table size are
+    /// refused.
     #[test]
-    fn hpack_bombs_and_decoder_panics_are_contained() {
-        let mut block = vec![0x40, 0x01, b'x', 0x7f, 0xe0, 0x1f]; // literal, indexed name "x", 4063-byte value
+    fn hpack_bombs_and_decoder_errors_are_contained() {
+        let mut entry = vec![0x40, 0x01, b'x', 0x7f]; // literal, new name "x", 4063-byte value
         let mut len_rest = 4063 - 127;
-        block.truncate(3);
-        block.push(0x7f);
         while len_rest >= 128 {
-            block.push((len_rest % 128) as u8 | 0x80);
+            entry.push((len_rest % 128) as u8 | 0x80);
             len_rest /= 128;
         }
-        block.push(len_rest as u8);
-        block.extend(std::iter::repeat_n(b'v', 4063));
-        block.extend(std::iter::repeat_n(0xbe, 1 << 20)); // index 62: the entry above
+        entry.push(len_rest as u8);
+        entry.extend(std::iter::repeat_n(b'v', 4063));
+        let scratch = &mut BytesMut::new();
+        let mut bomb = entry.clone();
+        bomb.extend(std::iter::repeat_n(0xbe, 1 << 20)); // index 62: the entry above
         assert!(matches!(
-            decode(&mut new_decoder(), &block),
-            Decoded::TooBig
+            decode(&mut new_decoder(), &bomb, scratch),
+            Decoded::Bad
         ));
-        assert!(matches!(decode(&mut new_decoder(), &[0x3f]), Decoded::Bad));
+        // 4,200 references: ~17 MiB decoded
+        let mut big = vec![0x82];
+        big.extend_from_slice(&entry);
+        big.extend(std::iter::repeat_n(0xbe, 4200));
+        let mut d = new_decoder();
+        assert!(
+            matches!(decode(&mut d, &big, scratch), Decoded::TooBig(v) if v == Verdict::default())
+        );
+        assert!(scratch.is_empty(), "nothing kept of a block h2 refuses");
+        assert!(
+            matches!(decode(&mut d, &[0xbe], scratch), Decoded::Headers(_)),
+            "the entry is there"
+        );
         assert!(matches!(
-            decode(&mut new_decoder(), &[0x3f, 0x80, 0x80, 0x80, 0x80]),
+            decode(&mut new_decoder(), &[0x3f], scratch),
+            Decoded::Bad
+        ));
+        assert!(matches!(
+            decode(&mut new_decoder(), &[0x3f, 0x80, 0x80, 0x80, 0x80], scratch),
             Decoded::Bad
         ));
         // a size update to 8192, above the 4096 h2 advertised
         assert!(matches!(
-            decode(&mut new_decoder(), &[0x3f, 0xe1, 0x3f, 0x82]),
+            decode(&mut new_decoder(), &[0x3f, 0xe1, 0x3f, 0x82], scratch),
             Decoded::Bad
         ));
         // through the filter: passed on to h2 as it came, nothing rewritten

@@ -33,6 +33,7 @@ mod fuzz;
 pub mod grpc;
 pub mod h2frame;
 pub mod h2io;
+pub mod hpack;
 pub mod limits;
 pub mod pipeline;
 pub mod rebuild;
