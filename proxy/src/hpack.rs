@@ -18,7 +18,6 @@
 //! bits of all-ones padding.
 
 use std::collections::VecDeque;
-use std::ops::ControlFlow;
 use std::sync::OnceLock;
 
 /// Why a block does not decode (each is h2's COMPRESSION_ERROR).
@@ -272,18 +271,16 @@ fn read_int(block: &[u8], pos: &mut usize, n: u32) -> Result<usize, Error> {
     Err(Error::Integer)
 }
 
-/// Where a decoded string is.
+/// A string literal's place in the block: Huffman-coded or not, and its
+/// bytes (all present).
 #[derive(Clone, Copy)]
-enum Str {
-    /// `block[start..end]`, as sent.
-    Raw(usize, usize),
-    /// Huffman-decoded into a scratch buffer.
-    Decoded,
+struct Span {
+    huffman: bool,
+    start: usize,
+    end: usize,
 }
 
-/// A string literal at `block[*pos]`; Huffman strings are decoded into
-/// `scratch`.
-fn read_string(block: &[u8], pos: &mut usize, scratch: &mut Vec<u8>) -> Result<Str, Error> {
+fn read_span(block: &[u8], pos: &mut usize) -> Result<Span, Error> {
     let huffman = *block.get(*pos).ok_or(Error::Truncated)? & 0x80 != 0;
     let len = read_int(block, pos, 7)?;
     let start = *pos;
@@ -292,44 +289,58 @@ fn read_string(block: &[u8], pos: &mut usize, scratch: &mut Vec<u8>) -> Result<S
         .filter(|&e| e <= block.len())
         .ok_or(Error::Truncated)?;
     *pos = end;
-    if !huffman {
-        return Ok(Str::Raw(start, end));
+    Ok(Span {
+        huffman,
+        start,
+        end,
+    })
+}
+
+/// The bytes of a string: as sent, or Huffman-decoded into `scratch`.
+fn string<'a>(block: &'a [u8], s: Span, scratch: &'a mut Vec<u8>) -> Result<&'a [u8], Error> {
+    if !s.huffman {
+        return Ok(&block[s.start..s.end]);
     }
     scratch.clear();
-    huffman_decode(&block[start..end], scratch)?;
-    Ok(Str::Decoded)
+    huffman_decode(&block[s.start..s.end], scratch)?;
+    Ok(scratch)
 }
 
-fn resolve<'a>(block: &'a [u8], s: Str, scratch: &'a [u8]) -> &'a [u8] {
-    match s {
-        Str::Raw(a, b) => &block[a..b],
-        Str::Decoded => scratch,
-    }
+/// What the decoder's user notes about fields, so a field referenced from the
+/// dynamic table again is not judged again (a one-byte reference to a 4 KiB
+/// entry costs the same as any other).
+pub trait Notes {
+    /// What is known from a name alone.
+    type Name: Copy;
+    /// What is known of a whole field.
+    type Field: Copy;
+    fn name(&self, name: &[u8]) -> Self::Name;
+    fn field(&self, name: Self::Name, value: &[u8]) -> Self::Field;
 }
 
-/// A dynamic table entry: name and value in one allocation.
-struct Entry {
+/// A dynamic table entry: name and value in one allocation, and the notes.
+struct Entry<J: Notes> {
     bytes: Box<[u8]>,
     name_len: usize,
+    name_note: J::Name,
+    note: J::Field,
 }
 
-impl Entry {
-    fn name(&self) -> &[u8] {
-        &self.bytes[..self.name_len]
-    }
-    fn value(&self) -> &[u8] {
-        &self.bytes[self.name_len..]
-    }
+impl<J: Notes> Entry<J> {
     /// Its size as RFC 7541 §4.1 counts it.
     fn size(&self) -> usize {
         self.bytes.len() + 32
     }
 }
 
+/// Huffman buffers larger than this are not kept between blocks.
+const KEEP_SCRATCH: usize = 64 << 10;
+
 /// One connection's decoding context (the peer's dynamic table).
-pub struct Decoder {
+pub struct Decoder<J: Notes> {
+    notes: J,
     /// Newest first.
-    entries: VecDeque<Entry>,
+    entries: VecDeque<Entry<J>>,
     size: usize,
     max_size: usize,
     /// The table size the server advertised: no size update may exceed it.
@@ -338,11 +349,12 @@ pub struct Decoder {
     value: Vec<u8>,
 }
 
-impl Decoder {
+impl<J: Notes> Decoder<J> {
     /// A decoder for a server that advertised `table_size`
     /// (SETTINGS_HEADER_TABLE_SIZE).
-    pub fn new(table_size: usize) -> Self {
+    pub fn new(table_size: usize, notes: J) -> Self {
         Self {
+            notes,
             entries: VecDeque::new(),
             size: 0,
             max_size: table_size,
@@ -366,80 +378,124 @@ impl Decoder {
         }
     }
 
-    /// Decodes one whole header block, calling `field` for each field in
-    /// order, until the block ends or `field` breaks. The table is updated as
-    /// the block goes; after an error or a break it is no longer the peer's
+    /// Decodes the fields complete in `buf`, calling `field` for each in
+    /// order, and says how many bytes they took. As h2 decodes a header
+    /// block, one frame at a time: `buf` is one frame's fragment after what
+    /// the frame before left undecoded (an incomplete field, an error only
+    /// when `last`); a table size update may open each such call. The table
+    /// is updated as the fields go; after an error it is no longer the peer's
     /// (the connection is beyond repair, as in h2).
     pub fn decode(
         &mut self,
-        block: &[u8],
-        mut field: impl FnMut(&[u8], &[u8]) -> ControlFlow<()>,
-    ) -> Result<(), Error> {
+        buf: &[u8],
+        last: bool,
+        mut field: impl FnMut(&[u8], &[u8], J::Field),
+    ) -> Result<usize, Error> {
         let mut pos = 0;
         let mut may_resize = true;
-        while pos < block.len() {
-            let b = block[pos];
-            if b & 0x80 != 0 {
-                // indexed field
-                may_resize = false;
-                let i = read_int(block, &mut pos, 7)?;
-                let (n, v) = self.get(i)?;
-                if field(n, v).is_break() {
-                    return Ok(());
-                }
-                continue;
+        while pos < buf.len() {
+            let at = pos;
+            match self.representation(buf, &mut pos, &mut may_resize, &mut field) {
+                Ok(()) => {}
+                Err(Error::Truncated) if !last => return Ok(at),
+                Err(e) => return Err(e),
             }
-            if b & 0xe0 == 0x20 {
-                // dynamic table size update
-                if !may_resize {
-                    return Err(Error::SizeUpdate);
+        }
+        if self.name.capacity() > KEEP_SCRATCH {
+            self.name = Vec::new();
+        }
+        if self.value.capacity() > KEEP_SCRATCH {
+            self.value = Vec::new();
+        }
+        Ok(pos)
+    }
+
+    fn representation(
+        &mut self,
+        buf: &[u8],
+        pos: &mut usize,
+        may_resize: &mut bool,
+        field: &mut impl FnMut(&[u8], &[u8], J::Field),
+    ) -> Result<(), Error> {
+        let b = buf[*pos];
+        if b & 0x80 != 0 {
+            // indexed field
+            *may_resize = false;
+            let i = read_int(buf, pos, 7)?;
+            match i {
+                0 => return Err(Error::Index),
+                1..=61 => {
+                    let (n, v) = STATIC[i - 1];
+                    let note = self.notes.field(self.notes.name(n), v);
+                    field(n, v, note);
                 }
-                let size = read_int(block, &mut pos, 5)?;
-                if size > self.allowed {
-                    return Err(Error::SizeUpdate);
+                _ => {
+                    let e = self.entries.get(i - 62).ok_or(Error::Index)?;
+                    let (n, v) = e.bytes.split_at(e.name_len);
+                    field(n, v, e.note);
                 }
-                self.max_size = size;
-                self.evict_to(size);
-                continue;
             }
-            may_resize = false;
-            // literal: with incremental indexing (6-bit prefix), without or
-            // never indexed (4-bit prefix)
-            let indexing = b & 0x40 != 0;
-            let i = read_int(block, &mut pos, if indexing { 6 } else { 4 })?;
-            let name = if i == 0 {
-                Some(read_string(block, &mut pos, &mut self.name)?)
-            } else {
-                self.get(i)?;
-                None
+            return Ok(());
+        }
+        if b & 0xe0 == 0x20 {
+            // dynamic table size update
+            if !*may_resize {
+                return Err(Error::SizeUpdate);
+            }
+            let size = read_int(buf, pos, 5)?;
+            if size > self.allowed {
+                return Err(Error::SizeUpdate);
+            }
+            self.max_size = size;
+            self.evict_to(size);
+            return Ok(());
+        }
+        *may_resize = false;
+        // literal: with incremental indexing (6-bit prefix), without or never
+        // indexed (4-bit prefix); every byte is there before any is decoded
+        let indexing = b & 0x40 != 0;
+        let i = read_int(buf, pos, if indexing { 6 } else { 4 })?;
+        let name_span = if i == 0 {
+            Some(read_span(buf, pos)?)
+        } else {
+            None
+        };
+        let value_span = read_span(buf, pos)?;
+        let (name, name_note) = match (name_span, i) {
+            (Some(s), _) => {
+                let n = string(buf, s, &mut self.name)?;
+                (n, self.notes.name(n))
+            }
+            (None, 1..=61) => {
+                let n = STATIC[i - 1].0;
+                (n, self.notes.name(n))
+            }
+            (None, _) => {
+                let e = self.entries.get(i - 62).ok_or(Error::Index)?;
+                (&e.bytes[..e.name_len], e.name_note)
+            }
+        };
+        let value = string(buf, value_span, &mut self.value)?;
+        let note = self.notes.field(name_note, value);
+        field(name, value, note);
+        if indexing {
+            let mut bytes = Vec::with_capacity(name.len() + value.len());
+            bytes.extend_from_slice(name);
+            bytes.extend_from_slice(value);
+            let e = Entry {
+                bytes: bytes.into_boxed_slice(),
+                name_len: name.len(),
+                name_note,
+                note,
             };
-            let value = read_string(block, &mut pos, &mut self.value)?;
-            let value = resolve(block, value, &self.value);
-            let name = match name {
-                Some(s) => resolve(block, s, &self.name),
-                None => self.get(i)?.0,
-            };
-            let flow = field(name, value);
-            if indexing {
-                let mut bytes = Vec::with_capacity(name.len() + value.len());
-                bytes.extend_from_slice(name);
-                bytes.extend_from_slice(value);
-                let e = Entry {
-                    bytes: bytes.into_boxed_slice(),
-                    name_len: name.len(),
-                };
-                self.insert(e);
-            }
-            if flow.is_break() {
-                return Ok(());
-            }
+            self.insert(e);
         }
         Ok(())
     }
 
     /// RFC 7541 §4.4: evict until the entry fits; one larger than the whole
     /// table empties it and is not added.
-    fn insert(&mut self, e: Entry) {
+    fn insert(&mut self, e: Entry<J>) {
         let size = e.size();
         self.evict_to(self.max_size.saturating_sub(size));
         if size <= self.max_size {
@@ -447,18 +503,6 @@ impl Decoder {
             self.entries.push_front(e);
         } else {
             self.evict_to(0);
-        }
-    }
-
-    fn get(&self, i: usize) -> Result<(&[u8], &[u8]), Error> {
-        match i {
-            0 => Err(Error::Index),
-            1..=61 => Ok(STATIC[i - 1]),
-            _ => self
-                .entries
-                .get(i - 62)
-                .map(|e| (e.name(), e.value()))
-                .ok_or(Error::Index),
         }
     }
 }
@@ -507,12 +551,41 @@ mod tests {
 
     type Fields = Vec<(Vec<u8>, Vec<u8>)>;
 
+    /// Notes that count how often a field is judged.
+    #[derive(Default)]
+    struct Count(std::cell::Cell<usize>);
+
+    impl Notes for Count {
+        type Name = ();
+        type Field = ();
+        fn name(&self, _: &[u8]) {}
+        fn field(&self, _: (), _: &[u8]) {
+            self.0.set(self.0.get() + 1);
+        }
+    }
+
+    type Decoder = super::Decoder<Count>;
+
+    fn decoder(table: usize) -> Decoder {
+        super::Decoder::new(table, Count::default())
+    }
+
     fn ours(d: &mut Decoder, block: &[u8]) -> Result<Fields, Error> {
+        ours_in(d, &[block])
+    }
+
+    /// Decodes a block that came in these frames, as h2 does.
+    fn ours_in(d: &mut Decoder, frames: &[&[u8]]) -> Result<Fields, Error> {
         let mut out = Vec::new();
-        d.decode(block, |n, v| {
-            out.push((n.to_vec(), v.to_vec()));
-            ControlFlow::Continue(())
-        })?;
+        let mut left = Vec::new();
+        for (i, f) in frames.iter().enumerate() {
+            left.extend_from_slice(f);
+            let n = d.decode(&left, i + 1 == frames.len(), |n, v, ()| {
+                out.push((n.to_vec(), v.to_vec()))
+            })?;
+            left.drain(..n);
+        }
+        assert!(left.is_empty());
         Ok(out)
     }
 
@@ -572,7 +645,7 @@ mod tests {
 
     #[test]
     fn rfc_7541_appendix_c4_requests_with_huffman() {
-        let mut d = Decoder::new(4096);
+        let mut d = decoder(4096);
         let first = hex("8286 8441 8cf1 e3c2 e5f2 3a6b a0ab 90f4 ff");
         let second = hex("8286 84be 5886 a8eb 1064 9cbf");
         let third = hex("8287 85bf 4088 25a8 49e9 5ba9 7d7f 8925 a849 e95b b8e8 b4bf");
@@ -618,7 +691,7 @@ mod tests {
     #[test]
     fn rfc_7541_appendix_c5_eviction() {
         // responses with a 256-octet table: entries are evicted as they must be
-        let mut d = Decoder::new(256);
+        let mut d = decoder(256);
         let first = hex(
             "4803 3330 3258 0770 7269 7661 7465 611d 4d6f 6e2c 2032 3120 4f63 7420 3230 3133
              2032 303a 3133 3a32 3120 474d 546e 1768 7474 7073 3a2f 2f77 7777 2e65 7861 6d70
@@ -635,7 +708,7 @@ mod tests {
 
     #[test]
     fn what_h2_refuses_is_refused() {
-        let mut d = Decoder::new(4096);
+        let mut d = decoder(4096);
         assert_eq!(ours(&mut d, &[0x80]), Err(Error::Index));
         assert_eq!(ours(&mut d, &[0xbe]), Err(Error::Index)); // 62, table empty
         assert_eq!(
@@ -663,9 +736,96 @@ mod tests {
         assert_eq!(ours(&mut d, &hex("00 01 61 81 07")).unwrap()[0].1, b"0"); // 00000 111
     }
 
+    /// h2 decodes a block frame by frame, and a size update may open each
+    /// frame's decoding (after what the frame before left incomplete).
+    #[test]
+    fn a_size_update_may_open_each_frame_as_in_h2() {
+        let ok = [0x82u8, 0x3f, 0xe1, 0x1f, 0x82];
+        assert_eq!(ours(&mut decoder(4096), &ok), Err(Error::SizeUpdate));
+        assert_eq!(
+            ours_in(&mut decoder(4096), &[&ok[..1], &ok[1..]])
+                .unwrap()
+                .len(),
+            2
+        );
+        // a size update cut by the frame boundary: h2 refuses it in the
+        // first frame already (after a field), or takes it whole in the next
+        assert_eq!(
+            ours_in(&mut decoder(4096), &[&ok[..2], &ok[2..]]),
+            Err(Error::SizeUpdate)
+        );
+        assert_eq!(
+            ours_in(&mut decoder(4096), &[&ok[1..2], &ok[2..]])
+                .unwrap()
+                .len(),
+            1
+        );
+        // after a field of the same frame: refused
+        assert_eq!(
+            ours_in(&mut decoder(4096), &[&ok[..1], &[0x82, 0x3f, 0xe1, 0x1f]]),
+            Err(Error::SizeUpdate)
+        );
+        // a field cut by a frame boundary is decoded once it is whole
+        let lit = hex("40 01 61 84 00 00 00 7f be");
+        let mut d = decoder(4096);
+        let h = ours_in(&mut d, &[&lit[..3], &lit[3..5], &lit[5..]]).unwrap();
+        assert_eq!(h, vec![(b"a".to_vec(), b"00000".to_vec()); 2]);
+        // cut at the end of the block: an error
+        let mut d = decoder(4096);
+        assert_eq!(
+            d.decode(&lit[..5], true, |_, _, ()| ()),
+            Err(Error::Truncated)
+        );
+        assert_eq!(d.decode(&lit[..5], false, |_, _, ()| ()), Ok(0));
+    }
+
+    /// A field referenced from the dynamic table is not judged again: what
+    /// a reference costs does not grow with the entry.
+    #[test]
+    fn references_reuse_their_entrys_notes() {
+        let mut block = vec![0x40];
+        string(&mut block, b"x-big", false);
+        string(&mut block, &[b'v'; 4000], false);
+        block.extend(std::iter::repeat_n(0xbe, 1000));
+        block.push(0x82); // static: judged each time (short)
+        let mut d = decoder(4096);
+        assert_eq!(ours(&mut d, &block).unwrap().len(), 1002);
+        assert_eq!(d.notes.0.get(), 2);
+        // a literal with the entry's name: only its value is judged
+        let mut lit = vec![0x0f, 0x2f]; // without indexing, name index 62
+        string(&mut lit, b"w", false);
+        assert_eq!(ours(&mut d, &lit).unwrap()[0].0, b"x-big");
+        assert_eq!(d.notes.0.get(), 3);
+    }
+
+    /// Any block, cut into frames anywhere, decodes as it does whole (when
+    /// no size update comes after a field: a cut may make that one valid).
+    #[test]
+    fn frames_cut_anywhere_decode_as_the_whole_block() {
+        for seed in 0..3000 {
+            let r = &mut Rng::new(seed);
+            let reps = block_of(r, 12);
+            let block = encode(&reps);
+            let whole = ours(&mut decoder(4096), &block);
+            if whole == Err(Error::SizeUpdate) {
+                continue;
+            }
+            let mut cuts: Vec<usize> = (0..r.below(5)).map(|_| r.below(block.len() + 1)).collect();
+            cuts.sort();
+            let mut frames = Vec::new();
+            let mut at = 0;
+            for c in cuts {
+                frames.push(&block[at..c]);
+                at = c;
+            }
+            frames.push(&block[at..]);
+            assert_eq!(ours_in(&mut decoder(4096), &frames), whole, "seed {seed}");
+        }
+    }
+
     #[test]
     fn a_huge_entry_empties_the_table() {
-        let mut d = Decoder::new(4096);
+        let mut d = decoder(4096);
         let mut block = Vec::new();
         for (n, v) in [(&b"a"[..], &b"1"[..]), (b"b", &[b'x'; 5000])] {
             block.push(0x40);
@@ -774,7 +934,7 @@ mod tests {
         let mut decoded = 0;
         for seed in 0..3000 {
             let r = &mut Rng::new(seed);
-            let mut ours_d = Decoder::new(4096);
+            let mut ours_d = decoder(4096);
             let mut theirs_d = fluke_hpack::Decoder::new();
             theirs_d.set_max_allowed_table_size(4096);
             for _ in 0..1 + r.below(6) {
@@ -820,7 +980,7 @@ mod tests {
                 let reps = block_of(r, 8);
                 r.mutate(&encode(&reps))
             };
-            let mut d = Decoder::new(4096);
+            let mut d = decoder(4096);
             if let Ok(h) = ours(&mut d, &block) {
                 let mut f = fluke_hpack::Decoder::new();
                 f.set_max_allowed_table_size(4096);

@@ -435,6 +435,11 @@ async fn serve_admin(
         |r| r.map(AuthorityFix::new),
     );
     let r = tonic::transport::Server::builder()
+        // the header limits of the CRI server (crate::limits), so the
+        // :authority filter in front of it judges what h2 will take; and a
+        // malformed request's stand-in is reset however many come
+        .http2_max_header_list_size(crate::limits::MAX_HEADER_LIST as u32)
+        .http2_max_local_error_reset_streams(None)
         .add_service(qoslet_proto::admin::admin_server::AdminServer::new(admin))
         .add_service(health)
         .add_service(v1)
