@@ -48,11 +48,16 @@ pub const MAX_MESSAGE: usize = crate::grpc::DEFAULT_MAX_MESSAGE;
 /// The response header-list limit qoslet advertises to the runtime on a
 /// client's behalf: what that client advertised to qoslet
 /// (`SETTINGS_MAX_HEADER_LIST_SIZE`, e.g. gRPC C-core's 16 KiB), or
-/// [`MAX_HEADER_LIST`] when it advertised none (grpc-go, kubelet). containerd
-/// then resets a stream whose trailers the client would not take, as it does
-/// direct, instead of sending qoslet trailers its client must refuse.
+/// [`MAX_HEADER_LIST`] when it advertised none (grpc-go, kubelet), plus one.
+/// containerd then resets a stream whose trailers the client would not take,
+/// as it does direct, instead of sending qoslet trailers its client must
+/// refuse. The one: h2 refuses a block that reaches its limit (`>=`), gRPC
+/// one that exceeds it (`>`), so a block of exactly the client's limit, which
+/// the client takes direct, must pass h2 too.
 pub fn runtime_header_list(client_advertised: Option<u32>) -> u32 {
-    client_advertised.unwrap_or(MAX_HEADER_LIST as u32)
+    client_advertised
+        .unwrap_or(MAX_HEADER_LIST as u32)
+        .saturating_add(1)
 }
 
 #[cfg(test)]
@@ -72,7 +77,8 @@ mod tests {
 
     #[test]
     fn the_runtime_gets_the_clients_own_limit() {
-        assert_eq!(runtime_header_list(Some(16384)), 16384);
-        assert_eq!(runtime_header_list(None), 16 << 20);
+        assert_eq!(runtime_header_list(Some(16384)), 16385);
+        assert_eq!(runtime_header_list(None), (16 << 20) + 1);
+        assert_eq!(runtime_header_list(Some(u32::MAX)), u32::MAX);
     }
 }
