@@ -53,13 +53,22 @@ pub const SERVER_MAX_FRAME: usize = crate::limits::MAX_FRAME;
 /// The dynamic table size qoslet's HTTP/2 server advertises (h2's default):
 /// a client's size update above it is a decoding error (RFC 7541 §6.3).
 const SERVER_HEADER_TABLE: usize = 4096;
-/// What a block re-encoded as literals may take: this much plus
-/// [`REWRITE_PER_BYTE`] times what the client sent of it (and never more
-/// than [`MAX_DECODED`]). A request's headers decode to a few times what they
-/// took on the wire; a block of one-byte references to one 4 KiB entry would
-/// decode to 4,096 times as much, and is handed on as the stand-in instead.
+/// What re-encoding a connection's blocks as literals may take: a credit of
+/// this much at first, growing by [`REWRITE_PER_BYTE`] for each header byte
+/// the client sends (up to [`MAX_DECODED`]), spent by every field copied. A
+/// request's headers decode to a few times what they took on the wire; a
+/// block of one-byte references to one 4 KiB entry would decode to 4,096
+/// times as much, and is handed on as the stand-in instead, so h2 never gets
+/// more than 16 bytes (after the first 64 KiB) for each byte the client sent.
 const REWRITE_BASE: usize = 64 << 10;
 const REWRITE_PER_BYTE: usize = 16;
+/// A complete Huffman-coded name larger than this, waiting in a block's
+/// leftover for its value: h2 decodes such a name again on each CONTINUATION
+/// (quadratic work on the thread serving kubelet), so the block is handed to
+/// h2 re-encoded (no Huffman) instead. No client sends names this long.
+const MAX_PENDING_HUFFMAN_NAME: usize = 4 << 10;
+/// Buffers larger than this are not kept once empty.
+const KEEP_BUFFER: usize = 64 << 10;
 /// A client's PUSH_PROMISE (h2 decodes its block, then ends the connection).
 const PUSH_PROMISE: u8 = 0x5;
 
@@ -219,14 +228,36 @@ struct Judge {
     size: usize,
     /// [`MAX_DECODED`] reached: h2 refuses the stream.
     over: bool,
-    /// HPACK bytes the client sent of the block so far.
-    sent: usize,
-    /// The rewrite buffer does not hold every field (over its budget).
+    /// The rewrite buffer does not hold every field (over the credit).
     short: bool,
+    /// Copy every field into the rewrite buffer (the connection is being
+    /// rewritten); otherwise only while one could still need it: up to the
+    /// first regular field, and after a socket-path `:authority`.
+    copy_all: bool,
+    /// The verdict said malformed before the block's last frame was decoded.
+    malformed_early: bool,
+    /// h2 would do quadratic work on this block as it came.
+    h2_quadratic: bool,
+    /// A field was not copied (not wanted then).
+    skipped: bool,
 }
 
 impl Judge {
-    fn field(&mut self, name: &[u8], value: &[u8], note: FieldNote, rewrite: &mut BytesMut) {
+    fn new(copy_all: bool) -> Self {
+        Self {
+            copy_all,
+            ..Self::default()
+        }
+    }
+
+    fn field(
+        &mut self,
+        name: &[u8],
+        value: &[u8],
+        note: FieldNote,
+        rewrite: &mut BytesMut,
+        credit: &mut usize,
+    ) {
         let len = name.len() + value.len() + 32;
         self.size = self.size.saturating_add(len);
         if self.size >= MAX_DECODED {
@@ -244,14 +275,18 @@ impl Judge {
             }
             self.regular |= note.regular;
         }
-        if self.over || self.short {
+        let wanted = self.copy_all || self.verdict.bad_authority || !self.regular;
+        if !wanted {
+            self.skipped = true;
+        }
+        if self.over || self.short || !wanted {
             return;
         }
-        let budget = REWRITE_BASE.saturating_add(self.sent.saturating_mul(REWRITE_PER_BYTE));
-        if rewrite.len() + len > budget.min(MAX_DECODED) {
+        if len > *credit {
             self.short = true;
             return;
         }
+        *credit -= len;
         let value: &[u8] = if note.bad_authority {
             b"localhost"
         } else {
@@ -325,6 +360,8 @@ pub struct AuthorityFix<S> {
     client: Arc<ClientSettings>,
     /// The judgement of the block being read.
     judge: Judge,
+    /// What re-encoding may still take ([`REWRITE_BASE`]).
+    credit: usize,
     /// That block, re-encoded as literals (reused).
     scratch: BytesMut,
 }
@@ -344,6 +381,7 @@ impl<S> AuthorityFix<S> {
             drop_ack: false,
             client: Arc::default(),
             judge: Judge::default(),
+            credit: REWRITE_BASE,
             scratch: BytesMut::new(),
         }
     }
@@ -441,20 +479,28 @@ impl<S> AuthorityFix<S> {
         }
         match ty {
             HEADERS if self.block.is_none() => {
+                let self_dependent = self_dependent(flags, stream_id, payload);
                 let Some(fragment) = headers_fragment(flags, payload) else {
-                    // padding past the frame's end: h2 ends the connection,
-                    // or (a stream that depends on itself) resets the stream
-                    // without decoding it, which only keeps the tables equal
-                    // while they are
-                    return self.give_up_with(&frame);
+                    // padding past the frame's end: h2 ends the connection
+                    // (RFC 9113 §6.2), or, for a stream that depends on
+                    // itself, resets the stream without decoding the block,
+                    // whose entries the client's table has: the tables part
+                    return if self_dependent {
+                        self.fail()
+                    } else {
+                        self.give_up_with(&frame)
+                    };
                 };
                 let end_stream = flags & END_STREAM != 0;
                 let last = flags & END_HEADERS != 0;
-                let self_dependent = self_dependent(flags, stream_id, payload);
-                self.judge = Judge::default();
+                self.judge = Judge::new(matches!(self.mode, Mode::Rewrite(_)));
                 self.scratch.clear();
                 let Some(used) = self.judge_fragment(fragment, fragment.len(), last) else {
-                    return self.give_up_with(&frame);
+                    return if self_dependent {
+                        self.fail()
+                    } else {
+                        self.give_up_with(&frame)
+                    };
                 };
                 if last {
                     // the common case, one frame: judged where it lies
@@ -491,10 +537,18 @@ impl<S> AuthorityFix<S> {
                 }
                 let mut buf = std::mem::take(&mut b.leftover);
                 buf.extend_from_slice(payload);
+                if last {
+                    self.judge.malformed_early = self.judge.verdict.malformed;
+                }
                 let Some(used) = self.judge_fragment(&buf, payload.len(), last) else {
                     return self.give_up();
                 };
                 buf.advance(used);
+                if crate::hpack::pending_huffman_name(&buf) > MAX_PENDING_HUFFMAN_NAME {
+                    // from here on every field is kept for the re-encoding
+                    self.judge.h2_quadratic = true;
+                    self.judge.copy_all = true;
+                }
                 let b = self.block.as_mut().expect("checked");
                 b.leftover = buf;
                 if last {
@@ -522,10 +576,14 @@ impl<S> AuthorityFix<S> {
         let (Mode::Detect(decoder) | Mode::Rewrite(decoder)) = &mut self.mode else {
             unreachable!("blocks are only judged while parsing");
         };
-        let (judge, rewrite) = (&mut self.judge, &mut self.scratch);
-        judge.sent = judge.sent.saturating_add(sent);
+        let (judge, rewrite, credit) = (&mut self.judge, &mut self.scratch, &mut self.credit);
+        *credit = credit
+            .saturating_add(sent.saturating_mul(REWRITE_PER_BYTE))
+            .min(MAX_DECODED);
         decoder
-            .decode(buf, last, |n, v, note| judge.field(n, v, note, rewrite))
+            .decode(buf, last, |n, v, note| {
+                judge.field(n, v, note, rewrite, credit)
+            })
             .ok()
     }
 
@@ -569,17 +627,19 @@ impl<S> AuthorityFix<S> {
         let rewriting = matches!(self.mode, Mode::Rewrite(_));
         let j = &self.judge;
         let verdict = j.verdict;
-        let bad = verdict.bad_authority;
+        let bad = verdict.bad_authority || j.h2_quadratic;
         let needs_rewrite = bad || rewriting;
         // a block h2 calls malformed is a clean reset only as the one frame it
         // came in; re-encoded (it may be split) or in several frames, h2 would
         // lose the verdict or the block, so it gets the stand-in. A block too
         // large is h2's to refuse as it came; one that must be re-encoded and
         // cannot be (too large, or over the rewrite budget) is a stand-in.
+        // (malformed only in the last frame: h2 decoded every frame, and
+        // resets just the stream)
         let malformed = verdict.refused
             || how.self_dependent
-            || (verdict.malformed && (how.multi || needs_rewrite))
-            || (needs_rewrite && (j.over || j.short));
+            || (verdict.malformed && ((how.multi && j.malformed_early) || needs_rewrite))
+            || (needs_rewrite && (j.over || j.short || j.skipped));
         if !rewriting {
             if !bad && !malformed {
                 // a well-formed block (or one h2 refuses on its own, keeping
@@ -596,6 +656,8 @@ impl<S> AuthorityFix<S> {
             self.mode = Mode::Rewrite(d);
             if malformed {
                 tracing::debug!("malformed request from the client; h2 resets its stream");
+            } else if j.h2_quadratic {
+                tracing::debug!("a header block h2 would decode quadratically; rewriting");
             } else {
                 tracing::debug!(
                     "client sends a unix path as :authority; rewriting its header blocks"
@@ -627,7 +689,7 @@ impl<S> AuthorityFix<S> {
 
     /// A large block's copy is not kept for the connection's life.
     fn shrink_scratch(&mut self) {
-        if self.scratch.capacity() > 64 << 10 {
+        if self.scratch.capacity() > KEEP_BUFFER {
             self.scratch = BytesMut::new();
         }
     }
@@ -684,11 +746,18 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityFix<S> {
                 let n = this.out.len().min(buf.remaining());
                 buf.put_slice(&this.out[..n]);
                 this.out.advance(n);
+                if this.out.is_empty() && this.out.capacity() > KEEP_BUFFER {
+                    this.out = BytesMut::new();
+                }
                 return Poll::Ready(Ok(()));
             }
             if this.eof {
-                // a truncated frame at EOF goes out as it is
+                // a truncated frame at EOF goes out as it is (not once
+                // rewriting: it may be a header block)
                 let rest = this.inbuf.split();
+                if matches!(this.mode, Mode::Rewrite(_)) {
+                    return Poll::Ready(Ok(()));
+                }
                 if rest.is_empty() {
                     return Poll::Ready(Ok(()));
                 }
@@ -706,7 +775,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityFix<S> {
             if rb.filled().is_empty() {
                 this.eof = true;
                 if let Some(b) = this.block.take() {
-                    this.out.extend_from_slice(&b.raw);
+                    // unfinished: h2 judges it as it came, unless its table
+                    // is not the client's any more
+                    if !matches!(this.mode, Mode::Rewrite(_)) {
+                        this.out.extend_from_slice(&b.raw);
+                    }
                 }
             } else {
                 this.inbuf.extend_from_slice(rb.filled());
@@ -894,9 +967,9 @@ mod tests {
 
     /// Second review of issue 27: a block h2 calls malformed (`connection`,
     /// `te: gzip`, a pseudo-header after a regular field) is a clean stream
-    /// reset in h2 only as one frame; split over frames, h2 would end the
-    /// connection or serve it, so it gets the stand-in. As one frame it goes to
-    /// h2 as it came.
+    /// reset in h2 only as one frame, or in the last frame of several (h2 has
+    /// decoded them all); earlier, h2 would end the connection or serve it, so
+    /// it gets the stand-in. As one frame, or last, it goes to h2 as it came.
     #[tokio::test]
     async fn blocks_h2_calls_malformed_get_the_stand_in_only_across_frames() {
         let stand_in: Vec<(Vec<u8>, Vec<u8>)> = MALFORMED_STAND_IN
@@ -910,11 +983,16 @@ mod tests {
         ] {
             let mut bad = req(b"localhost", b"/a/Bad");
             bad.push(extra);
-            // one frame: as it came, and the connection stays unrewritten
-            let input = client_stream(&[bad.clone(), req(b"localhost", b"/a/C")], 10_000);
-            let (out, n) = run(input.clone()).await;
-            assert_eq!((out, n), (input, 0), "{extra:?}");
-            // across frames: the stand-in, the next block re-encoded whole
+            // one frame, or last of two: as it came, the connection unrewritten
+            for split in [10_000, 20] {
+                let input = client_stream(&[bad.clone(), req(b"localhost", b"/a/C")], split);
+                let (out, n) = run(input.clone()).await;
+                assert_eq!((out, n), (input, 0), "{extra:?}");
+            }
+            // in the first frame of two: the stand-in, the next block
+            // re-encoded whole
+            bad.pop();
+            bad.insert(0, extra);
             let input = client_stream(&[bad, req(b"localhost", b"/a/C")], 20);
             let (out, n) = run(input.clone()).await;
             assert_eq!(n, 2, "{extra:?}");
@@ -1201,6 +1279,75 @@ mod tests {
         }
     }
 
+    /// An HPACK encoder for generated streams, as a client's might be: size
+    /// updates at a block's start, fields from the static and dynamic tables,
+    /// literals of every kind, Huffman now and then (grpc-go's way).
+    #[derive(Default)]
+    struct TestEncoder {
+        table: std::collections::VecDeque<(Vec<u8>, Vec<u8>)>,
+        max: Option<usize>,
+    }
+
+    impl TestEncoder {
+        fn size(&self) -> usize {
+            self.table.iter().map(|(n, v)| n.len() + v.len() + 32).sum()
+        }
+
+        fn evict(&mut self, max: usize) {
+            while self.size() > max {
+                self.table.pop_back();
+            }
+        }
+
+        fn encode(&mut self, r: &mut crate::fuzz::Rng, fields: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
+            let mut out = BytesMut::new();
+            if r.below(5) == 0 {
+                let max = 256 + r.below(3841);
+                crate::h2frame::put_int(&mut out, 0x20, 5, max);
+                self.max = Some(max);
+                self.evict(max);
+            }
+            let max = self.max.unwrap_or(4096);
+            for (n, v) in fields {
+                let found = self.table.iter().position(|e| &e.0 == n && &e.1 == v);
+                if let Some(i) = found.filter(|_| r.below(4) != 0) {
+                    crate::h2frame::put_int(&mut out, 0x80, 7, 62 + i);
+                    continue;
+                }
+                let name_at = self.table.iter().position(|e| &e.0 == n);
+                let (first, prefix) = [(0x40u8, 6u32), (0x00, 4), (0x10, 4)][r.below(3)];
+                match name_at.filter(|_| r.below(2) == 0) {
+                    Some(i) => crate::h2frame::put_int(&mut out, first, prefix, 62 + i),
+                    None => {
+                        crate::h2frame::put_int(&mut out, first, prefix, 0);
+                        Self::string(r, &mut out, n);
+                    }
+                }
+                Self::string(r, &mut out, v);
+                if first == 0x40 {
+                    let size = n.len() + v.len() + 32;
+                    self.evict(max.saturating_sub(size));
+                    if size <= max {
+                        self.table.push_front((n.clone(), v.clone()));
+                    } else {
+                        self.table.clear();
+                    }
+                }
+            }
+            out.to_vec()
+        }
+
+        fn string(r: &mut crate::fuzz::Rng, out: &mut BytesMut, s: &[u8]) {
+            if r.below(2) == 0 {
+                let h = crate::hpack::huffman_encode(s);
+                crate::h2frame::put_int(out, 0x80, 7, h.len());
+                out.extend_from_slice(&h);
+            } else {
+                crate::h2frame::put_string(out, s);
+            }
+        }
+    }
+
     /// One request of a generated client stream, and what h2 must make of it
     /// through the filter.
     type Fields = Vec<(Vec<u8>, Vec<u8>)>;
@@ -1211,12 +1358,12 @@ mod tests {
         reset: bool,
     }
 
-    /// A client byte stream of `n` requests (fluke-hpack's encoder, which
-    /// indexes, so the tables matter), each block cut into frames at random:
+    /// A client byte stream of `n` requests ([`TestEncoder`]: the tables
+    /// matter), each block cut into frames at random:
     /// socket-path authorities, large values, and now and then a malformed
     /// field of either kind. The last request is a sentinel.
     fn generated(r: &mut crate::fuzz::Rng, n: usize) -> (Vec<u8>, Vec<Generated>) {
-        let mut enc = fluke_hpack::Encoder::new();
+        let mut enc = TestEncoder::default();
         let mut out = BytesMut::from(PREFACE);
         write_frame(&mut out, SETTINGS, 0, 0, &[]);
         let mut reqs = Vec::new();
@@ -1258,16 +1405,35 @@ mod tests {
                 reset = true;
             }
             let sid = 1 + 2 * i as u32;
-            let block = enc.encode(h.iter().map(|(n, v)| (&n[..], &v[..])));
+            let block = enc.encode(r, &h);
             let mut at = 0;
             while at < block.len() || at == 0 {
                 let most = if r.below(2) == 0 { 64 } else { 16 << 10 };
                 let step = 1 + r.below(most);
                 let end = (at + step).min(block.len());
-                let ty = if at == 0 { HEADERS } else { CONTINUATION };
-                let flags = if end == block.len() { END_HEADERS } else { 0 }
-                    | if at == 0 { END_STREAM } else { 0 };
-                write_frame(&mut out, ty, flags, sid, &block[at..end]);
+                let mut flags = if end == block.len() { END_HEADERS } else { 0 };
+                if at > 0 {
+                    write_frame(&mut out, CONTINUATION, flags, sid, &block[at..end]);
+                } else {
+                    // HEADERS, now and then padded and with a priority
+                    flags |= END_STREAM;
+                    let mut payload = Vec::new();
+                    let pad = if r.below(4) == 0 { r.below(8) } else { 0 };
+                    if r.below(4) == 0 {
+                        flags |= PADDED;
+                        payload.push(pad as u8);
+                    }
+                    if r.below(4) == 0 {
+                        flags |= PRIORITY;
+                        payload.extend_from_slice(&(sid + 2).to_be_bytes());
+                        payload.push(15);
+                    }
+                    payload.extend_from_slice(&block[..end]);
+                    if flags & PADDED != 0 {
+                        payload.extend(std::iter::repeat_n(0, pad));
+                    }
+                    write_frame(&mut out, HEADERS, flags, sid, &payload);
+                }
                 at = end;
                 if block.is_empty() {
                     break;
@@ -1315,7 +1481,7 @@ mod tests {
         let mut responders = Vec::new();
         if let Ok(mut conn) = h2::server::handshake(io).await {
             loop {
-                let next = tokio::time::timeout(Duration::from_millis(300), conn.accept()).await;
+                let next = tokio::time::timeout(Duration::from_secs(5), conn.accept()).await;
                 let Ok(Some(Ok((req, respond)))) = next else {
                     break;
                 };
@@ -1419,6 +1585,161 @@ mod tests {
             compared > 200,
             "the oracle was checked against h2 ({compared})"
         );
+    }
+
+    fn filtered(input: &[u8]) -> AuthorityFix<()> {
+        let mut f = AuthorityFix::new(());
+        f.inbuf.extend_from_slice(input);
+        f.process();
+        f
+    }
+
+    /// A 4 KiB table entry, and a socket path that makes the connection
+    /// rewrite its blocks.
+    fn rewriting_with_a_big_entry() -> BytesMut {
+        let mut input = BytesMut::from(PREFACE);
+        write_frame(&mut input, SETTINGS, 0, 0, &[]);
+        let mut block = vec![0x83, 0x86, 0x84, 0x01, 0x10];
+        block.extend_from_slice(b"/run/qoslet.sock");
+        block.extend_from_slice(&[0x40, 0x01, b'x', 0x7f, 0xe0, 0x1e]); // 4,063-byte value
+        block.extend(std::iter::repeat_n(b'v', 4063));
+        write_frame(&mut input, HEADERS, END_HEADERS | END_STREAM, 1, &block);
+        input
+    }
+
+    /// Second review of issue 27: once rewriting, tiny blocks of references
+    /// to a 4 KiB entry would each be re-encoded to 64 KiB; the credit is the
+    /// connection's, so h2 never gets more than 64 KiB plus 16 bytes per byte
+    /// sent, and what is over it gets the stand-in.
+    #[test]
+    fn rewriting_is_bounded_by_what_the_client_sent() {
+        let mut input = rewriting_with_a_big_entry();
+        let mut block = vec![0x83, 0x86, 0x84];
+        block.extend(std::iter::repeat_n(0xbe, 16));
+        for i in 0..2000u32 {
+            write_frame(
+                &mut input,
+                HEADERS,
+                END_HEADERS | END_STREAM,
+                3 + 2 * i,
+                &block,
+            );
+        }
+        let f = filtered(&input);
+        assert!(!f.failed);
+        assert!(
+            f.out.len() <= (64 << 10) + 16 * input.len() + 64 * 2001,
+            "{} bytes out for {} in",
+            f.out.len(),
+            input.len()
+        );
+        assert!(
+            f.malformed() > 1900,
+            "over the credit: stand-ins ({})",
+            f.malformed()
+        );
+        assert!(f.malformed() < 2000, "the first are re-encoded whole");
+    }
+
+    /// Second review of issue 27: a stream that depends on itself with its
+    /// padding past the frame: h2 resets it without decoding, the client's
+    /// table has its entries: the connection cannot be kept.
+    #[test]
+    fn a_self_dependent_block_that_cannot_be_read_ends_the_connection() {
+        let mut input = BytesMut::from(PREFACE);
+        input.extend_from_slice(&[0, 0, 0x0b, HEADERS, 0x2c, 0, 0, 0, 1]);
+        input.extend_from_slice(&[0xff, 0, 0, 0, 1, 0x0f, 0x40, 0x01, b'a', 0x01, b'b']);
+        assert!(filtered(&input).failed);
+        // another stream's priority with the same padding is h2's to refuse
+        let mut other = input.clone();
+        other[PREFACE.len() + 9 + 4] = 3;
+        let f = filtered(&other);
+        assert!(!f.failed && f.out[..] == other[..]);
+    }
+
+    /// Second review of issue 27: a block whose malformed field is only in
+    /// its last frame is decoded whole by h2, which resets just that stream:
+    /// it passes as it came (the connection is not rewritten for it); one
+    /// whose malformed field comes earlier gets the stand-in.
+    #[tokio::test]
+    async fn malformed_only_in_the_last_frame_is_h2s_to_reset() {
+        let mut bad = req(b"localhost", b"/a/B");
+        bad.push((b"connection", b"close"));
+        let mut enc = fluke_hpack::Encoder::new();
+        let block = enc.encode(bad.iter().copied());
+        let cut = block.len() - 8; // the connection field is in the last frame
+        let mut input = BytesMut::from(PREFACE);
+        write_frame(&mut input, HEADERS, END_STREAM, 1, &block[..cut]);
+        write_frame(&mut input, CONTINUATION, END_HEADERS, 1, &block[cut..]);
+        let f = filtered(&input);
+        assert_eq!((&f.out[..], f.rewritten()), (&input[..], 0));
+        let mut input = BytesMut::from(PREFACE);
+        let mut enc = fluke_hpack::Encoder::new();
+        let mut early = vec![(&b"connection"[..], &b"close"[..])];
+        early.extend(req(b"localhost", b"/a/B").into_iter().skip(4));
+        let block = enc.encode(early.iter().copied());
+        write_frame(&mut input, HEADERS, END_STREAM, 1, &block[..20]);
+        write_frame(&mut input, CONTINUATION, END_HEADERS, 1, &block[20..]);
+        assert_eq!(filtered(&input).malformed(), 1);
+    }
+
+    /// Second review of issue 27: a large Huffman-coded name whose value
+    /// comes over many CONTINUATIONs would be decoded by h2 again for each;
+    /// the block goes to h2 re-encoded (no Huffman), fields unchanged.
+    #[tokio::test]
+    async fn a_block_h2_would_decode_quadratically_is_re_encoded() {
+        // (a valid name: h2 refuses names over 64 KiB)
+        let name: Vec<u8> = (0..10_000).map(|i| b"abcdefghij"[i % 10]).collect();
+        let huff = crate::hpack::huffman_encode(&name);
+        let mut block = vec![0x83, 0x86, 0x84, 0x41, 0x09];
+        block.extend_from_slice(b"localhost");
+        block.push(0x00);
+        let mut len = BytesMut::new();
+        crate::h2frame::put_int(&mut len, 0x80, 7, huff.len());
+        block.extend_from_slice(&len);
+        block.extend_from_slice(&huff);
+        let value = vec![b'v'; 200_000];
+        let mut len = BytesMut::new();
+        crate::h2frame::put_string(&mut len, &value);
+        block.extend_from_slice(&len);
+        let mut input = BytesMut::from(PREFACE);
+        write_header_frames(&mut input, 1, true, &block, 16 << 10);
+        let (out, n) = run(input.to_vec()).await;
+        assert_eq!(n, 1);
+        let after = blocks_of(&out);
+        assert_eq!(after[0][4], (name, value));
+    }
+
+    /// Second review of issue 27: at the end of the input, a block held
+    /// unfinished goes to h2 as it came, unless the connection is rewritten.
+    #[tokio::test]
+    async fn an_unfinished_block_at_eof_is_dropped_once_rewriting() {
+        let streams = |out: &[u8]| {
+            let mut p = &out[PREFACE.len()..];
+            let mut ids = Vec::new();
+            while p.len() >= FRAME_HEADER {
+                let len = u32::from_be_bytes([0, p[0], p[1], p[2]]) as usize;
+                ids.push(u32::from_be_bytes([p[5], p[6], p[7], p[8]]));
+                p = &p[(FRAME_HEADER + len).min(p.len())..];
+            }
+            ids
+        };
+        let mut input = rewriting_with_a_big_entry();
+        write_frame(
+            &mut input,
+            HEADERS,
+            END_STREAM,
+            3,
+            &[0x83, 0x86, 0x84, 0xbe],
+        );
+        let (out, n) = run(input.to_vec()).await;
+        assert_eq!((n, streams(&out)), (1, vec![0, 1]));
+        // not rewriting: as it came
+        let mut input = BytesMut::from(PREFACE);
+        write_frame(&mut input, SETTINGS, 0, 0, &[]);
+        write_frame(&mut input, HEADERS, END_STREAM, 3, &[0x83, 0x86, 0x84]);
+        let (out, _) = run(input.to_vec()).await;
+        assert_eq!(out, input.to_vec());
     }
 
     /// Review of issue 11: empty CONTINUATION frames (which grow no fragment)

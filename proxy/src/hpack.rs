@@ -306,6 +306,27 @@ fn string<'a>(block: &'a [u8], s: Span, scratch: &'a mut Vec<u8>) -> Result<&'a 
     Ok(scratch)
 }
 
+/// The length of a complete Huffman-coded new name that opens `buf` (a
+/// literal whose value is not all there yet), or 0.
+pub fn pending_huffman_name(buf: &[u8]) -> usize {
+    let Some(&b) = buf.first() else {
+        return 0;
+    };
+    let prefix = match b {
+        0x40 => 6,
+        0x00 | 0x10 => 4,
+        _ => return 0,
+    };
+    let mut pos = 0;
+    if read_int(buf, &mut pos, prefix) != Ok(0) {
+        return 0;
+    }
+    match read_span(buf, &mut pos) {
+        Ok(s) if s.huffman => s.end - s.start,
+        _ => 0,
+    }
+}
+
 /// What the decoder's user notes about fields, so a field referenced from the
 /// dynamic table again is not judged again (a one-byte reference to a 4 KiB
 /// entry costs the same as any other).
@@ -508,29 +529,30 @@ impl<J: Notes> Decoder<J> {
 }
 
 #[cfg(test)]
+/// A Huffman encoder from the same code (tests only: qoslet never sends
+/// Huffman strings).
+pub(crate) fn huffman_encode(s: &[u8]) -> Vec<u8> {
+    let codes = codes();
+    let (mut acc, mut bits, mut out) = (0u64, 0u32, Vec::new());
+    for &c in s {
+        let (code, len) = codes[c as usize];
+        acc = (acc << len) | code as u64;
+        bits += len as u32;
+        while bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+        }
+    }
+    if bits > 0 {
+        out.push(((acc << (8 - bits)) | ((1 << (8 - bits)) - 1)) as u8);
+    }
+    out
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::fuzz::Rng;
-
-    /// A Huffman encoder from the same code (tests only: qoslet never sends
-    /// Huffman strings).
-    fn huffman_encode(s: &[u8]) -> Vec<u8> {
-        let codes = codes();
-        let (mut acc, mut bits, mut out) = (0u64, 0u32, Vec::new());
-        for &c in s {
-            let (code, len) = codes[c as usize];
-            acc = (acc << len) | code as u64;
-            bits += len as u32;
-            while bits >= 8 {
-                bits -= 8;
-                out.push((acc >> bits) as u8);
-            }
-        }
-        if bits > 0 {
-            out.push(((acc << (8 - bits)) | ((1 << (8 - bits)) - 1)) as u8);
-        }
-        out
-    }
 
     fn int(out: &mut Vec<u8>, first: u8, n: u32, v: usize) {
         let mut b = bytes::BytesMut::new();
