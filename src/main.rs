@@ -5,7 +5,6 @@
 mod cli;
 mod config;
 mod engine;
-mod inventory;
 use qoslet_isolation as isolation;
 use qoslet_metrics::service as metrics;
 mod policy;
@@ -295,7 +294,7 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
     let running = qoslet_proxy::start_with(cfg, pipeline, view).await?;
     // the one inventory of the store, shared by the metrics collector and the engine
     let inventory =
-        inventory::Inventories::new(running.store.clone(), trust.clone(), pod_root.clone());
+        qoslet_state::Inventories::new(running.store.clone(), trust.clone(), pod_root.clone());
     if let Some(slot) = inventory_slot {
         let _ = slot.set(inventory.clone());
     }

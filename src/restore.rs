@@ -11,9 +11,9 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use qoslet_proxy::checkpoint::{Checkpoint, LoadError};
-use qoslet_proxy::statefile::{self, StateError};
-use qoslet_proxy::store::Store;
+use qoslet_state::checkpoint::{Checkpoint, LoadError};
+use qoslet_state::statefile::{self, StateError};
+use qoslet_state::store::Store;
 
 use crate::{config, engine, isolation};
 
@@ -130,7 +130,7 @@ pub async fn run(a: RestoreArgs) -> Result<()> {
         )?
     };
     let policy = policy_cfg.engine();
-    let inv = crate::inventory::build(
+    let inv = qoslet_state::inventory::build(
         &store,
         store.generation(),
         &settings.trust,

@@ -18,10 +18,8 @@
 pub mod batch;
 pub mod class;
 pub mod decide;
-pub mod inventory;
 pub mod nodeslo;
 pub mod policy;
 pub mod quantity;
 
 pub use class::{classify, ClassDecision, ClassSource, KubeQos, PodClass, QosClass, Trust};
-pub use inventory::Inventory;

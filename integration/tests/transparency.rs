@@ -594,7 +594,7 @@ async fn the_final_checkpoint_holds_calls_that_drained() {
         Some((0, String::new())),
         "the call drained"
     );
-    let ck = qoslet_proxy::checkpoint::Checkpoint::new(
+    let ck = qoslet_state::checkpoint::Checkpoint::new(
         dir.join("state"),
         format!("unix://{}", fake.sock.display()),
     );
@@ -613,7 +613,7 @@ async fn the_final_checkpoint_holds_calls_that_drained() {
 async fn rebuild_from(
     name: &str,
     ids: Vec<String>,
-    known: qoslet_proxy::store::Snapshot,
+    known: qoslet_state::store::Snapshot,
     budget: Duration,
 ) -> (qoslet_proxy::rebuild::Rebuilt, Vec<String>, Duration) {
     let listed: Vec<cri::Container> = known
@@ -745,8 +745,8 @@ async fn a_rebuild_over_budget_keeps_what_was_answered() {
 /// of time must not remove what kubelet told qoslet.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_pod_keeps_its_known_containers() {
-    let known = qoslet_proxy::store::Snapshot {
-        containers: vec![qoslet_proxy::store::ContainerRecord {
+    let known = qoslet_state::store::Snapshot {
+        containers: vec![qoslet_state::store::ContainerRecord {
             id: "c1".into(),
             pod_id: "slow-pod".into(),
             applied: [("cpu.cfs_quota_us".to_string(), "50000".to_string())].into(),

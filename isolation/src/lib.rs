@@ -22,17 +22,17 @@ use std::sync::Arc;
 use qoslet_cgroups::resctrl::Resctrl;
 use qoslet_cgroups::{CgroupPath, Cgroups, Features, Knob, PodRoot};
 use qoslet_hooks::decide::{self, Action, ContainerDecision, Decision, NodeFacts, Requested};
-use qoslet_hooks::inventory::InventorySource;
 use qoslet_hooks::policy::ResourceQosStrategy;
 use qoslet_hooks::{classify, ClassSource, PodClass, QosClass, Trust};
 use qoslet_proto::cri;
 use qoslet_proxy::cri::{CriRequest, CriResponse, HookPoint};
 use qoslet_proxy::pipeline::{BoxError, BoxFuture, HookContext, Stage};
-use qoslet_proxy::store::{ContainerRecord, PodRecord, Store};
 use qoslet_proxy::Hook;
+use qoslet_state::inventory::InventorySource;
+use qoslet_state::store::{ContainerRecord, PodRecord, Store};
 use tracing::{debug, warn};
 
-pub use qoslet_proxy::store::{ANNOTATION_APPLIED, ANNOTATION_CLASS, ANNOTATION_REQUESTED};
+pub use qoslet_state::store::{ANNOTATION_APPLIED, ANNOTATION_CLASS, ANNOTATION_REQUESTED};
 
 pub struct Isolation {
     cgroups: Option<Arc<Cgroups>>,
@@ -128,18 +128,6 @@ impl Shared {
             share_pool: pool,
         }
     }
-}
-
-/// What a pod's sandbox config asked for the whole pod (none when it carried no resources).
-pub fn sandbox_limits(p: &PodRecord) -> decide::SandboxLimits {
-    p.resources
-        .as_ref()
-        .map(|r| decide::SandboxLimits {
-            memory_limit: r.memory_limit_in_bytes,
-            cpu_quota: r.cpu_quota,
-            cpu_period: r.cpu_period,
-        })
-        .unwrap_or_default()
 }
 
 /// The node's online CPUs, memory and reserved CPUs, read once at start
@@ -380,7 +368,7 @@ fn make_room_for_quota(
     let pod_sum: Option<i64> = store.read_all(|_, ctrs| {
         ctrs.values()
             .filter(|c| {
-                c.pod_id == pod.id && c.state == qoslet_proxy::store::ContainerState::Running
+                c.pod_id == pod.id && c.state == qoslet_state::store::ContainerState::Running
             })
             .map(|c| {
                 let q = if c.id == container {
@@ -416,7 +404,7 @@ fn make_room_for_quota(
 }
 
 /// What the store holds of kubelet's asks, as decisions take it.
-fn stored_requested(r: &qoslet_proxy::store::Resources) -> Requested<'_> {
+fn stored_requested(r: &qoslet_state::store::Resources) -> Requested<'_> {
     Requested {
         memory_limit: r.memory_limit_in_bytes,
         cpu_quota: r.cpu_quota,
@@ -430,7 +418,7 @@ fn stored_requested(r: &qoslet_proxy::store::Resources) -> Requested<'_> {
 /// What kubelet asked for a container, with its pod's CPU limit (an untrusted
 /// pod's binding is sized by it).
 fn with_pod<'a>(mut r: Requested<'a>, pod: &PodRecord) -> Requested<'a> {
-    r.pod_milli_cpu = sandbox_limits(pod).milli_cpu();
+    r.pod_milli_cpu = pod.sandbox_limits().milli_cpu();
     r
 }
 
@@ -461,7 +449,7 @@ fn class_source(pod: &PodRecord, trust: &Trust) -> String {
 }
 
 fn pod_from_config(c: &cri::PodSandboxConfig) -> PodRecord {
-    PodRecord::from_config("", c, "")
+    qoslet_proxy::records::pod("", c, "")
 }
 
 fn resources_with(
@@ -638,7 +626,7 @@ impl Hook for Isolation {
                     // qoslet's values for kubelet's (always written, so a value already
                     // in the request is never taken for qoslet's)
                     let kubelets = res
-                        .map(qoslet_proxy::store::Resources::from)
+                        .map(qoslet_proxy::records::resources)
                         .unwrap_or_default();
                     if let Ok(json) = serde_json::to_string(&kubelets) {
                         annotations.insert(ANNOTATION_REQUESTED.into(), json);
@@ -668,7 +656,7 @@ impl Hook for Isolation {
                     // kubelet may send a partial update (cpuset only): what it left out stands
                     let mut merged = c.requested.clone().unwrap_or_default();
                     if let Some(l) = &r.linux {
-                        merged.merge(&qoslet_proxy::store::Resources::from(l));
+                        merged.merge(&qoslet_proxy::records::resources(l));
                     }
                     // the pool carried even when whole: containerd re-applies the
                     // cpuset its spec kept from an earlier patch otherwise
@@ -768,7 +756,7 @@ impl Hook for Isolation {
                     let d = decide::pod(
                         class,
                         &pod.annotations,
-                        &sandbox_limits(&pod),
+                        &pod.sandbox_limits(),
                         &shared.ctx(None),
                     );
                     for w in &d.warnings {
@@ -828,7 +816,7 @@ impl Hook for Isolation {
                         .as_ref()
                         .and_then(|c| c.annotations.get(ANNOTATION_REQUESTED))
                         .and_then(|j| {
-                            serde_json::from_str::<qoslet_proxy::store::Resources>(j).ok()
+                            serde_json::from_str::<qoslet_state::store::Resources>(j).ok()
                         });
                     let pcg = CgroupPath::pod_under(&pod.cgroup_parent, &shared.pod_root).ok();
                     let place = placer.place(&shared.node, cgroups.as_deref(), pcg.as_ref());
@@ -933,7 +921,7 @@ impl Hook for Isolation {
 mod tests {
     use super::*;
     use qoslet_cgroups::memfs::MemFs;
-    use qoslet_proxy::store::ContainerRecord;
+    use qoslet_state::store::ContainerRecord;
 
     /// A store holding one BE-labelled pod and its container `app`.
     fn be_pod_with_app(pod_id: &str, parent: &str, cid: &str) -> Store {
@@ -961,9 +949,9 @@ mod tests {
     }
 
     /// An inventory the test sets (the agent's follows the store).
-    struct Fixed(std::sync::Mutex<Arc<qoslet_hooks::inventory::Inventory>>);
+    struct Fixed(std::sync::Mutex<Arc<qoslet_state::inventory::Inventory>>);
     impl InventorySource for Fixed {
-        fn current(&self) -> Arc<qoslet_hooks::inventory::Inventory> {
+        fn current(&self) -> Arc<qoslet_state::inventory::Inventory> {
             self.0.lock().unwrap().clone()
         }
     }
@@ -974,7 +962,7 @@ mod tests {
     /// without CFS quota; before the inventory is set, kubelet's cpusets stand.
     #[tokio::test]
     async fn containers_are_created_on_the_share_pool_or_their_binding() {
-        use qoslet_hooks::inventory::{ContainerEntry, Inventory, PodEntry};
+        use qoslet_state::inventory::{ContainerEntry, Inventory, PodEntry};
         let node = NodeFacts {
             online_cpus: (0..4).collect(),
             milli_cpus: 4000,
@@ -1052,6 +1040,10 @@ mod tests {
             id: "plsr".into(),
             name: "plsr".into(),
             namespace: String::new(),
+            uid: String::new(),
+            labels: Default::default(),
+            created_at: 0,
+            priority: None,
             cgroup: CgroupPath::parse("/kubepods/podplsr").unwrap(),
             class: Some(PodClass {
                 class: QosClass::Lsr,
@@ -1074,6 +1066,7 @@ mod tests {
                 cpu_period: 100_000,
                 cpuset_cpus: String::new(),
                 oom_score_adj: 0,
+                cpu_shares: 0,
             }],
         };
         let inv = Arc::new(Fixed(std::sync::Mutex::new(Arc::new(Inventory {
@@ -1202,7 +1195,7 @@ mod tests {
         c.applied.insert("memory.min".into(), "1073741824".into());
         c.applied.insert("memory.high".into(), "2147483648".into());
         // kubelet's own create-time memory.high (its MemoryQoS gate)
-        c.requested = Some(qoslet_proxy::store::Resources {
+        c.requested = Some(qoslet_state::store::Resources {
             unified: [("memory.high".to_string(), "3221225472".to_string())].into(),
             ..Default::default()
         });

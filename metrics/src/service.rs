@@ -17,10 +17,10 @@ use crate::{Agg, Metric, NodeIdentity, SeriesClock, Tsdb};
 use bytes::Bytes;
 use http_body_util::Full;
 use qoslet_cgroups::Host;
-use qoslet_hooks::inventory::InventorySource;
 use qoslet_proto::admin;
-use qoslet_proxy::store::{PodState, Store};
 use qoslet_proxy::QosletError;
+use qoslet_state::inventory::InventorySource;
+use qoslet_state::store::{PodState, Store};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tonic::Status;
@@ -90,7 +90,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// The pods and containers to collect: the inventory's ready pods and running containers.
-pub fn targets(inv: &qoslet_hooks::Inventory) -> Vec<Arc<Target>> {
+pub fn targets(inv: &qoslet_state::Inventory) -> Vec<Arc<Target>> {
     let mut out = Vec::with_capacity(inv.pods.len() + inv.containers());
     for p in &inv.pods {
         let class = p
@@ -357,7 +357,7 @@ impl Metrics {
 const SNAPSHOT_MAX_BYTES: u64 = 256 << 20;
 
 fn load_snapshot(p: &std::path::Path, here: &NodeIdentity, interval: u32) -> Option<crate::Loaded> {
-    let b = match qoslet_proxy::statefile::read_capped(p, SNAPSHOT_MAX_BYTES) {
+    let b = match qoslet_state::statefile::read_capped(p, SNAPSHOT_MAX_BYTES) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
         Err(e) => {
@@ -388,11 +388,11 @@ fn load_snapshot(p: &std::path::Path, here: &NodeIdentity, interval: u32) -> Opt
 fn write_snapshot(
     p: &std::path::Path,
     m: &Metrics,
-) -> Result<(), qoslet_proxy::statefile::StateError> {
+) -> Result<(), qoslet_state::statefile::StateError> {
     if let Some(d) = p.parent() {
-        qoslet_proxy::statefile::ensure_private_dir(d)?;
+        qoslet_state::statefile::ensure_private_dir(d)?;
     }
-    qoslet_proxy::statefile::write_atomic_with(p, |w| {
+    qoslet_state::statefile::write_atomic_with(p, |w| {
         let mut w = Capped {
             w,
             left: SNAPSHOT_MAX_BYTES,
@@ -857,8 +857,8 @@ mod tests {
     /// An inventory with no pods.
     struct NoPods;
     impl InventorySource for NoPods {
-        fn current(&self) -> Arc<qoslet_hooks::Inventory> {
-            Arc::new(qoslet_hooks::Inventory::default())
+        fn current(&self) -> Arc<qoslet_state::Inventory> {
+            Arc::new(qoslet_state::Inventory::default())
         }
     }
 
@@ -921,7 +921,7 @@ mod tests {
         std::fs::create_dir_all(&d).unwrap();
         let p = d.join("m.snap");
         std::fs::write(&p, b"previous").unwrap();
-        let r = qoslet_proxy::statefile::write_atomic_with(&p, |w| {
+        let r = qoslet_state::statefile::write_atomic_with(&p, |w| {
             let mut w = Capped { w, left: 100 };
             std::io::Write::write_all(&mut w, &[7u8; 64])?;
             std::io::Write::write_all(&mut w, &[7u8; 64])

@@ -13,7 +13,7 @@ use tonic::{Request, Response, Status};
 use crate::backend::Backend;
 use crate::forward::ProxyStats;
 use crate::pipeline::Pipeline;
-use crate::store::{ContainerRecord, PodRecord, Resources, Store};
+use qoslet_state::store::{ContainerRecord, PodRecord, Resources, Store};
 
 /// qoslet's version, as reported by GetStatus.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -45,11 +45,8 @@ pub enum EndpointError {
 
 /// Parses `unix:///path` (or a bare absolute path) into a socket path.
 pub fn parse_unix(endpoint: &str) -> Result<PathBuf, EndpointError> {
-    let path = endpoint.strip_prefix("unix://").unwrap_or(endpoint);
-    if !path.starts_with('/') || path.len() < 2 || path.contains('\0') {
-        return Err(EndpointError::Invalid(endpoint.to_string()));
-    }
-    Ok(PathBuf::from(path))
+    qoslet_state::endpoint::unix_path(endpoint)
+        .ok_or_else(|| EndpointError::Invalid(endpoint.to_string()))
 }
 
 /// Binds a unix listening socket at `path` following the module's rules.

@@ -14,7 +14,7 @@ use prost::Message;
 use qoslet_proto::cri::{ContainerEventResponse, ContainerEventType};
 use tracing::{debug, info, warn};
 
-use crate::store::{ContainerState, Store};
+use qoslet_state::store::{ContainerState, Store};
 
 /// Applies one event to the store. Returns whether the store knew the entry.
 /// A container's state is taken from the statuses the event carries where it
@@ -46,7 +46,7 @@ pub fn apply(store: &Store, ev: &ContainerEventResponse) -> bool {
         .containers_statuses
         .iter()
         .find(|s| s.id == id)
-        .map(|s| ContainerState::from_cri(s.state))
+        .map(|s| crate::records::container_state(s.state))
         .filter(|s| *s != ContainerState::Unknown);
     let by_kind = match kind {
         Some(ContainerEventType::ContainerStartedEvent) => Some(ContainerState::Running),
@@ -165,7 +165,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{ContainerRecord, PodRecord, PodState};
+    use qoslet_state::store::{ContainerRecord, PodRecord, PodState};
 
     fn framed(ev: &ContainerEventResponse) -> Vec<u8> {
         let m = ev.encode_to_vec();

@@ -33,7 +33,7 @@ use crate::grpc::{
     Unary, FRAME_HEADER,
 };
 use crate::pipeline::{HookContext, Pipeline, Stage};
-use crate::store::{ContainerRecord, ContainerState, PodRecord, Resources, Store};
+use qoslet_state::store::{ContainerState, Store};
 
 /// Call counters of the proxy socket.
 #[derive(Debug, Default)]
@@ -545,7 +545,7 @@ pub fn record(store: &Store, req: &CriRequest, resp: &CriResponse) {
     match (req, resp) {
         (CriRequest::RunPodSandbox(r), CriResponse::RunPodSandbox(o)) => {
             if let Some(c) = &r.config {
-                store.upsert_pod(PodRecord::from_config(
+                store.upsert_pod(crate::records::pod(
                     &o.pod_sandbox_id,
                     c,
                     &r.runtime_handler,
@@ -554,7 +554,7 @@ pub fn record(store: &Store, req: &CriRequest, resp: &CriResponse) {
         }
         (CriRequest::CreateContainer(r), CriResponse::CreateContainer(o)) => {
             if let Some(c) = &r.config {
-                store.upsert_container(ContainerRecord::from_config(
+                store.upsert_container(crate::records::container(
                     &o.container_id,
                     &r.pod_sandbox_id,
                     c,
@@ -566,7 +566,7 @@ pub fn record(store: &Store, req: &CriRequest, resp: &CriResponse) {
         }
         (CriRequest::UpdateContainerResources(r), _) => {
             if let Some(l) = &r.linux {
-                store.set_container_resources(&r.container_id, Resources::from(l));
+                store.set_container_resources(&r.container_id, crate::records::resources(l));
             }
         }
         (CriRequest::StopContainer(r), _) => {
@@ -629,8 +629,8 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::PodState;
     use qoslet_proto::cri;
+    use qoslet_state::store::PodState;
 
     #[test]
     fn record_follows_the_lifecycle() {

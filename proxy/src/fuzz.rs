@@ -157,7 +157,7 @@ fn grpc_framing_never_panics_and_reads_only_what_is_there() {
 
 #[test]
 fn the_event_tap_never_panics_and_stays_within_its_cap() {
-    let store = crate::store::Store::new();
+    let store = qoslet_state::store::Store::new();
     let mut rng = Rng::new(13);
     let valid = qoslet_proto::cri::ContainerEventResponse {
         container_id: "c".repeat(64),

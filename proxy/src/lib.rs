@@ -1,5 +1,6 @@
-//! qoslet's runtime boundary: the CRI proxy between kubelet and containerd,
-//! its interception pipeline, the pod/container store and the admin API.
+//! qoslet's CRI front end: the proxy between kubelet and containerd, its
+//! interception pipeline, CRI <-> state (the store lives in `qoslet-state`)
+//! and, for now, the admin API.
 //!
 //! Layout:
 //! * [`server`]: wiring (sockets, store rebuild, serve, drain), and each
@@ -10,8 +11,8 @@
 //! * [`h2frame`]: the few HTTP/2 frame helpers the `:authority` filter needs.
 //! * [`cri`]: which CRI calls are intercepted, as typed values.
 //! * [`pipeline`]: hooks, their timeouts and failure policies.
-//! * [`store`], [`checkpoint`], [`rebuild`]: the pod/container store and its persistence.
-//! * [`statefile`]: the private state dir (0700/0600, atomic no-follow writes, capped reads, the instance lock).
+//! * [`records`]: CRI messages -> the store's records (the only place they are built from CRI).
+//! * [`rebuild`]: the store rebuilt from the runtime's listing (at start, and resyncs).
 //! * [`backend`], [`endpoint`]: connections to containerd, listening sockets.
 //! * [`authority`]: what h2 would misjudge in a client's header blocks: a socket path as
 //!   `:authority` (repaired), a malformed request (made a stream error, not a connection error).
@@ -23,7 +24,6 @@
 pub mod admin;
 pub mod authority;
 pub mod backend;
-pub mod checkpoint;
 pub mod cri;
 pub mod endpoint;
 pub mod events;
@@ -37,10 +37,9 @@ pub mod hpack;
 pub mod limits;
 pub mod pipeline;
 pub mod rebuild;
+pub mod records;
 pub mod server;
-pub mod statefile;
 pub mod status;
-pub mod store;
 
 pub use admin::AgentView;
 pub use pipeline::{FailurePolicy, Hook, HookSettings, Pipeline};

@@ -30,7 +30,7 @@ use tonic::Status;
 use tracing::warn;
 
 use crate::cri::{CriRequest, CriResponse, HookPoint};
-use crate::store::Store;
+use qoslet_state::store::Store;
 
 /// A boxed, sendable future.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;

@@ -12,9 +12,9 @@ use qoslet_proto::cri;
 use serde_json::Value;
 use tonic::transport::Channel;
 
-use crate::store::{
-    ContainerRecord, ContainerState, PodRecord, PodState, Resources, Snapshot, Source,
-    ANNOTATION_APPLIED, ANNOTATION_CLASS, ANNOTATION_REQUESTED,
+use qoslet_state::store::{
+    ContainerRecord, PodRecord, Resources, Snapshot, Source, ANNOTATION_APPLIED, ANNOTATION_CLASS,
+    ANNOTATION_REQUESTED,
 };
 
 type Client = cri::runtime_service_client::RuntimeServiceClient<Channel>;
@@ -76,7 +76,7 @@ pub async fn reconcile(
     for (i, sb) in sandboxes.iter().enumerate() {
         match known_pods.remove(&sb.id) {
             Some(mut p) => {
-                p.state = PodState::from_cri(sb.state);
+                p.state = crate::records::pod_state(sb.state);
                 out.pods.push(p);
             }
             None => ask.push((i, sb.id.clone())),
@@ -106,7 +106,7 @@ pub async fn reconcile(
         match known_ctrs.remove(&ct.id) {
             // known: kept while its pod is listed, even if the pod's status was cut
             Some(mut r) if listed.contains(ct.pod_sandbox_id.as_str()) => {
-                r.state = ContainerState::from_cri(ct.state);
+                r.state = crate::records::container_state(ct.state);
                 out.containers.push(r);
             }
             Some(_) => {}
@@ -277,22 +277,15 @@ pub fn pod_from_runtime(sb: &cri::PodSandbox, info: &HashMap<String, String>) ->
         namespace: md.namespace,
         uid: md.uid,
         attempt: md.attempt,
-        labels: sb
-            .labels
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
-        annotations: sb
-            .annotations
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
+        labels: crate::records::sorted(&sb.labels),
+        annotations: crate::records::sorted(&sb.annotations),
         cgroup_parent: s(&cfg, &["linux", "cgroup_parent"]),
         runtime_handler: sb.runtime_handler.clone(),
         overhead: resources_from_json(&cfg["linux"]["overhead"]),
         resources: resources_from_json(&cfg["linux"]["resources"]),
-        state: PodState::from_cri(sb.state),
+        state: crate::records::pod_state(sb.state),
         created_at: sb.created_at,
+        priority: None,
         source: Source::Runtime,
         applied: BTreeMap::new(),
     }
@@ -315,16 +308,8 @@ pub fn container_from_runtime(
             .as_ref()
             .map(|i| i.image.clone())
             .unwrap_or_default(),
-        labels: c
-            .labels
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
-        annotations: c
-            .annotations
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
+        labels: crate::records::sorted(&c.labels),
+        annotations: crate::records::sorted(&c.annotations),
         // kubelet's own request where qoslet patched it (the runtime keeps the patched one)
         requested: c
             .annotations
@@ -332,7 +317,7 @@ pub fn container_from_runtime(
             .filter(|v| v.len() <= MAX_RECORD_ANNOTATION)
             .and_then(|v| serde_json::from_str::<Resources>(v).ok())
             .or_else(|| resources_from_json(&cfg["linux"]["resources"])),
-        state: ContainerState::from_cri(c.state),
+        state: crate::records::container_state(c.state),
         created_at: c.created_at,
         source: Source::Runtime,
         applied: applied_from_annotations(&c.annotations),
@@ -366,6 +351,7 @@ fn applied_from_annotations(a: &HashMap<String, String>) -> BTreeMap<String, Str
 #[cfg(test)]
 mod tests {
     use super::*;
+    use qoslet_state::store::{ContainerState, PodState};
 
     /// containerd 1.6.20's verbose PodSandboxStatus `info` (trimmed), as seen on this testbed.
     const POD_INFO: &str = r#"{"pid":4711,"processStatus":"running","config":{"metadata":{"name":"x","uid":"u1","namespace":"default"},"log_directory":"/tmp/x","labels":{"a":"b"},"annotations":{"k":"v"},"linux":{"cgroup_parent":"/qoslet-test/podu1","resources":{"cpu_shares":102,"memory_limit_in_bytes":67108864},"security_context":{"namespace_options":{"network":2,"pid":1}}}},"runtimeHandler":""}"#;

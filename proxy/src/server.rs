@@ -15,11 +15,11 @@ use tracing::{debug, info, warn};
 use crate::admin::AdminService;
 use crate::authority::AuthorityFix;
 use crate::backend::{Backend, H2Body};
-use crate::checkpoint::{Checkpoint, LoadError};
 use crate::endpoint::{bind_unix, parse_unix, EndpointError};
 use crate::forward::{Forwarder, ProxyStats};
 use crate::pipeline::Pipeline;
-use crate::store::{Snapshot, Store};
+use qoslet_state::checkpoint::{Checkpoint, LoadError};
+use qoslet_state::store::{Snapshot, Store};
 
 /// Settings of the proxy (the binary fills them from flags and the config file).
 #[derive(Debug, Clone)]
@@ -69,7 +69,7 @@ pub enum StartError {
     #[error("listen and admin-listen are the same socket {0}")]
     SameSocket(String),
     #[error("state-dir: {0}")]
-    State(#[from] crate::statefile::StateError),
+    State(#[from] qoslet_state::statefile::StateError),
 }
 
 /// A running proxy. Dropping it does not stop it: call [`Running::shutdown`].
@@ -80,7 +80,7 @@ pub struct Running {
     tasks: Vec<JoinHandle<()>>,
     /// Held until the final checkpoint is written (and handed to the caller, who
     /// writes the metrics snapshot into the same dir).
-    lock: Option<crate::statefile::InstanceLock>,
+    lock: Option<qoslet_state::statefile::InstanceLock>,
     /// The checkpoint writer, stopped only after the calls have drained.
     checkpoint: Option<(watch::Sender<bool>, JoinHandle<()>)>,
 }
@@ -89,7 +89,7 @@ impl Running {
     /// Stops accepting, drains in-flight calls (up to the drain timeout), writes
     /// the final checkpoint and returns the state dir's lock (drop it once
     /// everything else is written there).
-    pub async fn shutdown(self) -> Option<crate::statefile::InstanceLock> {
+    pub async fn shutdown(self) -> Option<qoslet_state::statefile::InstanceLock> {
         let _ = self.shutdown.send(true);
         for t in self.tasks {
             let _ = t.await;
@@ -132,9 +132,9 @@ pub async fn start_with(
     let admin_listener = bind_unix(&admin_path).await.map_err(StartError::Admin)?;
     // the state dir: private, and one qoslet at a time (waiting out an overlapping
     // restart's drain). It is only a cache: unusable, qoslet serves without it.
-    let lock = match crate::statefile::ensure_private_dir(&cfg.state_dir) {
+    let lock = match qoslet_state::statefile::ensure_private_dir(&cfg.state_dir) {
         Ok(()) => Some(
-            crate::statefile::lock_within(
+            qoslet_state::statefile::lock_within(
                 &cfg.state_dir,
                 cfg.drain_timeout + Duration::from_secs(5),
             )

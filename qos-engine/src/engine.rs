@@ -1288,7 +1288,7 @@ mod tests {
             sandbox: None,
             cpu_cores: cores,
             containers: vec![Container {
-                entry: qoslet_hooks::inventory::ContainerEntry {
+                entry: qoslet_state::inventory::ContainerEntry {
                     id: format!("c{id}"),
                     name: "main".into(),
                     cgroup: cg.container(&format!("c{id}")).unwrap(),
@@ -1297,6 +1297,7 @@ mod tests {
                     cpu_period: 100_000,
                     cpuset_cpus: String::new(),
                     oom_score_adj: 0,
+                    cpu_shares: 0,
                 },
                 cpu_cores: cores,
                 throttled_ratio: 0.5,

@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use qoslet_cgroups::{CgroupPath, Knob};
 use qoslet_hooks::decide::{self, Action, Context, Decision, NodeFacts, Requested, SandboxLimits};
-use qoslet_hooks::inventory::ContainerEntry;
 use qoslet_hooks::{KubeQos, PodClass, QosClass};
+use qoslet_state::inventory::ContainerEntry;
 
 use crate::plan::{Plan, Write};
 
@@ -51,7 +51,7 @@ pub struct Container {
 impl Pod {
     /// An inventory pod as the engine plans it (its usage filled in per tick);
     /// `None` for a pod without a class (not qoslet's to touch).
-    pub fn from_entry(p: &qoslet_hooks::inventory::PodEntry) -> Option<Self> {
+    pub fn from_entry(p: &qoslet_state::inventory::PodEntry) -> Option<Self> {
         let pc = p.class?;
         Some(Pod {
             id: p.id.clone(),
@@ -316,6 +316,7 @@ mod tests {
                     cpu_period: 100_000,
                     cpuset_cpus: String::new(),
                     oom_score_adj: 0,
+                    cpu_shares: 0,
                 },
                 cpu_cores: 0.0,
                 throttled_ratio: 0.0,

@@ -177,7 +177,7 @@ mod tests {
             cpu_cores: 0.0,
             containers: vec![
                 Container {
-                    entry: qoslet_hooks::inventory::ContainerEntry {
+                    entry: qoslet_state::inventory::ContainerEntry {
                         id: "c1".into(),
                         name: "w".into(),
                         cgroup: CgroupPath::parse(&format!("/kubepods/besteffort/pod{id}/c1"))
@@ -187,12 +187,13 @@ mod tests {
                         cpu_period: 100_000,
                         cpuset_cpus: String::new(),
                         oom_score_adj: 0,
+                        cpu_shares: 0,
                     },
                     cpu_cores: 0.0,
                     throttled_ratio: 0.0,
                 },
                 Container {
-                    entry: qoslet_hooks::inventory::ContainerEntry {
+                    entry: qoslet_state::inventory::ContainerEntry {
                         id: "gone".into(),
                         name: "x".into(),
                         cgroup: CgroupPath::parse(&format!("/kubepods/besteffort/pod{id}/gone"))
@@ -202,6 +203,7 @@ mod tests {
                         cpu_period: 100_000,
                         cpuset_cpus: String::new(),
                         oom_score_adj: 0,
+                        cpu_shares: 0,
                     },
                     cpu_cores: 0.0,
                     throttled_ratio: 0.0,

@@ -20,11 +20,11 @@ use crate::policy::CpuSuppressPolicy;
 use crate::reconcile::Pod;
 use qoslet_cgroups::resctrl::Resctrl;
 use qoslet_cgroups::{CgroupPath, Cgroups};
-use qoslet_hooks::inventory::{Inventory, InventorySource};
 use qoslet_metrics::collect::Tick;
 use qoslet_metrics::metric::sample;
 use qoslet_metrics::Metric;
 use qoslet_proto::admin;
+use qoslet_state::inventory::{Inventory, InventorySource};
 use tokio::sync::watch;
 use tracing::{debug, error, info, warn};
 
@@ -300,7 +300,7 @@ struct Skeleton {
 }
 
 impl Skeleton {
-    fn build(inv: &qoslet_hooks::Inventory) -> Self {
+    fn build(inv: &qoslet_state::Inventory) -> Self {
         let pods: Vec<Pod> = inv.pods.iter().filter_map(Pod::from_entry).collect();
         let entities = pods
             .iter()
@@ -1077,8 +1077,8 @@ mod tests {
     use super::*;
     use crate::policy::ResourceThresholdStrategy;
     use crate::source::{PolicyConfig, Published};
-    use qoslet_hooks::inventory::{ContainerEntry, PodEntry};
     use qoslet_hooks::{PodClass, QosClass};
+    use qoslet_state::inventory::{ContainerEntry, PodEntry};
 
     /// Ticks pushed by the test, as the metrics collector would.
     #[derive(Default)]
@@ -1127,6 +1127,10 @@ mod tests {
                     id: p.id.clone(),
                     name: p.id.clone(),
                     namespace: "ns".into(),
+                    uid: String::new(),
+                    labels: Default::default(),
+                    created_at: 0,
+                    priority: None,
                     cgroup: p.cgroup.clone(),
                     class: Some(PodClass {
                         class: p.class,
@@ -1148,6 +1152,7 @@ mod tests {
                             cpu_period: c.entry.cpu_period,
                             cpuset_cpus: c.entry.cpuset_cpus.clone(),
                             oom_score_adj: c.entry.oom_score_adj,
+                            cpu_shares: 0,
                         })
                         .collect(),
                 })

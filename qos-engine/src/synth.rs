@@ -124,7 +124,7 @@ pub fn build(root: &Path, s: &Shape) -> io::Result<Vec<Pod>> {
                     all.push(format!("{pcg}/{cid}"));
                     let limited = class == QosClass::Ls && s.ls_limit_cores > 0.0;
                     Container {
-                        entry: qoslet_hooks::inventory::ContainerEntry {
+                        entry: qoslet_state::inventory::ContainerEntry {
                             id: cid.clone(),
                             name: format!("c{c}"),
                             cgroup: CgroupPath::parse(&format!("{pcg}/{cid}"))
@@ -138,6 +138,7 @@ pub fn build(root: &Path, s: &Shape) -> io::Result<Vec<Pod>> {
                             cpu_period: 100_000,
                             cpuset_cpus: String::new(),
                             oom_score_adj: 0,
+                            cpu_shares: 0,
                         },
                         cpu_cores: 0.0,
                         throttled_ratio: 0.0,

@@ -437,12 +437,12 @@ fn main() {
     let mut pods = Vec::new();
     let mut containers = Vec::new();
     for i in 0..PODS {
-        let mut p = qoslet_proxy::store::PodRecord {
+        let mut p = qoslet_state::store::PodRecord {
             id: pod_id(i),
             name: format!("pod-{i}"),
             namespace: "bench".into(),
             cgroup_parent: format!("/kubepods/pod{i}"),
-            state: qoslet_proxy::store::PodState::Ready,
+            state: qoslet_state::store::PodState::Ready,
             ..Default::default()
         };
         p.labels.insert(
@@ -451,17 +451,17 @@ fn main() {
         );
         pods.push(p);
         for j in 0..PER_POD {
-            containers.push(qoslet_proxy::store::ContainerRecord {
+            containers.push(qoslet_state::store::ContainerRecord {
                 id: ctr_id(i, j),
                 pod_id: pod_id(i),
                 name: format!("c{j}"),
-                state: qoslet_proxy::store::ContainerState::Running,
+                state: qoslet_state::store::ContainerState::Running,
                 ..Default::default()
             });
         }
     }
-    qoslet_proxy::checkpoint::Checkpoint::new(&state, &backend)
-        .save(qoslet_proxy::store::Snapshot { pods, containers })
+    qoslet_state::checkpoint::Checkpoint::new(&state, &backend)
+        .save(qoslet_state::store::Snapshot { pods, containers })
         .unwrap();
     let cfg = dir.join("qoslet.yaml");
     std::fs::write(

@@ -98,12 +98,12 @@ fn checkpoint(state: &Path, backend: &str, root: &str) {
     let mut containers = Vec::new();
     for i in 0..PODS {
         let be = qos_dir(i) == "besteffort";
-        let mut p = qoslet_proxy::store::PodRecord {
+        let mut p = qoslet_state::store::PodRecord {
             id: pod_id(i),
             name: format!("pod-{i}"),
             namespace: "bench".into(),
             cgroup_parent: format!("/{root}/kubepods/{}/pod{}", qos_dir(i), pod_id(i)),
-            state: qoslet_proxy::store::PodState::Ready,
+            state: qoslet_state::store::PodState::Ready,
             ..Default::default()
         };
         p.labels.insert(
@@ -112,25 +112,25 @@ fn checkpoint(state: &Path, backend: &str, root: &str) {
         );
         pods.push(p);
         for j in 0..PER_POD {
-            let requested = (!be).then(|| qoslet_proxy::store::Resources {
+            let requested = (!be).then(|| qoslet_state::store::Resources {
                 cpu_quota: 200_000,
                 cpu_period: 100_000,
                 cpu_shares: 1024,
                 memory_limit_in_bytes: 1 << 30,
                 ..Default::default()
             });
-            containers.push(qoslet_proxy::store::ContainerRecord {
+            containers.push(qoslet_state::store::ContainerRecord {
                 id: ctr_id(i, j),
                 pod_id: pod_id(i),
                 name: format!("c{j}"),
-                state: qoslet_proxy::store::ContainerState::Running,
+                state: qoslet_state::store::ContainerState::Running,
                 requested,
                 ..Default::default()
             });
         }
     }
-    qoslet_proxy::checkpoint::Checkpoint::new(state, backend)
-        .save(qoslet_proxy::store::Snapshot { pods, containers })
+    qoslet_state::checkpoint::Checkpoint::new(state, backend)
+        .save(qoslet_state::store::Snapshot { pods, containers })
         .unwrap();
 }
 

@@ -69,7 +69,7 @@ pub enum LoadError {
 fn same_endpoint(a: &str, b: &str) -> bool {
     // the directory resolved (`/var/run` is often a link to `/run`), the name as is
     let resolve = |e: &str| {
-        crate::endpoint::parse_unix(e).ok().map(|p| {
+        crate::endpoint::unix_path(e).map(|p| {
             match (p.parent().map(std::fs::canonicalize), p.file_name()) {
                 (Some(Ok(dir)), Some(name)) => dir.join(name),
                 _ => p,
@@ -165,6 +165,8 @@ impl Checkpoint {
         mut shutdown: watch::Receiver<bool>,
         min_interval: Duration,
     ) {
+        // subscribed before the first snapshot: no change after it is missed
+        let mut changes = store.subscribe();
         let mut first = true;
         loop {
             // decide first, snapshot after: a change made before shutdown is always in the last write
@@ -172,7 +174,7 @@ impl Checkpoint {
             let stop = already
                 || !std::mem::take(&mut first)
                     && tokio::select! {
-                        _ = store.changed() => false,
+                        _ = changes.changed() => false,
                         _ = shutdown.changed() => true,
                     };
             if !stop {

@@ -2,16 +2,18 @@
 //! asked for, and what qoslet applied.
 //!
 //! The store is in memory and shared (cheap clones of one handle). Mutations
-//! mark it dirty; a background task ([`crate::checkpoint`]) writes it to the
-//! state dir atomically. It is rebuilt at start from the checkpoint plus the
-//! runtime ([`crate::rebuild`]). This module does no I/O itself.
+//! move its generation, which any number of rooms subscribe to; one of them
+//! ([`crate::checkpoint`]) writes it to the state dir atomically. It is
+//! rebuilt at start from the checkpoint plus what the runtime reports (the
+//! front ends' adapters build the records: CRI in the proxy, NRI beside it).
+//! This module does no I/O itself and knows no transport.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
-use qoslet_proto::cri;
 use serde::{Deserialize, Serialize};
-use tokio::sync::Notify;
+use tokio::sync::watch;
 
 /// Annotation qoslet puts on containers it changed: the class.
 pub const ANNOTATION_CLASS: &str = "qoslet.io/qos-class";
@@ -34,26 +36,6 @@ pub struct Resources {
     pub cpuset_cpus: String,
     pub cpuset_mems: String,
     pub unified: BTreeMap<String, String>,
-}
-
-impl From<&cri::LinuxContainerResources> for Resources {
-    fn from(r: &cri::LinuxContainerResources) -> Self {
-        Self {
-            cpu_period: r.cpu_period,
-            cpu_quota: r.cpu_quota,
-            cpu_shares: r.cpu_shares,
-            memory_limit_in_bytes: r.memory_limit_in_bytes,
-            memory_swap_limit_in_bytes: r.memory_swap_limit_in_bytes,
-            oom_score_adj: r.oom_score_adj,
-            cpuset_cpus: r.cpuset_cpus.clone(),
-            cpuset_mems: r.cpuset_mems.clone(),
-            unified: r
-                .unified
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-        }
-    }
 }
 
 impl Resources {
@@ -109,13 +91,6 @@ pub enum ContainerState {
 }
 
 impl PodState {
-    pub fn from_cri(s: i32) -> Self {
-        match cri::PodSandboxState::try_from(s) {
-            Ok(cri::PodSandboxState::SandboxReady) => Self::Ready,
-            Ok(cri::PodSandboxState::SandboxNotready) => Self::NotReady,
-            _ => Self::Unknown,
-        }
-    }
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Ready => "ready",
@@ -126,14 +101,6 @@ impl PodState {
 }
 
 impl ContainerState {
-    pub fn from_cri(s: i32) -> Self {
-        match cri::ContainerState::try_from(s) {
-            Ok(cri::ContainerState::ContainerCreated) => Self::Created,
-            Ok(cri::ContainerState::ContainerRunning) => Self::Running,
-            Ok(cri::ContainerState::ContainerExited) => Self::Exited,
-            _ => Self::Unknown,
-        }
-    }
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Created => "created",
@@ -153,6 +120,9 @@ pub enum Source {
     Kubelet,
     /// Reconstructed from the runtime's status (qoslet was not running when it was created).
     Runtime,
+    /// Told by the runtime through NRI (qoslet runs as a plugin: its events and
+    /// synchronization carry the pod's and container's specs).
+    Nri,
 }
 
 /// A pod sandbox.
@@ -173,35 +143,26 @@ pub struct PodRecord {
     pub state: PodState,
     /// Unix nanoseconds.
     pub created_at: i64,
+    /// The pod's `spec.priority`, when a source knows it (the cluster side;
+    /// CRI does not carry it).
+    pub priority: Option<i32>,
     pub source: Source,
     /// What qoslet applied: setting -> value.
     pub applied: BTreeMap<String, String>,
 }
 
 impl PodRecord {
-    /// A pod as kubelet asks for it in `RunPodSandbox`.
-    pub fn from_config(id: &str, c: &cri::PodSandboxConfig, runtime_handler: &str) -> Self {
-        let md = c.metadata.clone().unwrap_or_default();
-        let linux = c.linux.as_ref();
-        Self {
-            id: id.to_string(),
-            name: md.name,
-            namespace: md.namespace,
-            uid: md.uid,
-            attempt: md.attempt,
-            labels: sorted(&c.labels),
-            annotations: sorted(&c.annotations),
-            cgroup_parent: linux.map(|l| l.cgroup_parent.clone()).unwrap_or_default(),
-            runtime_handler: runtime_handler.to_string(),
-            overhead: linux.and_then(|l| l.overhead.as_ref()).map(Resources::from),
-            resources: linux
-                .and_then(|l| l.resources.as_ref())
-                .map(Resources::from),
-            state: PodState::Ready,
-            created_at: now_nanos(),
-            source: Source::Kubelet,
-            applied: BTreeMap::new(),
-        }
+    /// What the sandbox asked for the whole pod (its own resources), as the
+    /// decisions take it.
+    pub fn sandbox_limits(&self) -> qoslet_hooks::decide::SandboxLimits {
+        self.resources
+            .as_ref()
+            .map(|r| qoslet_hooks::decide::SandboxLimits {
+                memory_limit: r.memory_limit_in_bytes,
+                cpu_quota: r.cpu_quota,
+                cpu_period: r.cpu_period,
+            })
+            .unwrap_or_default()
     }
 }
 
@@ -226,40 +187,8 @@ pub struct ContainerRecord {
     pub applied: BTreeMap<String, String>,
 }
 
-impl ContainerRecord {
-    /// A container as kubelet asks for it in `CreateContainer`.
-    pub fn from_config(id: &str, pod_id: &str, c: &cri::ContainerConfig) -> Self {
-        let md = c.metadata.clone().unwrap_or_default();
-        Self {
-            id: id.to_string(),
-            pod_id: pod_id.to_string(),
-            name: md.name,
-            attempt: md.attempt,
-            image: c
-                .image
-                .as_ref()
-                .map(|i| i.image.clone())
-                .unwrap_or_default(),
-            labels: sorted(&c.labels),
-            annotations: sorted(&c.annotations),
-            requested: c
-                .linux
-                .as_ref()
-                .and_then(|l| l.resources.as_ref())
-                .map(Resources::from),
-            state: ContainerState::Created,
-            created_at: now_nanos(),
-            source: Source::Kubelet,
-            applied: BTreeMap::new(),
-        }
-    }
-}
-
-fn sorted(m: &HashMap<String, String>) -> BTreeMap<String, String> {
-    m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
-}
-
-pub(crate) fn now_nanos() -> i64 {
+/// Now, in Unix nanoseconds (records' `created_at`).
+pub fn now_nanos() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as i64)
@@ -301,11 +230,23 @@ impl Inner {
 }
 
 /// Shared handle to the store. Clones are cheap and see the same data.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Store {
     inner: Arc<RwLock<Inner>>,
-    dirty: Arc<Notify>,
-    generation: Arc<std::sync::atomic::AtomicU64>,
+    /// The generation, read without a lock on every call path.
+    generation: Arc<AtomicU64>,
+    /// The generation again, for any number of subscribers ([`Store::subscribe`]).
+    changes: Arc<watch::Sender<u64>>,
+}
+
+impl Default for Store {
+    fn default() -> Self {
+        Self {
+            inner: Arc::default(),
+            generation: Arc::default(),
+            changes: Arc::new(watch::Sender::new(0)),
+        }
+    }
 }
 
 impl Store {
@@ -325,26 +266,35 @@ impl Store {
             f(&mut g)
         };
         if changed {
-            self.generation
-                .fetch_add(1, std::sync::atomic::Ordering::Release);
-            self.dirty.notify_one();
+            let next = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+            // two writers may publish out of order: a subscriber only ever sees it grow
+            self.changes.send_if_modified(|g| {
+                let newer = next > *g;
+                if newer {
+                    *g = next;
+                }
+                newer
+            });
         }
         r
     }
 
     /// A number that changes whenever the store does (to cache views of it).
     pub fn generation(&self) -> u64 {
-        self.generation.load(std::sync::atomic::Ordering::Acquire)
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// A receiver of the store's generation: its `changed()` resolves after
+    /// each change (changes in a burst coalesce). Any number may subscribe
+    /// (the checkpoint writer, the engine, eviction, a front end); each sees
+    /// only changes made after it subscribed.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
     }
 
     fn read<R>(&self, f: impl FnOnce(&Inner) -> R) -> R {
         let g = self.inner.read().unwrap_or_else(|e| e.into_inner());
         f(&g)
-    }
-
-    /// Resolves when the store changed since the last wake-up.
-    pub async fn changed(&self) {
-        self.dirty.notified().await
     }
 
     pub fn upsert_pod(&self, pod: PodRecord) {
@@ -575,7 +525,7 @@ impl Store {
     }
 
     /// Applies a resync: `before` is the snapshot the runtime listing started
-    /// from (taken at `seq`), `after` what [`crate::rebuild::reconcile`] made
+    /// from (taken at `seq`), `after` what the front end's rebuild made
     /// of it. kubelet's calls that landed during the listing win: an entry
     /// kubelet removed after `seq` is not brought back, one it changed keeps
     /// the store's state. Otherwise entries the runtime lacks are removed only
@@ -670,73 +620,43 @@ impl Store {
 mod tests {
     use super::*;
 
-    fn pod_config(name: &str) -> cri::PodSandboxConfig {
-        cri::PodSandboxConfig {
-            metadata: Some(cri::PodSandboxMetadata {
-                name: name.into(),
-                uid: "u".into(),
-                namespace: "ns".into(),
-                attempt: 1,
-            }),
-            labels: [("a".to_string(), "b".to_string())].into(),
-            linux: Some(cri::LinuxPodSandboxConfig {
-                cgroup_parent: "/kubepods/burstable/podu".into(),
-                resources: Some(cri::LinuxContainerResources {
-                    cpu_shares: 100,
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
+    fn pod(id: &str, name: &str) -> PodRecord {
+        PodRecord {
+            id: id.into(),
+            name: name.into(),
+            namespace: "ns".into(),
+            state: PodState::Ready,
             ..Default::default()
         }
     }
 
-    #[test]
-    fn records_what_kubelet_asked() {
-        let p = PodRecord::from_config("p1", &pod_config("web"), "runc");
-        assert_eq!(
-            (p.name.as_str(), p.namespace.as_str(), p.attempt),
-            ("web", "ns", 1)
-        );
-        assert_eq!(p.cgroup_parent, "/kubepods/burstable/podu");
-        assert_eq!(p.resources.as_ref().unwrap().cpu_shares, 100);
-        assert_eq!(p.labels.get("a").map(String::as_str), Some("b"));
-        let c = ContainerRecord::from_config(
-            "c1",
-            "p1",
-            &cri::ContainerConfig {
-                metadata: Some(cri::ContainerMetadata {
-                    name: "app".into(),
-                    attempt: 2,
-                }),
-                image: Some(cri::ImageSpec {
-                    image: "busybox".into(),
-                    ..Default::default()
-                }),
-                envs: vec![cri::KeyValue {
-                    key: "K".into(),
-                    value: "V".into(),
-                }],
-                linux: Some(cri::LinuxContainerConfig {
-                    resources: Some(cri::LinuxContainerResources {
-                        memory_limit_in_bytes: 1 << 20,
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
-        );
-        assert_eq!(
-            (c.name.as_str(), c.attempt, c.image.as_str()),
-            ("app", 2, "busybox")
-        );
-        let json = serde_json::to_string(&c).unwrap();
-        assert!(
-            !json.contains("\"V\"") && !json.contains("envs"),
-            "envs (secrets) are never kept: {json}"
-        );
-        assert_eq!(c.requested.unwrap().memory_limit_in_bytes, 1 << 20);
+    /// Every subscriber sees a change, not one of them (issue 28); a burst
+    /// coalesces; an unchanged write wakes nobody.
+    #[tokio::test]
+    async fn many_subscribers_each_see_each_change() {
+        let s = Store::new();
+        let mut subs: Vec<_> = (0..3).map(|_| s.subscribe()).collect();
+        s.upsert_pod(pod("p", "a"));
+        s.upsert_pod(pod("q", "b"));
+        for rx in &mut subs {
+            assert!(rx.has_changed().unwrap());
+            rx.changed().await.unwrap();
+            assert_eq!(*rx.borrow_and_update(), s.generation());
+            assert!(!rx.has_changed().unwrap(), "the burst coalesced");
+        }
+        s.set_pod_applied("p", "k", "v");
+        s.set_pod_applied("p", "k", "v"); // the same value again: no change
+        let g = s.generation();
+        for rx in &mut subs {
+            rx.changed().await.unwrap();
+            assert_eq!(*rx.borrow_and_update(), g);
+            assert!(!rx.has_changed().unwrap());
+        }
+        // a late subscriber sees only what comes after it
+        let late = s.subscribe();
+        assert!(!late.has_changed().unwrap());
+        s.remove_pod("q");
+        assert!(late.has_changed().unwrap());
     }
 
     /// kubelet's static CPU manager sends cpuset-only updates; containerd keeps
@@ -784,8 +704,8 @@ mod tests {
     #[test]
     fn removing_a_pod_removes_its_containers() {
         let s = Store::new();
-        s.upsert_pod(PodRecord::from_config("p1", &pod_config("a"), ""));
-        s.upsert_pod(PodRecord::from_config("p2", &pod_config("b"), ""));
+        s.upsert_pod(pod("p1", "a"));
+        s.upsert_pod(pod("p2", "b"));
         for (c, p) in [("c1", "p1"), ("c2", "p1"), ("c3", "p2")] {
             s.upsert_container(ContainerRecord {
                 id: c.into(),
@@ -903,7 +823,7 @@ mod tests {
     #[test]
     fn state_resources_and_applied_updates() {
         let s = Store::new();
-        s.upsert_pod(PodRecord::from_config("p", &pod_config("a"), ""));
+        s.upsert_pod(pod("p", "a"));
         s.upsert_container(ContainerRecord {
             id: "c".into(),
             pod_id: "p".into(),
