@@ -31,7 +31,7 @@ pub struct PodsArgs {
 }
 
 pub(crate) async fn connect(endpoint: &str) -> Result<AdminClient<Channel>> {
-    let path = qoslet_proxy::endpoint::parse_unix(endpoint)?;
+    let path = qoslet_wire::endpoint::parse_unix(endpoint)?;
     let ch = Endpoint::from_static("http://localhost")
         .connect_timeout(Duration::from_secs(2))
         .connect_with_connector(tower::service_fn(move |_: Uri| {

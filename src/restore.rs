@@ -54,7 +54,7 @@ pub async fn run(a: RestoreArgs) -> Result<()> {
     // socket answering, or its state dir locked, refuses the restore
     let admin = file.admin_listen.clone().unwrap_or(defaults.admin_listen);
     if !a.dry_run {
-        if let Ok(p) = qoslet_proxy::endpoint::parse_unix(&admin) {
+        if let Ok(p) = qoslet_wire::endpoint::parse_unix(&admin) {
             if std::os::unix::net::UnixStream::connect(&p).is_ok() {
                 bail!(
                     "a qoslet is running ({} answers): stop it first, or set \

@@ -20,8 +20,8 @@ use tokio::net::UnixStream;
 use tonic::body::Body;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::endpoint::{parse_unix, EndpointError};
 pub use crate::h2io::H2Body;
+use qoslet_wire::endpoint::{parse_unix, EndpointError};
 
 type Sender = h2::client::SendRequest<Bytes>;
 
@@ -53,7 +53,7 @@ struct RawConn {
     path: Arc<PathBuf>,
     /// The client this connection serves (its header-list limit is advertised
     /// to the runtime), or none for qoslet's own connection.
-    client: Option<Arc<crate::authority::ClientSettings>>,
+    client: Option<Arc<qoslet_wire::authority::ClientSettings>>,
     current: std::sync::Mutex<Option<(Sender, Arc<AtomicBool>)>>,
     connecting: tokio::sync::Mutex<()>,
 }
@@ -84,11 +84,11 @@ impl RawConn {
                 path: path.clone(),
                 source,
             })?;
-        // the frame size stays the RFC's (crate::limits::MAX_FRAME: containerd
+        // the frame size stays the RFC's (qoslet_wire::limits::MAX_FRAME: containerd
         // sends 16 KiB frames, and h2's CONTINUATION limit follows this setting);
         // the header-list limit is the client's own, so containerd refuses
         // trailers the client would refuse, as it does direct
-        let header_list = crate::limits::runtime_header_list(
+        let header_list = qoslet_wire::limits::runtime_header_list(
             self.client.as_ref().and_then(|c| c.max_header_list()),
         );
         let handshake = h2::client::Builder::new()
@@ -157,7 +157,10 @@ impl Backend {
     /// only its own connection's window, never every client's (one shared
     /// connection window would let a few stalled 4 MiB answers freeze all CRI
     /// calls on the node).
-    pub fn own_connection(&self, client: Option<Arc<crate::authority::ClientSettings>>) -> Self {
+    pub fn own_connection(
+        &self,
+        client: Option<Arc<qoslet_wire::authority::ClientSettings>>,
+    ) -> Self {
         Self {
             endpoint: self.endpoint.clone(),
             path: self.path.clone(),

@@ -141,7 +141,7 @@ impl Forwarder {
     }
 
     /// A backend with a connection of its own (for one client connection).
-    pub fn own_backend(&self, client: Arc<crate::authority::ClientSettings>) -> Backend {
+    pub fn own_backend(&self, client: Arc<qoslet_wire::authority::ClientSettings>) -> Backend {
         self.backend.own_connection(Some(client))
     }
 

@@ -12,62 +12,7 @@ use prost::Message;
 
 use crate::cri::HookPoint;
 
-/// xorshift64*: small, seeded, good enough to drive a fuzzer.
-pub(crate) struct Rng(u64);
-
-impl Rng {
-    pub(crate) fn new(seed: u64) -> Self {
-        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    pub(crate) fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    pub(crate) fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-
-    pub(crate) fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-
-    /// `v` with a few random edits: flipped bits, a cut, a length byte blown up.
-    pub(crate) fn mutate(&mut self, v: &[u8]) -> Vec<u8> {
-        let mut v = v.to_vec();
-        for _ in 0..1 + self.below(4) {
-            if v.is_empty() {
-                break;
-            }
-            match self.below(4) {
-                0 => {
-                    let i = self.below(v.len());
-                    v[i] ^= 1 << self.below(8);
-                }
-                1 => {
-                    let n = self.below(v.len());
-                    v.truncate(n)
-                }
-                2 => {
-                    let i = self.below(v.len());
-                    v[i] = 0xff;
-                }
-                _ => {
-                    let i = self.below(v.len() + 1);
-                    let n = self.below(16);
-                    let junk = self.bytes(n);
-                    v.splice(i..i, junk);
-                }
-            }
-        }
-        v
-    }
-}
+pub(crate) use qoslet_wire::rng::Rng;
 
 const POINTS: [HookPoint; 8] = [
     HookPoint::RunPodSandbox,
@@ -177,7 +122,7 @@ fn the_event_tap_never_panics_and_stays_within_its_cap() {
             };
             stream.extend_from_slice(&[rng.below(2) as u8]);
             let claimed = if rng.below(8) == 0 {
-                rng.next() as u32
+                rng.next_u64() as u32
             } else {
                 msg.len() as u32
             };

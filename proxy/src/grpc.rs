@@ -17,7 +17,7 @@ use tonic::{Code, Status};
 pub const FRAME_HEADER: usize = 5;
 
 /// kubelet's own limit for CRI messages, each way.
-pub const DEFAULT_MAX_MESSAGE: usize = 16 * 1024 * 1024;
+pub const DEFAULT_MAX_MESSAGE: usize = qoslet_wire::limits::MAX_MESSAGE;
 
 /// A trailers-only gRPC response carrying `status`.
 pub fn status_response(status: Status) -> http::Response<Body> {

@@ -8,33 +8,27 @@
 //! * [`forward`]: the per-call logic: pass-through as bytes, interception, reflection.
 //! * [`h2io`]: bodies read from and written into h2 streams (both sides).
 //! * [`grpc`]: gRPC framing, status responses and size limits.
-//! * [`h2frame`]: the few HTTP/2 frame helpers the `:authority` filter needs.
 //! * [`cri`]: which CRI calls are intercepted, as typed values.
 //! * [`pipeline`]: hooks, their timeouts and failure policies.
 //! * [`records`]: CRI messages -> the store's records (the only place they are built from CRI).
 //! * [`rebuild`]: the store rebuilt from the runtime's listing (at start, and resyncs).
-//! * [`backend`], [`endpoint`]: connections to containerd, listening sockets.
-//! * [`authority`]: what h2 would misjudge in a client's header blocks: a socket path as
-//!   `:authority` (repaired), a malformed request (made a stream error, not a connection error).
-//! * [`limits`]: the wire limits (header blocks, frames, messages), each the direct path's own.
+//! * [`backend`]: connections to containerd (each kubelet connection its own).
+//!
+//! The socket and HTTP/2 edge (endpoints, the wire limits, the HPACK judge in
+//! front of h2) is `qoslet-wire`'s, shared with the admin socket.
 //! * [`admin`]: the admin gRPC API.
 //!
 //! This crate holds no QoS policy: policies arrive as [`pipeline::Hook`]s.
 
 pub mod admin;
-pub mod authority;
 pub mod backend;
 pub mod cri;
-pub mod endpoint;
 pub mod events;
 pub mod forward;
 #[cfg(test)]
 mod fuzz;
 pub mod grpc;
-pub mod h2frame;
 pub mod h2io;
-pub mod hpack;
-pub mod limits;
 pub mod pipeline;
 pub mod rebuild;
 pub mod records;

@@ -13,13 +13,13 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use crate::admin::AdminService;
-use crate::authority::AuthorityFix;
 use crate::backend::{Backend, H2Body};
-use crate::endpoint::{bind_unix, parse_unix, EndpointError};
 use crate::forward::{Forwarder, ProxyStats};
 use crate::pipeline::Pipeline;
 use qoslet_state::checkpoint::{Checkpoint, LoadError};
 use qoslet_state::store::{Snapshot, Store};
+use qoslet_wire::authority::AuthorityFix;
+use qoslet_wire::endpoint::{bind_unix, parse_unix, EndpointError};
 
 /// Settings of the proxy (the binary fills them from flags and the config file).
 #[derive(Debug, Clone)]
@@ -301,7 +301,7 @@ fn server_settings() -> h2::server::Builder {
     // grpc-go's (16 MiB enforced and not advertised, 16 KiB frames), so a client
     // meets the limits containerd enforces, and h2's CONTINUATION-flood limit
     // (which follows the frame size) lets a full 16 MiB block through in
-    // 16 KiB frames (crate::limits)
+    // 16 KiB frames (qoslet_wire::limits)
     b.max_concurrent_streams(1024)
         // a malformed request is reset at stream level (authority.rs), as
         // containerd resets it, however many a connection sends: h2's default
@@ -435,10 +435,10 @@ async fn serve_admin(
         |r| r.map(AuthorityFix::new),
     );
     let r = tonic::transport::Server::builder()
-        // the header limits of the CRI server (crate::limits), so the
+        // the header limits of the CRI server (qoslet_wire::limits), so the
         // :authority filter in front of it judges what h2 will take; and a
         // malformed request's stand-in is reset however many come
-        .http2_max_header_list_size(crate::limits::MAX_HEADER_LIST as u32)
+        .http2_max_header_list_size(qoslet_wire::limits::MAX_HEADER_LIST as u32)
         .http2_max_local_error_reset_streams(None)
         .add_service(qoslet_proto::admin::admin_server::AdminServer::new(admin))
         .add_service(health)

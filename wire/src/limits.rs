@@ -43,7 +43,7 @@ pub const MAX_CONTINUATIONS: usize = max_continuations(MAX_HEADER_LIST, MAX_FRAM
 
 /// A gRPC message, each way: containerd's `MaxRecvMsgSize`/`MaxSendMsgSize`
 /// (16 MiB), the default of `maxMessageBytes`.
-pub const MAX_MESSAGE: usize = crate::grpc::DEFAULT_MAX_MESSAGE;
+pub const MAX_MESSAGE: usize = 16 << 20;
 
 /// The response header-list limit qoslet advertises to the runtime on a
 /// client's behalf: what that client advertised to qoslet

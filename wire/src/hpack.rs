@@ -552,7 +552,7 @@ pub(crate) fn huffman_encode(s: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fuzz::Rng;
+    use crate::rng::Rng;
 
     fn int(out: &mut Vec<u8>, first: u8, n: u32, v: usize) {
         let mut b = bytes::BytesMut::new();

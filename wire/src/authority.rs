@@ -1135,7 +1135,7 @@ mod tests {
     /// and what the filter holds and emits stays bounded by what it was given.
     #[test]
     fn random_client_streams_never_panic_and_stay_bounded() {
-        let mut rng = crate::fuzz::Rng::new(21);
+        let mut rng = crate::rng::Rng::new(21);
         for _ in 0..3_000 {
             let mut input = BytesMut::from(PREFACE);
             let mut enc = fluke_hpack::Encoder::new();
@@ -1171,7 +1171,7 @@ mod tests {
                     1 => {
                         let n = rng.below(200);
                         let p = rng.bytes(n);
-                        let (ty, flags) = (rng.below(10) as u8, rng.next() as u8);
+                        let (ty, flags) = (rng.below(10) as u8, rng.next_u64() as u8);
                         write_frame(&mut input, ty, flags, sid, &p);
                     }
                     2 => {
@@ -1289,7 +1289,7 @@ mod tests {
             }
         }
 
-        fn encode(&mut self, r: &mut crate::fuzz::Rng, fields: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
+        fn encode(&mut self, r: &mut crate::rng::Rng, fields: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
             let mut out = BytesMut::new();
             if r.below(5) == 0 {
                 let max = 256 + r.below(3841);
@@ -1327,7 +1327,7 @@ mod tests {
             out.to_vec()
         }
 
-        fn string(r: &mut crate::fuzz::Rng, out: &mut BytesMut, s: &[u8]) {
+        fn string(r: &mut crate::rng::Rng, out: &mut BytesMut, s: &[u8]) {
             if r.below(2) == 0 {
                 let h = crate::hpack::huffman_encode(s);
                 crate::h2frame::put_int(out, 0x80, 7, h.len());
@@ -1352,7 +1352,7 @@ mod tests {
     /// matter), each block cut into frames at random:
     /// socket-path authorities, large values, and now and then a malformed
     /// field of either kind. The last request is a sentinel.
-    fn generated(r: &mut crate::fuzz::Rng, n: usize) -> (Vec<u8>, Vec<Generated>) {
+    fn generated(r: &mut crate::rng::Rng, n: usize) -> (Vec<u8>, Vec<Generated>) {
         let mut enc = TestEncoder::default();
         let mut out = BytesMut::from(PREFACE);
         write_frame(&mut out, SETTINGS, 0, 0, &[]);
@@ -1536,7 +1536,7 @@ mod tests {
     async fn h2_serves_through_the_filter_what_each_request_deserves() {
         let mut compared = 0;
         for seed in 0..120 {
-            let r = &mut crate::fuzz::Rng::new(seed);
+            let r = &mut crate::rng::Rng::new(seed);
             let n = 2 + r.below(12);
             let (input, reqs) = generated(r, n);
             let sentinel = 2 * n as u32 - 1;
