@@ -278,11 +278,6 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
     } else {
         None
     };
-    // the admin API answers metrics queries through a slot filled once collection starts
-    let slot = std::sync::Arc::new(MetricsSlot::default());
-    let view: Option<std::sync::Arc<dyn qoslet_proxy::AgentView>> = metrics_settings
-        .as_ref()
-        .map(|_| slot.clone() as std::sync::Arc<dyn qoslet_proxy::AgentView>);
     let engine_cfg = file.qos_engine.clone().unwrap_or_default();
     let engine_settings = engine::settings(
         &engine_cfg,
@@ -291,7 +286,12 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
         proc_root.clone(),
         a.dry_run,
     )?;
-    let running = qoslet_proxy::start_with(cfg, pipeline, view).await?;
+    // the CRI socket first (a live qoslet: refused at once), then the agent core
+    // (admin socket, state dir, checkpoint), then the proxy as its front end
+    let bound = qoslet_proxy::bind(&cfg).await?;
+    let agent = qoslet_agent::Agent::start(cfg.agent(metrics_settings.is_some())).await?;
+    let views = agent.views().clone();
+    let running = qoslet_proxy::serve(agent, bound, cfg, pipeline).await;
     // the one inventory of the store, shared by the metrics collector and the engine
     let inventory =
         qoslet_state::Inventories::new(running.store.clone(), trust.clone(), pod_root.clone());
@@ -310,7 +310,7 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
         .await
         {
             Ok(Some((m, tasks))) => {
-                let _ = slot.0.set(m.clone());
+                views.set_metrics(m.clone());
                 metric_tasks = tasks;
                 if engine_cfg.enable.unwrap_or(true) {
                     match host.cgroups.clone() {
@@ -329,7 +329,7 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
                             m.set_extra(std::sync::Arc::new(move |out: &mut String| {
                                 render.render(out)
                             }));
-                            let _ = slot.1.set(shared.clone());
+                            views.set_engine(shared.clone());
                             metric_tasks.push(shared.start(
                                 engine_settings,
                                 policy_rx.clone(),
@@ -357,7 +357,7 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
     for t in metric_tasks {
         let _ = t.await;
     }
-    if let Some(engine) = slot.1.get().cloned() {
+    if let Some(engine) = views.engine().cloned() {
         // after the drain: pods started by calls still in flight are put back too
         let _ = tokio::task::spawn_blocking(move || engine.restore_on_exit(&*inventory)).await;
     }
@@ -369,46 +369,6 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
 fn policy_cfg_warnings(p: Option<&config::PolicyConfig>) -> Vec<String> {
     p.map(|p| p.resource_qos_strategy.warnings())
         .unwrap_or_default()
-}
-
-/// The metrics and engine side of the admin API, set once they have started.
-#[derive(Default)]
-struct MetricsSlot(
-    std::sync::OnceLock<std::sync::Arc<metrics::Metrics>>,
-    std::sync::OnceLock<std::sync::Arc<engine::Shared>>,
-);
-
-impl qoslet_proxy::AgentView for MetricsSlot {
-    fn query(
-        &self,
-        req: qoslet_proto::admin::QueryMetricsRequest,
-    ) -> Result<qoslet_proto::admin::QueryMetricsResponse, tonic::Status> {
-        match self.0.get() {
-            Some(m) => m.query(req),
-            None => Err(qoslet_proxy::QosletError::Off(
-                "metrics are not collected (starting, or no cgroups on this host)".into(),
-            )
-            .into()),
-        }
-    }
-
-    fn node_summary(&self) -> qoslet_proto::admin::NodeSummaryResponse {
-        self.0.get().map(|m| m.node_summary()).unwrap_or_default()
-    }
-
-    fn plan(
-        &self,
-        req: qoslet_proto::admin::GetPlanRequest,
-    ) -> Result<qoslet_proto::admin::GetPlanResponse, tonic::Status> {
-        match self.1.get() {
-            Some(e) => Ok(e.plan(&req)),
-            None => Err(qoslet_proxy::QosletError::Off(
-                "the QoS engine is not running (qosEngine.enable false, metrics off, or no cgroups)"
-                    .into(),
-            )
-            .into()),
-        }
-    }
 }
 
 fn hook_settings(h: Option<&config::HooksConfig>) -> Result<qoslet_proxy::HookSettings> {

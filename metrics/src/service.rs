@@ -2,7 +2,7 @@
 //! containers (a task that hands each tick's reads and the cache's recording
 //! to a thread of its own), the time-series cache and its periodic
 //! snapshot, the Prometheus endpoint (`/metrics`, `/healthz`), the admin API's
-//! `QueryMetrics` / `NodeSummary` (`qoslet_proxy::AgentView`), and the tick
+//! `QueryMetrics` / `NodeSummary` answers, and the tick
 //! source the QoS engine follows ([`Ticks`]). The binary only composes it.
 
 use std::net::SocketAddr;
@@ -18,12 +18,10 @@ use bytes::Bytes;
 use http_body_util::Full;
 use qoslet_cgroups::Host;
 use qoslet_proto::admin;
-use qoslet_proxy::QosletError;
 use qoslet_state::inventory::InventorySource;
 use qoslet_state::store::{PodState, Store};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tonic::Status;
 use tracing::{debug, info, warn};
 
 /// Settings from flags and the config file.
@@ -677,22 +675,24 @@ const AGGS: [&str; 9] = [
     "last", "avg", "min", "max", "p50", "p90", "p95", "p99", "trend",
 ];
 
-/// A cache query's error as the admin API answers it.
-fn query_error(e: crate::QueryError) -> QosletError {
-    match e {
-        crate::QueryError::BadWindow => {
-            QosletError::BadRequest("window_seconds must be 1 to 86400".into())
-        }
-        e @ crate::QueryError::NoQuantiles(_) => QosletError::Unanswerable(e.to_string()),
-        e => QosletError::NotFound(e.to_string()),
-    }
+/// Why a metrics query was not answered (the agent's admin API gives each
+/// its status code).
+#[derive(Debug, thiserror::Error)]
+pub enum AnswerError {
+    /// A request naming an unknown series or aggregation.
+    #[error("{0}")]
+    BadRequest(String),
+    /// What the cache says of the query (a bad window, nothing recorded, no quantiles).
+    #[error(transparent)]
+    Query(#[from] crate::QueryError),
 }
 
-impl qoslet_proxy::AgentView for Metrics {
-    fn query(
+impl Metrics {
+    /// Answers the admin API's `QueryMetrics`.
+    pub fn query(
         &self,
         req: admin::QueryMetricsRequest,
-    ) -> Result<admin::QueryMetricsResponse, Status> {
+    ) -> Result<admin::QueryMetricsResponse, AnswerError> {
         if req.entity.is_empty() {
             let db = lock(&self.tsdb);
             let mut available: Vec<String> = db
@@ -710,7 +710,7 @@ impl qoslet_proxy::AgentView for Metrics {
         }
         let entity = self.resolve(&req.entity);
         let metric = Metric::from_name(&req.series).ok_or_else(|| {
-            QosletError::BadRequest(format!(
+            AnswerError::BadRequest(format!(
                 "unknown series {:?}; known: {}",
                 req.series,
                 Metric::ALL.map(|m| m.name()).join(", ")
@@ -733,17 +733,15 @@ impl qoslet_proxy::AgentView for Metrics {
             .iter()
             .map(|a| {
                 Agg::parse(a).ok_or_else(|| {
-                    QosletError::BadRequest(format!(
+                    AnswerError::BadRequest(format!(
                         "unknown aggregation {a:?}; use {}",
                         AGGS.join(", ")
                     ))
                 })
             })
-            .collect::<Result<Vec<Agg>, QosletError>>()?;
+            .collect::<Result<Vec<Agg>, AnswerError>>()?;
         let now = self.series_now();
-        let answers = lock(&self.tsdb)
-            .query_many(&entity, metric, window, &aggs, now)
-            .map_err(query_error)?;
+        let answers = lock(&self.tsdb).query_many(&entity, metric, window, &aggs, now)?;
         let mut values = std::collections::HashMap::new();
         for (a, v) in names.into_iter().zip(answers) {
             match v {
@@ -752,7 +750,7 @@ impl qoslet_proxy::AgentView for Metrics {
                 }
                 Err(crate::QueryError::Empty) => {}
                 Err(crate::QueryError::NoQuantiles(_)) if !asked => {}
-                Err(e) => return Err(query_error(e).into()),
+                Err(e) => return Err(e.into()),
             }
         }
         Ok(admin::QueryMetricsResponse {
@@ -765,7 +763,8 @@ impl qoslet_proxy::AgentView for Metrics {
         })
     }
 
-    fn node_summary(&self) -> admin::NodeSummaryResponse {
+    /// Answers the admin API's `NodeSummary`.
+    pub fn node_summary(&self) -> admin::NodeSummaryResponse {
         let Some(t) = lock(&self.latest).clone() else {
             return admin::NodeSummaryResponse {
                 interval_seconds: self.interval.as_secs() as u32,
@@ -896,7 +895,6 @@ mod tests {
         let fresh = m.render();
         assert!(fresh.contains("qoslet_metrics_stale 0\n"), "{fresh}");
         assert!(fresh.contains("qoslet_metrics_last_collection_timestamp_seconds 1700000000\n"));
-        use qoslet_proxy::AgentView;
         let s = m.node_summary();
         assert_eq!((s.cpu_usage_cores, s.stale.as_str()), (1.25, ""));
         assert!(fresh.contains("qoslet_node_cpu"), "{fresh}");
@@ -954,7 +952,6 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_cache_rides_out_wall_clock_steps() {
-        use qoslet_proxy::AgentView;
         let m = metrics(test_wall);
         let ask = |w: u32, agg: &str| {
             m.query(admin::QueryMetricsRequest {

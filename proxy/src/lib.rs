@@ -1,6 +1,7 @@
 //! qoslet's CRI front end: the proxy between kubelet and containerd, its
-//! interception pipeline, CRI <-> state (the store lives in `qoslet-state`)
-//! and, for now, the admin API.
+//! interception pipeline and CRI <-> state. It plugs into the agent core
+//! (`qoslet-agent`: state dir, checkpoint, admin API); the store is
+//! `qoslet-state`'s.
 //!
 //! Layout:
 //! * [`server`]: wiring (sockets, store rebuild, serve, drain), and each
@@ -16,15 +17,15 @@
 //!
 //! The socket and HTTP/2 edge (endpoints, the wire limits, the HPACK judge in
 //! front of h2) is `qoslet-wire`'s, shared with the admin socket.
-//! * [`admin`]: the admin gRPC API.
+//! * [`front`]: the proxy as the agent's front end (mode, counters, runtime probe).
 //!
 //! This crate holds no QoS policy: policies arrive as [`pipeline::Hook`]s.
 
-pub mod admin;
 pub mod backend;
 pub mod cri;
 pub mod events;
 pub mod forward;
+pub mod front;
 #[cfg(test)]
 mod fuzz;
 pub mod grpc;
@@ -33,9 +34,7 @@ pub mod pipeline;
 pub mod rebuild;
 pub mod records;
 pub mod server;
-pub mod status;
 
-pub use admin::AgentView;
 pub use pipeline::{FailurePolicy, Hook, HookSettings, Pipeline};
-pub use server::{start, start_with, ProxyConfig, Running, StartError};
-pub use status::QosletError;
+pub use qoslet_agent::QosletError;
+pub use server::{bind, serve, start, Bound, ProxyConfig, Running, StartError};

@@ -157,7 +157,11 @@ pub enum HookFailure {
 impl HookFailure {
     /// The status a fail-closed failure answers with.
     pub fn to_status(self) -> Status {
-        crate::QosletError::Hook(self).into()
+        crate::QosletError::HookFailed {
+            timed_out: matches!(self, HookFailure::Timeout { .. }),
+            message: self.to_string(),
+        }
+        .into()
     }
 }
 

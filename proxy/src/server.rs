@@ -1,9 +1,10 @@
-//! Wiring: binds the proxy and admin sockets, rebuilds the store, and serves
-//! until shutdown, then drains in-flight calls.
+//! Wiring of the CRI front end: binds the CRI socket, rebuilds the agent's
+//! store from the runtime, and serves kubelet until shutdown, then drains
+//! in-flight calls (the agent core, `qoslet-agent`, owns the rest).
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::Body as _;
@@ -12,12 +13,11 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
-use crate::admin::AdminService;
 use crate::backend::{Backend, H2Body};
 use crate::forward::{Forwarder, ProxyStats};
 use crate::pipeline::Pipeline;
-use qoslet_state::checkpoint::{Checkpoint, LoadError};
-use qoslet_state::store::{Snapshot, Store};
+use qoslet_agent::{Agent, AgentConfig, AgentError};
+use qoslet_state::store::Store;
 use qoslet_wire::authority::AuthorityFix;
 use qoslet_wire::endpoint::{bind_unix, parse_unix, EndpointError};
 
@@ -57,116 +57,103 @@ impl Default for ProxyConfig {
     }
 }
 
+impl ProxyConfig {
+    /// The agent core's settings this proxy runs on (`metrics_on`: whether
+    /// the configuration turns metrics on).
+    pub fn agent(&self, metrics_on: bool) -> AgentConfig {
+        AgentConfig {
+            admin_listen: self.admin_listen.clone(),
+            state_dir: self.state_dir.clone(),
+            runtime_endpoint: self.runtime_endpoint.clone(),
+            checkpoint_interval: self.checkpoint_interval,
+            // an overlapping restart drains for up to its drain timeout
+            lock_wait: self.drain_timeout + Duration::from_secs(5),
+            metrics_on,
+        }
+    }
+}
+
 /// Errors starting the proxy.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error("listen: {0}")]
     Listen(EndpointError),
-    #[error("admin-listen: {0}")]
-    Admin(EndpointError),
     #[error("runtime-endpoint: {0}")]
     Backend(EndpointError),
     #[error("listen and admin-listen are the same socket {0}")]
     SameSocket(String),
-    #[error("state-dir: {0}")]
-    State(#[from] qoslet_state::statefile::StateError),
+    #[error(transparent)]
+    Agent(#[from] AgentError),
 }
 
-/// A running proxy. Dropping it does not stop it: call [`Running::shutdown`].
+/// The CRI socket, bound before the agent starts: a live qoslet on it is
+/// refused at once, and kubelet's connections wait in its backlog (not
+/// refused) while the agent waits out an overlapping restart's drain.
+pub struct Bound {
+    listener: UnixListener,
+    backend: Backend,
+}
+
+/// Binds the CRI socket of `cfg` (and checks its runtime endpoint).
+pub async fn bind(cfg: &ProxyConfig) -> Result<Bound, StartError> {
+    let listen_path = parse_unix(&cfg.listen).map_err(StartError::Listen)?;
+    if parse_unix(&cfg.admin_listen).is_ok_and(|a| a == listen_path) {
+        return Err(StartError::SameSocket(cfg.listen.clone()));
+    }
+    let backend = Backend::new(&cfg.runtime_endpoint).map_err(StartError::Backend)?;
+    let listener = bind_unix(&listen_path).await.map_err(StartError::Listen)?;
+    Ok(Bound { listener, backend })
+}
+
+/// A running proxy on its agent. Dropping it does not stop it: call [`Running::shutdown`].
 pub struct Running {
     pub store: Store,
     pub stats: Arc<ProxyStats>,
-    shutdown: watch::Sender<bool>,
+    agent: Agent,
     tasks: Vec<JoinHandle<()>>,
-    /// Held until the final checkpoint is written (and handed to the caller, who
-    /// writes the metrics snapshot into the same dir).
-    lock: Option<qoslet_state::statefile::InstanceLock>,
-    /// The checkpoint writer, stopped only after the calls have drained.
-    checkpoint: Option<(watch::Sender<bool>, JoinHandle<()>)>,
 }
 
 impl Running {
-    /// Stops accepting, drains in-flight calls (up to the drain timeout), writes
-    /// the final checkpoint and returns the state dir's lock (drop it once
-    /// everything else is written there).
+    /// Stops accepting, drains in-flight calls (up to the drain timeout), then
+    /// finishes the agent (admin API stopped, final checkpoint written) and
+    /// returns the state dir's lock (drop it once everything else is written there).
     pub async fn shutdown(self) -> Option<qoslet_state::statefile::InstanceLock> {
-        let _ = self.shutdown.send(true);
+        self.agent.signal_shutdown();
         for t in self.tasks {
             let _ = t.await;
         }
         // the final checkpoint after the drain: a call that was still in flight
         // (a RunPodSandbox in CNI setup) is in it, with what qoslet applied
-        if let Some((stop, task)) = self.checkpoint {
-            let _ = stop.send(true);
-            let _ = task.await;
-        }
-        self.lock
+        self.agent.finish().await
     }
 
     /// A receiver that turns true at shutdown.
     pub fn shutdown_signal(&self) -> watch::Receiver<bool> {
-        self.shutdown.subscribe()
+        self.agent.shutdown_signal()
+    }
+
+    /// The agent this proxy is the front end of.
+    pub fn agent(&self) -> &Agent {
+        &self.agent
     }
 }
 
-/// Starts the proxy: binds both sockets (failing fast if another qoslet holds
-/// them), rebuilds the store, and serves in background tasks.
+/// Starts an agent with the proxy in front: binds the CRI socket, starts the
+/// agent core, rebuilds the store and serves (metrics not configured).
 pub async fn start(cfg: ProxyConfig, pipeline: Pipeline) -> Result<Running, StartError> {
-    start_with(cfg, pipeline, None).await
+    let bound = bind(&cfg).await?;
+    let agent = Agent::start(cfg.agent(false)).await?;
+    Ok(serve(agent, bound, cfg, pipeline).await)
 }
 
-/// [`start`], with the metrics side of the admin API.
-pub async fn start_with(
-    cfg: ProxyConfig,
-    pipeline: Pipeline,
-    metrics: Option<Arc<dyn crate::admin::AgentView>>,
-) -> Result<Running, StartError> {
-    let listen_path = parse_unix(&cfg.listen).map_err(StartError::Listen)?;
-    let admin_path = parse_unix(&cfg.admin_listen).map_err(StartError::Admin)?;
-    if listen_path == admin_path {
-        return Err(StartError::SameSocket(cfg.listen.clone()));
-    }
-    let backend = Backend::new(&cfg.runtime_endpoint).map_err(StartError::Backend)?;
-    // a live qoslet on these sockets: refuse at once
-    let proxy_listener = bind_unix(&listen_path).await.map_err(StartError::Listen)?;
-    let admin_listener = bind_unix(&admin_path).await.map_err(StartError::Admin)?;
-    // the state dir: private, and one qoslet at a time (waiting out an overlapping
-    // restart's drain). It is only a cache: unusable, qoslet serves without it.
-    let lock = match qoslet_state::statefile::ensure_private_dir(&cfg.state_dir) {
-        Ok(()) => Some(
-            qoslet_state::statefile::lock_within(
-                &cfg.state_dir,
-                cfg.drain_timeout + Duration::from_secs(5),
-            )
-            .await?,
-        ),
-        Err(e) => {
-            tracing::error!(error = %e, "state dir unusable; serving without a checkpoint");
-            None
-        }
-    };
-
-    let store = Store::new();
-    let checkpoint = Checkpoint::new(&cfg.state_dir, &cfg.runtime_endpoint);
-    let from_checkpoint = match lock.as_ref().map(|_| checkpoint.load()) {
-        None => Snapshot::default(),
-        Some(Ok(s)) => {
-            info!(pods = s.pods.len(), containers = s.containers.len(), path = %checkpoint.path().display(), "checkpoint loaded");
-            s
-        }
-        Some(Err(LoadError::Missing(p))) => {
-            info!(path = %p.display(), "no checkpoint; starting from the runtime");
-            Snapshot::default()
-        }
-        Some(Err(e)) => {
-            warn!(error = %e, "checkpoint ignored; rebuilding from the runtime");
-            Snapshot::default()
-        }
-    };
-    store.replace(from_checkpoint.clone());
+/// The proxy as `agent`'s front end: rebuilds the store from the checkpoint
+/// and the runtime, and serves kubelet on `bound` in background tasks.
+pub async fn serve(agent: Agent, bound: Bound, cfg: ProxyConfig, pipeline: Pipeline) -> Running {
+    let Bound { listener, backend } = bound;
+    let store = agent.store().clone();
     let rebuilt = crate::rebuild::reconcile(
         &mut backend.runtime(),
-        from_checkpoint,
+        agent.checkpointed().clone(),
         Duration::from_secs(5),
     )
     .await;
@@ -188,7 +175,7 @@ pub async fn start_with(
         }
     }
 
-    let (tx, rx) = watch::channel(false);
+    let rx = agent.shutdown_signal();
     let stats = Arc::new(ProxyStats::default());
     let forwarder = Arc::new(Forwarder::new(
         backend.clone(),
@@ -198,24 +185,19 @@ pub async fn start_with(
         cfg.max_message_bytes,
         rx.clone(),
     ));
-    let admin = AdminService {
-        metrics,
-        store: store.clone(),
+    agent.attach(Arc::new(crate::front::CriFront {
         stats: stats.clone(),
         pipeline,
         backend: backend.clone(),
-        started: Instant::now(),
         listen: cfg.listen.clone(),
-        state_dir: cfg.state_dir.display().to_string(),
-    };
+    }));
     let tasks = vec![
         tokio::spawn(serve_proxy(
-            proxy_listener,
+            listener,
             forwarder,
             rx.clone(),
             cfg.drain_timeout,
         )),
-        tokio::spawn(serve_admin(admin_listener, admin, rx.clone())),
         tokio::spawn(resync(
             backend,
             store.clone(),
@@ -224,20 +206,13 @@ pub async fn start_with(
             synced,
         )),
     ];
-    let checkpoint = lock.is_some().then(|| {
-        let (stop, stopped) = watch::channel(false);
-        let task = tokio::spawn(checkpoint.run(store.clone(), stopped, cfg.checkpoint_interval));
-        (stop, task)
-    });
-    info!(listen = %cfg.listen, runtime = %cfg.runtime_endpoint, admin = %cfg.admin_listen, "qoslet proxy serving");
-    Ok(Running {
+    info!(listen = %cfg.listen, runtime = %cfg.runtime_endpoint, "qoslet proxy serving");
+    Running {
         store,
         stats,
-        shutdown: tx,
+        agent,
         tasks,
-        lock,
-        checkpoint,
-    })
+    }
 }
 
 async fn serve_proxy(
@@ -408,48 +383,6 @@ async fn serve_call(
     };
     if !end {
         crate::h2io::pipe(body, &mut send, None, h2::Reason::INTERNAL_ERROR).await;
-    }
-}
-
-async fn serve_admin(
-    listener: UnixListener,
-    admin: AdminService,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let (health_reporter, health) = tonic_health::server::health_reporter();
-    health_reporter
-        .set_serving::<qoslet_proto::admin::admin_server::AdminServer<AdminService>>()
-        .await;
-    let v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(qoslet_proto::ADMIN_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .expect("admin descriptors are valid");
-    let v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(qoslet_proto::ADMIN_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1alpha()
-        .expect("admin descriptors are valid");
-    let incoming = tokio_stream::StreamExt::map(
-        tokio_stream::wrappers::UnixListenerStream::new(listener),
-        |r| r.map(AuthorityFix::new),
-    );
-    let r = tonic::transport::Server::builder()
-        // the header limits of the CRI server (qoslet_wire::limits), so the
-        // :authority filter in front of it judges what h2 will take; and a
-        // malformed request's stand-in is reset however many come
-        .http2_max_header_list_size(qoslet_wire::limits::MAX_HEADER_LIST as u32)
-        .http2_max_local_error_reset_streams(None)
-        .add_service(qoslet_proto::admin::admin_server::AdminServer::new(admin))
-        .add_service(health)
-        .add_service(v1)
-        .add_service(v1alpha)
-        .serve_with_incoming_shutdown(incoming, async move {
-            stopped(&mut shutdown).await;
-        })
-        .await;
-    if let Err(e) = r {
-        warn!(error = %e, "admin server failed");
     }
 }
 

@@ -5,8 +5,6 @@
 
 use tonic::Status;
 
-use crate::pipeline::HookFailure;
-
 /// An error qoslet answers a call with.
 #[derive(Debug, thiserror::Error)]
 pub enum QosletError {
@@ -28,9 +26,10 @@ pub enum QosletError {
     /// A message over the size limit, in grpc-go's words (kubelet knows them).
     #[error("grpc: received message larger than max ({len} vs. {limit})")]
     TooLarge { len: usize, limit: usize },
-    /// A fail-closed hook that failed.
-    #[error("qoslet: {0}")]
-    Hook(#[from] HookFailure),
+    /// A fail-closed hook that failed (`timed_out`: it ran out of time). The
+    /// message names the hook, its stage and the call.
+    #[error("qoslet: {message}")]
+    HookFailed { message: String, timed_out: bool },
     /// A part of the agent that is not running in this qoslet (metrics, engine).
     #[error("{0}")]
     Off(String),
@@ -62,8 +61,11 @@ impl From<QosletError> for Status {
             ReadingRequest(_) => Status::cancelled(msg),
             BadUri(_) | BadRequest(_) => Status::invalid_argument(msg),
             TooLarge { .. } => Status::resource_exhausted(msg),
-            Hook(HookFailure::Timeout { .. }) | Late(_) => Status::deadline_exceeded(msg),
-            Hook(_) | Internal(_) => Status::internal(msg),
+            HookFailed {
+                timed_out: true, ..
+            }
+            | Late(_) => Status::deadline_exceeded(msg),
+            HookFailed { .. } | Internal(_) => Status::internal(msg),
             NotFound(_) => Status::not_found(msg),
             Unanswerable(_) => Status::failed_precondition(msg),
         }
@@ -110,6 +112,22 @@ mod tests {
                 QosletError::Unanswerable("no quantiles".into()),
                 Code::FailedPrecondition,
                 "no quantiles",
+            ),
+            (
+                QosletError::HookFailed {
+                    message: "hook isolation before CreateContainer timed out after 2s".into(),
+                    timed_out: true,
+                },
+                Code::DeadlineExceeded,
+                "qoslet: hook isolation before CreateContainer timed out after 2s",
+            ),
+            (
+                QosletError::HookFailed {
+                    message: "hook isolation panicked".into(),
+                    timed_out: false,
+                },
+                Code::Internal,
+                "qoslet: hook isolation panicked",
             ),
             (
                 QosletError::Late("too slow".into()),

@@ -1,0 +1,196 @@
+//! The agent core: what runs whatever the front end (and with none): the
+//! state dir's lock, the store loaded from its checkpoint and the task that
+//! keeps the checkpoint current, and the admin socket. Front ends attach to it
+//! ([`Agent::attach`]); the loops (metrics, engine) report to it through
+//! [`Agent::views`].
+//!
+//! Order at start: the admin socket first (a live qoslet on it: refuse at
+//! once), then the state dir's lock (waiting out an overlapping restart's
+//! drain), then the checkpoint. At stop: the front end drains first (its calls
+//! still change the store), then [`Agent::finish`] stops the admin API and
+//! writes the final checkpoint.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use qoslet_state::checkpoint::{Checkpoint, LoadError};
+use qoslet_state::statefile::{self, InstanceLock, StateError};
+use qoslet_state::store::{Snapshot, Store};
+use qoslet_wire::endpoint::{bind_unix, parse_unix, EndpointError};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{error, info, warn};
+
+use crate::admin::{AdminService, Views};
+use crate::front::{FrontEnd, FrontEnds};
+
+/// Settings of the agent core (the binary fills them from flags and the config file).
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// The admin API (`unix:///run/qoslet/admin.sock`).
+    pub admin_listen: String,
+    /// Where the store's checkpoint lives (`/var/lib/qoslet`).
+    pub state_dir: PathBuf,
+    /// The runtime the store describes: a checkpoint of another runtime is foreign.
+    pub runtime_endpoint: String,
+    /// Minimum time between two checkpoint writes.
+    pub checkpoint_interval: Duration,
+    /// How long to wait for the state dir's lock (an overlapping restart's drain).
+    pub lock_wait: Duration,
+    /// Whether metrics are configured at all (the admin API says "off" otherwise).
+    pub metrics_on: bool,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            admin_listen: "unix:///run/qoslet/admin.sock".into(),
+            state_dir: PathBuf::from("/var/lib/qoslet"),
+            runtime_endpoint: "unix:///run/containerd/containerd.sock".into(),
+            checkpoint_interval: Duration::from_millis(100),
+            lock_wait: Duration::from_secs(35),
+            metrics_on: true,
+        }
+    }
+}
+
+/// Errors starting the agent.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("admin-listen: {0}")]
+    Admin(EndpointError),
+    #[error("state-dir: {0}")]
+    State(#[from] StateError),
+}
+
+/// A running agent. Dropping it does not stop it: call [`Agent::finish`].
+pub struct Agent {
+    store: Store,
+    /// What the checkpoint held at start (a front end's rebuild starts from it).
+    checkpointed: Snapshot,
+    views: Arc<Views>,
+    front: FrontEnds,
+    shutdown: watch::Sender<bool>,
+    admin: JoinHandle<()>,
+    /// The checkpoint writer, stopped only after the front end has drained.
+    checkpoint: Option<(watch::Sender<bool>, JoinHandle<()>)>,
+    /// Held until the final checkpoint is written (and handed to the caller,
+    /// who writes the metrics snapshot into the same dir).
+    lock: Option<InstanceLock>,
+    admin_listen: String,
+}
+
+impl Agent {
+    /// Starts the agent core: binds the admin socket, takes the state dir,
+    /// loads the checkpoint and serves the admin API.
+    pub async fn start(cfg: AgentConfig) -> Result<Agent, AgentError> {
+        let admin_path = parse_unix(&cfg.admin_listen).map_err(AgentError::Admin)?;
+        let admin_listener = bind_unix(&admin_path).await.map_err(AgentError::Admin)?;
+        // private, and one qoslet at a time. It is only a cache: unusable,
+        // qoslet serves without it.
+        let lock = match statefile::ensure_private_dir(&cfg.state_dir) {
+            Ok(()) => Some(statefile::lock_within(&cfg.state_dir, cfg.lock_wait).await?),
+            Err(e) => {
+                error!(error = %e, "state dir unusable; serving without a checkpoint");
+                None
+            }
+        };
+        let store = Store::new();
+        let checkpoint = Checkpoint::new(&cfg.state_dir, &cfg.runtime_endpoint);
+        let checkpointed = match lock.as_ref().map(|_| checkpoint.load()) {
+            None => Snapshot::default(),
+            Some(Ok(s)) => {
+                info!(pods = s.pods.len(), containers = s.containers.len(), path = %checkpoint.path().display(), "checkpoint loaded");
+                s
+            }
+            Some(Err(LoadError::Missing(p))) => {
+                info!(path = %p.display(), "no checkpoint; starting from the runtime");
+                Snapshot::default()
+            }
+            Some(Err(e)) => {
+                warn!(error = %e, "checkpoint ignored; rebuilding from the runtime");
+                Snapshot::default()
+            }
+        };
+        store.replace(checkpointed.clone());
+        let (shutdown, rx) = watch::channel(false);
+        let views = Arc::new(Views::new(cfg.metrics_on));
+        let front = FrontEnds::default();
+        let admin = AdminService {
+            views: views.clone(),
+            store: store.clone(),
+            front: front.clone(),
+            started: Instant::now(),
+            state_dir: cfg.state_dir.display().to_string(),
+        };
+        let admin = tokio::spawn(crate::admin::serve(admin_listener, admin, rx));
+        let checkpoint = lock.is_some().then(|| {
+            let (stop, stopped) = watch::channel(false);
+            let task =
+                tokio::spawn(checkpoint.run(store.clone(), stopped, cfg.checkpoint_interval));
+            (stop, task)
+        });
+        info!(admin = %cfg.admin_listen, state_dir = %cfg.state_dir.display(), "qoslet agent serving");
+        Ok(Agent {
+            store,
+            checkpointed,
+            views,
+            front,
+            shutdown,
+            admin,
+            checkpoint,
+            lock,
+            admin_listen: cfg.admin_listen,
+        })
+    }
+
+    /// The store (shared: clones see the same data).
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// What the checkpoint held at start.
+    pub fn checkpointed(&self) -> &Snapshot {
+        &self.checkpointed
+    }
+
+    /// Where the agent's loops report to the admin API.
+    pub fn views(&self) -> &Arc<Views> {
+        &self.views
+    }
+
+    /// The admin socket's endpoint.
+    pub fn admin_listen(&self) -> &str {
+        &self.admin_listen
+    }
+
+    /// Attaches the front end that serves the runtime's calls; false if one
+    /// is attached already (one front end per agent).
+    pub fn attach(&self, f: Arc<dyn FrontEnd>) -> bool {
+        self.front.attach(f)
+    }
+
+    /// A receiver that turns true when the agent stops (front ends and loops follow it).
+    pub fn shutdown_signal(&self) -> watch::Receiver<bool> {
+        self.shutdown.subscribe()
+    }
+
+    /// Tells everything that follows [`Agent::shutdown_signal`] to stop.
+    pub fn signal_shutdown(&self) {
+        let _ = self.shutdown.send(true);
+    }
+
+    /// Stops the admin API and writes the final checkpoint (call it after the
+    /// front end has drained: a call still in flight is then in it), and
+    /// returns the state dir's lock (drop it once everything else is written there).
+    pub async fn finish(self) -> Option<InstanceLock> {
+        self.signal_shutdown();
+        let _ = self.admin.await;
+        if let Some((stop, task)) = self.checkpoint {
+            let _ = stop.send(true);
+            let _ = task.await;
+        }
+        self.lock
+    }
+}

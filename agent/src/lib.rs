@@ -1,0 +1,21 @@
+//! The agent core every front end plugs into: the state dir and the store's
+//! checkpoint, the admin API, and the views of the agent's loops (metrics,
+//! engine). It runs with no CRI listener; the CRI proxy and the NRI plugin are
+//! front ends ([`front::FrontEnd`]) that attach to it.
+//!
+//! * [`core`]: [`Agent`]: start (admin socket, state-dir lock, checkpoint), attach, finish.
+//! * [`admin`]: the admin gRPC API, its health service and reflection.
+//! * [`front`]: what a front end shows the admin API (mode, counters, runtime).
+//! * [`error`]: [`QosletError`], the one mapping of qoslet's own errors to gRPC statuses.
+
+#![forbid(unsafe_code)]
+
+pub mod admin;
+pub mod core;
+pub mod error;
+pub mod front;
+
+pub use crate::core::{Agent, AgentConfig, AgentError};
+pub use admin::Views;
+pub use error::QosletError;
+pub use front::{BoxFuture, FrontEnd};
