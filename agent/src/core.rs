@@ -72,7 +72,10 @@ pub struct Agent {
     views: Arc<Views>,
     front: FrontEnds,
     shutdown: watch::Sender<bool>,
-    admin: JoinHandle<()>,
+    /// The admin socket, bound at start and served from [`Agent::serve_admin`]
+    /// (until then its clients wait in the backlog, as for the CRI socket).
+    admin_pending: std::sync::Mutex<Option<(tokio::net::UnixListener, AdminService)>>,
+    admin: std::sync::Mutex<Option<JoinHandle<()>>>,
     /// The checkpoint writer, stopped only after the front end has drained.
     checkpoint: Option<(watch::Sender<bool>, JoinHandle<()>)>,
     /// Held until the final checkpoint is written (and handed to the caller,
@@ -114,7 +117,7 @@ impl Agent {
             }
         };
         store.replace(checkpointed.clone());
-        let (shutdown, rx) = watch::channel(false);
+        let (shutdown, _) = watch::channel(false);
         let views = Arc::new(Views::new(cfg.metrics_on));
         let front = FrontEnds::default();
         let admin = AdminService {
@@ -124,7 +127,6 @@ impl Agent {
             started: Instant::now(),
             state_dir: cfg.state_dir.display().to_string(),
         };
-        let admin = tokio::spawn(crate::admin::serve(admin_listener, admin, rx));
         let checkpoint = lock.is_some().then(|| {
             let (stop, stopped) = watch::channel(false);
             let task =
@@ -138,7 +140,8 @@ impl Agent {
             views,
             front,
             shutdown,
-            admin,
+            admin_pending: std::sync::Mutex::new(Some((admin_listener, admin))),
+            admin: std::sync::Mutex::new(None),
             checkpoint,
             lock,
             admin_listen: cfg.admin_listen,
@@ -165,10 +168,32 @@ impl Agent {
         &self.admin_listen
     }
 
-    /// Attaches the front end that serves the runtime's calls; false if one
-    /// is attached already (one front end per agent).
+    /// Attaches the front end that serves the runtime's calls, once its store
+    /// is rebuilt, and serves the admin API; false if one is attached already
+    /// (one front end per agent).
     pub fn attach(&self, f: Arc<dyn FrontEnd>) -> bool {
-        self.front.attach(f)
+        let attached = self.front.attach(f);
+        self.serve_admin();
+        attached
+    }
+
+    /// Serves the admin API (once; [`Agent::attach`] does it after the front
+    /// end's rebuild, so no client sees the store half-built; an agent with no
+    /// front end calls it itself).
+    pub fn serve_admin(&self) {
+        let pending = self
+            .admin_pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some((listener, admin)) = pending {
+            let task = tokio::spawn(crate::admin::serve(
+                listener,
+                admin,
+                self.shutdown.subscribe(),
+            ));
+            *self.admin.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
+        }
     }
 
     /// A receiver that turns true when the agent stops (front ends and loops follow it).
@@ -178,7 +203,8 @@ impl Agent {
 
     /// Tells everything that follows [`Agent::shutdown_signal`] to stop.
     pub fn signal_shutdown(&self) {
-        let _ = self.shutdown.send(true);
+        // stored even when no one listens yet (a later subscriber sees it)
+        self.shutdown.send_replace(true);
     }
 
     /// Stops the admin API and writes the final checkpoint (call it after the
@@ -186,7 +212,10 @@ impl Agent {
     /// returns the state dir's lock (drop it once everything else is written there).
     pub async fn finish(self) -> Option<InstanceLock> {
         self.signal_shutdown();
-        let _ = self.admin.await;
+        let task = self.admin.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(task) = task {
+            let _ = task.await;
+        }
         if let Some((stop, task)) = self.checkpoint {
             let _ = stop.send(true);
             let _ = task.await;

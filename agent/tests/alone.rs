@@ -65,6 +65,8 @@ async fn the_agent_serves_its_admin_api_with_no_cri_listener() {
     };
     let agent = Agent::start(cfg.clone()).await.unwrap();
     assert_eq!(agent.store().counts(), (1, 1));
+    // no front end will attach: the agent serves its admin API itself
+    agent.serve_admin();
 
     let mut c = client(sock.clone()).await;
     let st = c
