@@ -303,11 +303,7 @@ pub fn container_from_runtime(
         pod_id: c.pod_sandbox_id.clone(),
         name: md.name,
         attempt: md.attempt,
-        image: c
-            .image
-            .as_ref()
-            .map(|i| i.image.clone())
-            .unwrap_or_default(),
+        image: crate::records::image(&c.image),
         labels: crate::records::sorted(&c.labels),
         annotations: crate::records::sorted(&c.annotations),
         // kubelet's own request where qoslet patched it (the runtime keeps the patched one)

@@ -77,11 +77,7 @@ pub fn container(id: &str, pod_id: &str, c: &cri::ContainerConfig) -> ContainerR
         pod_id: pod_id.to_string(),
         name: md.name,
         attempt: md.attempt,
-        image: c
-            .image
-            .as_ref()
-            .map(|i| i.image.clone())
-            .unwrap_or_default(),
+        image: image(&c.image),
         labels: sorted(&c.labels),
         annotations: sorted(&c.annotations),
         requested: c
@@ -94,6 +90,11 @@ pub fn container(id: &str, pod_id: &str, c: &cri::ContainerConfig) -> ContainerR
         source: Source::Kubelet,
         applied: BTreeMap::new(),
     }
+}
+
+/// The image a container was asked with, or reported with (empty: none).
+pub fn image(spec: &Option<cri::ImageSpec>) -> String {
+    spec.as_ref().map(|i| i.image.clone()).unwrap_or_default()
 }
 
 /// A CRI map (a hash map: its order is random) in the store's sorted form.
