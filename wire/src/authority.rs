@@ -26,6 +26,7 @@
 //! h2 to judge. The client's SETTINGS_MAX_HEADER_LIST_SIZE is noted on the way
 //! ([`ClientSettings`]) for the runtime connection made on the client's behalf.
 
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,7 +37,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::h2frame::{
-    headers_fragment, literal_block, put_literal, write_header_frames, ACK, CONTINUATION,
+    headers_fragment, literal_block, put_field, write_header_frames, ACK, CONTINUATION,
     END_HEADERS, END_STREAM, FRAME_HEADER, HEADERS, PADDED, PREFACE, PRIORITY, SETTINGS,
 };
 use crate::hpack::Notes;
@@ -53,20 +54,28 @@ pub const SERVER_MAX_FRAME: usize = crate::limits::MAX_FRAME;
 /// The dynamic table size qoslet's HTTP/2 server advertises (h2's default):
 /// a client's size update above it is a decoding error (RFC 7541 §6.3).
 const SERVER_HEADER_TABLE: usize = 4096;
-/// What re-encoding one block as literals may take: this much plus
-/// [`REWRITE_PER_BYTE`] for each HPACK byte the client sent of it (never more
-/// than [`MAX_DECODED`]). grpc-go's requests decode to about 15 times what
-/// they take on the wire, a reference to a long token to a few hundred times
-/// (a few KiB: within the base); a block of one-byte references to one 4 KiB
-/// entry, to 4,096 times, and is handed on as the stand-in instead of being
-/// copied out. Per block, so no amount of legitimate traffic wears it down.
-const REWRITE_BASE: usize = 16 << 10;
-const REWRITE_PER_BYTE: usize = 64;
-/// A complete Huffman-coded name larger than this, waiting in a block's
-/// leftover for its value: h2 decodes such a name again on each CONTINUATION
-/// (quadratic work on the thread serving kubelet), so the block is handed to
-/// h2 re-encoded (no Huffman) instead. No client sends names this long.
-const MAX_PENDING_HUFFMAN_NAME: usize = 4 << 10;
+/// What re-encoding blocks as literals may produce on one connection, as a
+/// credit that [`REWRITE_PER_BYTE`] per HPACK byte the client sends and
+/// [`CREDIT_PER_SECOND`] refill, up to [`CREDIT_CAP`]; each re-encoded block
+/// is paid from it. grpc-go's requests decode to about 15 times what they
+/// take on the wire and a reference to a long token to a few hundred times
+/// (a few KiB), so no legitimate client runs short; a block of one-byte
+/// references to a 4 KiB entry decodes to 4,096 times. A block is always
+/// re-encoded whole (up to [`MAX_DECODED`], as h2 would decode it); a
+/// connection in debt is not read until time has paid the debt, so it may
+/// make h2 parse about [`CREDIT_PER_SECOND`] more than it sent, and no other
+/// connection waits.
+const REWRITE_PER_BYTE: i64 = 64;
+const CREDIT_PER_SECOND: i64 = 2 << 20;
+const CREDIT_CAP: i64 = 4 << 20;
+/// Re-decoding h2 would do of a block as it came: a complete Huffman-coded
+/// name waiting in a block's leftover for its value is decoded again on each
+/// CONTINUATION (quadratic work on the thread serving kubelet). Past this
+/// much plus [`REDECODE_PER_BYTE`] per byte of the block, the block is handed
+/// to h2 re-encoded (no Huffman), and a block qoslet gives up on is not
+/// handed on at all (the connection is closed). No client sends such names.
+const REDECODE_BASE: usize = 64 << 10;
+const REDECODE_PER_BYTE: usize = 4;
 /// Buffers larger than this are not kept once empty.
 const KEEP_BUFFER: usize = 64 << 10;
 /// A client's PUSH_PROMISE (h2 decodes its block, then ends the connection).
@@ -230,8 +239,8 @@ struct Judge {
     over: bool,
     /// HPACK bytes the client sent of the block so far.
     sent: usize,
-    /// The rewrite buffer does not hold every field (over its budget).
-    short: bool,
+    /// What h2 would decode again of the block's pending Huffman names.
+    redecoded: usize,
     /// Copy every field into the rewrite buffer (the connection is being
     /// rewritten); otherwise only while one could still need it: up to the
     /// first regular field, and after a socket-path `:authority`.
@@ -252,7 +261,14 @@ impl Judge {
         }
     }
 
-    fn field(&mut self, name: &[u8], value: &[u8], note: FieldNote, rewrite: &mut BytesMut) {
+    fn field(
+        &mut self,
+        name: &[u8],
+        value: &[u8],
+        note: FieldNote,
+        never_indexed: bool,
+        rewrite: &mut BytesMut,
+    ) {
         let len = name.len() + value.len() + 32;
         self.size = self.size.saturating_add(len);
         if self.size >= MAX_DECODED {
@@ -274,14 +290,7 @@ impl Judge {
         if !wanted {
             self.skipped = true;
         }
-        if self.over || self.short || !wanted {
-            return;
-        }
-        let budget = REWRITE_BASE
-            .saturating_add(self.sent.saturating_mul(REWRITE_PER_BYTE))
-            .min(MAX_DECODED);
-        if rewrite.len() + name.len() + value.len() + 16 > budget {
-            self.short = true;
+        if self.over || !wanted {
             return;
         }
         let value: &[u8] = if note.bad_authority {
@@ -289,7 +298,7 @@ impl Judge {
         } else {
             value
         };
-        put_literal(rewrite, name, value);
+        put_field(rewrite, name, value, never_indexed);
     }
 }
 
@@ -359,6 +368,66 @@ pub struct AuthorityFix<S> {
     judge: Judge,
     /// That block, re-encoded as literals (reused).
     scratch: BytesMut,
+    /// What re-encoding may still produce (see [`REWRITE_PER_BYTE`]).
+    credit: Credit,
+    /// In debt: the connection is not read until this has elapsed (the
+    /// timer made when the wait begins).
+    wait: Option<std::time::Duration>,
+    pause: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+/// A connection's re-encoding credit, in bytes; below zero, a debt.
+#[derive(Debug)]
+struct Credit {
+    left: i64,
+    at: tokio::time::Instant,
+}
+
+impl Credit {
+    fn new() -> Self {
+        Self {
+            left: CREDIT_CAP,
+            at: tokio::time::Instant::now(),
+        }
+    }
+
+    /// What time has added since last asked.
+    fn refill(&mut self) {
+        let now = tokio::time::Instant::now();
+        let nanos = now.saturating_duration_since(self.at).as_nanos();
+        let add = nanos.saturating_mul(CREDIT_PER_SECOND as u128) / 1_000_000_000;
+        self.left = self
+            .left
+            .saturating_add(i64::try_from(add).unwrap_or(i64::MAX))
+            .min(CREDIT_CAP.max(self.left));
+        self.at = now;
+    }
+
+    /// A block of `sent` HPACK bytes that cost `spent` re-encoded.
+    fn settle(&mut self, sent: usize, spent: usize) {
+        self.refill();
+        let earned = i64::try_from(sent)
+            .unwrap_or(i64::MAX)
+            .saturating_mul(REWRITE_PER_BYTE);
+        let spent = i64::try_from(spent).unwrap_or(i64::MAX);
+        self.left = self
+            .left
+            .saturating_add(earned)
+            .saturating_sub(spent)
+            .min(CREDIT_CAP);
+    }
+
+    /// How long until a debt is paid, if in debt.
+    fn wait(&mut self) -> Option<std::time::Duration> {
+        if self.left >= 0 {
+            return None;
+        }
+        self.refill();
+        (self.left < 0).then(|| {
+            let nanos = (-self.left as u128 * 1_000_000_000).div_ceil(CREDIT_PER_SECOND as u128);
+            std::time::Duration::from_nanos(nanos as u64)
+        })
+    }
 }
 
 impl<S> AuthorityFix<S> {
@@ -377,6 +446,9 @@ impl<S> AuthorityFix<S> {
             client: Arc::default(),
             judge: Judge::default(),
             scratch: BytesMut::new(),
+            credit: Credit::new(),
+            wait: None,
+            pause: None,
         }
     }
 
@@ -442,6 +514,11 @@ impl<S> AuthorityFix<S> {
                 }
                 Mode::Detect(_) | Mode::Rewrite(_) => {
                     if self.inbuf.len() < FRAME_HEADER {
+                        return;
+                    }
+                    if let Some(wait) = self.credit.wait() {
+                        // the rest waits in `inbuf`; nothing more is read
+                        self.wait = Some(wait);
                         return;
                     }
                     let len = u32::from_be_bytes([0, self.inbuf[0], self.inbuf[1], self.inbuf[2]])
@@ -538,10 +615,16 @@ impl<S> AuthorityFix<S> {
                     return self.give_up();
                 };
                 buf.advance(used);
-                if crate::hpack::pending_huffman_name(&buf) > MAX_PENDING_HUFFMAN_NAME {
+                let j = &mut self.judge;
+                j.redecoded = j
+                    .redecoded
+                    .saturating_add(crate::hpack::pending_huffman_name(&buf));
+                if j.redecoded
+                    > REDECODE_BASE.saturating_add(j.sent.saturating_mul(REDECODE_PER_BYTE))
+                {
                     // from here on every field is kept for the re-encoding
-                    self.judge.h2_quadratic = true;
-                    self.judge.copy_all = true;
+                    j.h2_quadratic = true;
+                    j.copy_all = true;
                 }
                 let b = self.block.as_mut().expect("checked");
                 b.leftover = buf;
@@ -573,24 +656,32 @@ impl<S> AuthorityFix<S> {
         let (judge, rewrite) = (&mut self.judge, &mut self.scratch);
         judge.sent = judge.sent.saturating_add(sent);
         decoder
-            .decode(buf, last, |n, v, note| judge.field(n, v, note, rewrite))
+            .decode(buf, last, |n, v, note, never| {
+                judge.field(n, v, note, never, rewrite)
+            })
             .ok()
     }
 
     /// Stops parsing. Before any rewrite everything goes to h2 as it came (h2
     /// judges it with its own limits); once blocks have been rewritten, h2's
     /// HPACK state no longer matches the client's, so the connection is closed.
+    /// So it is when the block held would cost h2 quadratic work as it came.
     fn give_up(&mut self) {
-        if matches!(self.mode, Mode::Rewrite(_)) {
+        if self.cannot_pass() {
             self.fail()
         } else {
             self.passthrough()
         }
     }
 
+    /// Whether what is held may not go to h2 as it came.
+    fn cannot_pass(&self) -> bool {
+        matches!(self.mode, Mode::Rewrite(_)) || (self.block.is_some() && self.judge.h2_quadratic)
+    }
+
     /// [`Self::give_up`], with `frame` (not held yet) after what is held.
     fn give_up_with(&mut self, frame: &[u8]) {
-        if matches!(self.mode, Mode::Rewrite(_)) {
+        if self.cannot_pass() {
             self.fail()
         } else {
             self.passthrough_with(frame)
@@ -614,6 +705,17 @@ impl<S> AuthorityFix<S> {
 
     /// A whole header block, judged: `raw` its frames.
     fn finish(&mut self, stream_id: u32, end_stream: bool, raw: &[u8], how: How) {
+        let before = self.out.len();
+        self.finish_block(stream_id, end_stream, raw, how);
+        let spent = if matches!(self.mode, Mode::Rewrite(_)) {
+            self.out.len() - before
+        } else {
+            0
+        };
+        self.credit.settle(self.judge.sent, spent);
+    }
+
+    fn finish_block(&mut self, stream_id: u32, end_stream: bool, raw: &[u8], how: How) {
         let rewriting = matches!(self.mode, Mode::Rewrite(_));
         let j = &self.judge;
         let verdict = j.verdict;
@@ -629,7 +731,7 @@ impl<S> AuthorityFix<S> {
         let malformed = verdict.refused
             || how.self_dependent
             || (verdict.malformed && ((how.multi && j.malformed_early) || needs_rewrite))
-            || (needs_rewrite && (j.over || j.short || j.skipped));
+            || (needs_rewrite && (j.over || j.skipped));
         if !rewriting {
             if !bad && !malformed {
                 // a well-formed block (or one h2 refuses on its own, keeping
@@ -729,7 +831,8 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityFix<S> {
             if this.failed && this.out.is_empty() {
                 return Poll::Ready(Err(io::Error::new(
                     io::ErrorKind::InvalidData,
-                    "client header block qoslet could not re-encode after rewriting :authority",
+                    "client header block qoslet could not pass on (its HPACK table is \
+                     re-encoded, or h2 would decode the block quadratically)",
                 )));
             }
             if !this.out.is_empty() {
@@ -740,6 +843,15 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityFix<S> {
                     this.out = BytesMut::new();
                 }
                 return Poll::Ready(Ok(()));
+            }
+            if let Some(wait) = this.wait {
+                let pause = this
+                    .pause
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(wait)));
+                ready!(pause.as_mut().poll(cx));
+                (this.pause, this.wait) = (None, None);
+                this.process();
+                continue;
             }
             if this.eof {
                 // a truncated frame at EOF goes out as it is (not once
@@ -764,10 +876,14 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityFix<S> {
             ready!(Pin::new(&mut this.io).poll_read(cx, &mut rb))?;
             if rb.filled().is_empty() {
                 this.eof = true;
+                let dropped = this.cannot_pass();
                 if let Some(b) = this.block.take() {
-                    // unfinished: h2 judges it as it came, unless its table
-                    // is not the client's any more
-                    if !matches!(this.mode, Mode::Rewrite(_)) {
+                    // unfinished: h2 judges it as it came, unless h2's table
+                    // is not the client's any more or h2 would decode it
+                    // quadratically (then it is dropped)
+                    if dropped {
+                        this.inbuf.clear(); // its truncated last frame
+                    } else {
                         this.out.extend_from_slice(&b.raw);
                     }
                 }
@@ -1597,17 +1713,12 @@ mod tests {
         input
     }
 
-    /// Second review of issue 27: once rewriting, a block of references to
-    /// a 4 KiB entry is re-encoded only within its budget (16 KiB plus 64
-    /// bytes per byte sent; over it, the stand-in), and grpc-go's steady
-    /// state (a block of references and one new `grpc-timeout`) is
-    /// re-encoded however long the connection lives.
-    #[test]
-    fn rewriting_is_bounded_by_what_the_client_sent() {
+    /// Blocks of 4 references to a 4 KiB entry, once rewriting: 7 HPACK bytes
+    /// re-encoded to 16 KiB each.
+    fn amplifying(blocks: u32) -> (BytesMut, usize) {
         let mut input = rewriting_with_a_big_entry();
-        let mut block = vec![0x83, 0x86, 0x84];
-        block.extend(std::iter::repeat_n(0xbe, 16));
-        for i in 0..200u32 {
+        let block = [0x83, 0x86, 0x84, 0xbe, 0xbe, 0xbe, 0xbe];
+        for i in 0..blocks {
             write_frame(
                 &mut input,
                 HEADERS,
@@ -1616,15 +1727,28 @@ mod tests {
                 &block,
             );
         }
+        let hpack = input.len() - PREFACE.len() - 9 * (blocks as usize + 2);
+        (input, hpack)
+    }
+
+    /// Third review of issue 27: once rewriting, what re-encoding produces is
+    /// paid from one credit per connection (4 MiB, 64 per HPACK byte sent,
+    /// 2 MiB a second): 4,000 blocks of 7 bytes each referencing a 4 KiB
+    /// entry four times (64 MiB re-encoded from 60 KiB; before, a per-block
+    /// budget let every one through at once) stop the reading when the
+    /// credit runs out, and nothing is refused. grpc-go's steady state (a
+    /// block of references and one new `grpc-timeout`) is re-encoded
+    /// however long the connection lives.
+    #[test]
+    fn rewriting_is_bounded_by_what_the_client_sent() {
+        let (input, hpack) = amplifying(4000);
         let f = filtered(&input);
         assert!(!f.failed);
-        let per_block = (16 << 10) + 64 * block.len() + 64;
-        assert!(
-            f.out.len() <= input.len() + 201 * per_block,
-            "{} bytes out",
-            f.out.len()
-        );
-        assert_eq!(f.malformed(), 200, "over the budget: stand-ins");
+        let bound = input.len() + (4 << 20) + 64 * hpack + (17 << 10);
+        assert!(f.out.len() <= bound, "{} bytes out", f.out.len());
+        assert!(f.out.len() > 4 << 20, "the credit is spent first");
+        assert!(f.wait.is_some() && !f.inbuf.is_empty(), "paused");
+        assert_eq!(f.malformed(), 0, "nothing refused");
         // a grpc-go-like client: the same fields by reference, a new timeout
         let mut input = rewriting_with_a_big_entry();
         let mut first = vec![0x83, 0x86, 0x44, 0x0b];
@@ -1649,8 +1773,56 @@ mod tests {
             );
         }
         let f = filtered(&input);
-        assert!(!f.failed);
+        assert!(!f.failed && f.wait.is_none());
         assert_eq!((f.rewritten(), f.malformed()), (5002, 0));
+    }
+
+    /// Third review of issue 27: a never-indexed field (RFC 7541 §6.2.3: a
+    /// secret, e.g. `authorization`) stays never indexed when its block is
+    /// re-encoded, so h2 keeps it sensitive and the runtime connection does
+    /// not index it either.
+    #[test]
+    fn a_never_indexed_field_stays_never_indexed() {
+        let mut input = rewriting_with_a_big_entry();
+        let mut field = vec![0x10, 0x0d];
+        field.extend_from_slice(b"authorization");
+        field.push(0x06);
+        field.extend_from_slice(b"secret");
+        let mut block = vec![0x83, 0x86, 0x84];
+        block.extend_from_slice(&field);
+        block.extend_from_slice(&[0x00, 0x01, b'x', 0x01, b'y']);
+        write_frame(&mut input, HEADERS, END_HEADERS | END_STREAM, 3, &block);
+        let f = filtered(&input);
+        assert_eq!(f.rewritten(), 2);
+        let out = &f.out[..];
+        assert!(
+            out.windows(field.len()).any(|w| w == field),
+            "never indexed kept"
+        );
+        assert!(out.windows(5).any(|w| w == [0x00, 0x01, b'x', 0x01, b'y']));
+    }
+
+    /// The blocks of a connection in debt wait and then pass, all of them,
+    /// at the credit's rate.
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_in_debt_waits_and_then_passes() {
+        let (input, hpack) = amplifying(600);
+        let start = tokio::time::Instant::now();
+        let (out, n) = run(input.to_vec()).await;
+        let took = start.elapsed();
+        assert_eq!(n, 601, "every block re-encoded");
+        let blocks = blocks_of(&out);
+        assert!(blocks[1..]
+            .iter()
+            .all(|b| b.len() == 7 && b[6].1.len() == 4063));
+        // ~9.8 MiB re-encoded: 4 MiB of credit, 64 per byte, the rest paid by time
+        let owed = out.len() as f64 - (4u64 << 20) as f64 - 64.0 * hpack as f64;
+        let expect = owed / (2u64 << 20) as f64;
+        let secs = took.as_secs_f64();
+        assert!(
+            secs >= expect - 0.1 && secs <= expect + 1.0,
+            "{secs} s, {expect} s owed"
+        );
     }
 
     /// Second review of issue 27: a stream that depends on itself with its
@@ -1695,12 +1867,9 @@ mod tests {
         assert_eq!(filtered(&input).malformed(), 1);
     }
 
-    /// Second review of issue 27: a large Huffman-coded name whose value
-    /// comes over many CONTINUATIONs would be decoded by h2 again for each;
-    /// the block goes to h2 re-encoded (no Huffman), fields unchanged.
-    #[tokio::test]
-    async fn a_block_h2_would_decode_quadratically_is_re_encoded() {
-        // (a valid name: h2 refuses names over 64 KiB)
+    /// A block: a Huffman-coded 10,000-byte name (a valid one: h2 refuses
+    /// names over 64 KiB) whose value has `value` bytes.
+    fn huffman_name_block(value: usize) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
         let name: Vec<u8> = (0..10_000).map(|i| b"abcdefghij"[i % 10]).collect();
         let huff = crate::hpack::huffman_encode(&name);
         let mut block = vec![0x83, 0x86, 0x84, 0x41, 0x09];
@@ -1710,16 +1879,83 @@ mod tests {
         crate::h2frame::put_int(&mut len, 0x80, 7, huff.len());
         block.extend_from_slice(&len);
         block.extend_from_slice(&huff);
-        let value = vec![b'v'; 200_000];
+        let value = vec![b'v'; value];
         let mut len = BytesMut::new();
         crate::h2frame::put_string(&mut len, &value);
         block.extend_from_slice(&len);
+        (block, name, value)
+    }
+
+    /// Second review of issue 27: a large Huffman-coded name whose value
+    /// comes over many CONTINUATIONs would be decoded by h2 again for each;
+    /// past a bound on that work (64 KiB plus 4 per byte of the block) the
+    /// block goes to h2 re-encoded (no Huffman), fields unchanged. Below it
+    /// (the same block in 16 KiB frames) it goes as it came.
+    #[tokio::test]
+    async fn a_block_h2_would_decode_quadratically_is_re_encoded() {
+        let (block, name, value) = huffman_name_block(100_000);
         let mut input = BytesMut::from(PREFACE);
-        write_header_frames(&mut input, 1, true, &block, 16 << 10);
+        write_header_frames(&mut input, 1, true, &block, 1 << 10);
         let (out, n) = run(input.to_vec()).await;
         assert_eq!(n, 1);
         let after = blocks_of(&out);
         assert_eq!(after[0][4], (name, value));
+        let mut input = BytesMut::from(PREFACE);
+        write_header_frames(&mut input, 1, true, &block, 16 << 10);
+        let (out, n) = run(input.to_vec()).await;
+        assert_eq!((out, n), (input.to_vec(), 0));
+    }
+
+    /// Third review of issue 27: a held block with such a name that qoslet
+    /// gives up on (past h2's CONTINUATION limit, or unfinished at the end
+    /// of the input) is not handed to h2 as it came: h2 would do the
+    /// quadratic work on it. The connection ends instead (h2 would close it
+    /// for either).
+    #[test]
+    fn a_quadratic_block_qoslet_gives_up_on_is_not_passed_on() {
+        let (block, _, _) = huffman_name_block(100);
+        let cut = block.len() - 50; // the name is there, its value is not
+        let frames = |empties: usize| {
+            let mut input = BytesMut::from(PREFACE);
+            write_frame(&mut input, HEADERS, END_STREAM, 1, &block[..cut]);
+            for _ in 0..empties {
+                write_frame(&mut input, CONTINUATION, 0, 1, &[]);
+            }
+            input
+        };
+        // 1,281 empty CONTINUATIONs: ~8 MiB of Huffman decoding for 11 KiB
+        let f = filtered(&frames(1281));
+        assert!(f.failed && f.out.len() <= PREFACE.len(), "{}", f.out.len());
+        // a few: the block may still finish, and h2's work is bounded
+        let mut input = frames(4);
+        write_frame(&mut input, CONTINUATION, END_HEADERS, 1, &block[cut..]);
+        let f = filtered(&input);
+        assert!(!f.failed && f.out[..] == input[..]);
+    }
+
+    #[tokio::test]
+    async fn an_unfinished_quadratic_block_at_eof_is_dropped() {
+        let (block, _, _) = huffman_name_block(100);
+        let mut input = BytesMut::from(PREFACE);
+        write_frame(
+            &mut input,
+            HEADERS,
+            END_STREAM,
+            1,
+            &block[..block.len() - 50],
+        );
+        for _ in 0..40 {
+            write_frame(&mut input, CONTINUATION, 0, 1, &[]);
+        }
+        let (mut a, b) = tokio::io::duplex(1 << 20);
+        tokio::io::AsyncWriteExt::write_all(&mut a, &input)
+            .await
+            .unwrap();
+        drop(a);
+        let mut fix = AuthorityFix::new(b);
+        let mut out = Vec::new();
+        fix.read_to_end(&mut out).await.unwrap();
+        assert_eq!(out, PREFACE);
     }
 
     /// Second review of issue 27: at the end of the input, a block held

@@ -124,7 +124,14 @@ pub fn literal_block<'a>(headers: impl IntoIterator<Item = (&'a [u8], &'a [u8])>
 
 /// One header as a literal without indexing (new name).
 pub fn put_literal(out: &mut BytesMut, name: &[u8], value: &[u8]) {
-    out.put_u8(0x00);
+    put_field(out, name, value, false);
+}
+
+/// One header as a literal that does not touch the receiver's table: never
+/// indexed (RFC 7541 §6.2.3, which a re-encoder must keep: it tells every
+/// hop not to index the value) or just not indexed.
+pub fn put_field(out: &mut BytesMut, name: &[u8], value: &[u8], never_indexed: bool) {
+    out.put_u8(if never_indexed { 0x10 } else { 0x00 });
     put_string(out, name);
     put_string(out, value);
 }

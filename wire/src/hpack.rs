@@ -405,12 +405,14 @@ impl<J: Notes> Decoder<J> {
     /// the frame before left undecoded (an incomplete field, an error only
     /// when `last`); a table size update may open each such call. The table
     /// is updated as the fields go; after an error it is no longer the peer's
-    /// (the connection is beyond repair, as in h2).
+    /// (the connection is beyond repair, as in h2). `field` also hears
+    /// whether the field came as a never-indexed literal (RFC 7541 §6.2.3:
+    /// whoever re-encodes it must keep it so).
     pub fn decode(
         &mut self,
         buf: &[u8],
         last: bool,
-        mut field: impl FnMut(&[u8], &[u8], J::Field),
+        mut field: impl FnMut(&[u8], &[u8], J::Field, bool),
     ) -> Result<usize, Error> {
         let mut pos = 0;
         let mut may_resize = true;
@@ -436,7 +438,7 @@ impl<J: Notes> Decoder<J> {
         buf: &[u8],
         pos: &mut usize,
         may_resize: &mut bool,
-        field: &mut impl FnMut(&[u8], &[u8], J::Field),
+        field: &mut impl FnMut(&[u8], &[u8], J::Field, bool),
     ) -> Result<(), Error> {
         let b = buf[*pos];
         if b & 0x80 != 0 {
@@ -448,12 +450,12 @@ impl<J: Notes> Decoder<J> {
                 1..=61 => {
                     let (n, v) = STATIC[i - 1];
                     let note = self.notes.field(self.notes.name(n), v);
-                    field(n, v, note);
+                    field(n, v, note, false);
                 }
                 _ => {
                     let e = self.entries.get(i - 62).ok_or(Error::Index)?;
                     let (n, v) = e.bytes.split_at(e.name_len);
-                    field(n, v, e.note);
+                    field(n, v, e.note, false);
                 }
             }
             return Ok(());
@@ -475,6 +477,7 @@ impl<J: Notes> Decoder<J> {
         // literal: with incremental indexing (6-bit prefix), without or never
         // indexed (4-bit prefix); every byte is there before any is decoded
         let indexing = b & 0x40 != 0;
+        let never_indexed = !indexing && b & 0x10 != 0;
         let i = read_int(buf, pos, if indexing { 6 } else { 4 })?;
         let name_span = if i == 0 {
             Some(read_span(buf, pos)?)
@@ -498,7 +501,7 @@ impl<J: Notes> Decoder<J> {
         };
         let value = string(buf, value_span, &mut self.value)?;
         let note = self.notes.field(name_note, value);
-        field(name, value, note);
+        field(name, value, note, never_indexed);
         if indexing {
             let mut bytes = Vec::with_capacity(name.len() + value.len());
             bytes.extend_from_slice(name);
@@ -602,7 +605,7 @@ mod tests {
         let mut left = Vec::new();
         for (i, f) in frames.iter().enumerate() {
             left.extend_from_slice(f);
-            let n = d.decode(&left, i + 1 == frames.len(), |n, v, ()| {
+            let n = d.decode(&left, i + 1 == frames.len(), |n, v, (), _| {
                 out.push((n.to_vec(), v.to_vec()))
             })?;
             left.drain(..n);
@@ -795,10 +798,10 @@ mod tests {
         // cut at the end of the block: an error
         let mut d = decoder(4096);
         assert_eq!(
-            d.decode(&lit[..5], true, |_, _, ()| ()),
+            d.decode(&lit[..5], true, |_, _, (), _| ()),
             Err(Error::Truncated)
         );
-        assert_eq!(d.decode(&lit[..5], false, |_, _, ()| ()), Ok(0));
+        assert_eq!(d.decode(&lit[..5], false, |_, _, (), _| ()), Ok(0));
     }
 
     /// A field referenced from the dynamic table is not judged again: what
