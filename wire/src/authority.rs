@@ -383,6 +383,8 @@ pub struct AuthorityFix<S> {
     scratch: BytesMut,
     /// What copying blocks out may still take (see [`REWRITE_PER_BYTE`]).
     credit: Credit,
+    /// What copying blocks out has taken so far.
+    copied: u64,
 }
 
 /// A connection's copying credit, in bytes.
@@ -449,6 +451,7 @@ impl<S> AuthorityFix<S> {
             judge: Judge::default(),
             scratch: BytesMut::new(),
             credit: Credit::new(),
+            copied: 0,
         }
     }
 
@@ -705,6 +708,7 @@ impl<S> AuthorityFix<S> {
     fn finish(&mut self, stream_id: u32, end_stream: bool, raw: &[u8], how: How) {
         // the copy is paid for whether it is sent on or not
         self.credit.settle(self.judge.sent, self.scratch.len());
+        self.copied = self.copied.saturating_add(self.scratch.len() as u64);
         self.finish_block(stream_id, end_stream, raw, how);
     }
 
@@ -1788,6 +1792,56 @@ mod tests {
             "never indexed kept"
         );
         assert!(out.windows(5).any(|w| w == [0x00, 0x01, b'x', 0x01, b'y']));
+    }
+
+    /// Third review of issue 27: copies made only to judge (a connection
+    /// that is never rewritten: pseudo-headers are copied while a socket-path
+    /// `:authority` could still need them) are paid for too: blocks of 4,096
+    /// references to a 4 KiB `:path` (malformed, a duplicate; h2 resets them
+    /// as they came) copy no more than the credit pays for.
+    #[test]
+    fn copies_made_to_judge_are_paid_for() {
+        let mut input = BytesMut::from(PREFACE);
+        write_frame(&mut input, SETTINGS, 0, 0, &[]);
+        let mut first = vec![0x83, 0x86, 0x44, 0x7f, 0xdc, 0x1e]; // :path, 4,059 bytes
+        first.push(b'/');
+        first.extend(std::iter::repeat_n(b'a', 4058));
+        write_frame(&mut input, HEADERS, END_HEADERS | END_STREAM, 1, &first);
+        let bomb = vec![0xbe; 4096];
+        for i in 0..200u32 {
+            write_frame(
+                &mut input,
+                HEADERS,
+                END_HEADERS | END_STREAM,
+                3 + 2 * i,
+                &bomb,
+            );
+        }
+        let start = std::time::Instant::now();
+        let f = filtered(&input);
+        let secs = start.elapsed().as_secs_f64();
+        assert_eq!((&f.out[..], f.rewritten()), (&input[..], 0), "as they came");
+        let hpack = (input.len() - PREFACE.len()) as f64;
+        let bound = (64 << 10) as f64 + 64.0 * hpack + secs * (1 << 20) as f64;
+        // unpaid, 200 blocks would have copied 200 x 16 MiB
+        assert!((f.copied as f64) <= bound, "{} copied", f.copied);
+    }
+
+    /// Third review of issue 27: a new connection cannot copy one large
+    /// block at once: its first block of references to a 4 KiB entry (16 MiB
+    /// re-encoded) is over the credit and gets the stand-in.
+    #[test]
+    fn a_new_connection_cannot_copy_a_bomb() {
+        let mut input = rewriting_with_a_big_entry();
+        let mut block = vec![0x83, 0x86, 0x84];
+        block.extend(std::iter::repeat_n(0xbe, 4000));
+        write_frame(&mut input, HEADERS, END_HEADERS | END_STREAM, 3, &block);
+        let f = filtered(&input);
+        assert_eq!((f.rewritten(), f.malformed()), (2, 1));
+        // the credit: 64 KiB and 64 per HPACK byte (about 8 KiB of them)
+        let hpack = (input.len() - PREFACE.len()) as u64;
+        assert!(f.copied <= (64 << 10) + 64 * hpack, "{}", f.copied);
+        assert!(f.out.len() < 64 << 10);
     }
 
     /// A connection whose credit is spent gets it back with time (1 MiB a
