@@ -59,10 +59,15 @@ pub fn watch_file(path: Option<PathBuf>, initial: PolicyConfig, every: Duration)
     rx
 }
 
-/// Watches the config file: (modified, length) changes trigger a re-parse.
+/// Watches the config file: a (modified, length) change triggers a re-parse once
+/// it has held for one poll. An editor or `echo >` truncates the file and then
+/// writes it: read between the two, the empty file would parse as the default
+/// policy and be published for a moment.
 pub(crate) struct Reloader {
     path: PathBuf,
     seen: Option<(std::time::SystemTime, u64)>,
+    /// A changed stamp seen once: it is acted on if the next poll sees it again.
+    pending: Option<Option<(std::time::SystemTime, u64)>>,
     current: crate::config::FileConfig,
     /// The last change was invalid (a valid file then counts as a change, to clear the error).
     failed: bool,
@@ -78,19 +83,27 @@ impl Reloader {
         let current = crate::config::load(&path, false).unwrap_or_default();
         Self {
             seen: Self::stamp(&path),
+            pending: None,
             path,
             current,
             failed: false,
         }
     }
 
-    /// `Some(Ok(policy))` when the file changed and its policy with it;
-    /// `Some(Err(why))` when the changed file is invalid.
+    /// `Some(Ok(policy))` when the file changed (and held still since the last
+    /// poll) and its policy with it; `Some(Err(why))` when the changed file is
+    /// invalid.
     pub(crate) fn poll(&mut self) -> Option<Result<crate::config::PolicyConfig, String>> {
         let stamp = Self::stamp(&self.path);
         if stamp == self.seen {
+            self.pending = None;
             return None;
         }
+        if self.pending != Some(stamp) {
+            self.pending = Some(stamp);
+            return None;
+        }
+        self.pending = None;
         self.seen = stamp;
         let next = match crate::config::load(&self.path, false) {
             Ok(c) => c,
@@ -124,6 +137,15 @@ mod tests {
         qoslet_cgroups::testing::tree::<&str, &str>(&format!("policy-{tag}"), &[])
     }
 
+    /// A change is acted on at the second poll that sees it (the first only notes it).
+    fn settled(r: &mut Reloader) -> Option<Result<PolicyConfig, String>> {
+        assert!(
+            r.poll().is_none(),
+            "a change is not read the first time it is seen"
+        );
+        r.poll()
+    }
+
     #[test]
     fn reloader_reports_policy_changes_and_invalid_files() {
         let d = scratch("reload");
@@ -137,7 +159,7 @@ mod tests {
         assert!(r.poll().is_none(), "unchanged");
         // a different length is a change whatever the clock's resolution
         std::fs::write(&f, "policy:\n  resourceUsedThresholdWithBE:\n    enable: true\n    cpuSuppressThresholdPercent: 40\n").unwrap();
-        let p = r.poll().unwrap().unwrap();
+        let p = settled(&mut r).unwrap().unwrap();
         assert_eq!(
             p.resource_used_threshold_with_be
                 .cpu_suppress_threshold_percent,
@@ -148,15 +170,46 @@ mod tests {
             "policy:\n  resourceUsedThresholdWithBE:\n    cpuSuppressThresholdPercent: 400\n",
         )
         .unwrap();
-        let e = r.poll().unwrap().unwrap_err();
+        let e = settled(&mut r).unwrap().unwrap_err();
         assert!(e.contains("cpuSuppressThresholdPercent"), "{e}");
         // the last good file again: the error clears (the policy itself is the same)
         std::fs::write(&f, "policy:\n  resourceUsedThresholdWithBE:\n    enable: true\n    cpuSuppressThresholdPercent: 40\n").unwrap();
-        assert!(r.poll().unwrap().is_ok());
+        assert!(settled(&mut r).unwrap().is_ok());
         // a change of another key only: no new policy
         std::fs::write(&f, "logLevel: debug\npolicy:\n  resourceUsedThresholdWithBE:\n    enable: true\n    cpuSuppressThresholdPercent: 40\n").unwrap();
-        assert!(r.poll().is_none());
+        assert!(settled(&mut r).is_none());
         std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// A file read between its truncation and its write (what `echo > file`
+    /// and most editors do) is not published: the empty file would be the
+    /// default policy. Found by CI: the watcher thread published a default
+    /// `cpuSuppressThresholdPercent` (65) between the two.
+    #[test]
+    fn a_half_written_file_is_not_published() {
+        let d = scratch("half");
+        let f = d.join("qoslet.yaml");
+        std::fs::write(&f, "policy:\n  resourceUsedThresholdWithBE:\n    enable: true\n    cpuSuppressThresholdPercent: 40\n").unwrap();
+        let mut r = Reloader::new(f.clone());
+        std::fs::write(&f, "").unwrap();
+        assert!(r.poll().is_none(), "truncated, seen once");
+        std::fs::write(&f, "policy:\n  resourceUsedThresholdWithBE:\n    enable: true\n    cpuSuppressThresholdPercent: 30\n").unwrap();
+        assert!(r.poll().is_none(), "written since: seen once again");
+        let p = r.poll().unwrap().unwrap();
+        assert_eq!(
+            p.resource_used_threshold_with_be
+                .cpu_suppress_threshold_percent,
+            30
+        );
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Writes `f` whole, as a ConfigMap mount or `mv` does (a truncated file is
+    /// the test above's subject, not this one's).
+    fn replace(f: &Path, text: &str) {
+        let tmp = f.with_extension("tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, f).unwrap();
     }
 
     /// One source, any subscriber: a changed policy is published whole, an
@@ -172,7 +225,7 @@ mod tests {
         .unwrap();
         let initial = crate::config::load(&f, true).unwrap().policy.unwrap();
         let mut rx = watch_file(Some(f.clone()), initial, Duration::from_millis(10));
-        std::fs::write(&f, "policy:\n  resourceUsedThresholdWithBE:\n    enable: true\n    cpuSuppressThresholdPercent: 40\n").unwrap();
+        replace(&f, "policy:\n  resourceUsedThresholdWithBE:\n    enable: true\n    cpuSuppressThresholdPercent: 40\n");
         tokio::time::timeout(Duration::from_secs(5), rx.changed())
             .await
             .unwrap()
@@ -185,11 +238,10 @@ mod tests {
             40
         );
         assert!(p.error.is_none());
-        std::fs::write(
+        replace(
             &f,
             "policy:\n  resourceUsedThresholdWithBE:\n    cpuSuppressThresholdPercent: 400\n",
-        )
-        .unwrap();
+        );
         tokio::time::timeout(Duration::from_secs(5), rx.changed())
             .await
             .unwrap()
