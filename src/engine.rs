@@ -4,9 +4,7 @@
 use std::path::PathBuf;
 
 use qoslet_cgroups::CgroupPath;
-pub use qoslet_qos_engine::runner::{
-    restore, restore_preview, CpuManager, Settings, Shared, Ticks,
-};
+pub use qoslet_qos_engine::runner::{restore, restore_preview, CpuManager, Settings};
 
 /// The settings the config's `qosEngine:` section gives (with the trust,
 /// pod root and procfs the rest of the config names); one place for both

@@ -287,81 +287,42 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
         a.dry_run,
     )?;
     // the CRI socket first (a live qoslet: refused at once), then the agent core
-    // (admin socket, state dir, checkpoint), then the proxy as its front end
+    // (admin socket, state dir, checkpoint), then the proxy as its front end,
+    // then the loops over the rebuilt store
     let bound = qoslet_proxy::bind(&cfg).await?;
-    let agent = qoslet_agent::Agent::start(cfg.agent(metrics_settings.is_some())).await?;
-    let views = agent.views().clone();
-    let running = qoslet_proxy::serve(agent, bound, cfg, pipeline).await;
-    // the one inventory of the store, shared by the metrics collector and the engine
-    let inventory =
-        qoslet_state::Inventories::new(running.store.clone(), trust.clone(), pod_root.clone());
+    let agent_cfg = qoslet_agent::AgentConfig {
+        trust: trust.clone(),
+        pod_root: pod_root.clone(),
+        ..cfg.agent(metrics_settings.is_some())
+    };
+    let agent = qoslet_agent::Agent::start(agent_cfg).await?;
     if let Some(slot) = inventory_slot {
-        let _ = slot.set(inventory.clone());
+        let _ = slot.set(agent.inventory().clone());
     }
-    let mut metric_tasks = Vec::new();
-    if let Some(s) = metrics_settings {
-        match metrics::Metrics::start(
-            s,
-            host.tree.clone(),
-            running.store.clone(),
-            inventory.clone(),
-            running.shutdown_signal(),
-        )
-        .await
-        {
-            Ok(Some((m, tasks))) => {
-                views.set_metrics(m.clone());
-                metric_tasks = tasks;
-                if engine_cfg.enable.unwrap_or(true) {
-                    match host.cgroups.clone() {
-                        None => tracing::warn!("no writable cgroups (see above); QoS engine off"),
-                        Some(cg) => {
-                            let env = qoslet_qos_engine::engine::Env {
-                                features: cg.host().features.clone(),
-                                v2: cg.host().is_v2(),
-                                devices: policy_rx.borrow().devices.clone(),
-                                page_size: qoslet_cgroups::cgroup::page_size(),
-                                node: node.clone(),
-                            };
-                            let rdt = host.resctrl.clone();
-                            let shared = engine::Shared::new(cg, engine_settings.dry_run);
-                            let render = shared.clone();
-                            m.set_extra(std::sync::Arc::new(move |out: &mut String| {
-                                render.render(out)
-                            }));
-                            views.set_engine(shared.clone());
-                            metric_tasks.push(shared.start(
-                                engine_settings,
-                                policy_rx.clone(),
-                                env,
-                                rdt,
-                                m as std::sync::Arc<dyn engine::Ticks>,
-                                inventory.clone(),
-                                running.shutdown_signal(),
-                            ));
-                        }
-                    }
-                }
-            }
-            Ok(None) => {}
-            Err(e) => {
-                running.shutdown().await;
-                return Err(e.into());
-            }
-        }
+    let running = qoslet_proxy::serve(agent, bound, cfg, pipeline).await;
+    let loops = qoslet_agent::Loops {
+        metrics: metrics_settings,
+        tree: host.tree.clone(),
+        engine: engine_cfg
+            .enable
+            .unwrap_or(true)
+            .then(|| qoslet_agent::EngineLoop {
+                settings: engine_settings,
+                cgroups: host.cgroups.clone(),
+                resctrl: host.resctrl.clone(),
+                node: node.clone(),
+            }),
+        policy: policy_rx.clone(),
+    };
+    if let Err(e) = running.agent().start_loops(loops).await {
+        running.shutdown().await;
+        return Err(e.into());
     }
     wait_for_signal().await?;
     tracing::info!("signal received; draining");
-    // the state dir stays locked until the metrics snapshot is in it too
-    let state_lock = running.shutdown().await;
-    for t in metric_tasks {
-        let _ = t.await;
-    }
-    if let Some(engine) = views.engine().cloned() {
-        // after the drain: pods started by calls still in flight are put back too
-        let _ = tokio::task::spawn_blocking(move || engine.restore_on_exit(&*inventory)).await;
-    }
-    drop(state_lock);
+    // the front end drains, then the agent stops: final checkpoint, loops
+    // (metrics snapshot), restoreOnExit; the state dir stays locked until then
+    drop(running.shutdown().await);
     tracing::info!("stopped");
     Ok(())
 }

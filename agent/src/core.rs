@@ -14,7 +14,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use qoslet_cgroups::PodRoot;
+use qoslet_hooks::Trust;
 use qoslet_state::checkpoint::{Checkpoint, LoadError};
+use qoslet_state::inventory::Inventories;
 use qoslet_state::statefile::{self, InstanceLock, StateError};
 use qoslet_state::store::{Snapshot, Store};
 use qoslet_wire::endpoint::{bind_unix, parse_unix, EndpointError};
@@ -40,6 +43,10 @@ pub struct AgentConfig {
     pub lock_wait: Duration,
     /// Whether metrics are configured at all (the admin API says "off" otherwise).
     pub metrics_on: bool,
+    /// Whose class labels and scheduler annotations are believed (the inventory's classes).
+    pub trust: Trust,
+    /// Where kubelet puts pods (`kubeletCgroupRoot`).
+    pub pod_root: PodRoot,
 }
 
 impl Default for AgentConfig {
@@ -51,6 +58,8 @@ impl Default for AgentConfig {
             checkpoint_interval: Duration::from_millis(100),
             lock_wait: Duration::from_secs(35),
             metrics_on: true,
+            trust: Trust::default(),
+            pod_root: PodRoot::default(),
         }
     }
 }
@@ -62,11 +71,17 @@ pub enum AgentError {
     Admin(EndpointError),
     #[error("state-dir: {0}")]
     State(#[from] StateError),
+    #[error("metrics: {0}")]
+    Metrics(#[from] qoslet_metrics::service::ServiceError),
 }
 
 /// A running agent. Dropping it does not stop it: call [`Agent::finish`].
 pub struct Agent {
     store: Store,
+    /// The store's one inventory (metrics, engine and isolation share it).
+    inventory: Arc<Inventories>,
+    /// The loops started ([`Agent::start_loops`]), stopped at [`Agent::finish`].
+    pub(crate) loops: std::sync::Mutex<crate::loops::Running>,
     /// What the checkpoint held at start (a front end's rebuild starts from it).
     checkpointed: Snapshot,
     views: Arc<Views>,
@@ -135,6 +150,8 @@ impl Agent {
         });
         info!(admin = %cfg.admin_listen, state_dir = %cfg.state_dir.display(), "qoslet agent serving");
         Ok(Agent {
+            inventory: Inventories::new(store.clone(), cfg.trust, cfg.pod_root),
+            loops: Default::default(),
             store,
             checkpointed,
             views,
@@ -151,6 +168,11 @@ impl Agent {
     /// The store (shared: clones see the same data).
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// The store's one inventory.
+    pub fn inventory(&self) -> &Arc<Inventories> {
+        &self.inventory
     }
 
     /// What the checkpoint held at start.
@@ -207,9 +229,11 @@ impl Agent {
         self.shutdown.send_replace(true);
     }
 
-    /// Stops the admin API and writes the final checkpoint (call it after the
-    /// front end has drained: a call still in flight is then in it), and
-    /// returns the state dir's lock (drop it once everything else is written there).
+    /// Stops the admin API, writes the final checkpoint (call it after the
+    /// front end has drained: a call still in flight is then in it), stops the
+    /// loops (the metrics snapshot is written), puts back what the engine
+    /// changed when `restoreOnExit` is on (pods started by calls still in
+    /// flight included), and returns the state dir's lock.
     pub async fn finish(self) -> Option<InstanceLock> {
         self.signal_shutdown();
         let task = self.admin.lock().unwrap_or_else(|e| e.into_inner()).take();
@@ -219,6 +243,14 @@ impl Agent {
         if let Some((stop, task)) = self.checkpoint {
             let _ = stop.send(true);
             let _ = task.await;
+        }
+        let loops = std::mem::take(&mut *self.loops.lock().unwrap_or_else(|e| e.into_inner()));
+        for t in loops.tasks {
+            let _ = t.await;
+        }
+        if let Some(engine) = loops.engine {
+            let inventory = self.inventory.clone();
+            let _ = tokio::task::spawn_blocking(move || engine.restore_on_exit(&*inventory)).await;
         }
         self.lock
     }

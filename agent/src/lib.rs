@@ -6,6 +6,7 @@
 //! * [`core`]: [`Agent`]: start (admin socket, state-dir lock, checkpoint), attach, finish.
 //! * [`admin`]: the admin gRPC API, its health service and reflection.
 //! * [`front`]: what a front end shows the admin API (mode, counters, runtime).
+//! * [`loops`]: metrics collection and the QoS engine over the store.
 //! * [`error`]: [`QosletError`], the one mapping of qoslet's own errors to gRPC statuses.
 
 #![forbid(unsafe_code)]
@@ -14,8 +15,10 @@ pub mod admin;
 pub mod core;
 pub mod error;
 pub mod front;
+pub mod loops;
 
 pub use crate::core::{Agent, AgentConfig, AgentError};
 pub use admin::Views;
 pub use error::QosletError;
 pub use front::{BoxFuture, FrontEnd};
+pub use loops::{EngineLoop, Loops};

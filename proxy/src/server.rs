@@ -69,6 +69,7 @@ impl ProxyConfig {
             // an overlapping restart drains for up to its drain timeout
             lock_wait: self.drain_timeout + Duration::from_secs(5),
             metrics_on,
+            ..AgentConfig::default()
         }
     }
 }

@@ -1,0 +1,108 @@
+//! The agent's loops: metrics collection (with `/metrics`) and the QoS engine,
+//! which plans from the metrics' ticks on a thread of its own. They run over
+//! the agent's store and its one inventory, whatever front end feeds the store
+//! (or none), and stop with the agent ([`crate::Agent::finish`]).
+
+use std::sync::Arc;
+
+use qoslet_cgroups::resctrl::Resctrl;
+use qoslet_cgroups::{Cgroups, Host};
+use qoslet_hooks::decide::NodeFacts;
+use qoslet_metrics::service::{Metrics, Settings as MetricsSettings};
+use qoslet_qos_engine::engine::Env;
+use qoslet_qos_engine::runner::{Settings as EngineSettings, Shared, Ticks};
+use qoslet_qos_engine::source::PolicyRx;
+use tokio::task::JoinHandle;
+use tracing::warn;
+
+/// What the agent's loops need (the binary fills it from the config file and
+/// what the host offers).
+pub struct Loops {
+    /// `None`: metrics off (and with them the engine, which plans from their ticks).
+    pub metrics: Option<MetricsSettings>,
+    /// The cgroup tree as found (metrics read it; `None`: no cgroups here).
+    pub tree: Option<Host>,
+    /// `None`: the engine is off.
+    pub engine: Option<EngineLoop>,
+    /// The policy hub's channel (the engine follows it).
+    pub policy: PolicyRx,
+}
+
+/// The QoS engine's part of [`Loops`].
+pub struct EngineLoop {
+    pub settings: EngineSettings,
+    /// Where the engine may write (`None`: no writable cgroups, the engine stays off).
+    pub cgroups: Option<Cgroups>,
+    pub resctrl: Option<Resctrl>,
+    /// Online and reserved CPUs, capacity.
+    pub node: NodeFacts,
+}
+
+/// The loops as started: their tasks, and the engine to restore at exit.
+#[derive(Default)]
+pub(crate) struct Running {
+    pub tasks: Vec<JoinHandle<()>>,
+    pub engine: Option<Arc<Shared>>,
+}
+
+impl crate::Agent {
+    /// Starts the loops over the agent's store (call it once the front end
+    /// has rebuilt the store, so the engine's first plan sees the node as it
+    /// is). Metrics that cannot start (their endpoint's address taken) are an
+    /// error; a host without cgroups is logged and runs no loop.
+    pub async fn start_loops(&self, l: Loops) -> Result<(), crate::AgentError> {
+        let Some(settings) = l.metrics else {
+            return Ok(());
+        };
+        let started = Metrics::start(
+            settings,
+            l.tree,
+            self.store().clone(),
+            self.inventory().clone(),
+            self.shutdown_signal(),
+        )
+        .await?;
+        let Some((m, tasks)) = started else {
+            return Ok(());
+        };
+        self.views().set_metrics(m.clone());
+        let mut running = Running {
+            tasks,
+            engine: None,
+        };
+        if let Some(e) = l.engine {
+            match e.cgroups {
+                None => warn!("no writable cgroups (see above); QoS engine off"),
+                Some(cg) => {
+                    let env = Env {
+                        features: cg.host().features.clone(),
+                        v2: cg.host().is_v2(),
+                        devices: l.policy.borrow().devices.clone(),
+                        page_size: qoslet_cgroups::cgroup::page_size(),
+                        node: e.node,
+                    };
+                    let shared = Shared::new(cg, e.settings.dry_run);
+                    let render = shared.clone();
+                    m.set_extra(Arc::new(move |out: &mut String| render.render(out)));
+                    self.views().set_engine(shared.clone());
+                    running.tasks.push(shared.start(
+                        e.settings,
+                        l.policy,
+                        env,
+                        e.resctrl,
+                        m as Arc<dyn Ticks>,
+                        self.inventory().clone(),
+                        self.shutdown_signal(),
+                    ));
+                    running.engine = Some(shared);
+                }
+            }
+        }
+        let mut slot = self.loops.lock().unwrap_or_else(|e| e.into_inner());
+        slot.tasks.append(&mut running.tasks);
+        if running.engine.is_some() {
+            slot.engine = running.engine;
+        }
+        Ok(())
+    }
+}
