@@ -60,7 +60,7 @@ pub async fn status(a: AdminArgs) -> Result<()> {
                 "counters": s.counters.as_ref().map(|c| serde_json::json!({"pods": c.pods, "containers": c.containers,
                     "callsTotal": c.calls_total, "callsPassthrough": c.calls_passthrough, "callsIntercepted": c.calls_intercepted,
                     "backendUnavailable": c.backend_unavailable, "backendResets": c.backend_resets, "hookErrors": c.hook_errors, "hookTimeouts": c.hook_timeouts,
-                    "hookPanics": c.hook_panics, "callsRefused": c.calls_refused, "oversizedMessages": c.oversized_messages,
+                    "hookPanics": c.hook_panics, "hookRefusals": c.hook_refusals, "callsRefused": c.calls_refused, "oversizedMessages": c.oversized_messages,
                     "connections": c.connections_terminated})),
             }))?
         );
@@ -89,8 +89,8 @@ pub async fn status(a: AdminArgs) -> Result<()> {
         c.calls_total, c.calls_passthrough, c.calls_intercepted, c.calls_in_flight, c.backend_unavailable, c.backend_resets, c.calls_refused, c.oversized_messages
     );
     println!(
-        "hooks: {} errors, {} timeouts, {} panics",
-        c.hook_errors, c.hook_timeouts, c.hook_panics
+        "hooks: {} errors, {} timeouts, {} panics, {} calls refused by a hook (admission)",
+        c.hook_errors, c.hook_timeouts, c.hook_panics, c.hook_refusals
     );
     println!("connections: {}", c.connections_terminated);
     Ok(())

@@ -238,7 +238,8 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
         .with_sys_root(std::path::Path::new("/sys"));
         iso.policy_handle().follow(policy_rx.clone());
         inventory_slot = Some(iso.inventory_slot());
-        let hook: std::sync::Arc<dyn qoslet_proxy::Hook> = std::sync::Arc::new(iso);
+        let hook: std::sync::Arc<dyn qoslet_proxy::Hook> =
+            std::sync::Arc::new(qoslet_proxy::isolation::IsolationHook::new(iso));
         qoslet_proxy::Pipeline::with_hooks(vec![(hook, settings)])
     } else {
         qoslet_proxy::Pipeline::new()

@@ -85,7 +85,7 @@ pub struct Agent {
     /// What the checkpoint held at start (a front end's rebuild starts from it).
     checkpointed: Snapshot,
     views: Arc<Views>,
-    front: FrontEnds,
+    pub(crate) front: FrontEnds,
     shutdown: watch::Sender<bool>,
     /// The admin socket, bound at start and served from [`Agent::serve_admin`]
     /// (until then its clients wait in the backlog, as for the CRI socket).

@@ -70,6 +70,7 @@ impl crate::Agent {
             tasks,
             engine: None,
         };
+        let front = self.front.clone();
         if let Some(e) = l.engine {
             match e.cgroups {
                 None => warn!("no writable cgroups (see above); QoS engine off"),
@@ -82,15 +83,13 @@ impl crate::Agent {
                         node: e.node,
                     };
                     let shared = Shared::new(cg, e.settings.dry_run);
-                    let render = shared.clone();
-                    m.set_extra(Arc::new(move |out: &mut String| render.render(out)));
                     self.views().set_engine(shared.clone());
                     running.tasks.push(shared.start(
                         e.settings,
                         l.policy,
                         env,
                         e.resctrl,
-                        m as Arc<dyn Ticks>,
+                        m.clone() as Arc<dyn Ticks>,
                         self.inventory().clone(),
                         self.shutdown_signal(),
                     ));
@@ -98,6 +97,14 @@ impl crate::Agent {
                 }
             }
         }
+        // every scrape: the engine's lines and the front end's counters
+        let engine = running.engine.clone();
+        m.set_extra(Arc::new(move |out: &mut String| {
+            if let Some(e) = &engine {
+                e.render(out);
+            }
+            render_front(&front, out);
+        }));
         let mut slot = self.loops.lock().unwrap_or_else(|e| e.into_inner());
         slot.tasks.append(&mut running.tasks);
         if running.engine.is_some() {
@@ -105,4 +112,56 @@ impl crate::Agent {
         }
         Ok(())
     }
+}
+
+/// The front end's counters (`qoslet status` shows the same), as Prometheus
+/// lines labelled with its mode; nothing with no front end attached.
+fn render_front(front: &crate::front::FrontEnds, out: &mut String) {
+    let Some(f) = front.get() else { return };
+    let mut c = qoslet_proto::admin::Counters::default();
+    f.counters(&mut c);
+    let mode = [("mode", f.mode())];
+    let mut o = qoslet_metrics::prom::Out::new(std::mem::take(out));
+    let counters: [(&str, &str, u64); 9] = [
+        ("qoslet_front_calls_total", "Runtime calls the front end served.", c.calls_total),
+        ("qoslet_front_calls_intercepted_total", "Calls decoded and run through the hooks.", c.calls_intercepted),
+        ("qoslet_front_calls_passthrough_total", "Calls forwarded as bytes, without decoding.", c.calls_passthrough),
+        ("qoslet_front_backend_unavailable_total", "Calls that could not reach the runtime (answered UNAVAILABLE).", c.backend_unavailable),
+        ("qoslet_front_backend_resets_total", "Calls whose stream the runtime reset (passed on as it came).", c.backend_resets),
+        ("qoslet_front_calls_refused_total", "Calls refused by qoslet itself: a fail-closed hook failed, or the runtime could not survive the request.", c.calls_refused),
+        ("qoslet_hook_refusals_total", "Calls a hook refused (admission): the hook's status reached the caller as given.", c.hook_refusals),
+        ("qoslet_front_oversized_messages_total", "Messages refused for exceeding the size limit.", c.oversized_messages),
+        ("qoslet_front_undecodable_messages_total", "Intercepted calls whose body could not be decoded (forwarded unchanged, hooks skipped).", c.undecodable_messages),
+    ];
+    for (name, help, v) in counters {
+        o.family(name, "counter", help);
+        o.sample(name, &mode, v as f64);
+    }
+    o.family(
+        "qoslet_hook_failures_total",
+        "counter",
+        "Hook runs that failed, by kind (the failure policy decided what the call saw).",
+    );
+    for (kind, v) in [
+        ("error", c.hook_errors),
+        ("timeout", c.hook_timeouts),
+        ("panic", c.hook_panics),
+    ] {
+        o.sample(
+            "qoslet_hook_failures_total",
+            &[("mode", f.mode()), ("kind", kind)],
+            v as f64,
+        );
+    }
+    o.family(
+        "qoslet_front_calls_in_flight",
+        "gauge",
+        "Calls being served now.",
+    );
+    o.sample(
+        "qoslet_front_calls_in_flight",
+        &mode,
+        c.calls_in_flight as f64,
+    );
+    *out = o.into_text();
 }

@@ -13,8 +13,8 @@ use qoslet_integration::testbed::{self, container_config, pod_config, Cri, Testb
 use qoslet_integration::{channel, scratch, start_proxy, unique};
 use qoslet_proto::admin::{admin_client::AdminClient, ListPodsRequest, Pod};
 use qoslet_proxy::cri::{CriRequest, CriResponse, HookPoint};
-use qoslet_proxy::pipeline::{BoxError, BoxFuture, HookContext, Stage};
-use qoslet_proxy::{FailurePolicy, Hook, HookSettings, Pipeline};
+use qoslet_proxy::pipeline::{BoxError, BoxFuture, HookContext, Stage, Verdict};
+use qoslet_proxy::{FailurePolicy, Hook, HookSettings, Pipeline, Refusal};
 
 fn res(shares: i64) -> cri::LinuxContainerResources {
     cri::LinuxContainerResources {
@@ -337,13 +337,9 @@ impl Hook for Faulty {
             (HookPoint::CreateContainer, Stage::Before) | (HookPoint::StartContainer, Stage::After)
         )
     }
-    fn before(
-        &self,
-        _: HookContext,
-        _: Arc<CriRequest>,
-    ) -> BoxFuture<Result<Option<CriRequest>, BoxError>> {
+    fn before(&self, _: HookContext, _: Arc<CriRequest>) -> BoxFuture<Result<Verdict, BoxError>> {
         let mode = self.mode;
-        Box::pin(async move { Faulty::act(mode).await.map(|_| None) })
+        Box::pin(async move { Faulty::act(mode).await.map(|_| Verdict::Pass) })
     }
     fn after(
         &self,
@@ -443,5 +439,117 @@ async fn real_containerd_hook_timeouts_errors_and_panics_under_both_policies() {
             testbed::remove_cgroup_dirs(&cgp);
             running.shutdown().await;
         }
+    }
+}
+
+/// Admission: refuses RunPodSandbox for pods of one namespace with a status
+/// of its own (what eviction's admission under pressure will do).
+struct Admission;
+
+/// What the refusing hook answers: non-ASCII and `%` on purpose (gRPC
+/// percent-encodes `grpc-message`; it must arrive as sent).
+const REFUSAL: &str = "qoslet: node under memory pressure — BE pod not admitted (92% used ≥ 90%)";
+
+impl Hook for Admission {
+    fn name(&self) -> &str {
+        "admission"
+    }
+    fn handles(&self, p: HookPoint, s: Stage) -> bool {
+        (p, s) == (HookPoint::RunPodSandbox, Stage::Before)
+    }
+    fn before(&self, _: HookContext, req: Arc<CriRequest>) -> BoxFuture<Result<Verdict, BoxError>> {
+        let refuse = matches!(&*req, CriRequest::RunPodSandbox(r)
+            if r.config.as_ref().and_then(|c| c.metadata.as_ref()).is_some_and(|m| m.namespace == "full"));
+        Box::pin(async move {
+            Ok(if refuse {
+                Verdict::Refuse(Refusal::new(tonic::Code::ResourceExhausted, REFUSAL))
+            } else {
+                Verdict::Pass
+            })
+        })
+    }
+}
+
+/// Issue 28 item 4: a hook's refusal is an outcome, not a failure. Under
+/// either failure policy the refused RunPodSandbox never reaches containerd,
+/// a gRPC C-core client (grpcio) gets the hook's code and message exactly as
+/// sent, it is counted as a refusal (not as a hook failure or a refused
+/// call), and a pod the hook admits runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hooks_refusal_reaches_a_grpcio_client_as_sent() {
+    use prost::Message;
+    let tb = Testbed::main();
+    for policy in [FailurePolicy::FailOpen, FailurePolicy::FailClosed] {
+        let dir = scratch("refusal");
+        let pipeline = Pipeline::with_hooks(vec![(
+            Arc::new(Admission) as Arc<dyn Hook>,
+            HookSettings {
+                timeout: Duration::from_secs(2),
+                policy,
+            },
+        )]);
+        let (running, sock, admin) = start_proxy(&dir, &tb.sock, pipeline).await;
+        let name = unique("refused");
+        let cgp = tb.cgroup_parent(&name);
+        let mut cfg = pod_config(&name, &cgp);
+        cfg.metadata.as_mut().unwrap().namespace = "full".into();
+        let body = cri::RunPodSandboxRequest {
+            config: Some(cfg),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let hex: String = body.iter().map(|b| format!("{b:02x}")).collect();
+        let o = testbed::python_peer("status_peer.py")
+            .arg(&sock)
+            .arg("/runtime.v1.RuntimeService/RunPodSandbox")
+            .arg(hex)
+            .output()
+            .expect("python3");
+        assert!(
+            o.status.success(),
+            "status_peer failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let got: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(got["code"], "RESOURCE_EXHAUSTED", "{policy:?}: {got}");
+        assert_eq!(got["details"], REFUSAL, "{policy:?}: the message as sent");
+        let mut direct = Cri::connect(&tb.sock).await;
+        let sandboxes = direct
+            .rt
+            .list_pod_sandbox(cri::ListPodSandboxRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .items;
+        assert!(
+            sandboxes
+                .iter()
+                .all(|s| s.metadata.as_ref().is_none_or(|m| m.name != name)),
+            "{policy:?}: the refused pod never reached containerd"
+        );
+        // a pod the hook admits runs through the same proxy
+        let mut via = Cri::connect(&sock).await;
+        let admitted = unique("admitted");
+        let acgp = tb.cgroup_parent(&admitted);
+        let pod = via
+            .run_pod(&pod_config(&admitted, &acgp))
+            .await
+            .expect("an admitted pod runs");
+        let c = AdminClient::new(channel(&admin).await)
+            .get_status(qoslet_proto::admin::GetStatusRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .counters
+            .unwrap();
+        assert_eq!(
+            (c.hook_refusals, c.hook_errors, c.calls_refused),
+            (1, 0, 0),
+            "{policy:?}: a refusal, not a failure"
+        );
+        via.remove_pod(&pod).await;
+        testbed::remove_cgroup_dirs(&acgp);
+        testbed::remove_cgroup_dirs(&cgp);
+        running.shutdown().await;
     }
 }

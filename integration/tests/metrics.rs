@@ -169,6 +169,15 @@ async fn real_usage_matches_the_containers_and_the_kernel() {
     );
     assert!(body.contains(&want), "{want} missing");
     assert!(body.contains("qoslet_container_cpu_cfs_throttled_periods_total{"));
+    // the front end's counters (what `qoslet status` shows) are scraped too
+    let calls: f64 = body
+        .lines()
+        .find_map(|l| l.strip_prefix("qoslet_front_calls_total{mode=\"proxy\"} "))
+        .and_then(|v| v.parse().ok())
+        .expect("qoslet_front_calls_total");
+    assert!(calls >= 3.0, "the pod's calls through qoslet: {calls}");
+    assert!(body.contains("qoslet_hook_refusals_total{mode=\"proxy\"} 0\n"));
+    assert!(body.contains("qoslet_hook_failures_total{mode=\"proxy\",kind=\"timeout\"} 0\n"));
     if let Ok(promtool) = std::env::var("QOSLET_PROMTOOL") {
         let mut child = std::process::Command::new(promtool)
             .args(["check", "metrics"])

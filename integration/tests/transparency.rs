@@ -12,7 +12,7 @@ use qoslet_integration::fake::{FakeBackend, Reply};
 use qoslet_integration::raw::{frame, unknown_field, RawClient};
 use qoslet_integration::{scratch, start_proxy};
 use qoslet_proxy::cri::{CriRequest, HookPoint};
-use qoslet_proxy::pipeline::{BoxError, BoxFuture, HookContext, Stage};
+use qoslet_proxy::pipeline::{BoxError, BoxFuture, HookContext, Stage, Verdict};
 use qoslet_proxy::{FailurePolicy, Hook, HookSettings, Pipeline};
 
 const CREATE: &str = "/runtime.v1.RuntimeService/CreateContainer";
@@ -60,13 +60,9 @@ impl Hook for SharesHook {
     fn handles(&self, p: HookPoint, s: Stage) -> bool {
         p == HookPoint::CreateContainer && s == Stage::Before
     }
-    fn before(
-        &self,
-        _: HookContext,
-        _: Arc<CriRequest>,
-    ) -> BoxFuture<Result<Option<CriRequest>, BoxError>> {
+    fn before(&self, _: HookContext, _: Arc<CriRequest>) -> BoxFuture<Result<Verdict, BoxError>> {
         Box::pin(async {
-            Ok(Some(CriRequest::CreateContainer(
+            Ok(Verdict::Patch(CriRequest::CreateContainer(
                 cri::CreateContainerRequest {
                     config: Some(cri::ContainerConfig {
                         linux: Some(cri::LinuxContainerConfig {

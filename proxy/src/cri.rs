@@ -82,6 +82,39 @@ hook_points! {
     RemovePodSandbox => RemovePodSandboxRequest, RemovePodSandboxResponse;
 }
 
+impl CriRequest {
+    /// What the call is about, for logs: `namespace/name` of a pod, or the
+    /// container or sandbox id (pod authors' input: cut to 128 bytes).
+    pub fn subject(&self) -> String {
+        let pod = |c: Option<&cri::PodSandboxConfig>| {
+            c.and_then(|c| c.metadata.as_ref())
+                .map(|m| format!("{}/{}", m.namespace, m.name))
+                .unwrap_or_default()
+        };
+        let s = match self {
+            CriRequest::RunPodSandbox(r) => pod(r.config.as_ref()),
+            CriRequest::CreateContainer(r) => format!(
+                "{} container {}",
+                pod(r.sandbox_config.as_ref()),
+                r.config
+                    .as_ref()
+                    .and_then(|c| c.metadata.as_ref())
+                    .map_or("", |m| m.name.as_str())
+            ),
+            CriRequest::StartContainer(r) => r.container_id.clone(),
+            CriRequest::UpdateContainerResources(r) => r.container_id.clone(),
+            CriRequest::StopContainer(r) => r.container_id.clone(),
+            CriRequest::RemoveContainer(r) => r.container_id.clone(),
+            CriRequest::StopPodSandbox(r) => r.pod_sandbox_id.clone(),
+            CriRequest::RemovePodSandbox(r) => r.pod_sandbox_id.clone(),
+        };
+        match s.char_indices().nth(128) {
+            Some((i, _)) => format!("{}…", &s[..i]),
+            None => s,
+        }
+    }
+}
+
 impl std::fmt::Display for HookPoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.method())

@@ -395,7 +395,11 @@ impl Forwarder {
                     body: encode_frame(&pieces),
                 }
             }
-            Err(f) => {
+            Err(crate::pipeline::Stopped::Refused { refusal, .. }) => {
+                // the hook's answer (counted and logged by the pipeline), as it gave it
+                Prepared::Refuse(Status::new(refusal.code, refusal.message))
+            }
+            Err(crate::pipeline::Stopped::Failed(f)) => {
                 self.stats.calls_refused.fetch_add(1, Ordering::Relaxed);
                 Prepared::Refuse(f.to_status())
             }

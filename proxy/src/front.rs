@@ -41,6 +41,7 @@ impl FrontEnd for CriFront {
         c.hook_errors = load(&h.errors);
         c.hook_timeouts = load(&h.timeouts);
         c.hook_panics = load(&h.panics);
+        c.hook_refusals = load(&h.refusals);
         c.calls_refused = load(&s.calls_refused);
         c.oversized_messages = load(&s.oversized_messages);
         c.undecodable_messages = load(&s.undecodable_messages);

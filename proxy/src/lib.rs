@@ -18,8 +18,11 @@
 //! The socket and HTTP/2 edge (endpoints, the wire limits, the HPACK judge in
 //! front of h2) is `qoslet-wire`'s, shared with the admin socket.
 //! * [`front`]: the proxy as the agent's front end (mode, counters, runtime probe).
+//! * [`isolation`]: the isolation room's events as a CRI hook (CRI <-> its
+//!   neutral inputs and patch; the NRI plugin is the other adapter).
 //!
-//! This crate holds no QoS policy: policies arrive as [`pipeline::Hook`]s.
+//! This crate decides no QoS policy: decisions are the isolation room's, and
+//! they arrive, like any policy, as [`pipeline::Hook`]s.
 
 pub mod backend;
 pub mod cri;
@@ -30,11 +33,12 @@ pub mod front;
 mod fuzz;
 pub mod grpc;
 pub mod h2io;
+pub mod isolation;
 pub mod pipeline;
 pub mod rebuild;
 pub mod records;
 pub mod server;
 
-pub use pipeline::{FailurePolicy, Hook, HookSettings, Pipeline};
+pub use pipeline::{FailurePolicy, Hook, HookSettings, Pipeline, Refusal, Verdict};
 pub use qoslet_agent::QosletError;
 pub use server::{bind, serve, start, Bound, ProxyConfig, Running, StartError};

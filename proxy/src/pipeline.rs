@@ -12,6 +12,12 @@
 //! time; the overrunning hook finishes on its own thread and its result is
 //! dropped.
 //!
+//! A "before" hook answers a [`Verdict`]: pass, patch, or *refuse*. A refusal
+//! (admission: "not on this node now") is not a failure: it is the hook's
+//! answer, so no failure policy turns it into a pass. The call is not
+//! forwarded, the caller gets the hook's status code and message unchanged,
+//! and it is counted (`hook_refusals`) and logged with the call's subject.
+//!
 //! A "before" hook may return a *patch*: a message of the request's type holding
 //! only the fields it overrides. The patch is encoded and appended to the
 //! original request bytes, so protobuf merge rules apply it (last scalar wins,
@@ -64,6 +70,65 @@ pub enum FailurePolicy {
     FailClosed,
 }
 
+/// A hook's "no": the gRPC status the caller gets, as given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub code: tonic::Code,
+    pub message: String,
+}
+
+impl Refusal {
+    pub fn new(code: tonic::Code, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+/// What a "before" hook answers. (Not boxed: one per hook run, as [`CriRequest`].)
+#[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)]
+pub enum Verdict {
+    /// Forward the request as it is (as far as this hook is concerned).
+    Pass,
+    /// Forward it with this patch (a message of the request's type) merged in.
+    Patch(CriRequest),
+    /// Do not forward it: answer the caller with this status.
+    Refuse(Refusal),
+}
+
+impl From<Option<CriRequest>> for Verdict {
+    fn from(p: Option<CriRequest>) -> Self {
+        p.map_or(Verdict::Pass, Verdict::Patch)
+    }
+}
+
+/// Why the "before" stage stopped a call.
+#[derive(Debug, thiserror::Error)]
+pub enum Stopped {
+    /// A fail-closed hook failed.
+    #[error(transparent)]
+    Failed(#[from] HookFailure),
+    /// A hook refused the call.
+    #[error("hook {hook} refused {point}: {}", refusal.message)]
+    Refused {
+        hook: String,
+        point: HookPoint,
+        refusal: Refusal,
+    },
+}
+
+impl Stopped {
+    /// The status the caller gets: a refusal's own, a failure's mapped.
+    pub fn to_status(self) -> Status {
+        match self {
+            Stopped::Failed(f) => f.to_status(),
+            Stopped::Refused { refusal, .. } => Status::new(refusal.code, refusal.message),
+        }
+    }
+}
+
 /// What a hook sees.
 #[derive(Clone)]
 pub struct HookContext {
@@ -79,13 +144,13 @@ pub trait Hook: Send + Sync + 'static {
     /// Whether this hook runs at `point`/`stage`.
     fn handles(&self, point: HookPoint, stage: Stage) -> bool;
 
-    /// Runs before the call is forwarded. Returns an optional patch (see module docs).
+    /// Runs before the call is forwarded: pass, patch (see module docs) or refuse.
     fn before(
         &self,
         _ctx: HookContext,
         _req: Arc<CriRequest>,
-    ) -> BoxFuture<Result<Option<CriRequest>, BoxError>> {
-        Box::pin(async { Ok(None) })
+    ) -> BoxFuture<Result<Verdict, BoxError>> {
+        Box::pin(async { Ok(Verdict::Pass) })
     }
 
     /// Runs after the runtime answered the call successfully.
@@ -165,12 +230,14 @@ impl HookFailure {
     }
 }
 
-/// Hook failure counters.
+/// Hook failure and refusal counters.
 #[derive(Debug, Default)]
 pub struct HookCounters {
     pub errors: AtomicU64,
     pub timeouts: AtomicU64,
     pub panics: AtomicU64,
+    /// Calls a hook refused (not failures: no policy applies to them).
+    pub refusals: AtomicU64,
 }
 
 /// At most this many hook runs hold a blocking-pool thread at once. A hook
@@ -238,13 +305,14 @@ impl Pipeline {
         self.hooks.iter().any(|r| r.hook.handles(point, stage))
     }
 
-    /// Runs the "before" hooks in order. Each sees the request with earlier patches applied.
-    /// Errs only when a fail-closed hook failed.
+    /// Runs the "before" hooks in order. Each sees the request with earlier
+    /// patches applied. Errs when a hook refused the call (the hooks after it
+    /// do not run) or a fail-closed hook failed.
     pub async fn before(
         &self,
         ctx: &HookContext,
         mut request: CriRequest,
-    ) -> Result<Before, HookFailure> {
+    ) -> Result<Before, Stopped> {
         let point = request.point();
         let mut patches = Vec::new();
         for r in self
@@ -255,8 +323,24 @@ impl Pipeline {
             let fut = r.hook.before(ctx.clone(), Arc::new(request.clone()));
             let outcome: Result<(), HookFailure> =
                 match self.run(r, point, Stage::Before, fut).await {
-                    Ok(None) => continue,
-                    Ok(Some(patch)) if patch.point() == point => {
+                    Ok(Verdict::Pass) => continue,
+                    Ok(Verdict::Refuse(refusal)) => {
+                        self.counters.refusals.fetch_add(1, Ordering::Relaxed);
+                        warn!(
+                            hook = r.hook.name(),
+                            method = %point,
+                            subject = request.subject(),
+                            code = ?refusal.code,
+                            message = %refusal.message,
+                            "call refused by hook"
+                        );
+                        return Err(Stopped::Refused {
+                            hook: r.hook.name().into(),
+                            point,
+                            refusal,
+                        });
+                    }
+                    Ok(Verdict::Patch(patch)) if patch.point() == point => {
                         let bytes = patch.encode();
                         match request.merge(&bytes) {
                             Ok(()) => {
@@ -271,7 +355,7 @@ impl Pipeline {
                             }),
                         }
                     }
-                    Ok(Some(patch)) => Err(HookFailure::WrongPatch {
+                    Ok(Verdict::Patch(patch)) => Err(HookFailure::WrongPatch {
                         hook: r.hook.name().into(),
                         point,
                         stage: Stage::Before,
@@ -399,7 +483,7 @@ mod tests {
             &self,
             _: HookContext,
             req: Arc<CriRequest>,
-        ) -> BoxFuture<Result<Option<CriRequest>, BoxError>> {
+        ) -> BoxFuture<Result<Verdict, BoxError>> {
             let mode = self.mode;
             Box::pin(async move {
                 match mode {
@@ -408,22 +492,26 @@ mod tests {
                     // a hook that blocks its thread (sync I/O, a slow parse)
                     "block" => {
                         std::thread::sleep(Duration::from_millis(1500));
-                        Ok(None)
+                        Ok(Verdict::Pass)
                     }
-                    "wrong" => Ok(Some(CriRequest::StopContainer(
+                    "refuse" => Ok(Verdict::Refuse(Refusal::new(
+                        tonic::Code::ResourceExhausted,
+                        "not admitted: node under pressure",
+                    ))),
+                    "wrong" => Ok(Verdict::Patch(CriRequest::StopContainer(
                         cri::StopContainerRequest::default(),
                     ))),
                     "patch" => {
                         let CriRequest::StartContainer(r) = &*req else {
                             unreachable!()
                         };
-                        Ok(Some(CriRequest::StartContainer(
+                        Ok(Verdict::Patch(CriRequest::StartContainer(
                             cri::StartContainerRequest {
                                 container_id: format!("{}+", r.container_id),
                             },
                         )))
                     }
-                    _ => Ok(None),
+                    _ => Ok(Verdict::Pass),
                 }
             })
         }
@@ -456,6 +544,37 @@ mod tests {
     fn ctx() -> HookContext {
         HookContext {
             store: Store::new(),
+        }
+    }
+
+    /// A refusal is the hook's answer, not its failure: under either policy
+    /// the call stops with the hook's status as given, the hooks after it do
+    /// not run (a patch after it is not made), and it is counted as a refusal.
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_stops_the_call_with_its_status_under_either_policy() {
+        for policy in [FailurePolicy::FailOpen, FailurePolicy::FailClosed] {
+            let p = pipeline(&[
+                ("patch", FailurePolicy::FailOpen),
+                ("refuse", policy),
+                ("error", FailurePolicy::FailClosed),
+            ]);
+            let stopped = p.before(&ctx(), start("c")).await.err().expect("refused");
+            assert!(
+                matches!(&stopped, Stopped::Refused { hook, .. } if hook == "refuse"),
+                "{stopped}"
+            );
+            let status = stopped.to_status();
+            assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+            assert_eq!(status.message(), "not admitted: node under pressure");
+            let c = p.counters();
+            assert_eq!(
+                (
+                    c.refusals.load(Ordering::Relaxed),
+                    c.errors.load(Ordering::Relaxed)
+                ),
+                (1, 0),
+                "{policy:?}: the fail-closed hook after it never ran"
+            );
         }
     }
 
@@ -550,7 +669,7 @@ mod tests {
             &self,
             _: HookContext,
             _: Arc<CriRequest>,
-        ) -> BoxFuture<Result<Option<CriRequest>, BoxError>> {
+        ) -> BoxFuture<Result<Verdict, BoxError>> {
             let gate = self.0.clone();
             Box::pin(async move {
                 let (open, cv) = &*gate;
@@ -558,7 +677,7 @@ mod tests {
                 while !*g {
                     g = cv.wait(g).unwrap();
                 }
-                Ok(None)
+                Ok(Verdict::Pass)
             })
         }
     }
@@ -577,14 +696,20 @@ mod tests {
         )]);
         for _ in 0..MAX_RUNNING_HOOKS {
             let e = p.before(&ctx(), start("c")).await.err().expect("times out");
-            assert!(matches!(e, HookFailure::Timeout { .. }), "{e}");
+            assert!(
+                matches!(e, Stopped::Failed(HookFailure::Timeout { .. })),
+                "{e}"
+            );
         }
         let e = p
             .before(&ctx(), start("c"))
             .await
             .err()
             .expect("overloaded");
-        assert!(matches!(e, HookFailure::Overloaded { .. }), "{e}");
+        assert!(
+            matches!(e, Stopped::Failed(HookFailure::Overloaded { .. })),
+            "{e}"
+        );
         *gate.0.lock().unwrap() = true;
         gate.1.notify_all();
         // the stuck runs return and give their threads back

@@ -1,0 +1,76 @@
+//! Where a container goes on the LS share pool: the CPUs online now (on
+//! cgroup v1 within its pod's cpuset) without those LSE/LSR pods are bound to,
+//! from the agent's inventory.
+
+use std::sync::Arc;
+
+use qoslet_cgroups::{CgroupPath, Cgroups};
+use qoslet_hooks::decide::{self, NodeFacts};
+
+use crate::{BoundAt, InventorySlot};
+
+/// What places a container on the LS share pool, taken into a hook's future
+/// (which runs off the thread that serves kubelet: it reads sysfs and cgroupfs).
+pub(crate) struct Placer {
+    pub(crate) inventory: InventorySlot,
+    pub(crate) bound: Arc<std::sync::Mutex<Option<BoundAt>>>,
+    pub(crate) sys_root: Option<std::path::PathBuf>,
+}
+
+/// The share pool where a container is placed now.
+pub(crate) struct Placement {
+    pool: std::collections::BTreeSet<u32>,
+    whole: std::collections::BTreeSet<u32>,
+}
+
+impl Placement {
+    pub(crate) fn share(&self, explicit: bool) -> decide::SharePool<'_> {
+        decide::SharePool {
+            cpus: &self.pool,
+            whole: &self.whole,
+            explicit,
+        }
+    }
+}
+
+impl Placer {
+    /// The share pool for a container of the pod whose cgroup is `pod_cg`:
+    /// the CPUs online now (on cgroup v1 within the pod's cpuset, which a
+    /// container's must be inside) without those LSE/LSR pods are bound to.
+    /// `None` before the inventory is set.
+    pub(crate) fn place(
+        &self,
+        node: &NodeFacts,
+        cgroups: Option<&Cgroups>,
+        pod_cg: Option<&CgroupPath>,
+    ) -> Option<Placement> {
+        let inv = self.inventory.get()?.current();
+        let bound = {
+            let mut c = self.bound.lock().unwrap_or_else(|e| e.into_inner());
+            match c.as_ref().filter(|(g, _)| *g == inv.generation) {
+                Some((_, b)) => b.clone(),
+                None => {
+                    let b = Arc::new(inv.bound_cpus(node));
+                    *c = Some((inv.generation, b.clone()));
+                    b
+                }
+            }
+        };
+        let mut whole = self
+            .sys_root
+            .as_ref()
+            .and_then(|s| std::fs::read_to_string(s.join("devices/system/cpu/online")).ok())
+            .and_then(|s| qoslet_cgroups::cgroup::parse_cpu_list(s.trim()))
+            .filter(|c| !c.is_empty())
+            .unwrap_or_else(|| node.online_cpus.clone());
+        if let (Some(cg), Some(p)) = (cgroups, pod_cg) {
+            if !cg.host().is_v2() {
+                if let Some(within) = cg.read_cpuset(p) {
+                    whole.retain(|c| within.contains(c));
+                }
+            }
+        }
+        let pool = decide::share_pool(&whole, [bound.as_ref().clone()]);
+        Some(Placement { pool, whole })
+    }
+}
