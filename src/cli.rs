@@ -289,7 +289,9 @@ pub async fn plan(a: PlanArgs) -> Result<()> {
                 "level": p.level, "sharePool": p.share_pool, "beParent": p.be_parent, "beQuotaUs": p.be_quota_us,
                 "written": p.written, "unchanged": p.unchanged, "skipped": p.skipped, "drift": p.drift, "errors": p.errors,
                 "warnings": p.warnings, "tickSeconds": p.tick_seconds, "policyError": p.policy_error, "notImplemented": p.not_implemented,
-                "resctrlMoved": p.resctrl_moved, "writes": writes,
+                "resctrlMoved": p.resctrl_moved, "writes": writes, "policySource": p.policy_source,
+                "policySources": p.policy_sources.iter().map(|s| serde_json::json!({"source": s.source, "state": s.state,
+                    "error": s.error, "inForce": s.in_force})).collect::<Vec<_>>(),
             }))?
         );
         return Ok(());
@@ -338,9 +340,22 @@ pub async fn plan(a: PlanArgs) -> Result<()> {
             p.written, p.unchanged, p.skipped
         );
     }
+    let sources: Vec<String> = p
+        .policy_sources
+        .iter()
+        .map(|s| match s.error.as_str() {
+            "" => format!("{} {}", s.source, s.state),
+            why => format!("{} {} ({why})", s.source, s.state),
+        })
+        .collect();
+    println!(
+        "policy: in force from {}; sources: {}",
+        p.policy_source,
+        sources.join(", ")
+    );
     if !p.policy_error.is_empty() {
         println!(
-            "CONFIG INVALID (the last good policy is in force): {}",
+            "POLICY INVALID (the last good policy is in force): {}",
             p.policy_error
         );
     }

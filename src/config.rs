@@ -37,7 +37,9 @@ pub struct FileConfig {
     pub cgroup_root: Option<PathBuf>,
     /// Root of the resctrl filesystem (default /sys/fs/resctrl; absent = no LLC/MBA isolation).
     pub resctrl_root: Option<PathBuf>,
-    /// The QoS policy, with Koordinator's NodeSLO names.
+    /// The QoS policy, with Koordinator's NodeSLO names (its errors name
+    /// their key under `policy.`).
+    #[serde(default, deserialize_with = "policy_section")]
     pub policy: Option<PolicyConfig>,
     /// Collect metrics (default true).
     pub metrics: Option<bool>,
@@ -105,6 +107,18 @@ pub struct HooksConfig {
     pub failure_policy: Option<qoslet_proxy::FailurePolicy>,
 }
 
+/// `policy:` parsed (and validated) as any source's NodeSLO spec is, its
+/// error prefixed with the key it is under.
+fn policy_section<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<PolicyConfig>, D::Error> {
+    let v: Option<serde_json::Value> = Option::deserialize(d)?;
+    v.map(|v| {
+        PolicyConfig::try_from(v).map_err(|e| serde::de::Error::custom(format!("key policy.{e}")))
+    })
+    .transpose()
+}
+
 /// Loads the config file. `explicit` says whether the user named it.
 pub fn load(path: &Path, explicit: bool) -> Result<FileConfig> {
     let text = match std::fs::read_to_string(path) {
@@ -146,13 +160,6 @@ pub fn parse(text: &str) -> Result<FileConfig> {
     if let Some(v) = cfg.metrics_listen.as_deref().filter(|v| !v.is_empty()) {
         v.parse::<std::net::SocketAddr>()
             .map_err(|e| anyhow::anyhow!("key metricsListen: {v:?} is not host:port ({e})"))?;
-    }
-    if let Some(p) = &cfg.policy {
-        p.resource_qos_strategy
-            .validate()
-            .and_then(|_| p.resource_used_threshold_with_be.validate())
-            .and_then(|_| p.cpu_burst_strategy.validate())
-            .map_err(|e| anyhow::anyhow!("key policy.{e}"))?;
     }
     if let Some(e) = &cfg.qos_engine {
         if let Some(v) = e.reserved_cpus {

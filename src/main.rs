@@ -202,13 +202,6 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
         &proc_root,
         file.reserved_cpuset.as_deref(),
     );
-    let policy_cfg = file.policy.clone().unwrap_or_default();
-    // the one policy source: the config file's policy, watched off the serving thread
-    let policy_rx = policy::watch_file(
-        Some(path.clone()),
-        policy_cfg.clone(),
-        std::time::Duration::from_secs(1),
-    );
     let cgroup_root = file
         .cgroup_root
         .clone()
@@ -218,33 +211,6 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
         .clone()
         .unwrap_or_else(|| PathBuf::from("/sys/fs/resctrl"));
     let host = HostCaps::detect(&cgroup_root, &resctrl_root);
-    let mut inventory_slot = None;
-    let pipeline = if file.isolation.unwrap_or(true) {
-        if host.cgroups.is_none() {
-            tracing::warn!(
-                "no cgroup writes at the runtime hooks: only settings CRI carries will be applied"
-            );
-        }
-        let policy = policy_cfg.resource_qos_strategy.clone();
-        let iso = isolation::Isolation::new(
-            host.cgroups.clone(),
-            host.resctrl.clone(),
-            policy,
-            node.clone(),
-            trust.clone(),
-            pod_root.clone(),
-        )
-        .with_sysctl(&proc_root)
-        .with_sys_root(std::path::Path::new("/sys"));
-        iso.policy_handle().follow(policy_rx.clone());
-        inventory_slot = Some(iso.inventory_slot());
-        let hook: std::sync::Arc<dyn qoslet_proxy::Hook> =
-            std::sync::Arc::new(qoslet_proxy::isolation::IsolationHook::new(iso));
-        qoslet_proxy::Pipeline::with_hooks(vec![(hook, settings)])
-    } else {
-        qoslet_proxy::Pipeline::new()
-    };
-
     let metrics_settings = if file.metrics.unwrap_or(true) {
         let interval = a
             .metrics_interval
@@ -294,12 +260,45 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
     let agent_cfg = qoslet_agent::AgentConfig {
         trust: trust.clone(),
         pod_root: pod_root.clone(),
+        policy: file.policy.clone(),
         ..cfg.agent(metrics_settings.is_some())
     };
     let agent = qoslet_agent::Agent::start(agent_cfg).await?;
-    if let Some(slot) = inventory_slot {
-        let _ = slot.set(agent.inventory().clone());
-    }
+    // the config file is the policy hub's first source, watched off the serving thread
+    policy::watch_file(
+        agent.policy(),
+        path.clone(),
+        std::time::Duration::from_secs(1),
+    );
+    let pipeline = if file.isolation.unwrap_or(true) {
+        if host.cgroups.is_none() {
+            tracing::warn!(
+                "no cgroup writes at the runtime hooks: only settings CRI carries will be applied"
+            );
+        }
+        let iso = isolation::Isolation::new(
+            host.cgroups.clone(),
+            host.resctrl.clone(),
+            agent
+                .policy()
+                .current()
+                .policy
+                .resource_qos_strategy
+                .clone(),
+            node.clone(),
+            trust.clone(),
+            pod_root.clone(),
+        )
+        .with_sysctl(&proc_root)
+        .with_sys_root(std::path::Path::new("/sys"));
+        iso.policy_handle().follow(agent.policy().subscribe());
+        let _ = iso.inventory_slot().set(agent.inventory().clone());
+        let hook: std::sync::Arc<dyn qoslet_proxy::Hook> =
+            std::sync::Arc::new(qoslet_proxy::isolation::IsolationHook::new(iso));
+        qoslet_proxy::Pipeline::with_hooks(vec![(hook, settings)])
+    } else {
+        qoslet_proxy::Pipeline::new()
+    };
     let running = qoslet_proxy::serve(agent, bound, cfg, pipeline).await;
     let loops = qoslet_agent::Loops {
         metrics: metrics_settings,
@@ -313,7 +312,6 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
                 resctrl: host.resctrl.clone(),
                 node: node.clone(),
             }),
-        policy: policy_rx.clone(),
     };
     if let Err(e) = running.agent().start_loops(loops).await {
         running.shutdown().await;

@@ -1,62 +1,23 @@
-//! The policy source: one place that knows where the policy comes from and
-//! publishes it, whole, on a `tokio::sync::watch` channel. The runtime hooks
-//! and the QoS engine (and later eviction and the NRI plane) subscribe; none
-//! of them reads the config file. Today the source is the config file's
-//! `policy:` section, watched on a thread of its own (its stat, parse and the
-//! block-device lookups never run on the thread that serves kubelet); a second
-//! source (a NodeSLO from the cluster) publishes on the same channel without
-//! touching the consumers. Reload works whichever of metrics, engine and
-//! isolation are on.
+//! The config file as a policy source: [`Reloader`] tells a change of the
+//! file's `policy:` section (held still for one poll) from a change of other
+//! keys, and [`watch_file`] has the agent's policy hub poll it on a thread of
+//! its own (its stat, parse and the block-device lookups never run on the
+//! thread that serves kubelet). The hub decides what is in force.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
-use tracing::{error, info, warn};
+use tracing::warn;
 
-use crate::config::PolicyConfig;
+use qoslet_agent::{PolicyHub, Source};
 
-pub use qoslet_qos_engine::source::{PolicyRx, Published};
-
-/// Publishes `initial`, then every change of `path`'s `policy:` section, checked
-/// every `every` on a thread of its own (`None`: no file, the initial policy
-/// stays). The thread ends once every subscriber is gone.
-pub fn watch_file(path: Option<PathBuf>, initial: PolicyConfig, every: Duration) -> PolicyRx {
-    let (tx, rx) = watch::channel(Arc::new(Published::new(initial)));
-    if let Some(path) = path {
-        // the file as it is now (start-up, before serving): a change from here on is seen
-        let mut r = Reloader::new(path);
-        let spawned = std::thread::Builder::new()
-            .name("qoslet-config".into())
-            .spawn(move || {
-                while !tx.is_closed() {
-                    std::thread::sleep(every);
-                    match r.poll() {
-                        Some(Ok(p)) => {
-                            for w in p.resource_qos_strategy.warnings() {
-                                warn!("{w}");
-                            }
-                            info!(path = %r.path.display(), "policy reloaded");
-                            let _ = tx.send(Arc::new(Published::new(p)));
-                        }
-                        Some(Err(e)) => {
-                            error!(error = %e, "config file invalid; the last good policy stays in force");
-                            tx.send_modify(|cur| {
-                                let mut next = Published::clone(cur);
-                                next.error = Some(e);
-                                *cur = Arc::new(next);
-                            });
-                        }
-                        None => {}
-                    }
-                }
-            });
-        if let Err(e) = spawned {
-            error!(error = %e, "config watcher not started; policy changes need a restart");
-        }
-    }
-    rx
+/// Offers every change of `path`'s `policy:` section to `hub` as the file
+/// source, checked every `every` (from the file as it is now: a change from
+/// here on is seen).
+pub fn watch_file(hub: &Arc<PolicyHub>, path: PathBuf, every: Duration) {
+    let mut r = Reloader::new(path);
+    hub.poll_source(Source::File, every, move || r.poll());
 }
 
 /// Watches the config file: a (modified, length) change triggers a re-parse once
@@ -132,6 +93,7 @@ impl Reloader {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::PolicyConfig;
 
     fn scratch(tag: &str) -> PathBuf {
         qoslet_cgroups::testing::tree::<&str, &str>(&format!("policy-{tag}"), &[])
@@ -223,8 +185,10 @@ mod tests {
             "policy:\n  resourceUsedThresholdWithBE:\n    enable: true\n",
         )
         .unwrap();
-        let initial = crate::config::load(&f, true).unwrap().policy.unwrap();
-        let mut rx = watch_file(Some(f.clone()), initial, Duration::from_millis(10));
+        let initial = crate::config::load(&f, true).unwrap().policy;
+        let hub = PolicyHub::new(initial);
+        let mut rx = hub.subscribe();
+        watch_file(&hub, f.clone(), Duration::from_millis(10));
         replace(&f, "policy:\n  resourceUsedThresholdWithBE:\n    enable: true\n    cpuSuppressThresholdPercent: 40\n");
         tokio::time::timeout(Duration::from_secs(5), rx.changed())
             .await

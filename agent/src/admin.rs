@@ -87,6 +87,7 @@ pub struct AdminService {
     pub(crate) front: FrontEnds,
     pub(crate) started: Instant,
     pub(crate) state_dir: String,
+    pub(crate) hub: Arc<crate::hub::PolicyHub>,
 }
 
 #[tonic::async_trait]
@@ -162,7 +163,23 @@ impl Admin for AdminService {
             .into());
         }
         match self.views.engine() {
-            Some(e) => Ok(Response::new(e.plan(&req.into_inner()))),
+            Some(e) => {
+                let mut plan = e.plan(&req.into_inner());
+                // the sources as they stand now (the plan is the last tick's)
+                let p = self.hub.current();
+                plan.policy_source = p.source.to_string();
+                plan.policy_sources = p
+                    .sources
+                    .iter()
+                    .map(|s| admin::PolicySource {
+                        source: s.source.clone(),
+                        state: s.state.clone(),
+                        error: s.error.clone(),
+                        in_force: s.in_force,
+                    })
+                    .collect();
+                Ok(Response::new(plan))
+            }
             None => Err(QosletError::Off(
                 "the QoS engine is not running (qosEngine.enable false, metrics off, or no cgroups)"
                     .into(),

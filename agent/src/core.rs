@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use qoslet_cgroups::PodRoot;
 use qoslet_hooks::Trust;
+use qoslet_qos_engine::source::PolicyConfig;
 use qoslet_state::checkpoint::{Checkpoint, LoadError};
 use qoslet_state::inventory::Inventories;
 use qoslet_state::statefile::{self, InstanceLock, StateError};
@@ -27,6 +28,7 @@ use tracing::{error, info, warn};
 
 use crate::admin::{AdminService, Views};
 use crate::front::{FrontEnd, FrontEnds};
+use crate::hub::PolicyHub;
 
 /// Settings of the agent core (the binary fills them from flags and the config file).
 #[derive(Debug, Clone)]
@@ -47,6 +49,9 @@ pub struct AgentConfig {
     pub trust: Trust,
     /// Where kubelet puts pods (`kubeletCgroupRoot`).
     pub pod_root: PodRoot,
+    /// The config file's `policy:` as read at start (`None`: it has none),
+    /// the file source's first offer to the policy hub.
+    pub policy: Option<PolicyConfig>,
 }
 
 impl Default for AgentConfig {
@@ -60,6 +65,7 @@ impl Default for AgentConfig {
             metrics_on: true,
             trust: Trust::default(),
             pod_root: PodRoot::default(),
+            policy: None,
         }
     }
 }
@@ -80,6 +86,8 @@ pub struct Agent {
     store: Store,
     /// The store's one inventory (metrics, engine and isolation share it).
     inventory: Arc<Inventories>,
+    /// Where the policy's sources offer it and its followers subscribe.
+    hub: Arc<PolicyHub>,
     /// The loops started ([`Agent::start_loops`]), stopped at [`Agent::finish`].
     pub(crate) loops: std::sync::Mutex<crate::loops::Running>,
     /// What the checkpoint held at start (a front end's rebuild starts from it).
@@ -135,7 +143,9 @@ impl Agent {
         let (shutdown, _) = watch::channel(false);
         let views = Arc::new(Views::new(cfg.metrics_on));
         let front = FrontEnds::default();
+        let hub = PolicyHub::new(cfg.policy);
         let admin = AdminService {
+            hub: hub.clone(),
             views: views.clone(),
             store: store.clone(),
             front: front.clone(),
@@ -150,6 +160,7 @@ impl Agent {
         });
         info!(admin = %cfg.admin_listen, state_dir = %cfg.state_dir.display(), "qoslet agent serving");
         Ok(Agent {
+            hub,
             inventory: Inventories::new(store.clone(), cfg.trust, cfg.pod_root),
             loops: Default::default(),
             store,
@@ -173,6 +184,11 @@ impl Agent {
     /// The store's one inventory.
     pub fn inventory(&self) -> &Arc<Inventories> {
         &self.inventory
+    }
+
+    /// The policy hub (sources offer to it; `subscribe()` follows the policy in force).
+    pub fn policy(&self) -> &Arc<PolicyHub> {
+        &self.hub
     }
 
     /// What the checkpoint held at start.

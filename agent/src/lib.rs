@@ -7,6 +7,7 @@
 //! * [`admin`]: the admin gRPC API, its health service and reflection.
 //! * [`front`]: what a front end shows the admin API (mode, counters, runtime).
 //! * [`loops`]: metrics collection and the QoS engine over the store.
+//! * [`hub`]: the policy hub: sources offer, the policy in force is published.
 //! * [`error`]: [`QosletError`], the one mapping of qoslet's own errors to gRPC statuses.
 
 #![forbid(unsafe_code)]
@@ -15,10 +16,12 @@ pub mod admin;
 pub mod core;
 pub mod error;
 pub mod front;
+pub mod hub;
 pub mod loops;
 
 pub use crate::core::{Agent, AgentConfig, AgentError};
 pub use admin::Views;
 pub use error::QosletError;
 pub use front::{BoxFuture, FrontEnd};
+pub use hub::{PolicyHub, Source};
 pub use loops::{EngineLoop, Loops};

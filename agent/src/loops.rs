@@ -11,7 +11,6 @@ use qoslet_hooks::decide::NodeFacts;
 use qoslet_metrics::service::{Metrics, Settings as MetricsSettings};
 use qoslet_qos_engine::engine::Env;
 use qoslet_qos_engine::runner::{Settings as EngineSettings, Shared, Ticks};
-use qoslet_qos_engine::source::PolicyRx;
 use tokio::task::JoinHandle;
 use tracing::warn;
 
@@ -24,8 +23,6 @@ pub struct Loops {
     pub tree: Option<Host>,
     /// `None`: the engine is off.
     pub engine: Option<EngineLoop>,
-    /// The policy hub's channel (the engine follows it).
-    pub policy: PolicyRx,
 }
 
 /// The QoS engine's part of [`Loops`].
@@ -71,6 +68,7 @@ impl crate::Agent {
             engine: None,
         };
         let front = self.front.clone();
+        let hub = self.policy().clone();
         if let Some(e) = l.engine {
             match e.cgroups {
                 None => warn!("no writable cgroups (see above); QoS engine off"),
@@ -78,7 +76,7 @@ impl crate::Agent {
                     let env = Env {
                         features: cg.host().features.clone(),
                         v2: cg.host().is_v2(),
-                        devices: l.policy.borrow().devices.clone(),
+                        devices: hub.current().devices.clone(),
                         page_size: qoslet_cgroups::cgroup::page_size(),
                         node: e.node,
                     };
@@ -86,7 +84,7 @@ impl crate::Agent {
                     self.views().set_engine(shared.clone());
                     running.tasks.push(shared.start(
                         e.settings,
-                        l.policy,
+                        hub.subscribe(),
                         env,
                         e.resctrl,
                         m.clone() as Arc<dyn Ticks>,
@@ -97,12 +95,13 @@ impl crate::Agent {
                 }
             }
         }
-        // every scrape: the engine's lines and the front end's counters
+        // every scrape: the engine's lines, the policy's sources and the front end's counters
         let engine = running.engine.clone();
         m.set_extra(Arc::new(move |out: &mut String| {
             if let Some(e) = &engine {
                 e.render(out);
             }
+            hub.render(out);
             render_front(&front, out);
         }));
         let mut slot = self.loops.lock().unwrap_or_else(|e| e.into_inner());

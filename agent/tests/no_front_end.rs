@@ -3,7 +3,6 @@
 //! `finish` stops them all and leaves the metrics snapshot and the checkpoint
 //! in the state dir. What NRI mode and a cluster-only agent start from.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
@@ -12,7 +11,7 @@ use qoslet_proto::admin::admin_client::AdminClient;
 use qoslet_proto::admin::{GetPlanRequest, GetStatusRequest, NodeSummaryRequest};
 use qoslet_qos_engine::policy::{CpuSuppressPolicy, ResourceThresholdStrategy};
 use qoslet_qos_engine::runner::{CpuManager, Settings};
-use qoslet_qos_engine::source::{PolicyConfig, Published};
+use qoslet_qos_engine::source::PolicyConfig;
 use qoslet_qos_engine::synth;
 use tonic::transport::{Channel, Endpoint, Uri};
 
@@ -43,15 +42,6 @@ async fn the_agent_serves_metrics_and_the_engine_with_no_front_end() {
     let cgroups = qoslet_cgroups::Cgroups::new(host.clone());
     let state = d.join("state");
     let sock = d.join("admin.sock");
-    let agent = Agent::start(AgentConfig {
-        admin_listen: format!("unix://{}", sock.display()),
-        state_dir: state.clone(),
-        lock_wait: Duration::from_secs(1),
-        ..AgentConfig::default()
-    })
-    .await
-    .unwrap();
-    agent.serve_admin();
     let policy = PolicyConfig {
         resource_used_threshold_with_be: ResourceThresholdStrategy {
             enable: true,
@@ -60,7 +50,16 @@ async fn the_agent_serves_metrics_and_the_engine_with_no_front_end() {
         },
         ..Default::default()
     };
-    let (_ptx, prx) = tokio::sync::watch::channel(Arc::new(Published::new(policy)));
+    let agent = Agent::start(AgentConfig {
+        admin_listen: format!("unix://{}", sock.display()),
+        state_dir: state.clone(),
+        lock_wait: Duration::from_secs(1),
+        policy: Some(policy),
+        ..AgentConfig::default()
+    })
+    .await
+    .unwrap();
+    agent.serve_admin();
     let snapshot = state.join("metrics.snapshot");
     agent
         .start_loops(Loops {
@@ -92,7 +91,6 @@ async fn the_agent_serves_metrics_and_the_engine_with_no_front_end() {
                 resctrl: None,
                 node: Default::default(),
             }),
-            policy: prx,
         })
         .await
         .unwrap();

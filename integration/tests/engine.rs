@@ -296,7 +296,17 @@ async fn real_ls_load_cuts_be_quota_and_it_comes_back_stepwise() {
     })
     .await;
     assert!(err.contains("cpuSuppressThresholdPercent"), "{err}");
-    assert_eq!(plan(&q.admin, "").await.suppress_policy, "cfsQuota");
+    let p = plan(&q.admin, "").await;
+    assert_eq!(p.suppress_policy, "cfsQuota");
+    // the policy hub says which source is in force and that the file's change was refused
+    assert_eq!(p.policy_source, "file");
+    assert!(
+        p.policy_sources
+            .iter()
+            .any(|s| s.source == "file" && s.state == "invalid" && s.in_force),
+        "{:?}",
+        p.policy_sources
+    );
     // a valid one applies at once: suppress off puts the quota back to unlimited
     std::fs::write(
         &config,

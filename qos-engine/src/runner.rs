@@ -989,6 +989,8 @@ impl Shared {
             policy_error: lock(&self.policy_error).clone(),
             resctrl_moved: l.resctrl_moved,
             not_implemented: lock(&self.not_implemented).clone(),
+            // the agent adds the sources as they stand when it answers
+            ..Default::default()
         }
     }
 
@@ -1061,13 +1063,6 @@ impl Shared {
         ] {
             o.single(name, "counter", help, v.load(Ordering::Relaxed) as f64);
         }
-        let failed = u8::from(!lock(&self.policy_error).is_empty());
-        o.single(
-            "qoslet_policy_reload_failed",
-            "gauge",
-            "1 when the config file's last change was invalid (the last good policy is in force).",
-            f64::from(failed),
-        );
         *out = o.into_text();
     }
 }

@@ -1,9 +1,9 @@
-//! The policy as its sources publish it: a Koordinator NodeSLO spec parsed
-//! ([`PolicyConfig`]), its block devices resolved on this host, and the last
-//! refused change, sent whole on a `tokio::sync::watch` channel
-//! ([`PolicyRx`]). The runtime hooks and the engine subscribe; the sources
-//! (the config file today, a NodeSLO from the cluster next) live in the
-//! composition and publish the same type.
+//! The policy as the policy hub publishes it: a Koordinator NodeSLO spec
+//! parsed and validated ([`PolicyConfig`]), its block devices resolved on
+//! this host, which source it comes from and where every source stands, sent
+//! whole on a `tokio::sync::watch` channel ([`PolicyRx`]). The runtime hooks
+//! and the engine subscribe; the hub (`qoslet_agent::hub`) takes the sources'
+//! offers (the config file, a NodeSLO from the cluster) and publishes.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -14,7 +14,9 @@ use serde::Deserialize;
 /// `policy:` — a Koordinator NodeSLO spec (or a whole NodeSLO object), as it
 /// is: the fields qoslet implements are parsed strictly, the ones only
 /// Koordinator has are set aside and listed (`not_implemented`), a field
-/// neither has is an error with its path (see `qoslet_hooks::nodeslo`).
+/// neither has is an error with its path (see `qoslet_hooks::nodeslo`), and
+/// a value out of its range is an error with its path too: a `PolicyConfig`
+/// is valid by construction, whichever source it was parsed for.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(try_from = "serde_json::Value")]
 pub struct PolicyConfig {
@@ -38,7 +40,7 @@ impl TryFrom<serde_json::Value> for PolicyConfig {
                 .unwrap_or(serde_json::Value::Object(Default::default()))
         };
         let field = |key: &'static str| move |e: serde_json::Error| format!("{key}: {e}");
-        Ok(Self {
+        let p = Self {
             resource_qos_strategy: serde_json::from_value(part("resourceQOSStrategy"))
                 .map_err(field("resourceQOSStrategy"))?,
             resource_used_threshold_with_be: serde_json::from_value(part(
@@ -48,7 +50,13 @@ impl TryFrom<serde_json::Value> for PolicyConfig {
             cpu_burst_strategy: serde_json::from_value(part("cpuBurstStrategy"))
                 .map_err(field("cpuBurstStrategy"))?,
             not_implemented: split.not_implemented,
-        })
+        };
+        p.resource_qos_strategy
+            .validate()
+            .and_then(|_| p.resource_used_threshold_with_be.validate())
+            .and_then(|_| p.cpu_burst_strategy.validate())
+            .map_err(|e| e.to_string())?;
+        Ok(p)
     }
 }
 
@@ -69,8 +77,24 @@ pub struct Published {
     pub policy: PolicyConfig,
     /// The policy's block devices resolved on this host.
     pub devices: BTreeMap<String, qoslet_cgroups::Device>,
-    /// Why the last change was refused (the policy above is the last good one).
+    /// Why a source's last change was refused (the policy above is the last good one).
     pub error: Option<String>,
+    /// The source the policy comes from (`file`, `cluster`; `default`: none has one).
+    pub source: &'static str,
+    /// Every source, highest precedence first.
+    pub sources: Vec<SourceStatus>,
+}
+
+/// Where one policy source stands.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SourceStatus {
+    pub source: String,
+    /// `ok`, `invalid` (its last change refused), `stale` (unreachable), `absent`.
+    pub state: String,
+    /// Why it is invalid or stale.
+    pub error: String,
+    /// Its policy is the one in force.
+    pub in_force: bool,
 }
 
 impl Published {
@@ -80,6 +104,8 @@ impl Published {
             devices: resolve_devices(&policy.resource_qos_strategy),
             policy,
             error: None,
+            source: "default",
+            sources: Vec::new(),
         }
     }
 }
