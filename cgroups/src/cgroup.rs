@@ -166,22 +166,41 @@ pub enum Knob {
     MemoryTune(MemTune, i64),
 }
 
-impl Knob {
-    /// A short name for logs and errors.
-    pub fn name(&self) -> &'static str {
+/// What a [`Knob`] sets, without its value: the key of a plan, of what the
+/// engine forgets and of what isolation records (one cgroup file, or for
+/// I/O limits one file per device).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum KnobKind {
+    CpuShares,
+    CpuQuota,
+    CpuIdle,
+    GroupIdentity,
+    CpuBurst,
+    MemoryLimit,
+    MemoryMin,
+    MemoryLow,
+    MemoryHigh,
+    CpusetCpus,
+    IoLimit,
+    MemoryTune(MemTune),
+}
+
+impl KnobKind {
+    /// A short name for logs, errors and the plan (`cpu-quota`, `memory-min`).
+    pub fn name(self) -> &'static str {
         match self {
-            Knob::CpuShares(_) => "cpu-shares",
-            Knob::CpuQuota { .. } => "cpu-quota",
-            Knob::CpuIdle(_) => "cpu-idle",
-            Knob::GroupIdentity(_) => "group-identity",
-            Knob::CpuBurst(_) => "cpu-burst",
-            Knob::MemoryLimit(_) => "memory-limit",
-            Knob::MemoryMin(_) => "memory-min",
-            Knob::MemoryLow(_) => "memory-low",
-            Knob::MemoryHigh(_) => "memory-high",
-            Knob::CpusetCpus(_) => "cpuset-cpus",
-            Knob::IoLimit { .. } => "io-limit",
-            Knob::MemoryTune(t, _) => match t {
+            KnobKind::CpuShares => "cpu-shares",
+            KnobKind::CpuQuota => "cpu-quota",
+            KnobKind::CpuIdle => "cpu-idle",
+            KnobKind::GroupIdentity => "group-identity",
+            KnobKind::CpuBurst => "cpu-burst",
+            KnobKind::MemoryLimit => "memory-limit",
+            KnobKind::MemoryMin => "memory-min",
+            KnobKind::MemoryLow => "memory-low",
+            KnobKind::MemoryHigh => "memory-high",
+            KnobKind::CpusetCpus => "cpuset-cpus",
+            KnobKind::IoLimit => "io-limit",
+            KnobKind::MemoryTune(t) => match t {
                 MemTune::WmarkRatio => "memory-wmark-ratio",
                 MemTune::WmarkScaleFactor => "memory-wmark-scale-factor",
                 MemTune::WmarkMinAdj => "memory-wmark-min-adj",
@@ -190,6 +209,37 @@ impl Knob {
                 MemTune::OomGroup => "memory-oom-group",
             },
         }
+    }
+}
+
+impl std::fmt::Display for KnobKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Knob {
+    /// What it sets.
+    pub fn kind(&self) -> KnobKind {
+        match self {
+            Knob::CpuShares(_) => KnobKind::CpuShares,
+            Knob::CpuQuota { .. } => KnobKind::CpuQuota,
+            Knob::CpuIdle(_) => KnobKind::CpuIdle,
+            Knob::GroupIdentity(_) => KnobKind::GroupIdentity,
+            Knob::CpuBurst(_) => KnobKind::CpuBurst,
+            Knob::MemoryLimit(_) => KnobKind::MemoryLimit,
+            Knob::MemoryMin(_) => KnobKind::MemoryMin,
+            Knob::MemoryLow(_) => KnobKind::MemoryLow,
+            Knob::MemoryHigh(_) => KnobKind::MemoryHigh,
+            Knob::CpusetCpus(_) => KnobKind::CpusetCpus,
+            Knob::IoLimit { .. } => KnobKind::IoLimit,
+            Knob::MemoryTune(t, _) => KnobKind::MemoryTune(*t),
+        }
+    }
+
+    /// A short name for logs and errors (its kind's).
+    pub fn name(&self) -> &'static str {
+        self.kind().name()
     }
 
     /// The setting as this layout's kernel names it, and its value there, for

@@ -63,7 +63,7 @@ pub enum CgroupError {
 }
 
 pub use blkio::{Device, IoLimits};
-pub use cgroup::{files, Cgroups, FileWrite, Knob, MemTune, MemTunes};
+pub use cgroup::{files, Cgroups, FileWrite, Knob, KnobKind, MemTune, MemTunes};
 pub use detect::{Features, Host, Layout};
 pub use path::{CgroupPath, PodRoot};
 

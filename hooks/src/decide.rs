@@ -463,16 +463,68 @@ fn cgroup_knobs(ds: &[Decision]) -> Vec<Knob> {
 
 /// The feature a decided setting belongs to (the engine's plugin name for
 /// the settings the hooks decide, in `qoslet plan` and its gauges).
-pub fn feature(k: &Knob) -> &'static str {
+pub fn feature(k: &Knob) -> Plugin {
     match k {
-        Knob::CpuIdle(_) | Knob::GroupIdentity(_) => "cpu-qos",
+        Knob::CpuIdle(_) | Knob::GroupIdentity(_) => Plugin::CpuQos,
         Knob::MemoryMin(_) | Knob::MemoryLow(_) | Knob::MemoryHigh(_) | Knob::MemoryTune(..) => {
-            "memory-qos"
+            Plugin::MemoryQos
         }
-        Knob::IoLimit { .. } => "blkio",
-        Knob::CpusetCpus(_) => "cpuset",
-        Knob::CpuShares(_) | Knob::CpuQuota { .. } | Knob::MemoryLimit(_) => "batch-resources",
-        Knob::CpuBurst(_) => "cpu-burst",
+        Knob::IoLimit { .. } => Plugin::Blkio,
+        Knob::CpusetCpus(_) => Plugin::Cpuset,
+        Knob::CpuShares(_) | Knob::CpuQuota { .. } | Knob::MemoryLimit(_) => Plugin::BatchResources,
+        Knob::CpuBurst(_) => Plugin::CpuBurst,
+    }
+}
+
+/// What wants a setting: a feature of the hooks' decisions, or a plugin of
+/// the QoS engine (`qoslet plan --plugin` takes these names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Plugin {
+    CpuSuppress,
+    CpuBurst,
+    CpuQos,
+    MemoryQos,
+    BatchResources,
+    Cpuset,
+    Blkio,
+    /// The engine putting back what it no longer plans.
+    Restore,
+}
+
+impl Plugin {
+    pub const ALL: [Plugin; 8] = [
+        Plugin::CpuSuppress,
+        Plugin::CpuBurst,
+        Plugin::CpuQos,
+        Plugin::MemoryQos,
+        Plugin::BatchResources,
+        Plugin::Cpuset,
+        Plugin::Blkio,
+        Plugin::Restore,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Plugin::CpuSuppress => "cpu-suppress",
+            Plugin::CpuBurst => "cpu-burst",
+            Plugin::CpuQos => "cpu-qos",
+            Plugin::MemoryQos => "memory-qos",
+            Plugin::BatchResources => "batch-resources",
+            Plugin::Cpuset => "cpuset",
+            Plugin::Blkio => "blkio",
+            Plugin::Restore => "restore",
+        }
+    }
+
+    /// The plugin of a name (`None`: no such plugin).
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.as_str() == name)
+    }
+}
+
+impl std::fmt::Display for Plugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

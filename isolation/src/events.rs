@@ -240,11 +240,9 @@ impl Isolation {
         // the class no longer sets goes back to its default
         if shared.v2 {
             let kubelets = update.map(|u| &u.unified);
-            for (key, default) in [
-                ("memory.min", "0"),
-                ("memory.low", "0"),
-                ("memory.high", "max"),
-            ] {
+            use qoslet_cgroups::files::{MEMORY_HIGH, MEMORY_LOW, MEMORY_MIN};
+            // (the v2 file, as the store records it and CRI's unified map names it)
+            for (key, default) in [(MEMORY_MIN, "0"), (MEMORY_LOW, "0"), (MEMORY_HIGH, "max")] {
                 if c.applied.contains_key(key)
                     && !patch.unified.contains_key(key)
                     && !kubelets.is_some_and(|u| u.contains_key(key))

@@ -13,14 +13,14 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use qoslet_cgroups::{CgroupPath, Cgroups, Device, Features, Knob};
+use qoslet_cgroups::{CgroupPath, Cgroups, Device, Features, Knob, KnobKind};
 use qoslet_hooks::decide::{Context, NodeFacts};
 use qoslet_hooks::policy::ResourceQosStrategy;
 use qoslet_hooks::{KubeQos, QosClass};
 
 use crate::burst::{self, BurstPolicy, CpuBurstStrategy, Pool};
 use crate::execute::{Executor, Report};
-use crate::plan::{Plan, Write};
+use crate::plan::{Plan, Plugin, Write};
 use crate::policy::{CpuSuppressPolicy, ResourceThresholdStrategy};
 use crate::reconcile::{self, Container, Pod};
 use crate::suppress::{self, Level};
@@ -111,11 +111,11 @@ pub struct NodeState {
     /// kubelet's shared pool (`defaultCpuSet` of its `cpu_manager_state`) under
     /// the static policy: CPUs outside it are pods' exclusive ones.
     pub shared_pool: Option<BTreeSet<u32>>,
-    /// memory.min / memory.low (`"memory-min"`, `"memory-low"`) of the pods'
+    /// memory.min / memory.low (`KnobKind::MemoryMin`, `MemoryLow`) of the pods'
     /// ancestors (their QoS dir and `kubepods`) as read this tick; empty when not
     /// read. A value qoslet did not write there (kubelet's MemoryQoS writes its
     /// own) is kept if higher than qoslet's sum, never fought.
-    pub ancestors: BTreeMap<(CgroupPath, &'static str), u64>,
+    pub ancestors: BTreeMap<(CgroupPath, KnobKind), u64>,
     /// Names this set of pods: the same value on the next tick promises the
     /// same pods, classes, annotations and limits (usage aside), so the
     /// reconcile writes are reused (`None`: always recomputed).
@@ -160,7 +160,7 @@ pub struct TickResult {
     pub warnings: Vec<String>,
 }
 
-fn w(cgroup: &CgroupPath, knob: Knob, plugin: &'static str, rule: String) -> Write {
+fn w(cgroup: &CgroupPath, knob: Knob, plugin: Plugin, rule: String) -> Write {
     Write {
         cgroup: cgroup.clone(),
         knob,
@@ -239,7 +239,7 @@ pub fn tick(
 }
 
 /// What others asked of the pods' ancestors' memory.min/low (by cgroup and knob name).
-pub type Protection = BTreeMap<(CgroupPath, &'static str), u64>;
+pub type Protection = BTreeMap<(CgroupPath, KnobKind), u64>;
 
 /// [`tick`] with the reconcile writes and bound CPUs already known.
 fn tick_with(
@@ -312,7 +312,7 @@ fn tick_with(
                     quota: Some(q),
                     period: state.period_us,
                 },
-                "cpu-suppress",
+                Plugin::CpuSuppress,
                 s.rule.clone(),
             ));
         }
@@ -331,7 +331,7 @@ fn tick_with(
                 quota: None,
                 period: state.period_us,
             },
-            "cpu-suppress",
+            Plugin::CpuSuppress,
             format!("{why}: the BE quota is put back to unlimited"),
         ));
     }
@@ -355,7 +355,7 @@ fn tick_with(
             plan.add(w(
                 cg,
                 Knob::CpusetCpus(list.clone()),
-                "cpu-suppress",
+                Plugin::CpuSuppress,
                 rule.into(),
             ));
         }
@@ -397,7 +397,7 @@ fn tick_with(
                     plan.add(w(
                         &c.entry.cgroup,
                         Knob::CpusetCpus(list.clone()),
-                        "cpu-suppress",
+                        Plugin::CpuSuppress,
                         format!("{rule}; kubelet's static CPU manager: BE containers only"),
                     ));
                 }
@@ -424,7 +424,7 @@ fn tick_with(
             plan.add(w(
                 &c.entry.cgroup,
                 Knob::CpusetCpus(list),
-                "cpu-suppress",
+                Plugin::CpuSuppress,
                 rule.into(),
             ));
         }
@@ -496,7 +496,7 @@ fn be_cpuset_everywhere(
         plan.add(w(
             cg,
             Knob::CpusetCpus(list.to_string()),
-            "cpu-suppress",
+            Plugin::CpuSuppress,
             rule.to_string(),
         ));
     }
@@ -571,12 +571,12 @@ pub fn restore_plan(state: &NodeState, policy: &Policy, env: &Env, found: &Found
             .or_else(|| crate::execute::restore_value_on(&r.knob, env.v2))
             .or_else(|| bound_pod_quota(state, r))
             .unwrap_or_else(|| r.knob.clone());
-        plan.add(w(&r.cgroup, knob, "restore", WHY.into()));
+        plan.add(w(&r.cgroup, knob, Plugin::Restore, WHY.into()));
     }
     let f = &env.features;
     let defaults = |plan: &mut Plan, cg: &CgroupPath| {
         let mut add = |k: Knob| {
-            let wr = w(cg, k, "restore", WHY.into());
+            let wr = w(cg, k, Plugin::Restore, WHY.into());
             if !plan.contains(&crate::plan::key(&wr)) {
                 plan.add(wr);
             }
@@ -607,20 +607,20 @@ pub fn restore_plan(state: &NodeState, policy: &Policy, env: &Env, found: &Found
                 quota: None,
                 period: state.period_us,
             },
-            "restore",
+            Plugin::Restore,
             WHY.into(),
         ));
         if let Some(c) = &all_cpus {
             plan.add(w(
                 &state.be_parent,
                 Knob::CpusetCpus(c.clone()),
-                "restore",
+                Plugin::Restore,
                 WHY.into(),
             ));
         }
     }
     let planned =
-        |plan: &Plan, cg: &CgroupPath, name: &'static str| plan.contains(&(cg.clone(), name, None));
+        |plan: &Plan, cg: &CgroupPath, kind: KnobKind| plan.contains(&(cg.clone(), kind, None));
     let known: BTreeSet<&CgroupPath> = state
         .pods
         .iter()
@@ -637,7 +637,7 @@ pub fn restore_plan(state: &NodeState, policy: &Policy, env: &Env, found: &Found
         for c in &p.containers {
             defaults(&mut plan, &c.entry.cgroup);
             let period = c.entry.cpu_period.max(1000) as u64;
-            if c.entry.cpu_quota > 0 && !planned(&plan, &c.entry.cgroup, "cpu-quota") {
+            if c.entry.cpu_quota > 0 && !planned(&plan, &c.entry.cgroup, KnobKind::CpuQuota) {
                 let limit = c.entry.cpu_quota as u64;
                 if let Some((Some(q), fp)) = found.quotas.get(&c.entry.cgroup).copied() {
                     // compared at the container's own period
@@ -649,7 +649,7 @@ pub fn restore_plan(state: &NodeState, policy: &Policy, env: &Env, found: &Found
                                 quota: Some(limit),
                                 period,
                             },
-                            "restore",
+                            Plugin::Restore,
                             WHY.into(),
                         ));
                         // only burst scaling moved the pod with its containers (a BE
@@ -660,20 +660,20 @@ pub fn restore_plan(state: &NodeState, policy: &Policy, env: &Env, found: &Found
                     }
                 }
             }
-            if p.class == QosClass::Be && !planned(&plan, &c.entry.cgroup, "cpuset-cpus") {
+            if p.class == QosClass::Be && !planned(&plan, &c.entry.cgroup, KnobKind::CpusetCpus) {
                 let own = (!c.entry.cpuset_cpus.is_empty()).then(|| c.entry.cpuset_cpus.clone());
                 if let Some(cpus) = own.or_else(|| all_cpus.clone()) {
                     plan.add(w(
                         &c.entry.cgroup,
                         Knob::CpusetCpus(cpus),
-                        "restore",
+                        Plugin::Restore,
                         WHY.into(),
                     ));
                 }
             }
         }
         if let (Some((Some(pq), pp)), true) = (pod_file, delta != 0) {
-            if !planned(&plan, &p.cgroup, "cpu-quota") {
+            if !planned(&plan, &p.cgroup, KnobKind::CpuQuota) {
                 let back = (pq as i128 - delta).max(suppress::MIN_QUOTA_US as i128) as u64;
                 plan.add(w(
                     &p.cgroup,
@@ -681,15 +681,20 @@ pub fn restore_plan(state: &NodeState, policy: &Policy, env: &Env, found: &Found
                         quota: Some(back),
                         period: pp,
                     },
-                    "restore",
+                    Plugin::Restore,
                     WHY.into(),
                 ));
             }
         }
-        if p.class == QosClass::Be && !planned(&plan, &p.cgroup, "cpuset-cpus") {
+        if p.class == QosClass::Be && !planned(&plan, &p.cgroup, KnobKind::CpusetCpus) {
             if let Some(c) = &all_cpus {
                 for cg in std::iter::once(&p.cgroup).chain(p.sandbox.as_ref()) {
-                    plan.add(w(cg, Knob::CpusetCpus(c.clone()), "restore", WHY.into()));
+                    plan.add(w(
+                        cg,
+                        Knob::CpusetCpus(c.clone()),
+                        Plugin::Restore,
+                        WHY.into(),
+                    ));
                 }
             }
         }
@@ -701,13 +706,18 @@ pub fn restore_plan(state: &NodeState, policy: &Policy, env: &Env, found: &Found
     if let Some(c) = &all_cpus {
         for cg in &found.be_subtree {
             let container_level = cg.parent().is_some_and(|p| p != state.be_parent);
-            if planned(&plan, cg, "cpuset-cpus")
+            if planned(&plan, cg, KnobKind::CpusetCpus)
                 || known.contains(cg)
                 || (state.static_cpu_manager && container_level)
             {
                 continue;
             }
-            plan.add(w(cg, Knob::CpusetCpus(c.clone()), "restore", WHY.into()));
+            plan.add(w(
+                cg,
+                Knob::CpusetCpus(c.clone()),
+                Plugin::Restore,
+                WHY.into(),
+            ));
         }
     }
     plan
@@ -745,7 +755,7 @@ fn memory_protection_up_the_tree(state: &NodeState, plan: &mut Plan, external: &
     order.sort_by_key(|c| {
         std::cmp::Reverse(c.as_str().split('/').filter(|s| !s.is_empty()).count())
     });
-    for name in ["memory-min", "memory-low"] {
+    for name in [KnobKind::MemoryMin, KnobKind::MemoryLow] {
         // what each ancestor's direct children claim: its pods' planned values, and
         // (from the deeper level, below) its child QoS dirs' final values
         let mut claims: BTreeMap<&CgroupPath, u64> = BTreeMap::new();
@@ -781,18 +791,18 @@ fn memory_protection_up_the_tree(state: &NodeState, plan: &mut Plan, external: &
                 let e = claims.entry(up).or_default();
                 *e = e.saturating_add(v);
             }
-            let what = name.replace('-', ".");
+            let what = name.name().replace('-', ".");
             let rule = if theirs > sum {
                 format!("{theirs} set there by another writer (kubelet's MemoryQoS) is above what its children claim ({sum}): kept")
             } else {
                 format!("what its children claim: their {what} (a child is protected only up to its parent's)")
             };
-            let knob = if name == "memory-min" {
+            let knob = if name == KnobKind::MemoryMin {
                 Knob::MemoryMin(v)
             } else {
                 Knob::MemoryLow(v)
             };
-            plan.add(w(a, knob, "memory-qos", rule));
+            plan.add(w(a, knob, Plugin::MemoryQos, rule));
         }
     }
 }
@@ -819,7 +829,7 @@ fn cap_be_children(state: &NodeState, parent_quota: Option<u64>, plan: &mut Plan
         }
         for (cg, kubelet) in own {
             let planned = match plan
-                .get(&((*cg).clone(), "cpu-quota", None))
+                .get(&((*cg).clone(), KnobKind::CpuQuota, None))
                 .map(|w| &w.knob)
             {
                 Some(Knob::CpuQuota {
@@ -843,7 +853,7 @@ fn cap_be_children(state: &NodeState, parent_quota: Option<u64>, plan: &mut Plan
                 (pq, state.period_us)
             };
             if (q as u128) * (cap_period as u128) > (cap as u128) * (period as u128) {
-                caps.push(w(cg, Knob::CpuQuota { quota: Some(cap), period: cap_period }, "cpu-suppress", format!("cgroup v1: a BE cgroup's quota may not exceed the besteffort parent's ({pq} us of {} us); capped from {q} us of {period} us", state.period_us)));
+                caps.push(w(cg, Knob::CpuQuota { quota: Some(cap), period: cap_period }, Plugin::CpuSuppress, format!("cgroup v1: a BE cgroup's quota may not exceed the besteffort parent's ({pq} us of {} us); capped from {q} us of {period} us", state.period_us)));
             } else if planned.is_none() {
                 caps.push(w(
                     cg,
@@ -851,7 +861,7 @@ fn cap_be_children(state: &NodeState, parent_quota: Option<u64>, plan: &mut Plan
                         quota: Some(q),
                         period,
                     },
-                    "cpu-suppress",
+                    Plugin::CpuSuppress,
                     "the kubelet quota, within the besteffort parent's".into(),
                 ));
             }
@@ -978,7 +988,7 @@ fn burst_plugin(
                 plan.add(w(
                     &c.entry.cgroup,
                     Knob::CpuBurst(bu),
-                    "cpu-burst",
+                    Plugin::CpuBurst,
                     d.rule.clone(),
                 ));
                 pod_burst = pod_burst.saturating_add(bu);
@@ -988,7 +998,7 @@ fn burst_plugin(
                 plan.add(w(
                     &c.entry.cgroup,
                     Knob::CpuBurst(0),
-                    "cpu-burst",
+                    Plugin::CpuBurst,
                     "cpuBurst off: no burst".into(),
                 ));
             }
@@ -1005,7 +1015,7 @@ fn burst_plugin(
                         quota: Some(target),
                         period,
                     },
-                    "cpu-burst",
+                    Plugin::CpuBurst,
                     rule,
                 ));
             }
@@ -1030,7 +1040,7 @@ fn burst_plugin(
                     quota: Some(pod_sum),
                     period: pod_period,
                 },
-                "cpu-burst",
+                Plugin::CpuBurst,
                 "the pod's quota: the sum of its containers' quotas".into(),
             ));
         }
@@ -1039,7 +1049,7 @@ fn burst_plugin(
             plan.add(w(
                 &p.cgroup,
                 Knob::CpuBurst(0),
-                "cpu-burst",
+                Plugin::CpuBurst,
                 "cpuBurst off: no burst".into(),
             ));
         }
@@ -1054,7 +1064,7 @@ fn burst_plugin(
             plan.add(w(
                 &p.cgroup,
                 Knob::CpuBurst(pod_burst.min(cap)),
-                "cpu-burst",
+                Plugin::CpuBurst,
                 "the pod's burst: the sum of its containers' bursts".into(),
             ));
         }
@@ -1254,8 +1264,8 @@ impl Engine {
 
     /// The next plan writes this file even if its value is unchanged (another
     /// writer is known to have rewritten it, e.g. kubelet's cpuset update).
-    pub fn forget(&mut self, cgroup: &CgroupPath, name: &'static str) {
-        self.executor.forget(cgroup, name);
+    pub fn forget(&mut self, cgroup: &CgroupPath, kind: KnobKind) {
+        self.executor.forget(cgroup, kind);
     }
 
     /// Applies a plan.
@@ -1349,7 +1359,7 @@ mod tests {
         t.plan
             .writes()
             .iter()
-            .filter(|w| w.plugin == "cpu-suppress")
+            .filter(|w| w.plugin == Plugin::CpuSuppress)
             .collect()
     }
 
@@ -1440,7 +1450,11 @@ mod tests {
         let t = e.plan(&s, &Policy::default(), &env);
         assert_eq!(
             t.plan
-                .get(&(ls.containers[0].entry.cgroup.clone(), "cpuset-cpus", None))
+                .get(&(
+                    ls.containers[0].entry.cgroup.clone(),
+                    KnobKind::CpusetCpus,
+                    None
+                ))
                 .map(|w| w.knob.clone()),
             Some(Knob::CpusetCpus("0-1,4-15".into()))
         );
@@ -1469,7 +1483,7 @@ mod tests {
         s2.pods.push(lsr.clone());
         let plan = restore_plan(&s2, &Policy::default(), &env, &Found::default());
         assert_eq!(
-            plan.get(&(lsr.cgroup.clone(), "cpu-quota", None))
+            plan.get(&(lsr.cgroup.clone(), KnobKind::CpuQuota, None))
                 .map(|w| w.knob.clone()),
             Some(Knob::CpuQuota {
                 quota: Some(200_000),
@@ -1477,8 +1491,12 @@ mod tests {
             })
         );
         assert_eq!(
-            plan.get(&(ls.containers[0].entry.cgroup.clone(), "cpuset-cpus", None))
-                .map(|w| w.knob.clone()),
+            plan.get(&(
+                ls.containers[0].entry.cgroup.clone(),
+                KnobKind::CpusetCpus,
+                None
+            ))
+            .map(|w| w.knob.clone()),
             Some(Knob::CpusetCpus("0-15".into())),
             "a share-pool cpuset back to every CPU"
         );
@@ -1764,7 +1782,7 @@ mod tests {
         let t = tick(&s, &p, &env, &HashMap::new());
         let min = |cg: &str| {
             t.plan
-                .get(&(CgroupPath::parse(cg).unwrap(), "memory-min", None))
+                .get(&(CgroupPath::parse(cg).unwrap(), KnobKind::MemoryMin, None))
                 .map(|w| w.knob.clone())
         };
         assert_eq!(
@@ -1806,7 +1824,7 @@ mod tests {
         let gib = 1u64 << 30;
         let min = |t: &TickResult, cg: &CgroupPath| match t
             .plan
-            .get(&(cg.clone(), "memory-min", None))
+            .get(&(cg.clone(), KnobKind::MemoryMin, None))
             .map(|w| &w.knob)
         {
             Some(Knob::MemoryMin(v)) => Some(*v),
@@ -1815,17 +1833,17 @@ mod tests {
         let be_min = gib * 30 / 100; // 322122547: not a whole number of pages
         let mut e = Engine::new(1);
         s.ancestors = BTreeMap::from([
-            ((kp.clone(), "memory-min"), 0),
-            ((bu.clone(), "memory-min"), 0),
-            ((be.clone(), "memory-min"), 0),
+            ((kp.clone(), KnobKind::MemoryMin), 0),
+            ((bu.clone(), KnobKind::MemoryMin), 0),
+            ((be.clone(), KnobKind::MemoryMin), 0),
         ]);
         let t = e.plan(&s, &p, &env);
         assert_eq!(min(&t, &be), Some(be_min));
         // the files as the kernel keeps them (whole pages), kubelet's 8 GiB on burstable
         s.ancestors = BTreeMap::from([
-            ((kp.clone(), "memory-min"), be_min / 4096 * 4096),
-            ((bu.clone(), "memory-min"), 8 * gib),
-            ((be.clone(), "memory-min"), be_min / 4096 * 4096),
+            ((kp.clone(), KnobKind::MemoryMin), be_min / 4096 * 4096),
+            ((bu.clone(), KnobKind::MemoryMin), 8 * gib),
+            ((be.clone(), KnobKind::MemoryMin), be_min / 4096 * 4096),
         ]);
         let t = e.plan(&s, &p, &env);
         assert_eq!(
@@ -1873,13 +1891,13 @@ mod tests {
         let gib = 1u64 << 30;
         let files = |kubepods: u64, besteffort: u64| {
             BTreeMap::from([
-                ((kp.clone(), "memory-min"), kubepods),
-                ((be.clone(), "memory-min"), besteffort),
+                ((kp.clone(), KnobKind::MemoryMin), kubepods),
+                ((be.clone(), KnobKind::MemoryMin), besteffort),
             ])
         };
         let min = |t: &TickResult, cg: &CgroupPath| match t
             .plan
-            .get(&(cg.clone(), "memory-min", None))
+            .get(&(cg.clone(), KnobKind::MemoryMin, None))
             .map(|w| &w.knob)
         {
             Some(Knob::MemoryMin(v)) => *v,
@@ -1896,7 +1914,7 @@ mod tests {
         assert_eq!(min(&t, &kp), 3 * gib);
         assert!(t
             .plan
-            .get(&(kp.clone(), "memory-min", None))
+            .get(&(kp.clone(), KnobKind::MemoryMin, None))
             .unwrap()
             .rule
             .contains("kept"));
@@ -2141,7 +2159,7 @@ mod tests {
             t.plan
                 .writes()
                 .iter()
-                .find(|w| w.cgroup == ls.entry.cgroup && w.knob.name() == "cpu-quota")
+                .find(|w| w.cgroup == ls.entry.cgroup && w.knob.kind() == KnobKind::CpuQuota)
                 .map(|w| w.knob.clone())
         };
         // scaling off: without the seed nothing is written (the defect)
@@ -2197,7 +2215,7 @@ mod tests {
             .plan
             .writes()
             .iter()
-            .filter(|w| w.knob.name() == "cpu-burst")
+            .filter(|w| w.knob.kind() == KnobKind::CpuBurst)
             .map(|w| (w.cgroup.as_str().to_string(), w.knob.clone()))
             .collect();
         assert_eq!(
@@ -2222,7 +2240,7 @@ mod tests {
         let c = plan
             .get(&(
                 s.pods[1].containers[0].entry.cgroup.clone(),
-                "cpu-quota",
+                KnobKind::CpuQuota,
                 None,
             ))
             .unwrap();
@@ -2253,7 +2271,7 @@ mod tests {
             .plan
             .writes()
             .iter()
-            .filter(|w| w.knob.name() == "cpuset-cpus")
+            .filter(|w| w.knob.kind() == KnobKind::CpusetCpus)
             .map(|w| &w.knob)
             .collect();
         assert_eq!(sets.len(), 3, "parent, pod, container");
@@ -2264,7 +2282,7 @@ mod tests {
             .plan
             .writes()
             .iter()
-            .filter(|w| w.knob.name() == "cpuset-cpus")
+            .filter(|w| w.knob.kind() == KnobKind::CpusetCpus)
             .all(|w| w.knob == Knob::CpusetCpus("0-15".into())));
         // and the v2 plan executes on a v2-shaped tree (the empty value is written)
         let mut files = vec![(
@@ -2407,7 +2425,7 @@ mod tests {
             t.plan
                 .writes()
                 .iter()
-                .filter(|w| w.knob.name() == "cpuset-cpus")
+                .filter(|w| w.knob.kind() == KnobKind::CpusetCpus)
                 .map(|w| (w.cgroup.as_str().to_string(), w.knob.clone()))
                 .collect()
         };
@@ -2461,7 +2479,7 @@ mod tests {
         let t = tick(&s, &p, &env, &HashMap::new());
         let be = t
             .plan
-            .get(&(s.be_parent.clone(), "cpuset-cpus", None))
+            .get(&(s.be_parent.clone(), KnobKind::CpusetCpus, None))
             .expect("the BE cpuset");
         // allowance 16 x 100% - 6 - max(0.5, 1) = 9 CPUs of the 14 not LSE's:
         // 9 x 2/14 = 1 from LSR's {2, 3}, 8 from the rest, lowest first
@@ -2517,27 +2535,36 @@ mod tests {
                 .map(|w| w.knob.clone())
         };
         assert_eq!(
-            get(&ls.containers[0].entry.cgroup, "memory-min"),
+            get(&ls.containers[0].entry.cgroup, KnobKind::MemoryMin),
             Some(Knob::MemoryMin(2 * gib))
         );
         assert_eq!(
-            get(&ls.cgroup, "memory-min"),
+            get(&ls.cgroup, KnobKind::MemoryMin),
             Some(Knob::MemoryMin(4 * gib)),
             "the pod: its containers' sum"
         );
         let dir = CgroupPath::parse("/kubepods/burstable").unwrap();
         assert_eq!(
-            get(&dir, "memory-priority"),
+            get(
+                &dir,
+                KnobKind::MemoryTune(qoslet_cgroups::MemTune::Priority)
+            ),
             Some(Knob::MemoryTune(qoslet_cgroups::MemTune::Priority, 8))
         );
         assert_eq!(
-            get(&ls.cgroup, "memory-priority"),
+            get(
+                &ls.cgroup,
+                KnobKind::MemoryTune(qoslet_cgroups::MemTune::Priority)
+            ),
             Some(Knob::MemoryTune(qoslet_cgroups::MemTune::Priority, 8))
         );
         // off: none of it planned (the executor writes NoneMemoryQOS back)
         let t = tick(&s, &Policy::default(), &env, &HashMap::new());
         assert!(
-            !t.plan.writes().iter().any(|w| w.plugin == "memory-qos"),
+            !t.plan
+                .writes()
+                .iter()
+                .any(|w| w.plugin == Plugin::MemoryQos),
             "{:?}",
             t.plan.writes()
         );
@@ -2629,7 +2656,11 @@ mod tests {
         let t = tick(&s, &p, &env, &HashMap::new());
         let q = t
             .plan
-            .get(&(g.containers[0].entry.cgroup.clone(), "cpu-quota", None))
+            .get(&(
+                g.containers[0].entry.cgroup.clone(),
+                KnobKind::CpuQuota,
+                None,
+            ))
             .map(|w| w.knob.clone());
         assert_eq!(
             q,
@@ -2664,7 +2695,7 @@ mod tests {
                 .plan
                 .get(&(
                     s.pods[1].containers[0].entry.cgroup.clone(),
-                    "cpuset-cpus",
+                    KnobKind::CpusetCpus,
                     None,
                 ))
                 .unwrap();
@@ -2698,12 +2729,13 @@ mod tests {
         found.quotas.insert(be_p.clone(), (Some(200_000), 100_000));
         let plan = restore_plan(&s, &Policy::default(), &Env::default(), &found);
         assert_eq!(
-            plan.get(&(be_c, "cpu-quota", None)).map(|w| w.knob.clone()),
+            plan.get(&(be_c, KnobKind::CpuQuota, None))
+                .map(|w| w.knob.clone()),
             Some(Knob::CpuQuota {
                 quota: Some(200_000),
                 period: 100_000
             })
         );
-        assert!(plan.get(&(be_p, "cpu-quota", None)).is_none());
+        assert!(plan.get(&(be_p, KnobKind::CpuQuota, None)).is_none());
     }
 }

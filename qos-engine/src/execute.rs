@@ -21,7 +21,7 @@
 use qoslet_metrics::fasthash::FastMap;
 
 use qoslet_cgroups::fs::Outcome;
-use qoslet_cgroups::{CgroupError, CgroupPath, Cgroups, Knob};
+use qoslet_cgroups::{CgroupError, CgroupPath, Cgroups, Knob, KnobKind};
 
 use crate::plan::{key, Key, Plan};
 
@@ -324,8 +324,8 @@ impl Executor {
 
     /// Forgets what was applied to one file, so the next plan writes it even if
     /// unchanged (its owner is known to have rewritten it: kubelet's update).
-    pub fn forget(&mut self, cgroup: &CgroupPath, name: &'static str) {
-        self.known.remove(&(cgroup.clone(), name, None));
+    pub fn forget(&mut self, cgroup: &CgroupPath, kind: KnobKind) {
+        self.known.remove(&(cgroup.clone(), kind, None));
     }
 
     /// Settings waiting to be written back to their default.
@@ -410,7 +410,7 @@ mod tests {
                 quota: Some(q),
                 period: 100_000,
             },
-            plugin: "test",
+            plugin: crate::plan::Plugin::CpuSuppress,
             rule: String::new(),
         }
     }
@@ -433,7 +433,7 @@ mod tests {
         let w = |knob| Write {
             cgroup: pod.clone(),
             knob,
-            plugin: "test",
+            plugin: crate::plan::Plugin::CpuSuppress,
             rule: String::new(),
         };
         let mut plan = Plan::new();

@@ -11,15 +11,16 @@
 // runtime's ids), not chosen by pod authors; SipHash showed in the tick's profile
 use qoslet_metrics::fasthash::FastMap;
 
-use qoslet_cgroups::{CgroupPath, Knob};
+use qoslet_cgroups::{CgroupPath, Knob, KnobKind};
+pub use qoslet_hooks::decide::Plugin;
 
 /// One desired write.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Write {
     pub cgroup: CgroupPath,
     pub knob: Knob,
-    /// The plugin that wants it (`cpu-suppress`, ...).
-    pub plugin: &'static str,
+    /// The plugin that wants it.
+    pub plugin: Plugin,
     /// Why, in words.
     pub rule: String,
 }
@@ -43,7 +44,7 @@ impl PartialEq for Plan {
 impl Eq for Plan {}
 
 /// What identifies "the same file": the cgroup, the knob kind, and the device for I/O limits.
-pub type Key = (CgroupPath, &'static str, Option<qoslet_cgroups::Device>);
+pub type Key = (CgroupPath, KnobKind, Option<qoslet_cgroups::Device>);
 
 /// The key of a write.
 pub fn key(w: &Write) -> Key {
@@ -51,7 +52,7 @@ pub fn key(w: &Write) -> Key {
         Knob::IoLimit { device, .. } => Some(*device),
         _ => None,
     };
-    (w.cgroup.clone(), w.knob.name(), dev)
+    (w.cgroup.clone(), w.knob.kind(), dev)
 }
 
 /// The stricter of two values of the same knob kind (for I/O limits: field by field).
@@ -120,7 +121,7 @@ impl Plan {
 mod tests {
     use super::*;
 
-    fn w(cg: &str, knob: Knob, plugin: &'static str) -> Write {
+    fn w(cg: &str, knob: Knob, plugin: Plugin) -> Write {
         Write {
             cgroup: CgroupPath::parse(cg).unwrap(),
             knob,
@@ -206,27 +207,27 @@ mod tests {
         p.add(w(
             "/kubepods/besteffort",
             quota(Some(400_000), 100_000),
-            "cpu-suppress",
+            Plugin::BatchResources,
         ));
         p.add(w(
             "/kubepods/besteffort",
             quota(Some(200_000), 100_000),
-            "cpu-evict",
+            Plugin::CpuSuppress,
         ));
         p.add(w(
             "/kubepods/besteffort",
             Knob::CpuIdle(true),
-            "group-identity",
+            Plugin::CpuQos,
         ));
         p.add(w(
             "/kubepods/burstable",
             quota(Some(100_000), 100_000),
-            "cpu-burst",
+            Plugin::CpuBurst,
         ));
         assert_eq!(p.writes().len(), 3);
         let be = &p.writes()[0];
         assert_eq!(be.knob, quota(Some(200_000), 100_000));
-        assert_eq!(be.plugin, "cpu-evict", "the plugin whose value won");
-        assert!(be.rule.contains("cpu-suppress says") && be.rule.contains("cpu-evict says"));
+        assert_eq!(be.plugin, Plugin::CpuSuppress, "the plugin whose value won");
+        assert!(be.rule.contains("batch-resources says") && be.rule.contains("cpu-suppress says"));
     }
 }

@@ -12,7 +12,7 @@ use qoslet_hooks::decide::{self, Action, Context, Decision, NodeFacts, Requested
 use qoslet_hooks::{KubeQos, PodClass, QosClass};
 use qoslet_state::inventory::ContainerEntry;
 
-use crate::plan::{Plan, Write};
+use crate::plan::{Plan, Plugin, Write};
 
 /// A pod as the engine sees it.
 #[derive(Debug, Clone, PartialEq)]
@@ -158,7 +158,7 @@ pub fn kube_qos(dirs: &[(KubeQos, CgroupPath)], ctx: &Context, plan: &mut Plan) 
             plan.add(Write {
                 cgroup: cg.clone(),
                 knob: Knob::GroupIdentity(bvt),
-                plugin: "cpu-qos",
+                plugin: Plugin::CpuQos,
                 rule: format!(
                     "{kube:?} kube QoS dir: group identity {bvt} (koordlet's kubeQOSDirParams)"
                 ),
@@ -184,7 +184,7 @@ pub fn kube_qos(dirs: &[(KubeQos, CgroupPath)], ctx: &Context, plan: &mut Plan) 
                 plan.add(Write {
                     cgroup: cg.clone(),
                     knob: k.clone(),
-                    plugin: "memory-qos",
+                    plugin: Plugin::MemoryQos,
                     rule: format!("{kube:?} kube QoS dir: {}", d.because),
                 });
             }
@@ -193,7 +193,7 @@ pub fn kube_qos(dirs: &[(KubeQos, CgroupPath)], ctx: &Context, plan: &mut Plan) 
             plan.add(Write {
                 cgroup: cg.clone(),
                 knob: Knob::CpuIdle(idle),
-                plugin: "cpu-qos",
+                plugin: Plugin::CpuQos,
                 rule: format!(
                     "{kube:?} kube QoS dir: cpu.idle {} (cpuPolicy {:?}, schedIdle)",
                     u8::from(idle),
@@ -253,17 +253,17 @@ pub fn pod(p: &Pod, ctx: &Context, plan: &mut Plan) {
             add(plan, &c.entry.cgroup, d, ctx.v2, back);
         }
     }
-    let own = |name: &str| {
+    let own = |kind: qoslet_cgroups::KnobKind| {
         d.decisions
             .iter()
-            .any(|d| d.knob().is_some_and(|k| k.name() == name))
+            .any(|d| d.knob().is_some_and(|k| k.kind() == kind))
     };
     if ctx.features.memory_qos {
         for ((sum, any), knob) in sums
             .into_iter()
             .zip([Knob::MemoryMin(0), Knob::MemoryLow(0)])
         {
-            if !any || own(knob.name()) {
+            if !any || own(knob.kind()) {
                 continue;
             }
             let knob = match knob {
@@ -274,7 +274,7 @@ pub fn pod(p: &Pod, ctx: &Context, plan: &mut Plan) {
             plan.add(Write {
                 cgroup: p.cgroup.clone(),
                 knob,
-                plugin: "memory-qos",
+                plugin: Plugin::MemoryQos,
                 rule: format!(
                     "{setting} = {value}: the sum of its containers' (the pod's request is theirs)"
                 ),
@@ -354,7 +354,7 @@ mod tests {
         };
         let idle = find("podp1", "cpu-idle").expect("pod cpu.idle");
         assert_eq!(idle.knob, Knob::CpuIdle(true));
-        assert_eq!(idle.plugin, "cpu-qos");
+        assert_eq!(idle.plugin, Plugin::CpuQos);
         let q = find("c1", "cpu-quota").expect("container quota");
         assert_eq!(
             q.knob,
@@ -365,7 +365,7 @@ mod tests {
         );
         assert!(q.rule.contains("batch-cpu"), "{}", q.rule);
         let m = find("c1", "memory-min").expect("container memory.min");
-        assert_eq!(m.plugin, "memory-qos");
+        assert_eq!(m.plugin, Plugin::MemoryQos);
         assert!(
             find("podp1", "memory-limit").is_some(),
             "pod batch memory sum"
@@ -379,6 +379,6 @@ mod tests {
         };
         let mut plan = Plan::new();
         pod(&be_pod(), &ctx, &mut plan);
-        assert!(!plan.writes().iter().any(|w| w.plugin == "memory-qos"));
+        assert!(!plan.writes().iter().any(|w| w.plugin == Plugin::MemoryQos));
     }
 }

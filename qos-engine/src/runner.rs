@@ -19,7 +19,7 @@ use crate::execute::{Executor, WriteState};
 use crate::policy::CpuSuppressPolicy;
 use crate::reconcile::Pod;
 use qoslet_cgroups::resctrl::Resctrl;
-use qoslet_cgroups::{CgroupPath, Cgroups};
+use qoslet_cgroups::{CgroupPath, Cgroups, KnobKind};
 use qoslet_metrics::collect::Tick;
 use qoslet_metrics::metric::sample;
 use qoslet_metrics::Metric;
@@ -649,7 +649,7 @@ impl Shared {
                             .get(c.entry.id.as_str())
                             .is_some_and(|b| *b != c.entry.cpuset_cpus)
                         {
-                            engine.forget(&c.entry.cgroup, "cpuset-cpus");
+                            engine.forget(&c.entry.cgroup, KnobKind::CpusetCpus);
                         }
                     }
                 }
@@ -776,8 +776,8 @@ impl Shared {
                 // the ancestors' protection as another writer (kubelet) may have left it
                 for a in crate::engine::protected_ancestors(&state) {
                     for (name, file) in [
-                        ("memory-min", qoslet_cgroups::files::MEMORY_MIN),
-                        ("memory-low", qoslet_cgroups::files::MEMORY_LOW),
+                        (KnobKind::MemoryMin, qoslet_cgroups::files::MEMORY_MIN),
+                        (KnobKind::MemoryLow, qoslet_cgroups::files::MEMORY_LOW),
                     ] {
                         // "max": full protection someone asked for (left alone)
                         if let Some(v) = cg.read_memory_protection(&a, file) {
@@ -933,7 +933,7 @@ impl Shared {
             .writes()
             .iter()
             .zip(&l.states)
-            .filter(|(w, _)| req.plugin.is_empty() || w.plugin == req.plugin)
+            .filter(|(w, _)| req.plugin.is_empty() || w.plugin.as_str() == req.plugin)
             .filter(|(w, _)| req.cgroup.is_empty() || w.cgroup.as_str().contains(&req.cgroup))
             .filter(|(_, st)| !req.changes_only || st.changes())
             .map(|(w, st)| admin::PlanWrite {
@@ -955,7 +955,7 @@ impl Shared {
                             .collect()
                     })
                     .unwrap_or_default(),
-                plugin: w.plugin.into(),
+                plugin: w.plugin.as_str().into(),
                 rule: w.rule.clone(),
                 state: st.as_str().into_owned(),
             })
