@@ -54,7 +54,9 @@ pub async fn status(a: AdminArgs) -> Result<()> {
         println!(
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({
-                "version": s.version, "mode": s.mode, "uptimeSeconds": s.uptime_seconds, "listen": s.listen, "stateDir": s.state_dir,
+                "version": s.version, "mode": s.mode, "policySource": s.policy_source,
+                "policySources": s.policy_sources.iter().map(|p| serde_json::json!({"source": p.source, "state": p.state,
+                    "error": p.error, "inForce": p.in_force})).collect::<Vec<_>>(), "uptimeSeconds": s.uptime_seconds, "listen": s.listen, "stateDir": s.state_dir,
                 "backend": s.backend.as_ref().map(|b| serde_json::json!({"endpoint": b.endpoint, "reachable": b.reachable,
                     "runtimeName": b.runtime_name, "runtimeVersion": b.runtime_version, "error": b.error})),
                 "counters": s.counters.as_ref().map(|c| serde_json::json!({"pods": c.pods, "containers": c.containers,
@@ -93,6 +95,19 @@ pub async fn status(a: AdminArgs) -> Result<()> {
         c.hook_errors, c.hook_timeouts, c.hook_panics, c.hook_refusals
     );
     println!("connections: {}", c.connections_terminated);
+    let sources: Vec<String> = s
+        .policy_sources
+        .iter()
+        .map(|p| match p.error.as_str() {
+            "" => format!("{} {}", p.source, p.state),
+            why => format!("{} {} ({why})", p.source, p.state),
+        })
+        .collect();
+    println!(
+        "policy: in force from {}; sources: {}",
+        s.policy_source,
+        sources.join(", ")
+    );
     Ok(())
 }
 

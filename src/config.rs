@@ -144,7 +144,10 @@ pub fn parse(text: &str) -> Result<FileConfig> {
             // do not, for values refused by their type (a duration names the
             // value it refused, quoted): the key whose scalar is that value
             let first = e.to_string();
-            if let Some(key) = key_of_refused(text, &first) {
+            // (a policy: error names its key already)
+            if let Some(key) =
+                key_of_refused(text, &first).filter(|_| !first.contains("key policy."))
+            {
                 bail!("key {key}: {first}");
             }
             bail!("{first}");

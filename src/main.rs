@@ -134,6 +134,8 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
         None => (PathBuf::from(config::DEFAULT_CONFIG), false),
     };
     let file = config::load(&path, explicit)?;
+    // the file as read now: what the policy hub starts from and the watch compares with
+    let loaded = file.clone();
     init_logging(
         a.log_level
             .as_deref()
@@ -269,6 +271,7 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
         agent.policy(),
         path.clone(),
         std::time::Duration::from_secs(1),
+        loaded,
     );
     let pipeline = if file.isolation.unwrap_or(true) {
         if host.cgroups.is_none() {
@@ -276,22 +279,20 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
                 "no cgroup writes at the runtime hooks: only settings CRI carries will be applied"
             );
         }
+        // subscribed first: a policy published while the hook is built is not missed
+        let mut policy_rx = agent.policy().subscribe();
+        let first = policy_rx.borrow_and_update().clone();
         let iso = isolation::Isolation::new(
             host.cgroups.clone(),
             host.resctrl.clone(),
-            agent
-                .policy()
-                .current()
-                .policy
-                .resource_qos_strategy
-                .clone(),
+            first.policy.resource_qos_strategy.clone(),
             node.clone(),
             trust.clone(),
             pod_root.clone(),
         )
         .with_sysctl(&proc_root)
         .with_sys_root(std::path::Path::new("/sys"));
-        iso.policy_handle().follow(agent.policy().subscribe());
+        iso.policy_handle().follow(policy_rx);
         let _ = iso.inventory_slot().set(agent.inventory().clone());
         let hook: std::sync::Arc<dyn qoslet_proxy::Hook> =
             std::sync::Arc::new(qoslet_proxy::isolation::IsolationHook::new(iso));

@@ -90,6 +90,24 @@ pub struct AdminService {
     pub(crate) hub: Arc<crate::hub::PolicyHub>,
 }
 
+impl AdminService {
+    /// The policy hub's sources as they stand.
+    fn policy_sources(&self) -> (String, Vec<admin::PolicySource>) {
+        let p = self.hub.current();
+        let sources = p
+            .sources
+            .iter()
+            .map(|s| admin::PolicySource {
+                source: s.source.clone(),
+                state: s.state.clone(),
+                error: s.error.clone(),
+                in_force: s.in_force,
+            })
+            .collect();
+        (p.source.to_string(), sources)
+    }
+}
+
 #[tonic::async_trait]
 impl Admin for AdminService {
     async fn get_status(
@@ -110,7 +128,10 @@ impl Admin for AdminService {
         if let Some(f) = &front {
             f.counters(&mut counters);
         }
+        let (policy_source, policy_sources) = self.policy_sources();
         Ok(Response::new(admin::GetStatusResponse {
+            policy_source,
+            policy_sources,
             version: VERSION.into(),
             // the front end that serves the runtime's calls ("none": the agent alone)
             mode: front.as_ref().map_or("none", |f| f.mode()).into(),
@@ -166,18 +187,7 @@ impl Admin for AdminService {
             Some(e) => {
                 let mut plan = e.plan(&req.into_inner());
                 // the sources as they stand now (the plan is the last tick's)
-                let p = self.hub.current();
-                plan.policy_source = p.source.to_string();
-                plan.policy_sources = p
-                    .sources
-                    .iter()
-                    .map(|s| admin::PolicySource {
-                        source: s.source.clone(),
-                        state: s.state.clone(),
-                        error: s.error.clone(),
-                        in_force: s.in_force,
-                    })
-                    .collect();
+                (plan.policy_source, plan.policy_sources) = self.policy_sources();
                 Ok(Response::new(plan))
             }
             None => Err(QosletError::Off(

@@ -74,6 +74,20 @@ impl State {
     }
 }
 
+/// What a source tells the hub. (Not boxed: one per change of a source.)
+#[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)]
+pub enum Offer {
+    /// A new policy (valid: [`PolicyConfig`] is validated while parsed).
+    Policy(PolicyConfig),
+    /// Its new policy is refused, and why: its last good one stays.
+    Invalid(String),
+    /// It cannot be read or reached, and why: its last good one stays.
+    Stale(String),
+    /// It has no policy now: the next source's is in force.
+    Withdrawn,
+}
+
 struct Entry {
     good: Option<PolicyConfig>,
     state: State,
@@ -82,6 +96,10 @@ struct Entry {
 /// The hub (shared: every source and the agent hold it).
 pub struct PolicyHub {
     tx: watch::Sender<Arc<Published>>,
+    /// Held through an offer, its publish included, so offers publish in
+    /// order. Only sources take it (subscribers read the channel): a publish
+    /// that blocks resolving a device path holds up other offers, never a
+    /// call from the runtime's caller.
     sources: Mutex<BTreeMap<Source, Entry>>,
 }
 
@@ -130,53 +148,79 @@ impl PolicyHub {
     }
 
     /// `source` offers a new policy, or says why its new one is refused
-    /// (its last good one then stays in force). Blocking when the policy in
-    /// force changes (its block devices are resolved): call it off the thread
-    /// that serves the runtime.
+    /// (its last good one then stays in force). May block when the policy in
+    /// force changes (its block devices are resolved): call it off the
+    /// thread that serves the runtime (a source's own thread, or
+    /// `spawn_blocking`).
     pub fn offer(&self, source: Source, offered: Result<PolicyConfig, String>) {
-        self.update(source, |e| match offered {
-            Ok(p) => {
-                e.good = Some(p);
-                e.state = State::Ok;
-            }
-            Err(why) => e.state = State::Invalid(why),
-        });
+        self.apply(
+            source,
+            match offered {
+                Ok(p) => Offer::Policy(p),
+                Err(why) => Offer::Invalid(why),
+            },
+        );
     }
 
     /// `source` cannot be reached: its last good policy stays in force.
     pub fn stale(&self, source: Source, why: &str) {
-        self.update(source, |e| {
-            if e.good.is_some() {
-                e.state = State::Stale(why.to_string());
-            }
-        });
+        self.apply(source, Offer::Stale(why.to_string()));
     }
 
     /// `source` has no policy now: the next source's is in force.
     pub fn withdraw(&self, source: Source) {
-        self.update(source, |e| {
-            e.good = None;
-            e.state = State::Absent;
-        });
+        self.apply(source, Offer::Withdrawn);
     }
 
-    fn update(&self, source: Source, f: impl FnOnce(&mut Entry)) {
+    /// What `source` says (see [`PolicyHub::offer`] on blocking).
+    pub fn apply(&self, source: Source, offer: Offer) {
         let mut sources = self.sources.lock().unwrap_or_else(|e| e.into_inner());
+        let (policy, from, statuses) = {
+            let Some(e) = sources.get_mut(&source) else {
+                return;
+            };
+            let was = e.state.name();
+            match offer {
+                Offer::Policy(p) => {
+                    e.good = Some(p);
+                    e.state = State::Ok;
+                }
+                Offer::Invalid(why) => e.state = State::Invalid(why),
+                // without a good policy there is nothing to keep; an invalid
+                // source stays invalid (its reason is the one to fix), and a
+                // stale one keeps its first reason (no churn while it retries)
+                Offer::Stale(why) => {
+                    if e.good.is_some() && matches!(e.state, State::Ok) {
+                        e.state = State::Stale(why);
+                    }
+                }
+                Offer::Withdrawn => {
+                    e.good = None;
+                    e.state = State::Absent;
+                }
+            }
+            // logged once per change of state
+            if e.state.name() != was {
+                match &e.state {
+                    State::Invalid(why) => {
+                        error!(source = source.as_str(), error = %why, "policy refused; the last good policy stays in force")
+                    }
+                    State::Stale(why) => {
+                        warn!(source = source.as_str(), reason = %why, "policy source stale; its last good policy stays in force")
+                    }
+                    State::Ok | State::Absent => {
+                        info!(
+                            source = source.as_str(),
+                            state = e.state.name(),
+                            "policy source"
+                        )
+                    }
+                }
+            }
+            let (policy, from) = in_force(&sources);
+            (policy, from, statuses(&sources, from))
+        };
         let before = self.tx.borrow().clone();
-        if let Some(e) = sources.get_mut(&source) {
-            f(e);
-        }
-        match &sources[&source].state {
-            State::Invalid(why) => {
-                error!(source = source.as_str(), error = %why, "policy refused; the last good policy stays in force")
-            }
-            State::Stale(why) => {
-                warn!(source = source.as_str(), reason = %why, "policy source stale; its last good policy stays in force")
-            }
-            State::Ok | State::Absent => {}
-        }
-        let (policy, from) = in_force(&sources);
-        let statuses = statuses(&sources, from);
         if policy == before.policy && from == before.source && statuses == before.sources {
             return;
         }
@@ -188,21 +232,23 @@ impl PolicyHub {
                 warn!("{w}");
             }
             info!(source = from, "policy in force changed");
+            // may block (stats the policy's device paths)
             Published::new(policy)
         };
         next.source = from;
         next.error = error_of(&statuses);
         next.sources = statuses;
         self.tx.send_replace(Arc::new(next));
+        drop(sources);
     }
 
     /// Polls `poll` every `every` on a thread of its own (its file reads and
-    /// parsing never run on the thread that serves the runtime) and offers
+    /// parsing never run on the thread that serves the runtime) and applies
     /// what it returns for `source` (`None`: nothing changed). The thread
     /// ends with the hub.
     pub fn poll_source<F>(self: &Arc<Self>, source: Source, every: Duration, mut poll: F)
     where
-        F: FnMut() -> Option<Result<PolicyConfig, String>> + Send + 'static,
+        F: FnMut() -> Option<Offer> + Send + 'static,
     {
         let hub: Weak<Self> = Arc::downgrade(self);
         let spawned = std::thread::Builder::new()
@@ -210,11 +256,11 @@ impl PolicyHub {
             .spawn(move || loop {
                 std::thread::sleep(every);
                 let Some(hub) = hub.upgrade() else { return };
-                if let Some(offered) = poll() {
-                    if offered.is_ok() {
+                if let Some(offer) = poll() {
+                    if matches!(offer, Offer::Policy(_)) {
                         info!(source = source.as_str(), "policy reloaded");
                     }
-                    hub.offer(source, offered);
+                    hub.apply(source, offer);
                 }
             });
         if let Err(e) = spawned {
@@ -344,9 +390,19 @@ mod tests {
             p.error
         );
 
-        // the API server unreachable: still the last good, marked stale
+        // unreachable while invalid: still invalid (that reason is the one to fix)
         hub.stale(Source::Cluster, "connection refused");
+        assert_eq!(state(&rx.borrow(), "cluster"), ("invalid".into(), true));
+        // fixed, then the API server unreachable: still the last good, marked stale
+        hub.offer(Source::Cluster, Ok(policy(30)));
+        hub.stale(Source::Cluster, "connection refused");
+        // retries with other errors change nothing (no republish)
+        let mut sub = hub.subscribe();
+        sub.borrow_and_update();
+        hub.stale(Source::Cluster, "timed out");
+        assert!(!sub.has_changed().unwrap());
         let p = rx.borrow().clone();
+        assert!(p.sources[0].error.contains("refused"), "{:?}", p.sources);
         assert_eq!(
             (suppress(&p), state(&p, "cluster")),
             (30, ("stale".into(), true))

@@ -531,10 +531,10 @@ async fn a_hooks_refusal_reaches_a_grpcio_client_as_sent() {
         let mut via = Cri::connect(&sock).await;
         let admitted = unique("admitted");
         let acgp = tb.cgroup_parent(&admitted);
-        let pod = via
-            .run_pod(&pod_config(&admitted, &acgp))
-            .await
-            .expect("an admitted pod runs");
+        // (a namespace of its own: the other tests here count the pods of qoslet-e2e)
+        let mut acfg = pod_config(&admitted, &acgp);
+        acfg.metadata.as_mut().unwrap().namespace = "qoslet-admitted".into();
+        let pod = via.run_pod(&acfg).await.expect("an admitted pod runs");
         let c = AdminClient::new(channel(&admin).await)
             .get_status(qoslet_proto::admin::GetStatusRequest {})
             .await

@@ -83,34 +83,35 @@ hook_points! {
 }
 
 impl CriRequest {
-    /// What the call is about, for logs: `namespace/name` of a pod, or the
-    /// container or sandbox id (pod authors' input: cut to 128 bytes).
+    /// What the call is about, for logs: `namespace/name` of a pod (and the
+    /// container's name), or the container or sandbox id. Pod authors' input:
+    /// each part is cut to 128 characters.
     pub fn subject(&self) -> String {
+        fn cut(s: &str) -> &str {
+            s.char_indices().nth(128).map_or(s, |(i, _)| &s[..i])
+        }
         let pod = |c: Option<&cri::PodSandboxConfig>| {
             c.and_then(|c| c.metadata.as_ref())
-                .map(|m| format!("{}/{}", m.namespace, m.name))
+                .map(|m| format!("{}/{}", cut(&m.namespace), cut(&m.name)))
                 .unwrap_or_default()
         };
-        let s = match self {
+        match self {
             CriRequest::RunPodSandbox(r) => pod(r.config.as_ref()),
             CriRequest::CreateContainer(r) => format!(
                 "{} container {}",
                 pod(r.sandbox_config.as_ref()),
-                r.config
+                cut(r
+                    .config
                     .as_ref()
                     .and_then(|c| c.metadata.as_ref())
-                    .map_or("", |m| m.name.as_str())
+                    .map_or("", |m| m.name.as_str()))
             ),
-            CriRequest::StartContainer(r) => r.container_id.clone(),
-            CriRequest::UpdateContainerResources(r) => r.container_id.clone(),
-            CriRequest::StopContainer(r) => r.container_id.clone(),
-            CriRequest::RemoveContainer(r) => r.container_id.clone(),
-            CriRequest::StopPodSandbox(r) => r.pod_sandbox_id.clone(),
-            CriRequest::RemovePodSandbox(r) => r.pod_sandbox_id.clone(),
-        };
-        match s.char_indices().nth(128) {
-            Some((i, _)) => format!("{}…", &s[..i]),
-            None => s,
+            CriRequest::StartContainer(r) => cut(&r.container_id).into(),
+            CriRequest::UpdateContainerResources(r) => cut(&r.container_id).into(),
+            CriRequest::StopContainer(r) => cut(&r.container_id).into(),
+            CriRequest::RemoveContainer(r) => cut(&r.container_id).into(),
+            CriRequest::StopPodSandbox(r) => cut(&r.pod_sandbox_id).into(),
+            CriRequest::RemovePodSandbox(r) => cut(&r.pod_sandbox_id).into(),
         }
     }
 }

@@ -15,8 +15,13 @@
 //! A "before" hook answers a [`Verdict`]: pass, patch, or *refuse*. A refusal
 //! (admission: "not on this node now") is not a failure: it is the hook's
 //! answer, so no failure policy turns it into a pass. The call is not
-//! forwarded, the caller gets the hook's status code and message unchanged,
-//! and it is counted (`hook_refusals`) and logged with the call's subject.
+//! forwarded, the caller gets the hook's status code and message unchanged
+//! (the message cut to [`MAX_REFUSAL_MESSAGE`] bytes), and it is counted
+//! (`hook_refusals`) and logged with the call's subject. Only admission calls
+//! may be refused (RunPodSandbox, CreateContainer, StartContainer,
+//! UpdateContainerResources): kubelet reads a refused Stop or Remove as a
+//! teardown that never ends (or, with NOT_FOUND, as done), so a refusal there,
+//! or one with the OK code, is the hook's failure and its policy applies.
 //!
 //! A "before" hook may return a *patch*: a message of the request's type holding
 //! only the fields it overrides. The patch is encoded and appended to the
@@ -70,6 +75,11 @@ pub enum FailurePolicy {
     FailClosed,
 }
 
+/// A refusal's message is cut to this many bytes (on a character boundary):
+/// it travels as the `grpc-message` header, percent-encoded (up to 3 bytes
+/// per byte), and gRPC C-core clients refuse metadata past 8 KiB.
+pub const MAX_REFUSAL_MESSAGE: usize = 1024;
+
 /// A hook's "no": the gRPC status the caller gets, as given.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
@@ -79,11 +89,27 @@ pub struct Refusal {
 
 impl Refusal {
     pub fn new(code: tonic::Code, message: impl Into<String>) -> Self {
-        Self {
-            code,
-            message: message.into(),
+        let mut message = message.into();
+        if message.len() > MAX_REFUSAL_MESSAGE {
+            let mut end = MAX_REFUSAL_MESSAGE;
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            message.truncate(end);
         }
+        Self { code, message }
     }
+}
+
+/// The calls a hook may refuse: admission. (Teardown must always reach the runtime.)
+pub fn refusable(point: HookPoint) -> bool {
+    matches!(
+        point,
+        HookPoint::RunPodSandbox
+            | HookPoint::CreateContainer
+            | HookPoint::StartContainer
+            | HookPoint::UpdateContainerResources
+    )
 }
 
 /// What a "before" hook answers. (Not boxed: one per hook run, as [`CriRequest`].)
@@ -210,6 +236,13 @@ pub enum HookFailure {
         point: HookPoint,
         stage: Stage,
     },
+    #[error("hook {hook} {stage} {point} refused the call with {code:?}, which it may not (only admission calls are refused, never with OK)")]
+    WrongRefusal {
+        hook: String,
+        point: HookPoint,
+        stage: Stage,
+        code: tonic::Code,
+    },
     #[error("hook {hook} {stage} {point} returned a patch for {got} (ignored)")]
     WrongPatch {
         hook: String,
@@ -324,14 +357,25 @@ impl Pipeline {
             let outcome: Result<(), HookFailure> =
                 match self.run(r, point, Stage::Before, fut).await {
                     Ok(Verdict::Pass) => continue,
+                    Ok(Verdict::Refuse(refusal))
+                        if !refusable(point) || refusal.code == tonic::Code::Ok =>
+                    {
+                        Err(HookFailure::WrongRefusal {
+                            hook: r.hook.name().into(),
+                            point,
+                            stage: Stage::Before,
+                            code: refusal.code,
+                        })
+                    }
                     Ok(Verdict::Refuse(refusal)) => {
                         self.counters.refusals.fetch_add(1, Ordering::Relaxed);
+                        // (Debug: the message may echo pod authors' input)
                         warn!(
                             hook = r.hook.name(),
                             method = %point,
-                            subject = request.subject(),
+                            subject = ?request.subject(),
                             code = ?refusal.code,
-                            message = %refusal.message,
+                            message = ?refusal.message,
                             "call refused by hook"
                         );
                         return Err(Stopped::Refused {
@@ -576,6 +620,57 @@ mod tests {
                 "{policy:?}: the fail-closed hook after it never ran"
             );
         }
+    }
+
+    /// A refusal where none may be (teardown) or with the OK code is the
+    /// hook's failure: its policy applies. A long message is cut on a
+    /// character boundary.
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_out_of_place_is_a_failure_and_its_message_is_bounded() {
+        struct Refuser(tonic::Code);
+        impl Hook for Refuser {
+            fn name(&self) -> &str {
+                "refuser"
+            }
+            fn handles(&self, _: HookPoint, _: Stage) -> bool {
+                true
+            }
+            fn before(
+                &self,
+                _: HookContext,
+                _: Arc<CriRequest>,
+            ) -> BoxFuture<Result<Verdict, BoxError>> {
+                let code = self.0;
+                Box::pin(async move { Ok(Verdict::Refuse(Refusal::new(code, "é".repeat(2000)))) })
+            }
+        }
+        let p = |code, policy| {
+            Pipeline::with_hooks(vec![(
+                Arc::new(Refuser(code)) as Arc<dyn Hook>,
+                HookSettings {
+                    timeout: Duration::from_secs(1),
+                    policy,
+                },
+            )])
+        };
+        let stop = CriRequest::StopContainer(cri::StopContainerRequest::default());
+        let open = p(tonic::Code::NotFound, FailurePolicy::FailOpen);
+        let b = open.before(&ctx(), stop.clone()).await.unwrap();
+        assert_eq!(b.request, stop, "a teardown goes on (fail-open)");
+        assert_eq!(open.counters().errors.load(Ordering::Relaxed), 1);
+        let closed = p(tonic::Code::Ok, FailurePolicy::FailClosed);
+        let e = closed.before(&ctx(), start("c")).await.err().unwrap();
+        assert!(
+            matches!(e, Stopped::Failed(HookFailure::WrongRefusal { .. })),
+            "{e}"
+        );
+        assert_eq!(e.to_status().code(), tonic::Code::Internal);
+        let r = Refusal::new(tonic::Code::ResourceExhausted, "é".repeat(2000));
+        assert_eq!(
+            r.message.len(),
+            MAX_REFUSAL_MESSAGE,
+            "two bytes a character"
+        );
     }
 
     // paused time: a blocking-pool task holds the clock until it returns, so
