@@ -31,14 +31,14 @@ export QOSLET_PROMTOOL=$QOSLET_TESTBED/bin/promtool
 export QOSLET_STRICT_TESTS=1
 
 lap "build (workspace, debug)"
-cargo build --workspace --bins --tests --locked
+cargo build --workspace --bins --tests --locked --features qoslet-integration/testbed
 
 lap "start containerd 1.6 (main) and 1.7 (ctd17)"
 $TB up >/dev/null
 CONTAINERD=1.7 INSTANCE=ctd17 $TB up >/dev/null
 
-lap "cargo test --workspace"
-cargo test --workspace --locked
+lap "cargo test --workspace (with the test bed's tests)"
+cargo test --workspace --locked --features qoslet-integration/testbed
 
 lap "grpcurl smoke through a qoslet process"
 D=$QOSLET_TESTBED/smoke-run; rm -rf "$D"; mkdir -p "$D"

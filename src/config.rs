@@ -54,6 +54,8 @@ pub struct FileConfig {
     pub metrics_max_series: Option<usize>,
     /// Root of procfs (default /proc).
     pub proc_root: Option<PathBuf>,
+    /// Root of sysfs (default /sys): CPU topology, NUMA, block devices.
+    pub sys_root: Option<PathBuf>,
     /// The QoS engine's loop.
     pub qos_engine: Option<EngineConfig>,
     /// Whom qoslet trusts with class labels, the skip label and the scheduler's
@@ -94,6 +96,22 @@ pub struct EngineConfig {
     pub cpu_manager_policy: Option<String>,
     /// kubelet's root dir, for `cpu_manager_state` (default /var/lib/kubelet).
     pub kubelet_root_dir: Option<PathBuf>,
+}
+
+impl FileConfig {
+    /// procfs, as configured (`/proc` by default): the one place it is defaulted.
+    pub fn proc_root(&self) -> PathBuf {
+        self.proc_root
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("/proc"))
+    }
+
+    /// sysfs, as configured (`/sys` by default): the one place it is defaulted.
+    pub fn sys_root(&self) -> PathBuf {
+        self.sys_root
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("/sys"))
+    }
 }
 
 pub use qoslet_qos_engine::source::PolicyConfig;

@@ -14,6 +14,7 @@ pub fn settings(
     trust: qoslet_hooks::Trust,
     pod_root: qoslet_cgroups::PodRoot,
     proc_root: PathBuf,
+    sys_root: PathBuf,
     dry_run_flag: bool,
 ) -> anyhow::Result<Settings> {
     use crate::config::defaults;
@@ -33,7 +34,7 @@ pub fn settings(
             .context("qosEngine.beParent")?,
         reserved_cores: c.reserved_cpus.unwrap_or(0.0),
         verify_every: (drift_every.as_secs() / interval.as_secs()).max(1),
-        sys_root: PathBuf::from("/sys"),
+        sys_root,
         trust,
         pod_root,
         proc_root,

@@ -195,15 +195,9 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
     if trust != qoslet_hooks::Trust::default() {
         tracing::info!(namespaces = ?trust.namespaces, control_plane = trust.control_plane, "trusted sources of class labels and scheduler annotations");
     }
-    let proc_root = file
-        .proc_root
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("/proc"));
-    let node = isolation::node_facts(
-        std::path::Path::new("/sys"),
-        &proc_root,
-        file.reserved_cpuset.as_deref(),
-    );
+    let proc_root = loaded.proc_root();
+    let sys_root = loaded.sys_root();
+    let node = isolation::node_facts(&sys_root, &proc_root, file.reserved_cpuset.as_deref());
     let cgroup_root = file
         .cgroup_root
         .clone()
@@ -238,7 +232,7 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
                 .unwrap_or(true)
                 .then(|| cfg.state_dir.join("metrics.snapshot")),
             proc_root: proc_root.clone(),
-            sys_root: PathBuf::from("/sys"),
+            sys_root: sys_root.clone(),
             pod_root: pod_root.clone(),
             max_series: file
                 .metrics_max_series
@@ -253,6 +247,7 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
         trust.clone(),
         pod_root.clone(),
         proc_root.clone(),
+        sys_root.clone(),
         a.dry_run,
     )?;
     // the CRI socket first (a live qoslet: refused at once), then the agent core
@@ -291,7 +286,7 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
             pod_root.clone(),
         )
         .with_sysctl(&proc_root)
-        .with_sys_root(std::path::Path::new("/sys"));
+        .with_sys_root(&sys_root);
         iso.policy_handle().follow(policy_rx);
         let _ = iso.inventory_slot().set(agent.inventory().clone());
         let hook: std::sync::Arc<dyn qoslet_proxy::Hook> =

@@ -102,11 +102,8 @@ pub async fn run(a: RestoreArgs) -> Result<()> {
     let cgroups = qoslet_cgroups::Cgroups::detect(&cgroup_root)
         .with_context(|| format!("cgroups under {}", cgroup_root.display()))?;
     let policy_cfg = file.policy.clone().unwrap_or_default();
-    let proc_root = file
-        .proc_root
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("/proc"));
-    let sys_root = PathBuf::from("/sys");
+    let proc_root = file.proc_root();
+    let sys_root = file.sys_root();
     let env = qoslet_qos_engine::engine::Env {
         features: cgroups.host().features.clone(),
         v2: cgroups.host().is_v2(),
@@ -126,6 +123,7 @@ pub async fn run(a: RestoreArgs) -> Result<()> {
                 None => qoslet_cgroups::PodRoot::default(),
             },
             proc_root.clone(),
+            sys_root.clone(),
             false,
         )?
     };

@@ -1398,11 +1398,20 @@ mod tests {
             Outcome::Unchanged
         );
         assert_eq!(c.read(&be, "cpu", "cpu.idle").unwrap(), "1");
-        // a file the kernel does not offer is an error, never created
+        // a cgroup that is not there (removed since it was listed) is gone,
+        // a file the kernel does not offer is missing; neither is created
         let e = c
             .apply(&be.child("nope").unwrap(), &Knob::CpuShares(2))
             .unwrap_err();
-        assert!(matches!(e, CgroupError::Missing { .. }), "{e}");
+        assert!(matches!(e, CgroupError::Gone { .. }), "{e}");
+        let e = c.apply(&be, &Knob::GroupIdentity(2)).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                CgroupError::Missing { .. } | CgroupError::Unsupported { .. }
+            ),
+            "{e}"
+        );
         assert!(!d.join("cpu/kubepods/nope").exists());
         // a hostile parent never reaches the filesystem
         assert!(CgroupPath::parse("/kubepods/../../../etc").is_err());

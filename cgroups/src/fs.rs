@@ -255,15 +255,22 @@ pub enum Outcome {
     Written,
 }
 
+/// A file that is not there: its cgroup is gone (the directory was removed
+/// since it was listed), or the kernel does not offer the file.
+fn missing(path: &Path) -> CgroupError {
+    match path.parent() {
+        Some(dir) if !dir.exists() => CgroupError::Gone { cgroup: dir.into() },
+        _ => CgroupError::Missing { path: path.into() },
+    }
+}
+
 /// Reads a cgroup file, trimmed.
 pub fn read<T: Target + ?Sized>(t: &T) -> Result<String, CgroupError> {
     let path = t.path();
     let mut s = String::new();
     match t.open(false).and_then(|mut f| f.read_to_string(&mut s)) {
         Ok(_) => Ok(s.trim().to_string()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            Err(CgroupError::Missing { path: path.into() })
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(missing(path)),
         Err(source) => Err(CgroupError::Read {
             path: path.into(),
             source,
@@ -318,9 +325,7 @@ pub fn write<T: Target + ?Sized>(t: &T, value: &str) -> Result<(), CgroupError> 
         let r = t.open(true).and_then(|mut f| f.write_all(value.as_bytes()));
         match r {
             Ok(()) => return Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(CgroupError::Missing { path: path.into() })
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(missing(path)),
             Err(e) if attempt < 3 && e.raw_os_error().is_some_and(is_transient) => {
                 attempt += 1;
                 tracing::debug!(file = %path.display(), value, error = %e, attempt, "interrupted cgroup write; retrying");

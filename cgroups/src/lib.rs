@@ -51,6 +51,10 @@ pub enum CgroupError {
     },
     #[error("{path} does not exist (the kernel does not offer it here)")]
     Missing { path: PathBuf },
+    /// The cgroup itself is gone: removed since it was listed (its pod or
+    /// container ended). Not a failure of the write: nothing is left to set.
+    #[error("cgroup {cgroup} is gone")]
+    Gone { cgroup: PathBuf },
     #[error("no cgroup filesystem found under {root}")]
     NoCgroupFs { root: PathBuf },
     #[error("{knob} is not supported here: {reason}")]

@@ -138,6 +138,18 @@ impl MemFs {
     }
 }
 
+/// A file the tree lacks: its cgroup is gone when no file of the tree is in
+/// its directory (a directory exists here only through its files), else the
+/// kernel does not offer it.
+fn missing(files: &std::collections::BTreeMap<PathBuf, String>, path: &Path) -> CgroupError {
+    match path.parent() {
+        Some(dir) if !files.keys().any(|k| k.starts_with(dir)) => {
+            CgroupError::Gone { cgroup: dir.into() }
+        }
+        _ => CgroupError::Missing { path: path.into() },
+    }
+}
+
 /// Whether a file is a per-device table (one `major:minor ...` line per device).
 fn keyed(path: &Path) -> bool {
     let name = path
@@ -149,16 +161,18 @@ fn keyed(path: &Path) -> bool {
 
 impl Backend for MemFs {
     fn read(&self, f: &CgFile) -> Result<String, CgroupError> {
-        lock(&self.files)
-            .get(f.path())
-            .map(|s| s.trim().to_string())
-            .ok_or_else(|| CgroupError::Missing {
-                path: f.path().into(),
-            })
+        let files = lock(&self.files);
+        match files.get(f.path()) {
+            Some(s) => Ok(s.trim().to_string()),
+            None => Err(missing(&files, f.path())),
+        }
     }
 
     fn write(&self, f: &CgFile, value: &str) -> Result<(), CgroupError> {
         let mut files = lock(&self.files);
+        if !files.contains_key(f.path()) {
+            return Err(missing(&files, f.path()));
+        }
         let Some(cur) = files.get_mut(f.path()) else {
             return Err(CgroupError::Missing {
                 path: f.path().into(),

@@ -39,7 +39,12 @@ impl Sysctl {
 
     /// Sets the sysctl to `value` unless it holds it already.
     pub fn ensure(&self, name: &str, value: &str) -> Result<Outcome, CgroupError> {
-        crate::fs::write_if_changed(&self.path(name), value)
+        let path = self.path(name);
+        crate::fs::write_if_changed(&path, value).map_err(|e| match e {
+            // no such directory under /proc/sys: a kernel without the sysctl
+            CgroupError::Gone { .. } => CgroupError::Missing { path },
+            e => e,
+        })
     }
 
     /// Turns group identity on where the kernel has the switch, core

@@ -67,13 +67,43 @@ install() {
   return 0
 }
 
+# The Debian mirror this machine's apt uses (a node behind a local mirror has no other):
+# QOSLET_DEBIAN_MIRROR if set; else the first non-security deb source of the deb822 files
+# (/etc/apt/sources.list.d/*.sources), else of the one-line /etc/apt/sources.list; else
+# deb.debian.org.
+debian_mirror() {
+  if [ -n "${QOSLET_DEBIAN_MIRROR:-}" ]; then echo "$QOSLET_DEBIAN_MIRROR"; return; fi
+  local m=""
+  if ls /etc/apt/sources.list.d/*.sources >/dev/null 2>&1; then
+    # one stanza per paragraph: Types, URIs, Suites
+    m=$(awk 'BEGIN{RS=""; FS="\n"}
+      { types=""; uris=""; suites=""
+        for (i = 1; i <= NF; i++) {
+          if ($i ~ /^Types:/)  types = $i
+          if ($i ~ /^URIs:/)   { uris = $i; sub(/^URIs:[ \t]*/, "", uris) }
+          if ($i ~ /^Suites:/) suites = $i
+        }
+        if (types ~ /(^|[ \t])deb([ \t]|$)/ && suites !~ /-security/ && uris ~ /^https?:/) {
+          split(uris, u, /[ \t]+/); print u[1]; exit
+        } }' /etc/apt/sources.list.d/*.sources 2>/dev/null)
+  fi
+  if [ -z "$m" ] && [ -f /etc/apt/sources.list ]; then
+    # deb [options] URI suite components
+    m=$(awk '$1 == "deb" { i = 2; if ($i ~ /^\[/) { while ($i !~ /\]$/) i++; i++ }
+      if ($(i+1) !~ /-security/ && $i ~ /^https?:/) { print $i; exit } }' /etc/apt/sources.list)
+  fi
+  echo "${m:-http://deb.debian.org/debian}"
+}
+
 # Debian trixie's containerd 1.7.24 (NRI v0.6.1): needs only glibc 2.34, runs on bookworm with
 # bookworm's runc. Downloaded with a private APT config; /etc/apt is never touched.
 install_ctd17() {
   [ -x "$WORK/ctd17-pkg/usr/bin/containerd" ] && return 0
   local TA=$WORK/trixie-apt
   mkdir -p "$TA"/{lists/partial,cache/archives/partial,etc/sources.list.d,etc/preferences.d,debs}
-  echo 'deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main' > "$TA/etc/sources.list"
+  local mirror; mirror=$(debian_mirror)
+  log "Debian mirror for trixie: $mirror"
+  echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror trixie main" > "$TA/etc/sources.list"
   cat > "$TA/apt.conf" <<CONF
 Dir::Etc::SourceList "$TA/etc/sources.list";
 Dir::Etc::SourceParts "$TA/etc/sources.list.d";

@@ -311,17 +311,23 @@ impl Isolation {
                 q.cat_range_end_percent,
                 q.mba_percent,
             );
-            qoslet_qos_engine::resctrl::join(
+            match qoslet_qos_engine::resctrl::join(
                 group,
                 &schemata,
                 std::slice::from_ref(&cg),
                 rdt,
                 cgroups,
-            )
-            .map_err(|source| IsolationError::Resctrl {
-                group: group.to_string(),
-                source,
-            })?;
+            ) {
+                Ok(_) => {}
+                // the container ended meanwhile: nothing to assign
+                Err(qoslet_cgroups::CgroupError::Gone { .. }) => return Ok(()),
+                Err(source) => {
+                    return Err(IsolationError::Resctrl {
+                        group: group.to_string(),
+                        source,
+                    })
+                }
+            }
             store.set_container_applied(
                 &c.id,
                 "resctrl",

@@ -20,6 +20,11 @@ pub(crate) fn write(cgroups: Option<&Cgroups>, cg: &CgroupPath, knobs: &[Knob]) 
     for k in knobs {
         match c.apply(cg, k) {
             Ok(_) => debug!(cgroup = %cg, knob = ?k, "applied"),
+            // the pod or container ended meanwhile: nothing to isolate
+            Err(e @ CgroupError::Gone { .. }) => {
+                debug!(knob = k.name(), error = %e, "cgroup setting not applied");
+                return Written { failed };
+            }
             Err(e) => {
                 warn!(cgroup = %cg, knob = k.name(), error = %e, "cgroup setting not applied");
                 failed.push((k.clone(), e));

@@ -23,7 +23,7 @@ use crate::codec::{
     decode_at, encode_at, get_varint, put_varint, unzigzag, zigzag, HIST_LINEAR, LINEAR,
     ROLLUP_LINEAR,
 };
-use crate::fasthash::FastHasher;
+use crate::fasthash::FastState;
 use crate::metric::Metric;
 
 /// Raw samples are kept this long (seconds).
@@ -1068,7 +1068,7 @@ pub struct Tsdb {
     layout: u64,
 }
 
-type Entities = indexmap::IndexMap<String, Entity, std::hash::BuildHasherDefault<FastHasher>>;
+type Entities = indexmap::IndexMap<String, Entity, FastState>;
 
 /// Layouts are drawn from one counter, so that no two caches (or one cache
 /// before and after a change) ever share a layout a hint could match.

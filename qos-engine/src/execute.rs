@@ -38,6 +38,9 @@ pub struct Report {
     pub drift: Vec<String>,
     /// Failed writes, each naming the file and value; the others still ran.
     pub errors: Vec<String>,
+    /// Writes to cgroups that were gone (removed since the inventory listed
+    /// them: their pod or container ended): not errors.
+    pub gone: usize,
     /// What happened to each write of the plan, in the plan's order.
     pub states: Vec<WriteState>,
 }
@@ -205,9 +208,11 @@ impl Executor {
                     }
                     done.push((*k).clone());
                 }
-                Err(CgroupError::Missing { .. } | CgroupError::Unsupported { .. }) => {
-                    done.push((*k).clone())
-                }
+                Err(
+                    CgroupError::Missing { .. }
+                    | CgroupError::Unsupported { .. }
+                    | CgroupError::Gone { .. },
+                ) => done.push((*k).clone()),
                 Err(e) => r.errors.push(format!("restoring {cg}: {e}")),
             }
         }
@@ -312,6 +317,13 @@ impl Executor {
                         },
                     );
                 }
+                Err(e @ CgroupError::Gone { .. }) => {
+                    // the pod or container ended since the inventory: nothing to set
+                    self.known.remove(k);
+                    tracing::debug!(error = %e, "write skipped");
+                    r.states[*at] = WriteState::Error(e.to_string());
+                    r.gone += 1;
+                }
                 Err(e) => {
                     self.known.remove(k);
                     r.states[*at] = WriteState::Error(e.to_string());
@@ -396,6 +408,8 @@ mod tests {
     fn tree() -> (Arc<MemFs>, Cgroups) {
         MemFs::v1_tree(&[
             ("cpu/cgroup.procs", ""),
+            // a cgroup without the quota files (a kernel without CFS bandwidth)
+            ("cpu/kubepods/noquota/cgroup.procs", ""),
             ("cpu/kubepods/besteffort/cpu.cfs_quota_us", "-1\n"),
             ("cpu/kubepods/besteffort/cpu.cfs_period_us", "100000\n"),
             ("cpu/kubepods/besteffort/pod1/cpu.cfs_quota_us", "-1\n"),
@@ -525,7 +539,12 @@ mod tests {
         p.add(quota("kubepods/besteffort", 80_000));
         p.add(quota("kubepods/besteffort/gone", 1_000));
         p.add(quota("kubepods/besteffort/gone2", 1_000));
-        assert_eq!(e.execute(&p, &cg).errors.len(), 2);
+        let r = e.execute(&p, &cg);
+        assert_eq!(
+            (r.errors.len(), r.gone),
+            (0, 2),
+            "gone cgroups are not errors"
+        );
         assert_eq!(e.known_files(), 1, "only the written file is known");
         // someone changes pod1 meanwhile; when it is planned again it is read, not skipped
         m.set("cpu/kubepods/besteffort/pod1/cpu.cfs_quota_us", "-1\n");
@@ -576,13 +595,15 @@ mod tests {
     fn failures_are_reported_and_retried_and_the_others_still_run() {
         let (_m, cg) = tree();
         let mut plan = Plan::new();
-        plan.add(quota("/kubepods/gone", 50_000));
+        plan.add(quota("/kubepods/noquota", 50_000));
         plan.add(quota("/kubepods/besteffort", 70_000));
+        // a pod that ended since the inventory: not an error
+        plan.add(quota("/kubepods/gone", 50_000));
         let mut ex = Executor::new(10);
         let r = ex.execute(&plan, &cg);
         assert_eq!(r.written, 1, "{r:?}");
-        assert_eq!(r.errors.len(), 1, "{r:?}");
-        assert!(r.errors[0].contains("gone"), "{r:?}");
+        assert_eq!((r.errors.len(), r.gone), (1, 1), "{r:?}");
+        assert!(r.errors[0].contains("noquota"), "{r:?}");
         let r = ex.execute(&plan, &cg);
         assert_eq!(
             (r.errors.len(), r.skipped),
