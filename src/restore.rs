@@ -152,9 +152,10 @@ pub async fn run(a: RestoreArgs) -> Result<()> {
     }
     let r = engine::restore(&cgroups, &settings, &inv, &policy, &env);
     println!(
-        "qoslet restore: {} files written, {} already right, {} errors",
+        "qoslet restore: {} files written, {} already right, {} in cgroups gone since, {} errors",
         r.written,
         r.unchanged,
+        r.gone,
         r.errors.len()
     );
     for e in &r.errors {

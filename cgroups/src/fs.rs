@@ -256,10 +256,15 @@ pub enum Outcome {
 }
 
 /// A file that is not there: its cgroup is gone (the directory was removed
-/// since it was listed), or the kernel does not offer the file.
+/// since it was listed: its parent is still there), or the kernel does not
+/// offer the file. A cgroup whose parent is missing too is not "gone" but a
+/// wrong path (a wrong `cgroupRoot`, a runtime that keeps containers' cgroups
+/// off the host): that stays an error.
 fn missing(path: &Path) -> CgroupError {
     match path.parent() {
-        Some(dir) if !dir.exists() => CgroupError::Gone { cgroup: dir.into() },
+        Some(dir) if !dir.exists() && dir.parent().is_some_and(Path::exists) => {
+            CgroupError::Gone { cgroup: dir.into() }
+        }
         _ => CgroupError::Missing { path: path.into() },
     }
 }

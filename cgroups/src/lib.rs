@@ -77,6 +77,30 @@ pub use path::{CgroupPath, PodRoot};
 /// tested nothing. Elsewhere (a developer's `cargo test` on another host) it
 /// says why on stderr and returns.
 #[doc(hidden)]
+/// The real cgroup v1 of this host for a test that needs it (root, v1):
+/// `None` (skipped, see [`skip_test`]) elsewhere.
+pub fn real_v1_host(test: &str) -> Option<Cgroups> {
+    if !rustix::process::geteuid().is_root() {
+        skip_test(test, "needs root");
+        return None;
+    }
+    match Cgroups::detect(std::path::Path::new("/sys/fs/cgroup")) {
+        Ok(c) if !c.host().is_v2() => Some(c),
+        Ok(_) => {
+            skip_test(
+                test,
+                "the host is cgroup v2 (this test checks v1's kernel rules)",
+            );
+            None
+        }
+        Err(e) => {
+            skip_test(test, &format!("no cgroups here: {e}"));
+            None
+        }
+    }
+}
+
+#[doc(hidden)]
 pub fn skip_test(test: &str, reason: &str) {
     assert!(
         std::env::var_os("QOSLET_STRICT_TESTS").is_none(),

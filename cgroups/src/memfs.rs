@@ -139,11 +139,12 @@ impl MemFs {
 }
 
 /// A file the tree lacks: its cgroup is gone when no file of the tree is in
-/// its directory (a directory exists here only through its files), else the
-/// kernel does not offer it.
+/// its directory but some is in the one above (a directory exists here only
+/// through its files), else the kernel does not offer it (or the path is wrong).
 fn missing(files: &std::collections::BTreeMap<PathBuf, String>, path: &Path) -> CgroupError {
+    let there = |d: &Path| files.keys().any(|k| k.starts_with(d));
     match path.parent() {
-        Some(dir) if !files.keys().any(|k| k.starts_with(dir)) => {
+        Some(dir) if !there(dir) && dir.parent().is_some_and(there) => {
             CgroupError::Gone { cgroup: dir.into() }
         }
         _ => CgroupError::Missing { path: path.into() },

@@ -106,9 +106,22 @@ where
     }
 }
 
-/// A fresh scratch dir for one test under the test bed's work dir.
+/// Where scratch dirs go: under the test bed's work dir for the test bed's
+/// tests, else (tests that run anywhere, as any user) a temp dir of this user's.
+fn scratch_root() -> std::path::PathBuf {
+    if cfg!(feature = "testbed") || std::env::var_os("QOSLET_TESTBED").is_some() {
+        testbed::work_dir().join("scratch")
+    } else {
+        use std::os::unix::fs::MetadataExt;
+        // (the owner of /proc/self is this process's user)
+        let uid = std::fs::metadata("/proc/self").map_or(0, |m| m.uid());
+        std::env::temp_dir().join(format!("qoslet-scratch-{uid}"))
+    }
+}
+
+/// A fresh scratch dir for one test ([`scratch_root`]).
 pub fn scratch(name: &str) -> std::path::PathBuf {
-    let d = testbed::work_dir().join("scratch").join(unique(name));
+    let d = scratch_root().join(unique(name));
     std::fs::create_dir_all(&d).unwrap();
     d
 }

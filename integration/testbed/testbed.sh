@@ -73,26 +73,37 @@ install() {
 # deb.debian.org.
 debian_mirror() {
   if [ -n "${QOSLET_DEBIAN_MIRROR:-}" ]; then echo "$QOSLET_DEBIAN_MIRROR"; return; fi
-  local m=""
+  local cands="" m
   if ls /etc/apt/sources.list.d/*.sources >/dev/null 2>&1; then
-    # one stanza per paragraph: Types, URIs, Suites
-    m=$(awk 'BEGIN{RS=""; FS="\n"}
-      { types=""; uris=""; suites=""
+    # one stanza per paragraph; enabled deb stanzas of Debian's own archive
+    # (signed by its keyring, or a .../debian path), not -security
+    cands=$(awk 'BEGIN{RS=""; FS="\n"}
+      { types=""; uris=""; suites=""; signed=""; enabled="yes"
         for (i = 1; i <= NF; i++) {
-          if ($i ~ /^Types:/)  types = $i
-          if ($i ~ /^URIs:/)   { uris = $i; sub(/^URIs:[ \t]*/, "", uris) }
-          if ($i ~ /^Suites:/) suites = $i
+          if ($i ~ /^Types:/)     types = $i
+          if ($i ~ /^URIs:/)      { uris = $i; sub(/^URIs:[ \t]*/, "", uris) }
+          if ($i ~ /^Suites:/)    suites = $i
+          if ($i ~ /^Signed-By:/) signed = $i
+          if ($i ~ /^Enabled:[ \t]*(no|false)/) enabled = "no"
         }
-        if (types ~ /(^|[ \t])deb([ \t]|$)/ && suites !~ /-security/ && uris ~ /^https?:/) {
-          split(uris, u, /[ \t]+/); print u[1]; exit
-        } }' /etc/apt/sources.list.d/*.sources 2>/dev/null)
+        if (enabled == "no" || types !~ /(^|[ \t])deb([ \t]|$)/ || suites ~ /-security/) next
+        n = split(uris, u, /[ \t]+/)
+        for (j = 1; j <= n; j++)
+          if (u[j] ~ /^https?:/ && (signed ~ /debian-archive-keyring/ || u[j] ~ /\/debian\/?$/)) print u[j]
+      }' /etc/apt/sources.list.d/*.sources 2>/dev/null)
   fi
-  if [ -z "$m" ] && [ -f /etc/apt/sources.list ]; then
-    # deb [options] URI suite components
-    m=$(awk '$1 == "deb" { i = 2; if ($i ~ /^\[/) { while ($i !~ /\]$/) i++; i++ }
-      if ($(i+1) !~ /-security/ && $i ~ /^https?:/) { print $i; exit } }' /etc/apt/sources.list)
+  if [ -f /etc/apt/sources.list ]; then
+    # deb [options] URI suite components (options dropped first)
+    cands="$cands
+$(sed -e 's/\[[^]]*\]//' /etc/apt/sources.list | awk '$1 == "deb" && $3 !~ /-security/ && $2 ~ /^https?:/ && $2 ~ /\/debian\/?$/ { print $2 }')"
   fi
-  echo "${m:-http://deb.debian.org/debian}"
+  # the first that serves trixie
+  for m in $cands; do
+    m=${m%/}
+    if curl -fsSI --max-time 10 "$m/dists/trixie/Release" >/dev/null 2>&1; then echo "$m"; return; fi
+  done
+  log "no apt source of this machine serves Debian trixie${cands:+ (tried: $(echo $cands))}; using deb.debian.org"
+  echo "http://deb.debian.org/debian"
 }
 
 # Debian trixie's containerd 1.7.24 (NRI v0.6.1): needs only glibc 2.34, runs on bookworm with

@@ -88,6 +88,9 @@ impl Isolation {
             }
         }
         let written = write(self.cgroups.as_deref(), &cg, &d.cgroup());
+        if written.gone {
+            return Ok(());
+        }
         for (k, v) in written.entries(&cgroup_written(&d.decisions), shared.v2) {
             store.set_pod_applied(&pod.id, &k, &v);
         }
@@ -295,6 +298,10 @@ impl Isolation {
         };
         let cgroups = self.cgroups.as_deref();
         let written = write(cgroups, &cg, &d.cgroup());
+        if written.gone {
+            // the container ended meanwhile: no settings, no resctrl group
+            return Ok(());
+        }
         record(
             store,
             &c.id,
@@ -319,8 +326,7 @@ impl Isolation {
                 cgroups,
             ) {
                 Ok(_) => {}
-                // the container ended meanwhile: nothing to assign
-                Err(qoslet_cgroups::CgroupError::Gone { .. }) => return Ok(()),
+                // (a Gone here is the resctrl group's: an error like any other)
                 Err(source) => {
                     return Err(IsolationError::Resctrl {
                         group: group.to_string(),

@@ -20,10 +20,10 @@ pub(crate) fn write(cgroups: Option<&Cgroups>, cg: &CgroupPath, knobs: &[Knob]) 
     for k in knobs {
         match c.apply(cg, k) {
             Ok(_) => debug!(cgroup = %cg, knob = ?k, "applied"),
-            // the pod or container ended meanwhile: nothing to isolate
+            // the pod or container ended meanwhile: nothing to isolate, nothing to record
             Err(e @ CgroupError::Gone { .. }) => {
                 debug!(knob = k.name(), error = %e, "cgroup setting not applied");
-                return Written { failed };
+                return Written { failed, gone: true };
             }
             Err(e) => {
                 warn!(cgroup = %cg, knob = k.name(), error = %e, "cgroup setting not applied");
@@ -31,13 +31,19 @@ pub(crate) fn write(cgroups: Option<&Cgroups>, cg: &CgroupPath, knobs: &[Knob]) 
             }
         }
     }
-    Written { failed }
+    Written {
+        failed,
+        gone: false,
+    }
 }
 
 /// What [`write`] could not write: each knob with its error.
 #[derive(Default)]
 pub(crate) struct Written {
     failed: Vec<(Knob, CgroupError)>,
+    /// The cgroup was gone (its pod or container ended): nothing was written
+    /// after that, and nothing is to be recorded.
+    pub(crate) gone: bool,
 }
 
 impl Written {

@@ -143,6 +143,8 @@ pub struct Shared {
     writes: AtomicU64,
     drift: AtomicU64,
     errors: AtomicU64,
+    /// Writes skipped because their cgroup was gone (its pod or container ended).
+    gone: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -520,6 +522,7 @@ impl Shared {
             writes: AtomicU64::new(0),
             drift: AtomicU64::new(0),
             errors: AtomicU64::new(0),
+            gone: AtomicU64::new(0),
         })
     }
 
@@ -857,6 +860,7 @@ impl Shared {
                         .fetch_add(r.drift.len() as u64, Ordering::Relaxed);
                     self.errors
                         .fetch_add(r.errors.len() as u64, Ordering::Relaxed);
+                    self.gone.fetch_add(r.gone as u64, Ordering::Relaxed);
                     (
                         r.drift,
                         r.errors,
@@ -1059,6 +1063,11 @@ impl Shared {
                 "qoslet_engine_errors_total",
                 "Failed QoS engine writes.",
                 &self.errors,
+            ),
+            (
+                "qoslet_engine_gone_total",
+                "QoS engine writes skipped because their cgroup was gone (its pod or container ended since the inventory).",
+                &self.gone,
             ),
         ] {
             o.single(name, "counter", help, v.load(Ordering::Relaxed) as f64);
