@@ -28,6 +28,7 @@ pub mod memfs;
 pub mod path;
 pub mod resctrl;
 pub mod sysctl;
+pub mod topology;
 
 use std::path::PathBuf;
 

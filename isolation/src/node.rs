@@ -14,14 +14,11 @@ pub fn node_facts(
     reserved: Option<&str>,
 ) -> NodeFacts {
     use qoslet_cgroups::cgroup::parse_cpu_list;
-    let online_path = sys_root.join("devices/system/cpu/online");
-    let online = std::fs::read_to_string(&online_path)
-        .ok()
-        .and_then(|s| parse_cpu_list(&s))
-        .unwrap_or_else(|| {
-            warn!(path = %online_path.display(), "online CPUs unknown; cpuset annotations will not be honoured");
-            Default::default()
-        });
+    use qoslet_cgroups::topology;
+    let online = topology::online_cpus(sys_root).unwrap_or_else(|| {
+        warn!(sys = %sys_root.display(), "online CPUs unknown; cpuset annotations will not be honoured");
+        Default::default()
+    });
     let memory = std::fs::read_to_string(proc_root.join("meminfo"))
         .ok()
         .and_then(|m| {
@@ -31,17 +28,8 @@ pub fn node_facts(
         })
         .map(|kb| kb.saturating_mul(1024))
         .unwrap_or(0);
-    // the NUMA layout (`node*/cpulist`), for pods the scheduler allocated on NUMA nodes
-    let numa = std::fs::read_dir(sys_root.join("devices/system/node"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let n: u32 = e.file_name().to_str()?.strip_prefix("node")?.parse().ok()?;
-            let cpus = std::fs::read_to_string(e.path().join("cpulist")).ok()?;
-            Some((n, parse_cpu_list(cpus.trim())?))
-        })
-        .collect();
+    // the NUMA layout, for pods the scheduler allocated on NUMA nodes
+    let numa = topology::numa_nodes(sys_root);
     NodeFacts {
         milli_cpus: online.len() as u64 * 1000,
         online_cpus: online,

@@ -59,9 +59,7 @@ impl Placer {
         let mut whole = self
             .sys_root
             .as_ref()
-            .and_then(|s| std::fs::read_to_string(s.join("devices/system/cpu/online")).ok())
-            .and_then(|s| qoslet_cgroups::cgroup::parse_cpu_list(s.trim()))
-            .filter(|c| !c.is_empty())
+            .and_then(|s| qoslet_cgroups::topology::online_cpus(s))
             .unwrap_or_else(|| node.online_cpus.clone());
         if let (Some(cg), Some(p)) = (cgroups, pod_cg) {
             if !cg.host().is_v2() {

@@ -158,61 +158,35 @@ const STALE_TICKS: u32 = 5;
 /// A figure and the ticks since it was measured.
 type Aged = (f64, u32);
 
-/// The CPUs of each NUMA node (`/sys/devices/system/node/node*/cpulist`),
-/// else all online CPUs as one node, else `0..capacity`.
+/// The CPUs of each NUMA node, else all online CPUs as one node, else
+/// `0..capacity` (sysfs as `qoslet_cgroups::topology` reads it).
 fn numa(sys_root: &Path, capacity: f64) -> Vec<Vec<u32>> {
-    let parse = |p: &Path| -> Option<Vec<u32>> {
-        let s = std::fs::read_to_string(p).ok()?;
-        crate::cpuset::parse_cpus(&s).map(|c| c.into_iter().collect())
-    };
-    let mut nodes: Vec<(u32, Vec<u32>)> = std::fs::read_dir(sys_root.join("devices/system/node"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().to_string();
-            let n: u32 = name.strip_prefix("node")?.parse().ok()?;
-            parse(&e.path().join("cpulist")).map(|c| (n, c))
-        })
-        .filter(|(_, c)| !c.is_empty())
-        .collect();
-    nodes.sort();
+    use qoslet_cgroups::topology;
+    let nodes = topology::numa_nodes(sys_root);
     if !nodes.is_empty() {
-        return nodes.into_iter().map(|(_, c)| c).collect();
+        return nodes
+            .into_values()
+            .map(|c| c.into_iter().collect())
+            .collect();
     }
-    if let Some(c) = parse(&sys_root.join("devices/system/cpu/online")).filter(|c| !c.is_empty()) {
-        return vec![c];
+    if let Some(c) = topology::online_cpus(sys_root) {
+        return vec![c.into_iter().collect()];
     }
     vec![(0..capacity.max(1.0) as u32).collect()]
 }
 
-/// Each CPU's core and socket (`/sys/devices/system/cpu/cpuN/topology`: the
-/// core named by the lowest CPU of `thread_siblings_list`, which core ids do
-/// not name across clusters on arm64; `physical_package_id`); a CPU whose
-/// files cannot be read is left out (it then counts as its own core on socket 0).
+/// Each CPU's core and socket; a CPU whose core cannot be read is left out
+/// (it then counts as its own core on socket 0).
 fn places(sys_root: &Path, numa: &[Vec<u32>]) -> BTreeMap<u32, crate::cpuset::CpuPlace> {
-    let read = |cpu: u32, f: &str| -> Option<u32> {
-        std::fs::read_to_string(sys_root.join(format!("devices/system/cpu/cpu{cpu}/topology/{f}")))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
-    };
-    let siblings = |cpu: u32| -> Option<u32> {
-        let s = std::fs::read_to_string(sys_root.join(format!(
-            "devices/system/cpu/cpu{cpu}/topology/thread_siblings_list"
-        )))
-        .ok()?;
-        crate::cpuset::parse_cpus(s.trim())?.into_iter().next()
-    };
+    use qoslet_cgroups::topology;
     numa.iter()
         .flatten()
         .filter_map(|&c| {
             Some((
                 c,
                 crate::cpuset::CpuPlace {
-                    core: siblings(c)?,
-                    socket: read(c, "physical_package_id").unwrap_or(0),
+                    core: topology::core_of(sys_root, c)?,
+                    socket: topology::socket_of(sys_root, c).unwrap_or(0),
                 },
             ))
         })
@@ -230,7 +204,7 @@ struct Topology {
 
 impl Topology {
     fn refresh(&mut self, sys_root: &Path, capacity: f64) -> &Self {
-        let online = std::fs::read_to_string(sys_root.join("devices/system/cpu/online")).ok();
+        let online = qoslet_cgroups::topology::online_text(sys_root);
         if self.seen.as_ref() != Some(&online) {
             self.numa = numa(sys_root, capacity);
             self.places = places(sys_root, &self.numa);
