@@ -95,19 +95,7 @@ pub async fn status(a: AdminArgs) -> Result<()> {
         c.hook_errors, c.hook_timeouts, c.hook_panics, c.hook_refusals
     );
     println!("connections: {}", c.connections_terminated);
-    let sources: Vec<String> = s
-        .policy_sources
-        .iter()
-        .map(|p| match p.error.as_str() {
-            "" => format!("{} {}", p.source, p.state),
-            why => format!("{} {} ({why})", p.source, p.state),
-        })
-        .collect();
-    println!(
-        "policy: in force from {}; sources: {}",
-        s.policy_source,
-        sources.join(", ")
-    );
+    println!("{}", policy_line(&s.policy_source, &s.policy_sources));
     Ok(())
 }
 
@@ -355,19 +343,7 @@ pub async fn plan(a: PlanArgs) -> Result<()> {
             p.written, p.unchanged, p.skipped
         );
     }
-    let sources: Vec<String> = p
-        .policy_sources
-        .iter()
-        .map(|s| match s.error.as_str() {
-            "" => format!("{} {}", s.source, s.state),
-            why => format!("{} {} ({why})", s.source, s.state),
-        })
-        .collect();
-    println!(
-        "policy: in force from {}; sources: {}",
-        p.policy_source,
-        sources.join(", ")
-    );
+    println!("{}", policy_line(&p.policy_source, &p.policy_sources));
     if !p.policy_error.is_empty() {
         println!(
             "POLICY INVALID (the last good policy is in force): {}",
@@ -402,4 +378,19 @@ pub async fn plan(a: PlanArgs) -> Result<()> {
         println!("    because: {}", w.rule);
     }
     Ok(())
+}
+
+/// `policy: in force from file; sources: cluster absent, file ok` (status and plan).
+fn policy_line(in_force: &str, sources: &[qoslet_proto::admin::PolicySource]) -> String {
+    let sources: Vec<String> = sources
+        .iter()
+        .map(|s| match s.error.as_str() {
+            "" => format!("{} {}", s.source, s.state),
+            why => format!("{} {} ({why})", s.source, s.state),
+        })
+        .collect();
+    format!(
+        "policy: in force from {in_force}; sources: {}",
+        sources.join(", ")
+    )
 }

@@ -105,16 +105,7 @@ impl<const N: usize> Block<N> {
     /// (growing `out` exactly), and returns the emptied buffer for reuse.
     pub(super) fn seal_into(mut self, out: &mut Vec<u8>) -> Vec<u8> {
         self.flush_run();
-        let mut head = Vec::with_capacity(20);
-        put_varint(&mut head, self.start.into());
-        put_varint(&mut head, self.rows.into());
-        put_varint(&mut head, (self.prev_ts - self.start).into());
-        put_varint(&mut head, self.buf.len() as u64);
-        out.reserve_exact(head.len() + self.buf.len());
-        out.extend_from_slice(&head);
-        out.extend_from_slice(&self.buf);
-        self.buf.clear();
-        self.buf
+        seal(out, self.start, self.rows, self.prev_ts, self.buf)
     }
 
     /// A new block writing into `buf` (a sealed block's, reused: no allocation churn).
@@ -252,4 +243,26 @@ pub(super) fn expire_blocks(stream: &mut Vec<u8>, cutoff: u32) {
             stream.shrink_to_fit();
         }
     }
+}
+
+/// Appends a sealed block, `[start][rows][end - start][len][payload]`, to
+/// `out` (growing it exactly), and returns the payload's buffer emptied for
+/// reuse: the one header format of raw and rollup blocks.
+pub(super) fn seal(
+    out: &mut Vec<u8>,
+    start: u32,
+    rows: u32,
+    end: u32,
+    mut buf: Vec<u8>,
+) -> Vec<u8> {
+    let mut head = Vec::with_capacity(20);
+    put_varint(&mut head, start.into());
+    put_varint(&mut head, rows.into());
+    put_varint(&mut head, (end - start).into());
+    put_varint(&mut head, buf.len() as u64);
+    out.reserve_exact(head.len() + buf.len());
+    out.extend_from_slice(&head);
+    out.extend_from_slice(&buf);
+    buf.clear();
+    buf
 }

@@ -330,16 +330,7 @@ impl RollBlock {
     /// returns the emptied buffer for reuse.
     pub(super) fn seal_into(mut self, out: &mut Vec<u8>) -> Vec<u8> {
         self.flush_run();
-        let mut head = Vec::with_capacity(20);
-        put_varint(&mut head, self.start.into());
-        put_varint(&mut head, self.rows.into());
-        put_varint(&mut head, (self.prev_ts - self.start).into());
-        put_varint(&mut head, self.buf.len() as u64);
-        out.reserve_exact(head.len() + self.buf.len());
-        out.extend_from_slice(&head);
-        out.extend_from_slice(&self.buf);
-        self.buf.clear();
-        self.buf
+        seal(out, self.start, self.rows, self.prev_ts, self.buf)
     }
 
     /// Calls `f` on each row of an open block.
