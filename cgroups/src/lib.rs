@@ -67,6 +67,22 @@ pub enum CgroupError {
     Parse { path: PathBuf, content: String },
 }
 
+impl CgroupError {
+    /// The file or cgroup the error is about, when it names one.
+    pub fn path(&self) -> Option<&std::path::Path> {
+        match self {
+            CgroupError::SymlinkEscape { path }
+            | CgroupError::Write { path, .. }
+            | CgroupError::Read { path, .. }
+            | CgroupError::Missing { path }
+            | CgroupError::Parse { path, .. } => Some(path),
+            CgroupError::Gone { cgroup } => Some(cgroup),
+            CgroupError::NoCgroupFs { root } => Some(root),
+            CgroupError::UnsafePath { .. } | CgroupError::Unsupported { .. } => None,
+        }
+    }
+}
+
 pub use blkio::{Device, IoLimits};
 pub use cgroup::{files, Cgroups, FileWrite, Knob, KnobKind, MemTune, MemTunes};
 pub use detect::{Features, Host, Layout};

@@ -150,9 +150,71 @@ pub struct Split {
     pub not_implemented: Vec<String>,
 }
 
+/// Why a NodeSLO spec is refused before its values are parsed: a field
+/// name neither qoslet nor Koordinator defines, with its path.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NodeSloError {
+    /// A key with `.`, `[` or `]` in it, or an empty one (`path`: its parent).
+    #[error("field name {name:?}{} is not a NodeSLO field name (nest the keys instead of joining them with '.')", at(path))]
+    JoinedName { name: String, path: String },
+    /// A field nobody defines, and the closest sibling when one is near.
+    #[error("unknown field {path} ({})", hint(suggestion, known))]
+    Unknown {
+        path: String,
+        /// The sibling it is most likely a misspelling of (whole path).
+        suggestion: Option<String>,
+        /// The names defined beside it.
+        known: Vec<String>,
+    },
+}
+
+fn at(path: &str) -> String {
+    if path.is_empty() {
+        String::new()
+    } else {
+        format!(" in {path}")
+    }
+}
+
+fn hint(suggestion: &Option<String>, known: &[String]) -> String {
+    match suggestion {
+        Some(s) => format!("did you mean {s}?"),
+        None => format!(
+            "neither qoslet nor Koordinator's NodeSLO has it; known here: {}",
+            known.join(", ")
+        ),
+    }
+}
+
+impl NodeSloError {
+    /// The field's path.
+    pub fn path(&self) -> &str {
+        match self {
+            NodeSloError::JoinedName { path, .. } | NodeSloError::Unknown { path, .. } => path,
+        }
+    }
+
+    /// The same error at the `i`th item of the list `list` (walked as `list[]`).
+    fn at_item(mut self, list: &str, i: usize) -> Self {
+        let (from, to) = (format!("{list}[]"), format!("{list}[{i}]"));
+        match &mut self {
+            NodeSloError::JoinedName { path, .. } => *path = path.replacen(&from, &to, 1),
+            NodeSloError::Unknown {
+                path, suggestion, ..
+            } => {
+                *path = path.replacen(&from, &to, 1);
+                if let Some(s) = suggestion {
+                    *s = s.replacen(&from, &to, 1);
+                }
+            }
+        }
+        self
+    }
+}
+
 /// Splits a NodeSLO spec (or a whole NodeSLO object: its `spec` is used).
 /// `Err` names a field neither qoslet nor Koordinator defines.
-pub fn split(value: &Value) -> Result<Split, String> {
+pub fn split(value: &Value) -> Result<Split, NodeSloError> {
     let spec = match value {
         Value::Object(m) if m.get("kind").and_then(Value::as_str) == Some("NodeSLO") => {
             m.get("spec").cloned().unwrap_or(Value::Object(Map::new()))
@@ -174,7 +236,7 @@ fn walk(
     path: &str,
     fields: &[(String, Support)],
     out: &mut Vec<String>,
-) -> Result<Value, String> {
+) -> Result<Value, NodeSloError> {
     let m = match v {
         Value::Object(m) => m,
         // an empty YAML section (`resourceQOSStrategy:`) is an unset one, as in Go
@@ -184,11 +246,10 @@ fn walk(
     let mut kept = Map::new();
     for (k, child) in m {
         if k.contains(['.', '[', ']']) || k.is_empty() {
-            let at = if path.is_empty() { "" } else { path };
-            return Err(format!(
-                "field name {k:?}{}{at} is not a NodeSLO field name (nest the keys instead of joining them with '.')",
-                if at.is_empty() { "" } else { " in " }
-            ));
+            return Err(NodeSloError::JoinedName {
+                name: k.clone(),
+                path: path.to_string(),
+            });
         }
         let p = if path.is_empty() {
             k.clone()
@@ -227,8 +288,7 @@ fn walk(
                     .iter()
                     .enumerate()
                     .map(|(i, item)| {
-                        walk(item, &format!("{p}[]"), fields, out)
-                            .map_err(|e| e.replacen(&format!("{p}[]"), &format!("{p}[{i}]"), 1))
+                        walk(item, &format!("{p}[]"), fields, out).map_err(|e| e.at_item(&p, i))
                     })
                     .collect::<Result<Vec<_>, _>>()?,
                 other => {
@@ -246,7 +306,7 @@ fn walk(
 }
 
 /// The error for a field nobody defines, with the closest sibling name.
-fn unknown(p: &str, parent: &str, fields: &[(String, Support)]) -> String {
+fn unknown(p: &str, parent: &str, fields: &[(String, Support)]) -> NodeSloError {
     let name = p.rsplit('.').next().unwrap_or(p);
     let prefix = if parent.is_empty() {
         String::new()
@@ -262,12 +322,12 @@ fn unknown(p: &str, parent: &str, fields: &[(String, Support)]) -> String {
         .iter()
         .map(|s| (distance(&s.to_lowercase(), &name.to_lowercase()), *s))
         .min();
-    match best {
-        Some((d, s)) if d <= 3 => format!("unknown field {p} (did you mean {prefix}{s}?)"),
-        _ => format!(
-            "unknown field {p} (neither qoslet nor Koordinator's NodeSLO has it; known here: {})",
-            siblings.into_iter().collect::<Vec<_>>().join(", ")
-        ),
+    NodeSloError::Unknown {
+        path: p.to_string(),
+        suggestion: best
+            .filter(|(d, _)| *d <= 3)
+            .map(|(_, s)| format!("{prefix}{s}")),
+        known: siblings.into_iter().map(str::to_string).collect(),
     }
 }
 
@@ -367,8 +427,22 @@ mod tests {
                 "nest the keys",
             ),
         ] {
-            let e = split(&bad).unwrap_err();
+            let e = split(&bad).unwrap_err().to_string();
             assert!(e.contains(want), "{e}");
+        }
+        // the error is typed: the path of the bad field, and the suggestion
+        let bad = serde_json::json!({"resourceQOSStrategy": {"beClass": {"blkioQOS": {"blocks": [{"name": "x"}, {"nmae": "y"}]}}}});
+        match split(&bad).unwrap_err() {
+            NodeSloError::Unknown {
+                path, suggestion, ..
+            } => {
+                assert_eq!(path, "resourceQOSStrategy.beClass.blkioQOS.blocks[1].nmae");
+                assert_eq!(
+                    suggestion.as_deref(),
+                    Some("resourceQOSStrategy.beClass.blkioQOS.blocks[1].name")
+                );
+            }
+            other => panic!("{other:?}"),
         }
     }
 

@@ -23,6 +23,7 @@ use qoslet_metrics::fasthash::FastMap;
 use qoslet_cgroups::fs::Outcome;
 use qoslet_cgroups::{CgroupError, CgroupPath, Cgroups, Knob, KnobKind};
 
+use crate::error::EngineError;
 use crate::plan::{key, Key, Plan};
 
 /// What executing a plan did.
@@ -37,7 +38,7 @@ pub struct Report {
     /// Files someone else had changed, put back (each line names the cgroup, the setting and the value).
     pub drift: Vec<String>,
     /// Failed writes, each naming the file and value; the others still ran.
-    pub errors: Vec<String>,
+    pub errors: Vec<EngineError>,
     /// Writes to cgroups that were gone (removed since the inventory listed
     /// them: their pod or container ended): not errors.
     pub gone: usize,
@@ -213,7 +214,11 @@ impl Executor {
                     | CgroupError::Unsupported { .. }
                     | CgroupError::Gone { .. },
                 ) => done.push((*k).clone()),
-                Err(e) => r.errors.push(format!("restoring {cg}: {e}")),
+                Err(e) => r.errors.push(EngineError::Restore {
+                    cgroup: cg.clone(),
+                    knob: knob.kind(),
+                    error: e.to_string(),
+                }),
             }
         }
         for k in done {
@@ -249,7 +254,13 @@ impl Executor {
         // cpusets: every cgroup first widened to old ∪ new (parents first), so the
         // children-first writes of the new sets meet the kernel's containment rule
         for e in cgroups.widen_cpusets(&new_writes) {
-            r.errors.push(e.to_string());
+            r.errors.push(EngineError::WidenCpuset {
+                path: e
+                    .path()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default(),
+                error: e.to_string(),
+            });
         }
         let order: Vec<usize> = cgroups
             .order(&new_writes)
@@ -327,7 +338,7 @@ impl Executor {
                 Err(e) => {
                     self.known.remove(k);
                     r.states[*at] = WriteState::Error(e.to_string());
-                    r.errors.push(e.to_string());
+                    r.errors.push(EngineError::write(cg, knob.kind(), &e));
                 }
             }
         }
@@ -603,7 +614,11 @@ mod tests {
         let r = ex.execute(&plan, &cg);
         assert_eq!(r.written, 1, "{r:?}");
         assert_eq!((r.errors.len(), r.gone), (1, 1), "{r:?}");
-        assert!(r.errors[0].contains("noquota"), "{r:?}");
+        assert!(r.errors[0].to_string().contains("noquota"), "{r:?}");
+        assert!(
+            matches!(&r.errors[0], EngineError::Write { knob: KnobKind::CpuQuota, cgroup, .. } if cgroup.as_str().contains("noquota")),
+            "{r:?}"
+        );
         let r = ex.execute(&plan, &cg);
         assert_eq!(
             (r.errors.len(), r.skipped),

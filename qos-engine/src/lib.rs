@@ -10,6 +10,7 @@
 //! * [`reconcile`]: what the runtime hooks set, re-derived from the current policy (drift, reload).
 //! * [`resctrl`]: class resctrl groups' schemata and tasks kept in sync.
 //! * [`engine`]: one tick (state in, merged plan out) and the engine's memory between ticks.
+//! * [`error`]: typed policy errors, engine errors and warnings, and logging each once while it lasts.
 //! * [`execute`]: the executor (ordered, idempotent, cached, with drift checks).
 //! * [`burst`]: CPU burst and quota scaling for LS pods (`cpuBurstStrategy`).
 //! * [`source`]: the policy as published (NodeSLO parsed, devices resolved) and its channel.
@@ -26,6 +27,7 @@
 pub mod burst;
 pub mod cpuset;
 pub mod engine;
+pub mod error;
 pub mod execute;
 pub mod plan;
 pub mod policy;

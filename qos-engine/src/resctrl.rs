@@ -71,7 +71,7 @@ pub struct SyncReport {
     pub groups: usize,
     /// Threads moved into their group this tick.
     pub moved: usize,
-    pub errors: Vec<String>,
+    pub errors: Vec<crate::error::EngineError>,
 }
 
 /// Brings the groups in line: schemata written where they differ, missing
@@ -88,7 +88,10 @@ pub fn sync(
                 r.groups += 1;
                 r.moved += n;
             }
-            Err(e) => r.errors.push(format!("resctrl group {name}: {e}")),
+            Err(e) => r.errors.push(crate::error::EngineError::Resctrl {
+                group: name.to_string(),
+                error: e.to_string(),
+            }),
         }
     }
     r

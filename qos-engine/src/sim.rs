@@ -72,9 +72,26 @@ impl Row {
     }
 }
 
+/// Why the scenario stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("building the synthetic node: {0}")]
+    Build(#[from] std::io::Error),
+    #[error(transparent)]
+    Cgroups(#[from] qoslet_cgroups::CgroupError),
+    #[error("the besteffort quota cannot be read")]
+    NoQuota,
+    #[error("engine errors at second {second}: {first} ({count} in all)")]
+    Engine {
+        second: u32,
+        first: crate::error::EngineError,
+        count: usize,
+    },
+}
+
 /// Runs the scenario for `seconds` with cfsQuota suppress at `threshold` %,
 /// the synthetic tree under `root` (removed afterwards).
-pub fn run(threshold: i64, seconds: u32, root: &Path) -> Result<Vec<Row>, String> {
+pub fn run(threshold: i64, seconds: u32, root: &Path) -> Result<Vec<Row>, SimError> {
     let shape = Shape {
         ls_pods: 400,
         be_pods: 200,
@@ -82,8 +99,8 @@ pub fn run(threshold: i64, seconds: u32, root: &Path) -> Result<Vec<Row>, String
         ls_limit_cores: 0.0,
         cpus: 1024,
     };
-    let mut pods = synth::build(root, &shape).map_err(|e| e.to_string())?;
-    let cg = Cgroups::detect(root).map_err(|e| e.to_string())?;
+    let mut pods = synth::build(root, &shape)?;
+    let cg = Cgroups::detect(root)?;
     let env = Env {
         features: cg.host().features.clone(),
         page_size: 4096,
@@ -97,7 +114,7 @@ pub fn run(threshold: i64, seconds: u32, root: &Path) -> Result<Vec<Row>, String
     let mut rows = Vec::new();
     for t in 0..seconds {
         // the kernel, this second: BE capped by the quota in the tree
-        let q = synth::be_quota(&cg)?;
+        let q = synth::be_quota(&cg).ok_or(SimError::NoQuota)?;
         let quota_cores = q.map(|q| q as f64 / 100_000.0);
         let ls_d = ls_demand(t);
         let be_d = BE_DEMAND.min(quota_cores.unwrap_or(f64::INFINITY));
@@ -114,11 +131,12 @@ pub fn run(threshold: i64, seconds: u32, root: &Path) -> Result<Vec<Row>, String
         let a = std::time::Instant::now();
         let r = engine.plan(&state, &policy, &env);
         let x = engine.execute(&r.plan, &cg);
-        if !x.errors.is_empty() {
-            return Err(format!(
-                "engine errors: {:?}",
-                &x.errors[..x.errors.len().min(3)]
-            ));
+        if let Some(first) = x.errors.first() {
+            return Err(SimError::Engine {
+                second: t,
+                first: first.clone(),
+                count: x.errors.len(),
+            });
         }
         rows.push(Row {
             t,

@@ -28,9 +28,9 @@ pub struct PolicyConfig {
 }
 
 impl TryFrom<serde_json::Value> for PolicyConfig {
-    type Error = String;
+    type Error = crate::error::InvalidPolicy;
 
-    fn try_from(v: serde_json::Value) -> Result<Self, String> {
+    fn try_from(v: serde_json::Value) -> Result<Self, Self::Error> {
         let split = qoslet_hooks::nodeslo::split(&v)?;
         let part = |key: &str| {
             split
@@ -39,7 +39,12 @@ impl TryFrom<serde_json::Value> for PolicyConfig {
                 .cloned()
                 .unwrap_or(serde_json::Value::Object(Default::default()))
         };
-        let field = |key: &'static str| move |e: serde_json::Error| format!("{key}: {e}");
+        let field = |section: &'static str| {
+            move |e: serde_json::Error| crate::error::InvalidPolicy::Parse {
+                section,
+                message: e.to_string(),
+            }
+        };
         let p = Self {
             resource_qos_strategy: serde_json::from_value(part("resourceQOSStrategy"))
                 .map_err(field("resourceQOSStrategy"))?,
@@ -54,8 +59,7 @@ impl TryFrom<serde_json::Value> for PolicyConfig {
         p.resource_qos_strategy
             .validate()
             .and_then(|_| p.resource_used_threshold_with_be.validate())
-            .and_then(|_| p.cpu_burst_strategy.validate())
-            .map_err(|e| e.to_string())?;
+            .and_then(|_| p.cpu_burst_strategy.validate())?;
         Ok(p)
     }
 }

@@ -25,11 +25,10 @@ pub fn be_parent() -> CgroupPath {
     CgroupPath::parse("kubepods/besteffort").expect("a valid cgroup path")
 }
 
-/// The besteffort parent's CFS quota as the tree says (None: unlimited).
-pub fn be_quota(cg: &Cgroups) -> Result<Option<u64>, String> {
-    cg.read_cpu_quota(&be_parent())
-        .map(|(q, _)| q)
-        .ok_or_else(|| "the besteffort quota cannot be read".into())
+/// The besteffort parent's CFS quota as the tree says (`Some(None)`:
+/// unlimited; `None`: the files cannot be read).
+pub fn be_quota(cg: &Cgroups) -> Option<Option<u64>> {
+    cg.read_cpu_quota(&be_parent()).map(|(q, _)| q)
 }
 
 /// What the engine reads of a synthetic node with `cpus` CPUs (one NUMA node,

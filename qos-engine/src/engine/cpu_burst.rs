@@ -23,7 +23,7 @@ pub(super) fn burst_plugin(
     env: &Env,
     inputs: &BurstInputs,
     plan: &mut Plan,
-    warnings: &mut Vec<String>,
+    warnings: &mut Vec<crate::error::Warning>,
 ) -> (Option<Pool>, HashMap<String, u64>) {
     let BurstInputs {
         last,
@@ -35,7 +35,7 @@ pub(super) fn burst_plugin(
     let burst_on = matches!(b.policy, BurstPolicy::CpuBurstOnly | BurstPolicy::Auto);
     let scale_on = matches!(b.policy, BurstPolicy::CfsQuotaBurstOnly | BurstPolicy::Auto);
     if burst_on && !env.features.cpu_burst {
-        warnings.push("cpuBurstStrategy asks for CFS burst, but this kernel has no cpu.cfs_burst_us / cpu.max.burst; only quota scaling is done".into());
+        warnings.push(crate::error::Warning::NoCfsBurst);
     }
     let (pool_capacity, pool_usage) = share_pool(state);
     let pool_state = burst::pool(pool_usage, pool_capacity, b);
@@ -49,7 +49,10 @@ pub(super) fn burst_plugin(
         // the pod's own cpuBurst annotation over the node's config
         let (pod_b, warning) = policy.burst.for_pod(&p.annotations, p.trusted);
         if let Some(wn) = warning {
-            warnings.push(format!("pod {}: {wn}", p.id));
+            warnings.push(crate::error::Warning::PodBurst {
+                pod: p.id.clone(),
+                detail: wn,
+            });
         }
         let b = &pod_b;
         let burst_on = matches!(b.policy, BurstPolicy::CpuBurstOnly | BurstPolicy::Auto);

@@ -95,7 +95,7 @@ pub struct TickResult {
     /// The LS containers' quotas after burst scaling, by container id.
     pub burst_quota: HashMap<String, u64>,
     /// Problems worth a log line (a policy the kernel cannot do here).
-    pub warnings: Vec<String>,
+    pub warnings: Vec<crate::error::Warning>,
 }
 
 fn w(cgroup: &CgroupPath, knob: Knob, plugin: Plugin, rule: String) -> Write {
