@@ -57,8 +57,12 @@ pub struct Isolation {
     sys_root: Option<std::path::PathBuf>,
 }
 
-/// Bound CPUs and the inventory generation they were computed at.
-pub(crate) type BoundAt = (u64, Arc<std::collections::BTreeSet<u32>>);
+/// Bound CPUs, and the inventory generation and online CPUs they were computed at.
+pub(crate) type BoundAt = (
+    u64,
+    std::collections::BTreeSet<u32>,
+    Arc<qoslet_hooks::decide::BoundCpus>,
+);
 
 /// Where the composition hands the hook the agent's one inventory.
 pub type InventorySlot = Arc<std::sync::OnceLock<Arc<dyn InventorySource>>>;

@@ -45,22 +45,33 @@ impl Placer {
         pod_cg: Option<&CgroupPath>,
     ) -> Option<Placement> {
         let inv = self.inventory.get()?.current();
-        let bound = {
-            let mut c = self.bound.lock().unwrap_or_else(|e| e.into_inner());
-            match c.as_ref().filter(|(g, _)| *g == inv.generation) {
-                Some((_, b)) => b.clone(),
-                None => {
-                    let b = Arc::new(inv.bound_cpus(node));
-                    *c = Some((inv.generation, b.clone()));
-                    b
-                }
-            }
-        };
-        let mut whole = self
+        let online = self
             .sys_root
             .as_ref()
             .and_then(|s| qoslet_cgroups::topology::online_cpus(s))
             .unwrap_or_else(|| node.online_cpus.clone());
+        // the pods' bindings against the CPUs online now, as the engine's tick
+        // takes them (one computation: BoundCpus), again when the store or the
+        // online CPUs change
+        let bound = {
+            let mut c = self.bound.lock().unwrap_or_else(|e| e.into_inner());
+            match c
+                .as_ref()
+                .filter(|(g, on, _)| *g == inv.generation && *on == online)
+            {
+                Some((_, _, b)) => b.clone(),
+                None => {
+                    let now = NodeFacts {
+                        online_cpus: online.clone(),
+                        ..node.clone()
+                    };
+                    let b = Arc::new(inv.bound(&now));
+                    *c = Some((inv.generation, online.clone(), b.clone()));
+                    b
+                }
+            }
+        };
+        let mut whole = online;
         if let (Some(cg), Some(p)) = (cgroups, pod_cg) {
             if !cg.host().is_v2() {
                 if let Some(within) = cg.read_cpuset(p) {
@@ -68,7 +79,7 @@ impl Placer {
                 }
             }
         }
-        let pool = decide::share_pool(&whole, [bound.as_ref().clone()]);
+        let pool = bound.share_pool(&whole);
         Some(Placement { pool, whole })
     }
 }

@@ -204,11 +204,19 @@ pub fn kube_qos(dirs: &[(KubeQos, CgroupPath)], ctx: &Context, plan: &mut Plan) 
     }
 }
 
-/// The CPUs `p` and its containers are bound to (LSE/LSR, by its
-/// resource-status annotation as the hooks accept it), which leave the share pool.
-pub fn bound(p: &Pod, node: &NodeFacts) -> Vec<BTreeSet<u32>> {
+/// Adds the CPUs `p` and its containers are bound to (LSE/LSR, by its
+/// resource-status annotation as the hooks accept it) to `bound`: they leave
+/// the share pool.
+pub fn bind(p: &Pod, node: &NodeFacts, bound: &mut decide::BoundCpus) {
     let containers = p.containers.iter().map(Container::requested);
-    decide::pod_bindings(p.pod_class(), &p.annotations, &p.limits, containers, node)
+    bound.add(
+        &p.id,
+        p.pod_class(),
+        &p.annotations,
+        &p.limits,
+        containers,
+        node,
+    );
 }
 
 /// Whether container `c` of `p` is bound to CPUs.

@@ -6,7 +6,7 @@
 //! returns the cached `Arc` (two callers racing after a change may each build
 //! one, outside the lock).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use qoslet_cgroups::{CgroupPath, PodRoot};
@@ -78,19 +78,18 @@ impl Inventory {
         self.pods.iter().map(|p| p.containers.len()).sum()
     }
 
-    /// Every CPU an LSE/LSR pod of this inventory is bound to (its
-    /// [`decide::pod_binding`] and its running containers' [`decide::binding`]s):
-    /// what [`decide::share_pool`] leaves out.
-    pub fn bound_cpus(&self, node: &decide::NodeFacts) -> BTreeSet<u32> {
-        self.pods
-            .iter()
-            .filter_map(|p| Some((p.class?, p)))
-            .flat_map(|(pc, p)| {
+    /// The CPUs the LSE/LSR pods of this inventory are bound to (each pod's
+    /// [`decide::pod_binding`] and its containers' [`decide::binding`]s), by
+    /// [`decide::BoundCpus::add`]: what the share pool leaves out.
+    pub fn bound(&self, node: &decide::NodeFacts) -> decide::BoundCpus {
+        let mut b = decide::BoundCpus::default();
+        for p in &self.pods {
+            if let Some(pc) = p.class {
                 let containers = p.containers.iter().map(ContainerEntry::requested);
-                decide::pod_bindings(pc, &p.annotations, &p.limits, containers, node)
-            })
-            .flatten()
-            .collect()
+                b.add(&p.id, pc, &p.annotations, &p.limits, containers, node);
+            }
+        }
+        b
     }
 }
 

@@ -27,11 +27,53 @@ pub fn binding(
     bound_cpus(a, pc, requested, node)
 }
 
+/// The CPUs bound to LSE and to LSR pods, and which pods are bound: what
+/// leaves the LS share pool. The one computation of it, for the hooks'
+/// placement of a new container and for the engine's tick alike, from the
+/// store's pods and the CPUs online now.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BoundCpus {
+    pub lse: BTreeSet<u32>,
+    pub lsr: BTreeSet<u32>,
+    pub pods: std::collections::HashSet<String>,
+}
+
+impl BoundCpus {
+    /// Adds pod `id`'s bindings: its own ([`pod_binding`]) and its containers'.
+    pub fn add<'a>(
+        &mut self,
+        id: &str,
+        pc: PodClass,
+        pod_annotations: &BTreeMap<String, String>,
+        sandbox: &SandboxLimits,
+        containers: impl IntoIterator<Item = Requested<'a>>,
+        node: &NodeFacts,
+    ) {
+        for cpus in pod_bindings(pc, pod_annotations, sandbox, containers, node) {
+            self.pods.insert(id.to_string());
+            match pc.class {
+                QosClass::Lse => self.lse.extend(&cpus),
+                _ => self.lsr.extend(&cpus),
+            }
+        }
+    }
+
+    /// Every bound CPU.
+    pub fn cpus(&self) -> BTreeSet<u32> {
+        self.lse.union(&self.lsr).copied().collect()
+    }
+
+    /// The LS share pool of `online`: [`share_pool`] without these CPUs.
+    pub fn share_pool(&self, online: &BTreeSet<u32>) -> BTreeSet<u32> {
+        share_pool(online, [self.lse.clone(), self.lsr.clone()])
+    }
+}
+
 /// The LS share pool as koordlet's states informer computes it
 /// (`calCPUSharePools`): `online` without every CPU a pod is bound to.
 /// kubelet's reserved CPUs stay in it (koordlet's `calcNodeTopo`: Burstable
 /// pods must keep somewhere to run). `bound`: the [`binding`]s of the LSE/LSR
-/// pods ([`pod_binding`]) and of their running containers.
+/// pods ([`pod_binding`]) and of their running containers ([`BoundCpus`]).
 pub fn share_pool(
     online: &BTreeSet<u32>,
     bound: impl IntoIterator<Item = BTreeSet<u32>>,

@@ -37,7 +37,7 @@ pub(super) fn burst_plugin(
     if burst_on && !env.features.cpu_burst {
         warnings.push(crate::error::Warning::NoCfsBurst);
     }
-    let (pool_capacity, pool_usage) = share_pool(state);
+    let (pool_capacity, pool_usage) = burst_pool(state);
     let pool_state = burst::pool(pool_usage, pool_capacity, b);
     // a pod bound to CPUs runs without CFS quota (koordlet's cpuset hook): no
     // quota to scale, and a scaled one would undo the hook's -1

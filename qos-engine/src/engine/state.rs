@@ -87,11 +87,13 @@ impl NodeState {
     }
 }
 
-/// The CPU share pool as koordlet's cpuburst `getNodeStateForBurst` sizes it:
+/// The CPU share pool as koordlet's cpuburst `getNodeStateForBurst` sizes it
+/// (in cores, from requests: not the CPU set [`qoslet_hooks::decide::BoundCpus`]
+/// leaves, which is where containers are placed):
 /// the node's cores minus the CPU requests of pods labelled LSE/LSR, and the
 /// node's usage (system included) minus the usage of pods labelled LSE/LSR/BE.
 /// (capacity, usage) in cores.
-pub fn share_pool(state: &NodeState) -> (f64, f64) {
+pub fn burst_pool(state: &NodeState) -> (f64, f64) {
     let mut capacity = state.capacity_cores;
     let mut usage = state.node_usage_cores;
     for p in state.pods.iter().filter(|p| p.by_label) {

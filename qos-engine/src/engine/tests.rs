@@ -754,7 +754,7 @@ fn burst_eligibility_pod_sum_and_share_pool_as_koordlet() {
     // the share pool: 16 cores - 4 (the LSR pod's request); usage: the node's
     // 5 minus the LSR pod's 2 and the BE pod's 1 (the unlabelled Guaranteed pod stays in)
     s.node_usage_cores = 5.0;
-    let (cap, usage) = share_pool(&s);
+    let (cap, usage) = burst_pool(&s);
     assert!((cap - 12.0).abs() < 1e-9, "{cap}");
     assert!((usage - 2.0).abs() < 1e-9, "{usage}");
 }

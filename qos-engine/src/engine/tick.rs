@@ -3,13 +3,7 @@
 
 use super::*;
 
-/// The CPUs bound to LSE and to LSR pods, and which pods are bound.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct BoundCpus {
-    pub lse: BTreeSet<u32>,
-    pub lsr: BTreeSet<u32>,
-    pub pods: std::collections::HashSet<String>,
-}
+pub use qoslet_hooks::decide::BoundCpus;
 
 /// The reconcile writes of all pods (with memory protection summed up the
 /// tree) and the CPUs bound to LSE/LSR pods.
@@ -25,18 +19,10 @@ pub fn reconcile_all(state: &NodeState, ctx: &Context) -> (Plan, BoundCpus) {
         node.online_cpus = now;
     }
     let mut exclusive = BoundCpus::default();
-    let mut bound = Vec::new();
     for p in &state.pods {
-        for cpus in reconcile::bound(p, &node) {
-            exclusive.pods.insert(p.id.clone());
-            match p.class {
-                QosClass::Lse => exclusive.lse.extend(&cpus),
-                _ => exclusive.lsr.extend(&cpus),
-            }
-            bound.push(cpus);
-        }
+        reconcile::bind(p, &node, &mut exclusive);
     }
-    let pool = qoslet_hooks::decide::share_pool(&node.online_cpus, bound);
+    let pool = exclusive.share_pool(&node.online_cpus);
     let ctx = Context {
         node: &node,
         share_pool: Some(qoslet_hooks::decide::SharePool {

@@ -63,8 +63,8 @@ fn inventory(pods: &[Pod]) -> Inventory {
                     trusted: true,
                     kube: None,
                 }),
-                annotations: Default::default(),
-                limits: Default::default(),
+                annotations: p.annotations.clone(),
+                limits: p.limits,
                 containers: p
                     .containers
                     .iter()
@@ -426,6 +426,56 @@ fn no_be_parent_turns_suppress_off_for_the_tick() {
         crate::synth::be_quota(&cg).unwrap(),
         None,
         "BE left unlimited"
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// Issue 28 item 7: the share pool is computed once — the hooks' placement
+/// (from the inventory) and the engine's tick (from its pods) bind the same
+/// CPUs with one function, against the CPUs online now.
+#[test]
+fn the_hooks_and_the_engine_take_one_share_pool() {
+    let d = scratch("pool");
+    let shape = crate::synth::Shape {
+        ls_pods: 3,
+        be_pods: 1,
+        containers_per_pod: 2,
+        ls_limit_cores: 2.0,
+        cpus: 8,
+    };
+    let mut pods = crate::synth::build(&d, &shape).unwrap();
+    let ls: Vec<usize> = (0..pods.len())
+        .filter(|&i| pods[i].class == QosClass::Ls)
+        .collect();
+    for (i, class, cpus) in [(ls[0], QosClass::Lsr, "2-3"), (ls[1], QosClass::Lse, "4-5")] {
+        pods[i].class = class;
+        pods[i].annotations.insert(
+            qoslet_hooks::decide::ANNOTATION_RESOURCE_STATUS.into(),
+            format!(r#"{{"cpuset":"{cpus}"}}"#),
+        );
+    }
+    let node = qoslet_hooks::decide::NodeFacts {
+        online_cpus: (0..8).collect(),
+        ..Default::default()
+    };
+    let inv = inventory(&pods);
+    let hooks = inv.bound(&node);
+    let mut state = crate::synth::node_state(8, 1.0, 0.1, &pods, None);
+    state.numa = vec![(0..8).collect()];
+    let env = Env {
+        node: node.clone(),
+        ..Default::default()
+    };
+    let policy = Policy::default();
+    let (_, engine) = crate::engine::reconcile_all(&state, &env.context(&policy.qos));
+    assert_eq!(hooks, engine);
+    assert_eq!(hooks.lsr, [2, 3].into());
+    assert_eq!(hooks.lse, [4, 5].into());
+    assert_eq!(hooks.pods.len(), 2);
+    assert_eq!(
+        hooks.share_pool(&node.online_cpus),
+        [0, 1, 6, 7].into(),
+        "the share pool both place LS containers on"
     );
     let _ = std::fs::remove_dir_all(&d);
 }
