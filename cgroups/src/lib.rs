@@ -22,8 +22,10 @@
 pub mod blkio;
 pub mod cgroup;
 pub mod convert;
+pub mod cpulist;
 pub mod detect;
 pub mod fs;
+pub mod knob;
 pub mod memfs;
 pub mod path;
 pub mod resctrl;
