@@ -57,13 +57,29 @@ enum Read {
 impl Reloader {
     /// `current`: the file as last loaded (the policy the hub holds for it).
     pub(crate) fn new(path: PathBuf, current: FileConfig) -> Self {
-        Self {
+        let mut r = Self {
             path,
             seen: None,
             pending: None,
             current,
             degraded: false,
+        };
+        // the file as it is now, when it is the one loaded: already acted on,
+        // so the watcher's thread parses only a change (before, its second poll
+        // parsed the whole config once more to find it unchanged)
+        let now = r.read();
+        if let Read::Text(t) = &now {
+            if crate::config::parse(t).is_ok_and(|c| c == r.current) {
+                r.seen = Some(Self::hash(&now));
+            }
         }
+        r
+    }
+
+    fn hash(read: &Read) -> u64 {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        read.hash(&mut h);
+        h.finish()
     }
 
     fn read(&self) -> Read {
@@ -87,9 +103,7 @@ impl Reloader {
     /// still since the last poll (`None`: nothing to offer).
     pub(crate) fn poll(&mut self) -> Option<Offer> {
         let read = self.read();
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        read.hash(&mut h);
-        let h = h.finish();
+        let h = Self::hash(&read);
         if self.seen == Some(h) {
             self.pending = None;
             return None;
@@ -186,6 +200,16 @@ mod tests {
         )
         .unwrap();
         let mut r = Reloader::new(f.clone(), loaded(&f));
+        assert!(
+            r.seen.is_some(),
+            "the file as loaded is known from the start: polls only read it"
+        );
+        assert!(
+            Reloader::new(f.clone(), FileConfig::default())
+                .seen
+                .is_none(),
+            "a file that is not the one loaded is acted on"
+        );
         assert!(
             settled(&mut r).is_none(),
             "the file as loaded: nothing to offer"
