@@ -24,9 +24,14 @@ pub(super) fn batch_annotation<'a>(
     if pc.trusted || pc.kube == Some(KubeQos::BestEffort) {
         return Some(a);
     }
+    let kube = match pc.kube {
+        Some(KubeQos::Guaranteed) => "Guaranteed",
+        Some(KubeQos::Burstable) => "Burstable",
+        // BestEffort returned above
+        Some(KubeQos::BestEffort) | None => "of unknown Kubernetes QoS",
+    };
     warnings.push(format!(
-        "{ANNOTATION_EXTENDED_RESOURCE_SPEC} ignored: the pod is {:?}, not BestEffort, and not trusted",
-        pc.kube
+        "{ANNOTATION_EXTENDED_RESOURCE_SPEC} ignored: the pod is {kube}, not BestEffort, and not trusted"
     ));
     None
 }

@@ -1128,7 +1128,11 @@ fn untrusted_batch_annotations_only_on_besteffort_pods_and_without_protection() 
     };
     let d = go(burstable_as_be);
     assert_eq!(d.patch().cpu_shares, None, "no weight from the annotation");
-    assert!(d.warnings[0].contains("not BestEffort"), "{:?}", d.warnings);
+    assert!(
+        d.warnings[0].contains("the pod is Burstable, not BestEffort"),
+        "{:?}",
+        d.warnings
+    );
     let d = go(labelled(QosClass::Be));
     assert_eq!(d.patch().cpu_shares, Some(4096));
     assert!(
