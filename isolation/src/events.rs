@@ -519,6 +519,90 @@ mod tests {
         }
     }
 
+    /// Issue 28 item 7: the placer binds the pods against the CPUs online
+    /// now, as the engine does, and again when they change: an LSR pod bound
+    /// to CPUs 2-3 that came online after the start keeps them out of the
+    /// share pool (bound against the start-time 0-1, its binding was refused
+    /// and an LS container was placed on its CPUs).
+    #[test]
+    fn the_share_pool_follows_cpu_hotplug() {
+        use qoslet_state::inventory::{Inventory, PodEntry};
+        let sys = tree("hotplug", &[("devices/system/cpu/online", "0-1\n")]);
+        let hook = Isolation::new(
+            None,
+            None,
+            ResourceQosStrategy::default(),
+            NodeFacts {
+                online_cpus: (0..2).collect(),
+                milli_cpus: 2000,
+                ..Default::default()
+            },
+            Trust::default(),
+            PodRoot::default(),
+        )
+        .with_sys_root(&sys);
+        let store = Store::new();
+        let mut pod = PodRecord {
+            id: "pls".into(),
+            name: "pls".into(),
+            cgroup_parent: "/kubepods/burstable/podpls".into(),
+            ..Default::default()
+        };
+        pod.labels
+            .insert("koordinator.sh/qosClass".into(), "LS".into());
+        store.upsert_pod(pod);
+        let lsr = PodEntry {
+            id: "plsr".into(),
+            name: "plsr".into(),
+            namespace: String::new(),
+            uid: String::new(),
+            labels: Default::default(),
+            created_at: 0,
+            priority: None,
+            cgroup: CgroupPath::parse("/kubepods/podplsr").unwrap(),
+            class: Some(PodClass {
+                class: QosClass::Lsr,
+                by_label: true,
+                trusted: true,
+                kube: Some(qoslet_hooks::KubeQos::Guaranteed),
+            }),
+            annotations: [(
+                decide::ANNOTATION_RESOURCE_STATUS.to_string(),
+                r#"{"cpuset":"2-3"}"#.to_string(),
+            )]
+            .into(),
+            limits: decide::SandboxLimits {
+                memory_limit: 0,
+                cpu_quota: 200_000,
+                cpu_period: 100_000,
+            },
+            containers: Vec::new(),
+        };
+        let inv = Arc::new(Fixed(std::sync::Mutex::new(Arc::new(Inventory {
+            generation: 1,
+            pods: vec![lsr],
+        }))));
+        let _ = hook.inventory_slot().set(inv);
+        let asked = Resources {
+            cpu_quota: 100_000,
+            cpu_period: 100_000,
+            ..Default::default()
+        };
+        let cpuset = || {
+            hook.create_container(&store.pod("pls").unwrap(), "app", Some(&asked))
+                .expect("a classed pod")
+                .patch
+                .cpuset_cpus
+                .unwrap_or_default()
+        };
+        // CPUs 2-3 offline: nothing to bind to, the pool is every online CPU
+        assert_eq!(cpuset(), "", "the whole node: nothing pinned");
+        // CPUs 2-3 come online (the same store generation): bound again now
+        std::fs::write(sys.join("devices/system/cpu/online"), "0-3\n").unwrap();
+        assert_eq!(cpuset(), "0-1", "the LSR pod's CPUs left out");
+        let _ = std::fs::remove_dir_all(&sys);
+    }
+
     /// Issue 14 item 5 at CreateContainer: an LS container is created on the
     /// share pool of the inventory (the node without the CPUs a running LSR
     /// container is bound to), an LSR container bound by its annotation and

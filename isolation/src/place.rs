@@ -50,9 +50,9 @@ impl Placer {
             .as_ref()
             .and_then(|s| qoslet_cgroups::topology::online_cpus(s))
             .unwrap_or_else(|| node.online_cpus.clone());
-        // the pods' bindings against the CPUs online now, as the engine's tick
-        // takes them (one computation: BoundCpus), again when the store or the
-        // online CPUs change
+        // the pods' bindings (BoundCpus, the one computation the engine's tick
+        // uses too) against the CPUs online now (the engine: online within the
+        // v1 ceiling), again when the store or the online CPUs change
         let bound = {
             let mut c = self.bound.lock().unwrap_or_else(|e| e.into_inner());
             match c

@@ -4,12 +4,12 @@
 //! ([`Warning`]). Errors and warnings come back tick after tick while their
 //! cause lasts; [`Once`] logs each (kind, subject) once while it lasts, not
 //! once per wording (a failed write of another value to the same file is the
-//! same failure) and not forever (one that comes back after it cleared is
-//! logged again).
+//! same failure) and not forever (one that comes back after it was gone for
+//! [`FORGET_AFTER`] ticks is logged again).
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 
-use qoslet_cgroups::{CgroupError, CgroupPath, KnobKind};
+use qoslet_cgroups::{CgroupError, CgroupPath, Device, KnobKind};
 
 /// Why a policy is refused, whichever source offered it: it is never
 /// applied in part.
@@ -56,6 +56,8 @@ pub enum EngineError {
     Write {
         cgroup: CgroupPath,
         knob: KnobKind,
+        /// The device of an I/O limit (one file, one line per device).
+        device: Option<Device>,
         error: String,
     },
     /// Putting back a setting that left the plan.
@@ -63,6 +65,7 @@ pub enum EngineError {
     Restore {
         cgroup: CgroupPath,
         knob: KnobKind,
+        device: Option<Device>,
         error: String,
     },
     /// Widening a cpuset before narrower ones are written under it.
@@ -77,21 +80,37 @@ pub enum EngineError {
 }
 
 impl EngineError {
-    pub fn write(cgroup: &CgroupPath, knob: KnobKind, e: &CgroupError) -> Self {
+    /// A failed write of the plan's entry `key`.
+    pub fn write(key: &crate::plan::Key, e: &CgroupError) -> Self {
         EngineError::Write {
-            cgroup: cgroup.clone(),
-            knob,
+            cgroup: key.0.clone(),
+            knob: key.1,
+            device: key.2,
             error: e.to_string(),
         }
     }
 
     pub fn key(&self) -> Key {
+        let file = |cgroup: &CgroupPath, knob: &KnobKind, device: &Option<Device>| match device {
+            Some(d) => format!("{cgroup} {} {d}", knob.name()),
+            None => format!("{cgroup} {}", knob.name()),
+        };
         match self {
-            EngineError::Write { cgroup, knob, .. } => {
-                (Kind::Write, format!("{cgroup} {}", knob.name()))
-            }
-            EngineError::Restore { cgroup, knob, .. } => {
-                (Kind::Restore, format!("{cgroup} {}", knob.name()))
+            EngineError::Write {
+                cgroup,
+                knob,
+                device,
+                ..
+            } => (Kind::Write, file(cgroup, knob, device)),
+            EngineError::Restore {
+                cgroup,
+                knob,
+                device,
+                ..
+            } => (Kind::Restore, file(cgroup, knob, device)),
+            // without a path (an unsupported knob, a refused path): by its text
+            EngineError::WidenCpuset { path, error } if path.is_empty() => {
+                (Kind::WidenCpuset, error.clone())
             }
             EngineError::WidenCpuset { path, .. } => (Kind::WidenCpuset, path.clone()),
             EngineError::Resctrl { group, .. } => (Kind::Resctrl, group.clone()),
@@ -122,26 +141,46 @@ impl Warning {
     }
 }
 
+/// Ticks a reported (kind, subject) must go unreported before it is
+/// forgotten and logged again when it comes back: longer than the executor's
+/// longest drift-check back-off at the default 10 ticks between checks
+/// (a failure seen only at each check is one failure, not one per check).
+pub const FORGET_AFTER: u64 = 1000;
+
+/// The most (kind, subject) pairs remembered; beyond it the set starts over
+/// (each then logged once more).
+const MAX_REMEMBERED: usize = 20_000;
+
 /// Logs each (kind, subject) once while it lasts: [`Once::first`] is true
-/// the first tick it is reported, and [`Once::end_tick`] forgets whatever was
-/// not reported since the last one, so a failure that clears and comes back
-/// is logged again. Holds only what is failing now (no unbounded set).
+/// the first time it is reported, and again only after it went unreported
+/// for [`FORGET_AFTER`] ticks ([`Once::end_tick`] counts them). Holds what
+/// failed in that window, at most [`MAX_REMEMBERED`].
 #[derive(Debug, Default)]
 pub struct Once {
-    seen: HashSet<Key>,
-    now: HashSet<Key>,
+    /// Each key and the tick it was last reported in.
+    seen: HashMap<Key, u64>,
+    tick: u64,
 }
 
 impl Once {
-    /// Whether `key` is new: reported neither the tick before nor already in this one.
+    /// Whether `key` is new: not reported in the last [`FORGET_AFTER`] ticks.
     pub fn first(&mut self, key: Key) -> bool {
-        let before = self.seen.contains(&key);
-        self.now.insert(key) && !before
+        if self.seen.len() >= MAX_REMEMBERED && !self.seen.contains_key(&key) {
+            self.seen.clear();
+        }
+        match self.seen.insert(key, self.tick) {
+            Some(last) => self.tick - last > FORGET_AFTER,
+            None => true,
+        }
     }
 
-    /// The tick is over: what was not reported in it is forgotten.
+    /// The tick is over: what went unreported for [`FORGET_AFTER`] ticks is forgotten.
     pub fn end_tick(&mut self) {
-        self.seen = std::mem::take(&mut self.now);
+        self.tick += 1;
+        if self.tick % 64 == 0 {
+            let tick = self.tick;
+            self.seen.retain(|_, last| tick - *last <= FORGET_AFTER);
+        }
     }
 }
 
@@ -155,48 +194,50 @@ mod tests {
         let e = |v: &str| EngineError::Write {
             cgroup: cg.clone(),
             knob: KnobKind::CpuQuota,
+            device: None,
             error: format!("failed to write {v:?}: EINVAL"),
         };
         let mut once = Once::default();
         // another value written to the same file: the same failure
         assert!(once.first(e("10").key()));
         assert!(!once.first(e("20").key()));
-        // another file of the same cgroup, another pod: their own
+        // another file of the same cgroup, another device's line, another pod: their own
         let other = EngineError::Write {
             cgroup: cg.clone(),
             knob: KnobKind::CpuShares,
+            device: None,
             error: "x".into(),
         };
         assert!(once.first(other.key()));
-        assert!(once.first(
-            Warning::PodBurst {
-                pod: "a".into(),
-                detail: "x".into()
+        let io = |minor: u32| EngineError::Write {
+            cgroup: cg.clone(),
+            knob: KnobKind::IoLimit,
+            device: Some(Device { major: 253, minor }),
+            error: "x".into(),
+        };
+        assert!(once.first(io(0).key()));
+        assert!(once.first(io(16).key()), "another device: its own failure");
+        assert!(!once.first(io(16).key()));
+        let pod = |p: &str, d: &str| Warning::PodBurst {
+            pod: p.into(),
+            detail: d.into(),
+        };
+        assert!(once.first(pod("a", "x").key()));
+        assert!(!once.first(pod("a", "y").key()));
+        assert!(once.first(pod("b", "x").key()));
+        // a failure seen only every few ticks (at each drift check) is one failure
+        for _ in 0..5 {
+            for _ in 0..100 {
+                once.end_tick();
             }
-            .key()
-        ));
-        assert!(!once.first(
-            Warning::PodBurst {
-                pod: "a".into(),
-                detail: "y".into()
-            }
-            .key()
-        ));
-        assert!(once.first(
-            Warning::PodBurst {
-                pod: "b".into(),
-                detail: "x".into()
-            }
-            .key()
-        ));
-        once.end_tick();
-        // still failing the next tick: not logged again
-        assert!(!once.first(e("30").key()));
-        once.end_tick();
-        // it cleared for a tick, then came back: logged again
-        once.end_tick();
+            assert!(!once.first(e("30").key()));
+        }
+        // gone for longer than FORGET_AFTER ticks: logged again when it comes back
+        for _ in 0..=FORGET_AFTER + 64 {
+            once.end_tick();
+        }
+        assert!(once.seen.len() <= 1, "forgotten: {:?}", once.seen);
         assert!(once.first(e("40").key()));
-        assert_eq!(once.seen.len() + once.now.len(), 1);
     }
 
     #[test]

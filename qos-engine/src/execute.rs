@@ -217,6 +217,7 @@ impl Executor {
                 Err(e) => r.errors.push(EngineError::Restore {
                     cgroup: cg.clone(),
                     knob: knob.kind(),
+                    device: k.2,
                     error: e.to_string(),
                 }),
             }
@@ -338,7 +339,7 @@ impl Executor {
                 Err(e) => {
                     self.known.remove(k);
                     r.states[*at] = WriteState::Error(e.to_string());
-                    r.errors.push(EngineError::write(cg, knob.kind(), &e));
+                    r.errors.push(EngineError::write(k, &e));
                 }
             }
         }

@@ -208,7 +208,6 @@ impl Shared {
     }
 
     #[allow(clippy::too_many_arguments)]
-    #[allow(clippy::too_many_arguments)]
     async fn run(
         self: Arc<Self>,
         s: Settings,

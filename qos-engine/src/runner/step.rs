@@ -216,7 +216,7 @@ impl Step {
                         error: e.to_string(),
                     };
                     if self.once.first(e.key()) {
-                        warn!("{e}");
+                        warn!(error = %e, "group identity sysctl");
                     }
                 }
             }
