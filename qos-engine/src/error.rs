@@ -177,7 +177,7 @@ impl Once {
     /// The tick is over: what went unreported for [`FORGET_AFTER`] ticks is forgotten.
     pub fn end_tick(&mut self) {
         self.tick += 1;
-        if self.tick % 64 == 0 {
+        if self.tick.is_multiple_of(64) {
             let tick = self.tick;
             self.seen.retain(|_, last| tick - *last <= FORGET_AFTER);
         }
