@@ -519,6 +519,38 @@ mod tests {
         }
     }
 
+    /// An untrusted LSR pod in the inventory, bound by its resource-status
+    /// annotation, without containers or limits.
+    fn lsr_entry(status: &str) -> qoslet_state::inventory::PodEntry {
+        qoslet_state::inventory::PodEntry {
+            id: "plsr".into(),
+            name: "plsr".into(),
+            namespace: String::new(),
+            uid: String::new(),
+            labels: Default::default(),
+            created_at: 0,
+            priority: None,
+            cgroup: CgroupPath::parse("/kubepods/podplsr").unwrap(),
+            class: Some(lsr_class()),
+            annotations: [(
+                decide::ANNOTATION_RESOURCE_STATUS.to_string(),
+                status.to_string(),
+            )]
+            .into(),
+            limits: Default::default(),
+            containers: Vec::new(),
+        }
+    }
+
+    fn lsr_class() -> PodClass {
+        PodClass {
+            class: QosClass::Lsr,
+            by_label: true,
+            trusted: false,
+            kube: Some(qoslet_hooks::KubeQos::Guaranteed),
+        }
+    }
+
     /// Issue 28 item 7: the placer binds the pods against the CPUs online
     /// now, as the engine does, and again when they change: an LSR pod bound
     /// to CPUs 2-3 that came online after the start keeps them out of the
@@ -552,31 +584,16 @@ mod tests {
             .insert("koordinator.sh/qosClass".into(), "LS".into());
         store.upsert_pod(pod);
         let lsr = PodEntry {
-            id: "plsr".into(),
-            name: "plsr".into(),
-            namespace: String::new(),
-            uid: String::new(),
-            labels: Default::default(),
-            created_at: 0,
-            priority: None,
-            cgroup: CgroupPath::parse("/kubepods/podplsr").unwrap(),
             class: Some(PodClass {
-                class: QosClass::Lsr,
-                by_label: true,
                 trusted: true,
-                kube: Some(qoslet_hooks::KubeQos::Guaranteed),
+                ..lsr_class()
             }),
-            annotations: [(
-                decide::ANNOTATION_RESOURCE_STATUS.to_string(),
-                r#"{"cpuset":"2-3"}"#.to_string(),
-            )]
-            .into(),
             limits: decide::SandboxLimits {
                 memory_limit: 0,
                 cpu_quota: 200_000,
                 cpu_period: 100_000,
             },
-            containers: Vec::new(),
+            ..lsr_entry(r#"{"cpuset":"2-3"}"#)
         };
         let inv = Arc::new(Fixed(std::sync::Mutex::new(Arc::new(Inventory {
             generation: 1,
@@ -662,26 +679,6 @@ mod tests {
         assert_eq!(ls, (String::new(), 0), "no inventory yet: kubelet's");
         // the LSR pod's container runs, bound to CPUs 2-3
         let lsr = PodEntry {
-            id: "plsr".into(),
-            name: "plsr".into(),
-            namespace: String::new(),
-            uid: String::new(),
-            labels: Default::default(),
-            created_at: 0,
-            priority: None,
-            cgroup: CgroupPath::parse("/kubepods/podplsr").unwrap(),
-            class: Some(PodClass {
-                class: QosClass::Lsr,
-                by_label: true,
-                trusted: false,
-                kube: Some(qoslet_hooks::KubeQos::Guaranteed),
-            }),
-            annotations: [(
-                decide::ANNOTATION_RESOURCE_STATUS.to_string(),
-                bound.to_string(),
-            )]
-            .into(),
-            limits: Default::default(),
             containers: vec![ContainerEntry {
                 id: "c1".into(),
                 name: "app".into(),
@@ -693,6 +690,7 @@ mod tests {
                 oom_score_adj: 0,
                 cpu_shares: 0,
             }],
+            ..lsr_entry(bound)
         };
         let inv = Arc::new(Fixed(std::sync::Mutex::new(Arc::new(Inventory {
             generation: 1,

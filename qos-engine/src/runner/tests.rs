@@ -91,31 +91,12 @@ fn inventory(pods: &[Pod]) -> Inventory {
 /// tick, and stops on shutdown.
 #[tokio::test(start_paused = true)]
 async fn the_loop_ticks_on_fresh_metrics_follows_the_policy_and_stops() {
-    let d = scratch("runner");
-    let shape = crate::synth::Shape {
-        ls_pods: 2,
-        be_pods: 2,
-        containers_per_pod: 1,
-        ls_limit_cores: 2.0,
-        cpus: 4,
-    };
-    let pods = crate::synth::build(&d, &shape).unwrap();
-    assert!(pods.iter().any(|p| p.class == QosClass::Be));
-    let cg = Cgroups::detect(&d).unwrap();
+    let (d, cg, inv, settings, env) = synthetic("runner");
+    assert!(inv
+        .pods
+        .iter()
+        .any(|p| p.class.is_some_and(|c| c.class == QosClass::Be)));
     let shared = Shared::new(cg.clone(), false);
-    let settings = Settings {
-        interval: Duration::from_secs(1),
-        dry_run: false,
-        be_parent: Some(crate::synth::be_parent()),
-        reserved_cores: 0.0,
-        verify_every: 10,
-        sys_root: d.join("sys"),
-        trust: Default::default(),
-        pod_root: Default::default(),
-        proc_root: d.join("proc"),
-        restore_on_exit: false,
-        cpu_manager: CpuManager::None,
-    };
     let mut policy = PolicyConfig {
         resource_used_threshold_with_be: ResourceThresholdStrategy {
             enable: true,
@@ -125,15 +106,8 @@ async fn the_loop_ticks_on_fresh_metrics_follows_the_policy_and_stops() {
         ..Default::default()
     };
     let (ptx, prx) = watch::channel(Arc::new(Published::new(policy.clone())));
-    let env = Env {
-        features: cg.host().features.clone(),
-        v2: false,
-        devices: Default::default(),
-        page_size: 4096,
-        node: Default::default(),
-    };
     let ticks = Arc::new(FakeTicks::default());
-    let inv = Arc::new(FakeInventory(Arc::new(inventory(&pods))));
+    let inv = Arc::new(FakeInventory(Arc::new(inv)));
     let (stop, stopped) = watch::channel(false);
     let task =
         tokio::spawn(
