@@ -251,7 +251,7 @@ impl Step {
             cgroups: cg,
             be_parent: self.be_parent.as_ref(),
             topology: self.topology.refresh(&s.sys_root, capacity),
-            qos_dirs: self.qos_dirs.clone(),
+            qos_dirs: &self.qos_dirs,
             cpu_manager: &cpu_manager,
             capacity,
             reserved: s.reserved_cores,
