@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::warning::Warning;
 use serde::Deserialize;
 
 pub const ANNOTATION_EXTENDED_RESOURCE_SPEC: &str = "node.koordinator.sh/extended-resource-spec";
@@ -18,7 +19,7 @@ pub const BATCH_MEMORY: &str = "kubernetes.io/batch-memory";
 pub const MAX_ANNOTATION_BYTES: usize = 64 << 10;
 
 /// Why an annotation was not used.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq, Hash)]
 pub enum BatchError {
     #[error("{ANNOTATION_EXTENDED_RESOURCE_SPEC} is not valid JSON of the expected shape: {0}")]
     Malformed(String),
@@ -150,39 +151,30 @@ pub struct Caps {
 impl Batch {
     /// Within `caps`, and requests no larger than limits; what was cut is
     /// returned as warnings.
-    pub fn bounded(&self, caps: &Caps) -> (Batch, Vec<String>) {
+    /// `pod`: the bounds are the pod's own cgroup's (the warnings say so).
+    pub fn bounded(&self, caps: &Caps, pod: bool) -> (Batch, Vec<Warning>) {
+        use crate::warning::BatchField::*;
         let mut b = *self;
         let mut warnings = vec![];
-        let mut cap = |what: &str, v: &mut Option<u64>, max: Option<u64>| {
+        let mut cap = |field, v: &mut Option<u64>, max: Option<u64>| {
             if let (Some(x), Some(m)) = (*v, max) {
                 if x > m {
-                    warnings.push(format!("{what} {x} above the bound {m}; capped"));
+                    warnings.push(Warning::BatchCapped {
+                        pod,
+                        field,
+                        value: x,
+                        bound: m,
+                    });
                     *v = Some(m);
                 }
             }
         };
-        cap(
-            "batch-cpu limit (milli)",
-            &mut b.cpu_limit_milli,
-            caps.milli_cpu,
-        );
-        cap(
-            "batch-cpu request (milli)",
-            &mut b.cpu_request_milli,
-            caps.milli_cpu,
-        );
-        cap("batch-memory limit", &mut b.memory_limit, caps.memory);
-        cap("batch-memory request", &mut b.memory_request, caps.memory);
-        cap(
-            "batch-cpu request (milli)",
-            &mut b.cpu_request_milli,
-            b.cpu_limit_milli,
-        );
-        cap(
-            "batch-memory request",
-            &mut b.memory_request,
-            b.memory_limit,
-        );
+        cap(CpuLimit, &mut b.cpu_limit_milli, caps.milli_cpu);
+        cap(CpuRequest, &mut b.cpu_request_milli, caps.milli_cpu);
+        cap(MemoryLimit, &mut b.memory_limit, caps.memory);
+        cap(MemoryRequest, &mut b.memory_request, caps.memory);
+        cap(CpuRequest, &mut b.cpu_request_milli, b.cpu_limit_milli);
+        cap(MemoryRequest, &mut b.memory_request, b.memory_limit);
         (b, warnings)
     }
 
@@ -352,10 +344,13 @@ mod tests {
             memory_request: Some(4 << 30),
             memory_limit: Some(1 << 40),
         };
-        let (x, w) = b.bounded(&Caps {
-            milli_cpu: Some(2_000),
-            memory: Some(2 << 30),
-        });
+        let (x, w) = b.bounded(
+            &Caps {
+                milli_cpu: Some(2_000),
+                memory: Some(2 << 30),
+            },
+            false,
+        );
         assert_eq!(
             x,
             Batch {
@@ -365,12 +360,36 @@ mod tests {
                 memory_limit: Some(2 << 30),
             }
         );
-        assert_eq!(w.len(), 4, "{w:?}");
+        use crate::warning::BatchField::*;
+        let capped: Vec<_> = w
+            .iter()
+            .map(|w| match w {
+                Warning::BatchCapped { field, bound, .. } => (*field, *bound),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            capped,
+            [
+                (CpuLimit, 2_000),
+                (CpuRequest, 2_000),
+                (MemoryLimit, 2 << 30),
+                (MemoryRequest, 2 << 30)
+            ]
+        );
         // no caps: only request <= limit
-        let (x, w) = b.bounded(&Caps::default());
+        let (x, w) = b.bounded(&Caps::default(), true);
         assert_eq!(x.cpu_request_milli, Some(4_000));
         assert_eq!(x.memory_limit, Some(1 << 40));
-        assert_eq!(w.len(), 1);
+        assert_eq!(
+            w,
+            [Warning::BatchCapped {
+                pod: true,
+                field: CpuRequest,
+                value: 8_000,
+                bound: 4_000
+            }]
+        );
         // a huge annotation is refused before it is parsed
         let big = format!(
             r#"{{"containers":{{}},"x":"{}"}}"#,

@@ -16,6 +16,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::warning::Warning;
 use serde::Deserialize;
 
 pub const LABEL_QOS_CLASS: &str = "koordinator.sh/qosClass";
@@ -91,7 +92,7 @@ impl Trust {
 }
 
 /// The Kubernetes QoS class of a pod.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KubeQos {
     Guaranteed,
     Burstable,
@@ -160,7 +161,7 @@ pub struct ClassDecision {
     /// The Kubernetes QoS its cgroup parent shows (`None`: not under kubepods).
     pub kube: Option<KubeQos>,
     /// Problems with the input (an unknown class label...), for a logged warning.
-    pub warnings: Vec<String>,
+    pub warnings: Vec<Warning>,
 }
 
 impl ClassDecision {
@@ -211,9 +212,9 @@ pub fn classify(
                 warnings,
             };
         }
-        warnings.push(format!(
-            "{LABEL_SKIP}=true ignored: namespace {namespace:?} is not trusted to opt out of isolation"
-        ));
+        warnings.push(Warning::SkipNotTrusted {
+            namespace: namespace.to_string(),
+        });
     }
     if let Some(v) = labels.get(LABEL_QOS_CLASS) {
         let parsed = (v.len() <= MAX_LABEL_VALUE)
@@ -238,20 +239,19 @@ pub fn classify(
                     warnings,
                 }
             }
-            (Some(c), Some(q)) => warnings.push(format!(
-                "{LABEL_QOS_CLASS}={} would raise the class of a {q:?} pod above {}; refused (namespace {namespace:?} is not trusted)",
-                c.as_str(),
-                q.class().as_str()
-            )),
-            (Some(c), None) => warnings.push(format!(
-                "{LABEL_QOS_CLASS}={} on a pod outside kubepods refused (namespace {namespace:?} is not trusted)",
-                c.as_str()
-            )),
+            (Some(c), Some(q)) => warnings.push(Warning::ClassAboveKubeQos {
+                asked: c,
+                kube: q,
+                namespace: namespace.to_string(),
+            }),
+            (Some(c), None) => warnings.push(Warning::ClassOutsideKubepods {
+                asked: c,
+                namespace: namespace.to_string(),
+            }),
             (None, _) if v.is_empty() || v == "NONE" => {}
-            (None, _) => warnings.push(format!(
-                "unknown {LABEL_QOS_CLASS} {:?}; using the Kubernetes QoS",
-                v.chars().take(MAX_LABEL_VALUE).collect::<String>()
-            )),
+            (None, _) => warnings.push(Warning::UnknownClass {
+                value: v.chars().take(MAX_LABEL_VALUE).collect(),
+            }),
         }
     }
     match implied {
@@ -569,7 +569,7 @@ mod tests {
         );
         assert_eq!(d.class, Some(QosClass::Lsr));
         assert!(
-            d.warnings[0].len() < 200,
+            d.warnings[0].to_string().len() < 200,
             "the warning does not echo the whole label"
         );
     }

@@ -8,6 +8,7 @@
 //! * [`nodeslo`]: Koordinator's NodeSLO fields, what qoslet does with each.
 //! * [`quantity`]: Kubernetes resource quantities, parsed exactly.
 //! * [`policy`]: the policy config, with Koordinator's NodeSLO names and defaults.
+//! * [`warning`]: what was wrong with a pod's input or the host, typed.
 //! * [`decide`]: per pod and container, what to override in CRI resources and
 //!   which cgroup settings to write, each with the rule behind it.
 //!
@@ -21,5 +22,7 @@ pub mod decide;
 pub mod nodeslo;
 pub mod policy;
 pub mod quantity;
+pub mod warning;
 
 pub use class::{classify, ClassDecision, ClassSource, KubeQos, PodClass, QosClass, Trust};
+pub use warning::Warning;

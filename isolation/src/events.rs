@@ -10,17 +10,21 @@
 //! | [`Isolation::container_created`] | the runtime created it | what it carried, recorded |
 //! | [`Isolation::update_container`] | before the runtime applies an update | the patch that keeps the class's settings |
 //! | [`Isolation::container_started`] | the container runs | container cgroup writes and resctrl, recorded |
+//! | [`Isolation::pod_removed`] | the pod's sandbox is removed | its warnings forgotten |
+//!
+//! A warning about a pod's input is logged once while the pod lives
+//! (`warned`), however many events decide it again.
 
 use std::collections::{BTreeMap, HashMap};
 
 use qoslet_cgroups::{CgroupPath, Cgroups, Knob, PodRoot};
 use qoslet_hooks::decide::{self, Action, ContainerDecision, Decision, Requested, ResourcePatch};
-use qoslet_hooks::{classify, ClassSource, PodClass, QosClass, Trust};
+use qoslet_hooks::{classify, ClassSource, PodClass, QosClass, Trust, Warning};
 use qoslet_state::store::{
     ContainerRecord, ContainerState, PodRecord, Resources, Store, ANNOTATION_APPLIED,
     ANNOTATION_CLASS, ANNOTATION_REQUESTED,
 };
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::write::{record, write, Written};
 use crate::{Isolation, IsolationError};
@@ -50,7 +54,7 @@ impl Isolation {
         let Some(pod) = store.pod(pod_id) else {
             return Ok(());
         };
-        let Some(class) = class_of(&pod, &shared.trust) else {
+        let Some(class) = self.class_of(&pod, &shared.trust) else {
             return Ok(());
         };
         store.set_pod_applied(&pod.id, "class", class.class.as_str());
@@ -66,9 +70,7 @@ impl Isolation {
             &pod.sandbox_limits(),
             &shared.ctx(None),
         );
-        for w in &d.warnings {
-            warn!(pod = %pod.name, namespace = %pod.namespace, "{w}");
-        }
+        self.log(&pod, None, &d.warnings);
         let cg = match CgroupPath::pod_under(&pod.cgroup_parent, &shared.pod_root) {
             Ok(cg) if !cg.as_str().is_empty() => cg,
             Ok(_) => return Ok(()),
@@ -108,7 +110,7 @@ impl Isolation {
         requested: Option<&Resources>,
     ) -> Option<Created> {
         let shared = self.shared.get();
-        let class = class_of(pod, &shared.trust)?;
+        let class = self.class_of(pod, &shared.trust)?;
         let pcg = CgroupPath::pod_under(&pod.cgroup_parent, &shared.pod_root).ok();
         let place = self
             .placer()
@@ -121,9 +123,7 @@ impl Isolation {
             &with_pod(asked(&kubelets), pod),
             &shared.ctx(place.as_ref().map(|p| p.share(false))),
         );
-        for w in &d.warnings {
-            warn!(pod = %pod.name, container = %name, "{w}");
-        }
+        self.log(pod, Some(name), &d.warnings);
         let mut annotations: BTreeMap<String, String> = [(
             ANNOTATION_CLASS.to_string(),
             class.class.as_str().to_string(),
@@ -166,7 +166,7 @@ impl Isolation {
         let Some(pod) = store.pod(pod_id) else {
             return;
         };
-        let Some(class) = class_of(&pod, &shared.trust) else {
+        let Some(class) = self.class_of(&pod, &shared.trust) else {
             return;
         };
         let patched =
@@ -218,7 +218,7 @@ impl Isolation {
         update: Option<&Resources>,
     ) -> Option<ResourcePatch> {
         let shared = self.shared.get();
-        let (c, pod, class) = known(store, container_id, &shared.trust)?;
+        let (c, pod, class) = self.known(store, container_id, &shared.trust)?;
         // kubelet may send a partial update (cpuset only): what it left out stands
         let mut merged = c.requested.clone().unwrap_or_default();
         if let Some(u) = update {
@@ -276,7 +276,7 @@ impl Isolation {
         container_id: &str,
     ) -> Result<(), IsolationError> {
         let shared = self.shared.get();
-        let Some((c, pod, class)) = known(store, container_id, &shared.trust) else {
+        let Some((c, pod, class)) = self.known(store, container_id, &shared.trust) else {
             return Ok(());
         };
         let stored = c.requested.clone().unwrap_or_default();
@@ -348,25 +348,44 @@ impl Isolation {
     }
 }
 
-/// The class of a pod, logging input problems.
-fn class_of(pod: &PodRecord, trust: &Trust) -> Option<PodClass> {
-    let d = classify(&pod.labels, &pod.namespace, &pod.cgroup_parent, trust);
-    for w in &d.warnings {
-        warn!(pod = %pod.name, namespace = %pod.namespace, "{w}");
+impl Isolation {
+    /// The pod's sandbox is removed: what was logged about it is forgotten.
+    pub fn pod_removed(&self, pod_id: &str) {
+        self.warned.forget(pod_id);
     }
-    d.pod_class()
-}
 
-/// A stored container, its pod and its class (`None`: not qoslet's to touch).
-fn known(
-    store: &Store,
-    container_id: &str,
-    trust: &Trust,
-) -> Option<(ContainerRecord, PodRecord, PodClass)> {
-    let c = store.container(container_id)?;
-    let pod = store.pod_of(container_id)?;
-    let class = class_of(&pod, trust)?;
-    Some((c, pod, class))
+    /// Logs the warnings about `pod` (and its container `container`) not
+    /// logged yet while it lives; the others at debug.
+    fn log(&self, pod: &PodRecord, container: Option<&str>, warnings: &[Warning]) {
+        for w in warnings {
+            let c = container.unwrap_or("");
+            if self.warned.first(&pod.id, w) {
+                warn!(pod = %pod.name, namespace = %pod.namespace, container = c, kind = w.kind(), "{w}");
+            } else {
+                debug!(pod = %pod.name, namespace = %pod.namespace, container = c, kind = w.kind(), "{w}");
+            }
+        }
+    }
+
+    /// The class of a pod, logging input problems.
+    fn class_of(&self, pod: &PodRecord, trust: &Trust) -> Option<PodClass> {
+        let d = classify(&pod.labels, &pod.namespace, &pod.cgroup_parent, trust);
+        self.log(pod, None, &d.warnings);
+        d.pod_class()
+    }
+
+    /// A stored container, its pod and its class (`None`: not qoslet's to touch).
+    fn known(
+        &self,
+        store: &Store,
+        container_id: &str,
+        trust: &Trust,
+    ) -> Option<(ContainerRecord, PodRecord, PodClass)> {
+        let c = store.container(container_id)?;
+        let pod = store.pod_of(container_id)?;
+        let class = self.class_of(&pod, trust)?;
+        Some((c, pod, class))
+    }
 }
 
 /// What kubelet asked for a container, as decisions take it.

@@ -12,6 +12,7 @@
 //! * [`node`]: the node's facts read once at start.
 //! * `place`: the LS share pool a container is placed on.
 //! * `write`: knobs written to a cgroup, the outcome recorded.
+//! * `warned`: each warning about a pod logged once while it lives.
 //!
 //! Bad input (unknown class label, malformed annotation, hostile cgroup parent,
 //! a missing kernel feature) is a logged warning and the pod runs as kubelet
@@ -30,6 +31,7 @@ mod error;
 pub mod events;
 pub mod node;
 mod place;
+mod warned;
 mod write;
 
 pub use error::IsolationError;
@@ -55,6 +57,8 @@ pub struct Isolation {
     /// Where the online CPUs are read when a container is placed (`/sys`;
     /// `None`: the node facts' as read at start).
     sys_root: Option<std::path::PathBuf>,
+    /// The warnings logged, per pod (each once while the pod lives).
+    warned: Arc<warned::Warned>,
 }
 
 /// Bound CPUs, and the inventory generation and online CPUs they were computed at.
@@ -163,6 +167,7 @@ impl Isolation {
             inventory: Default::default(),
             bound: Default::default(),
             sys_root: None,
+            warned: Arc::default(),
             shared: PolicyHandle(Arc::new(std::sync::RwLock::new(Arc::new(Shared {
                 features,
                 v2,

@@ -85,6 +85,7 @@ impl Hook for IsolationHook {
                 | (HookPoint::UpdateContainerResources, Stage::Before)
                 | (HookPoint::RunPodSandbox, Stage::After)
                 | (HookPoint::StartContainer, Stage::After)
+                | (HookPoint::RemovePodSandbox, Stage::After)
         )
     }
 
@@ -175,6 +176,10 @@ impl Hook for IsolationHook {
                 (CriRequest::StartContainer(r), _) => iso
                     .container_started(&ctx.store, &r.container_id)
                     .map_err(boxed),
+                (CriRequest::RemovePodSandbox(r), _) => {
+                    iso.pod_removed(&r.pod_sandbox_id);
+                    Ok(())
+                }
                 _ => Ok(()),
             }
         })

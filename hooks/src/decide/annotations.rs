@@ -18,21 +18,13 @@ pub const MAX_RESOURCE_STATUS_BYTES: usize = 16 << 10;
 pub(super) fn batch_annotation<'a>(
     pc: PodClass,
     annotations: &'a BTreeMap<String, String>,
-    warnings: &mut Vec<String>,
+    warnings: &mut Vec<Warning>,
 ) -> Option<&'a str> {
     let a = annotations.get(ANNOTATION_EXTENDED_RESOURCE_SPEC)?;
     if pc.trusted || pc.kube == Some(KubeQos::BestEffort) {
         return Some(a);
     }
-    let kube = match pc.kube {
-        Some(KubeQos::Guaranteed) => "Guaranteed",
-        Some(KubeQos::Burstable) => "Burstable",
-        // BestEffort returned above
-        Some(KubeQos::BestEffort) | None => "of unknown Kubernetes QoS",
-    };
-    warnings.push(format!(
-        "{ANNOTATION_EXTENDED_RESOURCE_SPEC} ignored: the pod is {kube}, not BestEffort, and not trusted"
-    ));
+    warnings.push(Warning::BatchNotBestEffort { kube: pc.kube });
     None
 }
 
@@ -48,18 +40,18 @@ pub const MAX_QOS_ANNOTATION_BYTES: usize = 4 << 10;
 /// Reads a pod's JSON QoS annotation (`None`: absent).
 pub(super) fn qos_annotation<T: serde::de::DeserializeOwned>(
     annotations: &BTreeMap<String, String>,
-    key: &str,
-) -> Result<Option<T>, String> {
+    key: &'static str,
+) -> Result<Option<T>, Warning> {
     let Some(a) = annotations.get(key) else {
         return Ok(None);
     };
-    if a.len() > MAX_QOS_ANNOTATION_BYTES {
-        return Err(format!(
-            "{key}: {} bytes, over the {MAX_QOS_ANNOTATION_BYTES}-byte cap; ignored",
-            a.len()
-        ));
-    }
-    serde_json::from_str(a)
-        .map(Some)
-        .map_err(|e| format!("{key}: {e}; ignored"))
+    let problem = if a.len() > MAX_QOS_ANNOTATION_BYTES {
+        AnnotationProblem::TooLarge { bytes: a.len() }
+    } else {
+        match serde_json::from_str(a) {
+            Ok(v) => return Ok(Some(v)),
+            Err(e) => AnnotationProblem::Json(e.to_string()),
+        }
+    };
+    Err(Warning::QosAnnotation { key, problem })
 }

@@ -9,19 +9,15 @@ pub(super) fn blkio(class: QosClass, ctx: &Context, d: &mut PodDecision) {
         return;
     }
     if !ctx.features.blkio_throttle {
-        d.warnings.push(
-            "blkioQOS is enabled but this host has no blkio throttling / io controller; skipped"
-                .into(),
-        );
+        d.warnings.push(Warning::NoBlkio);
         return;
     }
     // volume groups and pod volumes need the pod's volume spec, which CRI does not carry
     for b in q.blocks.iter().filter(|b| b.block_type == "device") {
         let Some(device) = ctx.devices.get(&b.name) else {
-            d.warnings.push(format!(
-                "blkioQOS device {:?} is not a block device on this host; skipped",
-                b.name
-            ));
+            d.warnings.push(Warning::NotABlockDevice {
+                name: b.name.clone(),
+            });
             continue;
         };
         let limits = b.limits();

@@ -7,7 +7,7 @@ use super::*;
 pub(super) const DEFAULT_CFS_PERIOD_US: u64 = 100_000;
 
 /// CPUs a container is bound to, and a warning when the annotation asked for more.
-pub type Bound = (BTreeSet<u32>, Option<String>);
+pub type Bound = (BTreeSet<u32>, Option<Warning>);
 
 /// The CPUs a container of an LSE/LSR pod is bound to by its pod's
 /// resource-status annotation, as this pod may have them (`bound_cpus`'s
@@ -17,7 +17,7 @@ pub fn binding(
     pod_annotations: &BTreeMap<String, String>,
     requested: &Requested,
     node: &NodeFacts,
-) -> Result<Option<Bound>, String> {
+) -> Result<Option<Bound>, BindingRefused> {
     if !matches!(pc.class, QosClass::Lse | QosClass::Lsr) {
         return Ok(None);
     }
@@ -133,20 +133,20 @@ pub(super) fn unset_quota(
     pc: PodClass,
     cpus: &BTreeSet<u32>,
     requested: &Requested,
-) -> Result<Knob, String> {
+) -> Result<Knob, QuotaKept> {
     let period = u64::try_from(requested.cpu_period)
         .ok()
         .filter(|p| *p > 0)
         .unwrap_or(DEFAULT_CFS_PERIOD_US);
     if !pc.trusted {
         let Some(milli) = requested.milli_cpu() else {
-            return Err("no CPU limit to compare the binding with".into());
+            return Err(QuotaKept::NoLimit);
         };
         if cpus.len() as u64 * 1000 > milli {
-            return Err(format!(
-                "{} CPUs bound are more than the CPU limit {milli}m; CFS quota kept",
-                cpus.len()
-            ));
+            return Err(QuotaKept::OverLimit {
+                cpus: cpus.len(),
+                milli,
+            });
         }
     }
     Ok(Knob::CpuQuota {
@@ -201,9 +201,9 @@ pub(super) fn shared_cpus(
             };
             if cpus.is_empty() {
                 // nothing of those nodes left: the node-wide pool, as without it
-                d.warnings.push(format!(
-                    "the share pool of NUMA nodes {nodes:?} is empty; the whole share pool instead"
-                ));
+                d.warnings.push(Warning::NumaPoolEmpty {
+                    nodes: nodes.clone(),
+                });
             } else if cpus != *p.whole || p.explicit {
                 let list = format_cpu_list(&cpus);
                 d.decisions.push(cri(
@@ -218,9 +218,7 @@ pub(super) fn shared_cpus(
                 return;
             }
         } else {
-            d.warnings.push(format!(
-                "{ANNOTATION_RESOURCE_STATUS}: NUMA nodes {nodes:?} are not this host's; the whole share pool instead"
-            ));
+            d.warnings.push(Warning::NumaNodesUnknown { nodes });
         }
     }
     if pool == *p.whole && !p.explicit {
@@ -242,8 +240,9 @@ pub(super) fn shared_cpus(
         )
     };
     if cpus.is_empty() {
-        d.warnings
-            .push(format!("{why} is empty; cpuset left as kubelet asked"));
+        d.warnings.push(Warning::SharePoolEmpty {
+            kubelet: (!kubelet.is_empty()).then(|| kubelet.to_string()),
+        });
         return;
     }
     let list = format_cpu_list(&cpus);
@@ -313,7 +312,7 @@ pub(super) fn bound_cpus(
     pc: PodClass,
     requested: &Requested,
     node: &NodeFacts,
-) -> Result<Option<Bound>, String> {
+) -> Result<Option<Bound>, BindingRefused> {
     let kubelet_cpuset = requested.cpuset_cpus;
     #[derive(serde::Deserialize)]
     struct Status {
@@ -321,17 +320,16 @@ pub(super) fn bound_cpus(
         cpuset: Option<String>,
     }
     if annotation.len() > MAX_RESOURCE_STATUS_BYTES {
-        return Err(format!(
-            "{} bytes, over the {MAX_RESOURCE_STATUS_BYTES}-byte cap; not read",
-            annotation.len()
-        ));
+        return Err(BindingRefused::TooLarge {
+            bytes: annotation.len(),
+        });
     }
     let v: serde_json::Value =
-        serde_json::from_str(annotation).map_err(|e| format!("not JSON: {e}"))?;
+        serde_json::from_str(annotation).map_err(|e| BindingRefused::NotJson(e.to_string()))?;
     if !v.is_object() {
-        return Err("not a JSON object".into());
+        return Err(BindingRefused::NotObject);
     }
-    let s: Status = serde_json::from_value(v).map_err(|e| e.to_string())?;
+    let s: Status = serde_json::from_value(v).map_err(|e| BindingRefused::Shape(e.to_string()))?;
     let Some(cpus) = s
         .cpuset
         .map(|c| c.trim().to_string())
@@ -340,35 +338,35 @@ pub(super) fn bound_cpus(
         return Ok(None);
     };
     if !pc.by_label && !pc.trusted {
-        return Err(format!(
-            "the pod's class {} is inferred from its Kubernetes QoS, not set by label, and the pod is not trusted",
-            pc.class.as_str()
-        ));
+        return Err(BindingRefused::NotByLabel { class: pc.class });
     }
-    let short: String = cpus.chars().take(64).collect();
+    let short = shown(&cpus);
     let wanted = parse_cpu_list(&cpus)
         .filter(|c| !c.is_empty())
-        .ok_or_else(|| format!("malformed cpuset {short:?}"))?;
+        .ok_or_else(|| BindingRefused::Malformed {
+            cpus: short.clone(),
+        })?;
     if node.online_cpus.is_empty() {
-        return Err("this node's online CPUs are unknown".into());
+        return Err(BindingRefused::OnlineUnknown);
     }
     let mut got: BTreeSet<u32> = wanted
         .intersection(&node.online_cpus)
         .filter(|c| !node.reserved_cpus.contains(c))
         .copied()
         .collect();
-    let mut within = String::new();
+    let mut within = None;
     if !pc.trusted && !kubelet_cpuset.trim().is_empty() {
         match parse_cpu_list(kubelet_cpuset) {
             Some(k) => got.retain(|c| k.contains(c)),
-            None => return Err(format!("kubelet's cpuset {kubelet_cpuset:?} is malformed")),
+            None => return Err(BindingRefused::KubeletMalformed(shown(kubelet_cpuset))),
         }
-        within = format!(" and kubelet's cpuset {kubelet_cpuset}");
+        within = Some(kubelet_cpuset.to_string());
     }
     if got.is_empty() {
-        return Err(format!(
-            "none of the CPUs {short} is online and unreserved{within}"
-        ));
+        return Err(BindingRefused::NoneOnline {
+            cpus: short,
+            kubelet: within,
+        });
     }
     // an untrusted pod binds to no more whole CPUs than its own limit (the
     // scheduler gives an LSE/LSR pod exactly that many): bound CPUs leave the
@@ -377,21 +375,20 @@ pub(super) fn bound_cpus(
         // the pod's limit where known: the scheduler binds the pod, all its
         // containers to the same CPUs (a 1-CPU sidecar of a 4-CPU pod too)
         let Some(milli) = requested.milli_cpu().max(nonzero(requested.pod_milli_cpu)) else {
-            return Err("the container has no CPU limit to size a binding by".into());
+            return Err(BindingRefused::NoLimit);
         };
         let most = milli / 1000;
         if got.len() as u64 > most {
-            return Err(format!(
-                "{} CPUs asked, more than the container's CPU limit ({milli}m) allows",
-                got.len()
-            ));
+            return Err(BindingRefused::OverLimit {
+                cpus: got.len(),
+                milli,
+            });
         }
     }
-    let narrowed = (got != wanted).then(|| {
-        format!(
-            "{ANNOTATION_RESOURCE_STATUS}: cpuset {short} narrowed to {} (online, unreserved{within})",
-            format_cpu_list(&got)
-        )
+    let narrowed = (got != wanted).then(|| Warning::BindingNarrowed {
+        asked: short,
+        got: format_cpu_list(&got),
+        kubelet: within,
     });
     Ok(Some((got, narrowed)))
 }

@@ -59,7 +59,7 @@ pub(super) fn pod_cpu_qos(
     pc: PodClass,
     annotations: &BTreeMap<String, String>,
     class_value: i64,
-) -> Result<Option<(i64, String)>, String> {
+) -> Result<Option<(i64, String)>, Warning> {
     #[derive(serde::Deserialize)]
     #[serde(rename_all = "camelCase")]
     struct CpuQos {
@@ -73,9 +73,7 @@ pub(super) fn pod_cpu_qos(
         return Ok(None);
     };
     if let Some(g) = c.group_identity.filter(|g| !(-1..=2).contains(g)) {
-        return Err(format!(
-            "{ANNOTATION_CPU_QOS}: groupIdentity {g} is not -1..=2; ignored"
-        ));
+        return Err(Warning::GroupIdentityRange { value: g });
     }
     let asked = match (c.enable, c.group_identity) {
         (Some(true), Some(g)) => g,
@@ -140,7 +138,7 @@ pub(super) fn identity(
     ctx: &Context,
     pod_level: bool,
     out: &mut Vec<Decision>,
-    warnings: &mut Vec<String>,
+    warnings: &mut Vec<Warning>,
 ) {
     if ctx.features.bvt {
         if group_identity_on(ctx.policy) {

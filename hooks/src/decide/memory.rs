@@ -61,7 +61,7 @@ pub fn pod_memory_qos(
     pc: PodClass,
     annotations: &BTreeMap<String, String>,
     policy: &ResourceQosStrategy,
-    warnings: &mut Vec<String>,
+    warnings: &mut Vec<Warning>,
 ) -> MemoryQos {
     #[derive(serde::Deserialize)]
     #[serde(rename_all = "camelCase")]
@@ -104,9 +104,7 @@ pub fn pod_memory_qos(
         }
         "" | "default" => class.clone(),
         "auto" if !pc.trusted => {
-            warnings.push(format!(
-                "{ANNOTATION_MEMORY_QOS}: policy auto ignored (Koordinator's defaults may not hold a pod back as its class does; an untrusted pod only lowers it)"
-            ));
+            warnings.push(Warning::MemoryPolicyAuto);
             class.clone()
         }
         "auto" => MemoryQos {
@@ -117,24 +115,26 @@ pub fn pod_memory_qos(
                 .clone()
         },
         other => {
-            warnings.push(format!(
-                "{ANNOTATION_MEMORY_QOS}: policy {other:?} is not none, default or auto; ignored"
-            ));
+            warnings.push(Warning::MemoryPolicyUnknown {
+                value: shown(other),
+            });
             return class;
         }
     };
     let mut q = base;
     let mut ignored = Vec::new();
     {
-        let mut take =
-            |dst: &mut i64, v: Option<i64>, name: &str, lowers: &dyn Fn(i64, i64) -> bool| {
-                let Some(v) = v else { return };
-                if pc.trusted || (class.enable && lowers(v, *dst)) {
-                    *dst = v;
-                } else {
-                    ignored.push(name.to_string());
-                }
-            };
+        let mut take = |dst: &mut i64,
+                        v: Option<i64>,
+                        name: &'static str,
+                        lowers: &dyn Fn(i64, i64) -> bool| {
+            let Some(v) = v else { return };
+            if pc.trusted || (class.enable && lowers(v, *dst)) {
+                *dst = v;
+            } else {
+                ignored.push(name);
+            }
+        };
         let le = |v: i64, cur: i64| v <= cur;
         take(
             &mut q.min_limit_percent,
@@ -201,10 +201,7 @@ pub fn pod_memory_qos(
         q.enable = true;
     }
     if !ignored.is_empty() {
-        warnings.push(format!(
-            "{ANNOTATION_MEMORY_QOS}: {} would raise the pod's memory QoS above its class's (an untrusted pod only lowers it); ignored",
-            ignored.join(", ")
-        ));
+        warnings.push(Warning::MemoryRaise { fields: ignored });
     }
     let pct_ok = [
         q.min_limit_percent,
@@ -218,17 +215,15 @@ pub fn pod_memory_qos(
         .into_iter()
         .find(|(t, v, _)| !t.range().contains(v))
     {
-        warnings.push(format!(
-            "{ANNOTATION_MEMORY_QOS}: {f} {v} is outside {:?} ({}); ignored",
-            t.range(),
-            t.file()
-        ));
+        warnings.push(Warning::MemoryTuneRange {
+            field: f,
+            tune: t,
+            value: v,
+        });
         return class;
     }
     if !pct_ok {
-        warnings.push(format!(
-            "{ANNOTATION_MEMORY_QOS}: a percentage is outside 0-100; ignored"
-        ));
+        warnings.push(Warning::MemoryPercent);
         return class;
     }
     q
@@ -307,9 +302,6 @@ pub(super) fn memory_qos_settings(
     Some(out)
 }
 
-pub(super) const NO_MEMORY_QOS: &str =
-    "memoryQOS is enabled but this kernel has no memory.min/low/high";
-
 /// A container's memory QoS: through CRI's `unified` map on cgroup v2 (the
 /// runtime writes it at create), written after start on v1 kernels that have
 /// the files, a warning elsewhere.
@@ -329,8 +321,7 @@ pub(super) fn memory(
     } else if ctx.features.memory_qos {
         cgroup
     } else {
-        d.warnings
-            .push(format!("{NO_MEMORY_QOS} on cgroup v1; skipped"));
+        d.warnings.push(Warning::NoMemoryQosV1);
         return;
     };
     d.decisions

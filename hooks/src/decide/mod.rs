@@ -20,6 +20,7 @@ use qoslet_cgroups::{Device, Features, Knob};
 use crate::batch::{parse_spec, pod_total, Batch, Caps, ANNOTATION_EXTENDED_RESOURCE_SPEC};
 use crate::class::{KubeQos, PodClass, QosClass};
 use crate::policy::{memory_qos, CpuPolicy, MemRequest, MemoryQos, ResourceQosStrategy};
+use crate::warning::{shown, AnnotationProblem, BindingRefused, QuotaKept, Warning};
 
 mod annotations;
 mod blkio;
@@ -236,7 +237,7 @@ impl Decision {
 pub struct ContainerDecision {
     pub decisions: Vec<Decision>,
     /// Input problems, for a logged warning (the container runs as kubelet asked).
-    pub warnings: Vec<String>,
+    pub warnings: Vec<Warning>,
 }
 
 impl ContainerDecision {
@@ -291,7 +292,7 @@ impl ContainerDecision {
 pub struct PodDecision {
     pub decisions: Vec<Decision>,
     /// Input problems, for a logged warning.
-    pub warnings: Vec<String>,
+    pub warnings: Vec<Warning>,
 }
 
 impl PodDecision {
@@ -427,7 +428,7 @@ pub fn pod(
                     format_cpu_list(&cpus)
                 ),
             )),
-            Err(why) => d.warnings.push(format!("pod: {why}")),
+            Err(reason) => d.warnings.push(Warning::QuotaKept { pod: true, reason }),
         }
     }
     let mut memory_request = None;
@@ -440,9 +441,8 @@ pub fn pod(
                         milli_cpu: nonzero(ctx.node.milli_cpus),
                         memory: nonzero(ctx.node.memory_bytes),
                     };
-                    let (total, warnings) = pod_total(&spec).bounded(&caps);
-                    d.warnings
-                        .extend(warnings.into_iter().map(|w| format!("pod: {w}")));
+                    let (total, warnings) = pod_total(&spec).bounded(&caps, true);
+                    d.warnings.extend(warnings);
                     let r = total.resources();
                     // an idle (SCHED_IDLE) cgroup has no weight: the kernel refuses
                     // shares writes on it, and its containers' shares still apply
@@ -481,7 +481,7 @@ pub fn pod(
                         .map(|r| (r, total.memory_limit));
                 }
                 Ok(_) => {}
-                Err(e) => d.warnings.push(format!("{e}; batch resources ignored")),
+                Err(e) => d.warnings.push(Warning::BatchSpec(e)),
             }
         }
     }
@@ -501,8 +501,7 @@ pub fn pod(
             d.decisions
                 .extend(settings.into_iter().map(|(k, why)| cgroup(k, why)));
         } else {
-            d.warnings
-                .push(format!("{NO_MEMORY_QOS}; pod level skipped"));
+            d.warnings.push(Warning::NoMemoryQosPod);
         }
     }
     d.decisions.extend(memory_tunes(class, &mq, ctx));
@@ -528,7 +527,7 @@ pub fn container(
             match parse_spec(a) {
                 Ok(parsed) => {
                     for e in &parsed.bad {
-                        d.warnings.push(format!("{e}; that value ignored"));
+                        d.warnings.push(Warning::BatchValue(e.clone()));
                     }
                     if let Some(b) = parsed.containers.get(container_name) {
                         let caps = Caps {
@@ -538,7 +537,7 @@ pub fn container(
                                 nonzero(requested.memory_limit.max(0) as u64),
                             ),
                         };
-                        let (b, warnings) = b.bounded(&caps);
+                        let (b, warnings) = b.bounded(&caps, false);
                         d.warnings.extend(warnings);
                         batch(&b, &mut d);
                         // memory protection (min/low) from a batch request is a raise: trusted only
@@ -554,7 +553,7 @@ pub fn container(
                         }
                     }
                 }
-                Err(e) => d.warnings.push(format!("{e}; batch resources ignored")),
+                Err(e) => d.warnings.push(Warning::BatchSpec(e)),
             }
         }
     }
@@ -574,15 +573,13 @@ pub fn container(
                         "bound to CPUs {list}: CFS quota unset (koordlet's UnsetContainerCPUQuota)"
                     ),
                 )),
-                Err(why) => d.warnings.push(why),
+                Err(reason) => d.warnings.push(Warning::QuotaKept { pod: false, reason }),
             }
             true
         }
         Ok(None) => false,
         Err(why) => {
-            d.warnings.push(format!(
-                "{ANNOTATION_RESOURCE_STATUS}: {why}; cpuset left as kubelet asked"
-            ));
+            d.warnings.push(Warning::Binding(why));
             false
         }
     };

@@ -899,7 +899,7 @@ fn resource_status_cpusets_by_trust_and_node() {
     n.reserved_cpus = [0, 1].into();
     let p = ResourceQosStrategy::default();
     let hostile = format!(r#"{{"cpuset":"{}"}}"#, "0-65536,".repeat(32 << 10));
-    // (class, by label, trusted, kubelet's cpuset, annotation, expected cpuset, warnings)
+    // (class, by label, trusted, kubelet's cpuset, annotation, expected cpuset, warning kinds)
     type Case<'a> = (
         QosClass,
         bool,
@@ -907,7 +907,7 @@ fn resource_status_cpusets_by_trust_and_node() {
         &'a str,
         &'a str,
         Option<&'a str>,
-        usize,
+        &'a [&'a str],
     );
     let table: &[Case] = &[
         // a Guaranteed pod without an LSE/LSR label keeps kubelet's cpuset
@@ -918,7 +918,7 @@ fn resource_status_cpusets_by_trust_and_node() {
             "",
             r#"{"cpuset":"2-3"}"#,
             None,
-            1,
+            &["binding-refused"],
         ),
         (
             QosClass::Lsr,
@@ -927,7 +927,7 @@ fn resource_status_cpusets_by_trust_and_node() {
             "",
             r#"{"cpuset":"3,2"}"#,
             Some("2-3"),
-            0,
+            &[],
         ),
         // never reserved CPUs, never CPUs the node does not have
         (
@@ -937,7 +937,7 @@ fn resource_status_cpusets_by_trust_and_node() {
             "",
             r#"{"cpuset":"0-3"}"#,
             Some("2-3"),
-            1,
+            &["binding-narrowed"],
         ),
         (
             QosClass::Lsr,
@@ -946,7 +946,7 @@ fn resource_status_cpusets_by_trust_and_node() {
             "",
             r#"{"cpuset":"14-20"}"#,
             Some("14-15"),
-            1,
+            &["binding-narrowed"],
         ),
         (
             QosClass::Lsr,
@@ -955,7 +955,7 @@ fn resource_status_cpusets_by_trust_and_node() {
             "",
             r#"{"cpuset":"20-30"}"#,
             None,
-            1,
+            &["binding-refused"],
         ),
         (
             QosClass::Lsr,
@@ -964,7 +964,7 @@ fn resource_status_cpusets_by_trust_and_node() {
             "",
             r#"{"cpuset":"0-1"}"#,
             None,
-            1,
+            &["binding-refused"],
         ),
         // an untrusted pod stays within kubelet's cpuset (others' exclusive CPUs are outside it)
         (
@@ -974,7 +974,7 @@ fn resource_status_cpusets_by_trust_and_node() {
             "4-7",
             r#"{"cpuset":"2-5"}"#,
             Some("4-5"),
-            1,
+            &["binding-narrowed"],
         ),
         (
             QosClass::Lsr,
@@ -983,7 +983,7 @@ fn resource_status_cpusets_by_trust_and_node() {
             "8-9",
             r#"{"cpuset":"2-5"}"#,
             None,
-            1,
+            &["binding-refused"],
         ),
         // trusted (Koordinator's scheduler): the annotation wins over kubelet's, within the node
         (
@@ -993,7 +993,7 @@ fn resource_status_cpusets_by_trust_and_node() {
             "4-7",
             r#"{"cpuset":"2-5"}"#,
             Some("2-5"),
-            0,
+            &[],
         ),
         (
             QosClass::Lsr,
@@ -1002,10 +1002,18 @@ fn resource_status_cpusets_by_trust_and_node() {
             "",
             r#"{"cpuset":"2-3"}"#,
             Some("2-3"),
-            0,
+            &[],
         ),
         // hostile or malformed input: a warning, kubelet's cpuset
-        (QosClass::Lsr, true, true, "", &hostile, None, 1),
+        (
+            QosClass::Lsr,
+            true,
+            true,
+            "",
+            &hostile,
+            None,
+            &["binding-refused"],
+        ),
         (
             QosClass::Lsr,
             true,
@@ -1013,7 +1021,7 @@ fn resource_status_cpusets_by_trust_and_node() {
             "",
             r#"{"cpuset":"99999999999"}"#,
             None,
-            1,
+            &["binding-refused"],
         ),
         (
             QosClass::Lsr,
@@ -1022,7 +1030,7 @@ fn resource_status_cpusets_by_trust_and_node() {
             "x",
             r#"{"cpuset":"2"}"#,
             None,
-            1,
+            &["binding-refused"],
         ),
         // an untrusted pod binds to no more CPUs than its 4-CPU limit
         (
@@ -1032,7 +1040,7 @@ fn resource_status_cpusets_by_trust_and_node() {
             "",
             r#"{"cpuset":"2-6"}"#,
             None,
-            1,
+            &["binding-refused"],
         ),
         (
             QosClass::Lsr,
@@ -1041,10 +1049,18 @@ fn resource_status_cpusets_by_trust_and_node() {
             "",
             r#"{"cpuset":"2-6"}"#,
             Some("2-6"),
-            0,
+            &[],
         ),
         // LS shares the pool
-        (QosClass::Ls, true, true, "", r#"{"cpuset":"2-3"}"#, None, 0),
+        (
+            QosClass::Ls,
+            true,
+            true,
+            "",
+            r#"{"cpuset":"2-3"}"#,
+            None,
+            &[],
+        ),
     ];
     for (class, by_label, trusted, kubelet, a, want, warnings) in table {
         let ann: BTreeMap<String, String> =
@@ -1076,13 +1092,16 @@ fn resource_status_cpusets_by_trust_and_node() {
         );
         let short: String = a.chars().take(40).collect();
         assert_eq!(
-            (d.patch().cpuset_cpus.as_deref(), d.warnings.len()),
-            (*want, *warnings),
+            (
+                d.patch().cpuset_cpus.as_deref(),
+                d.warnings.iter().map(Warning::kind).collect::<Vec<_>>()
+            ),
+            (*want, warnings.to_vec()),
             "{class:?} label={by_label} trusted={trusted} kubelet={kubelet:?} {short}: {:?}",
             d.warnings
         );
         assert!(
-            d.warnings.iter().all(|w| w.len() < 400),
+            d.warnings.iter().all(|w| w.to_string().len() < 400),
             "warnings stay short"
         );
     }
@@ -1128,11 +1147,15 @@ fn untrusted_batch_annotations_only_on_besteffort_pods_and_without_protection() 
     };
     let d = go(burstable_as_be);
     assert_eq!(d.patch().cpu_shares, None, "no weight from the annotation");
-    assert!(
-        d.warnings[0].contains("the pod is Burstable, not BestEffort"),
-        "{:?}",
-        d.warnings
+    assert_eq!(
+        d.warnings,
+        [Warning::BatchNotBestEffort {
+            kube: Some(KubeQos::Burstable)
+        }]
     );
+    assert!(d.warnings[0]
+        .to_string()
+        .contains("the pod is Burstable, not BestEffort"));
     let d = go(labelled(QosClass::Be));
     assert_eq!(d.patch().cpu_shares, Some(4096));
     assert!(
@@ -1674,7 +1697,13 @@ fn blkio_limits_per_class_and_device() {
         )
     );
     assert_eq!(d.decisions[0].setting(true).0, "io.max 254:0");
-    assert!(d.warnings[0].contains("/dev/gone"), "{d:?}");
+    assert_eq!(
+        d.warnings,
+        [Warning::NotABlockDevice {
+            name: "/dev/gone".into()
+        }],
+        "{d:?}"
+    );
     assert!(pod_with(QosClass::Ls, &[], 0, &f, false, &p, &devices)
         .cgroup()
         .is_empty());
