@@ -1,4 +1,5 @@
-//! Generates the admin API from the project's own `.proto`, and builds the two
+//! Generates the admin API and the NRI messages (with ttrpc's envelope) from the
+//! project's own `.proto` files, and builds the two
 //! file descriptor sets that server reflection serves: the admin API and the CRI
 //! v1 API. The CRI `.proto` is not copied into this repository: it is read from
 //! the `k8s-cri` crate that Cargo already downloaded (override with
@@ -18,6 +19,18 @@ fn main() {
         .build_server(true)
         .compile_protos(&["proto/qoslet/admin/v1/admin.proto"], &["proto"])
         .expect("compile admin.proto");
+    // the NRI messages and ttrpc's envelope: messages only (the NRI front end
+    // owns its ttrpc transport; no tonic services for them)
+    println!("cargo:rerun-if-changed=proto/nri/v1alpha1/api.proto");
+    println!("cargo:rerun-if-changed=proto/ttrpc/ttrpc.proto");
+    tonic_prost_build::configure()
+        .build_client(false)
+        .build_server(false)
+        .compile_protos(
+            &["proto/nri/v1alpha1/api.proto", "proto/ttrpc/ttrpc.proto"],
+            &["proto"],
+        )
+        .expect("compile the NRI and ttrpc .proto");
 
     let cri = find_cri_proto();
     println!("cargo:rerun-if-changed={}", cri.display());

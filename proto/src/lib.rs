@@ -2,6 +2,10 @@
 //!
 //! * [`admin`]: qoslet's own admin API (`qoslet.admin.v1`), generated from
 //!   `proto/qoslet/admin/v1/admin.proto`.
+//! * [`nri`], [`ttrpc`]: the part of containerd's NRI API (`nri.pkg.api.v1alpha1`)
+//!   the NRI front end uses, and ttrpc's request/response envelope, generated
+//!   from the project's own declarations (`proto/nri`, `proto/ttrpc`; upstream
+//!   field numbers).
 //! * [`cri`]: the CRI v1 types and stubs, re-exported from the `k8s-cri` crate
 //!   (qoslet does not own the CRI `.proto`).
 //! * [`ADMIN_DESCRIPTOR_SET`], [`CRI_DESCRIPTOR_SET`]: encoded
@@ -13,6 +17,18 @@
 pub mod admin {
     #![allow(missing_docs, clippy::all)]
     tonic::include_proto!("qoslet.admin.v1");
+}
+
+/// NRI messages (`nri.pkg.api.v1alpha1`), the subset qoslet reads and writes.
+pub mod nri {
+    #![allow(missing_docs, clippy::all)]
+    tonic::include_proto!("nri.pkg.api.v1alpha1");
+}
+
+/// ttrpc's envelope (`ttrpc.Request`, `ttrpc.Response`).
+pub mod ttrpc {
+    #![allow(missing_docs, clippy::all)]
+    tonic::include_proto!("ttrpc");
 }
 
 /// CRI v1 (`runtime.v1`) messages, clients and servers.
