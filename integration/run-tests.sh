@@ -22,6 +22,8 @@ cleanup() {
   $TB down || true
   CONTAINERD=1.7 INSTANCE=ctd17 $TB down || true
   INSTANCE=restart CONTAINERD=1.7 $TB down >/dev/null 2>&1 || true
+  INSTANCE=nri CONTAINERD=1.7 $TB down >/dev/null 2>&1 || true
+  INSTANCE=nrirestart CONTAINERD=1.7 $TB down >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
 

@@ -86,15 +86,36 @@ pub async fn status(a: AdminArgs) -> Result<()> {
         "store: {} pods, {} containers (checkpoint in {})",
         c.pods, c.containers, s.state_dir
     );
-    println!(
-        "calls: {} total, {} passed through, {} intercepted, {} in flight, {} backend unavailable, {} reset by the runtime, {} refused, {} oversized",
-        c.calls_total, c.calls_passthrough, c.calls_intercepted, c.calls_in_flight, c.backend_unavailable, c.backend_resets, c.calls_refused, c.oversized_messages
-    );
-    println!(
-        "hooks: {} errors, {} timeouts, {} panics, {} calls refused by a hook (admission)",
-        c.hook_errors, c.hook_timeouts, c.hook_panics, c.hook_refusals
-    );
-    println!("connections: {}", c.connections_terminated);
+    if s.mode == "nri" {
+        let mut events: Vec<String> = c
+            .nri_events
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        events.sort();
+        println!(
+            "nri: {} registrations, {} reconnects, {} adjustments, {} updates, {} timeouts, {} errors, {} refused",
+            c.nri_registrations, c.nri_reconnects, c.nri_adjustments, c.nri_updates, c.nri_timeouts, c.nri_errors, c.hook_refusals
+        );
+        println!(
+            "events: {}",
+            if events.is_empty() {
+                "none yet".to_string()
+            } else {
+                events.join(", ")
+            }
+        );
+    } else {
+        println!(
+            "calls: {} total, {} passed through, {} intercepted, {} in flight, {} backend unavailable, {} reset by the runtime, {} refused, {} oversized",
+            c.calls_total, c.calls_passthrough, c.calls_intercepted, c.calls_in_flight, c.backend_unavailable, c.backend_resets, c.calls_refused, c.oversized_messages
+        );
+        println!(
+            "hooks: {} errors, {} timeouts, {} panics, {} calls refused by a hook (admission)",
+            c.hook_errors, c.hook_timeouts, c.hook_panics, c.hook_refusals
+        );
+        println!("connections: {}", c.connections_terminated);
+    }
     println!("{}", policy_line(&s.policy_source, &s.policy_sources));
     Ok(())
 }

@@ -67,6 +67,24 @@ pub struct FileConfig {
     /// The CPUs kubelet reserves for the system (`--reserved-cpus`, a CPU list
     /// such as `0-1`): never given to a pod by qoslet.
     pub reserved_cpuset: Option<String>,
+    /// `nri:` — the NRI plugin mode (`qoslet nri`).
+    pub nri: Option<NriConfig>,
+}
+
+/// `nri:` — how `qoslet nri` reaches the runtime and presents itself.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NriConfig {
+    /// The runtime's NRI socket (default /var/run/nri/nri.sock).
+    pub socket: Option<PathBuf>,
+    /// The plugin's name (default qoslet; letters, digits, `._+-`).
+    pub plugin_name: Option<String>,
+    /// The plugin's index, two digits (default 50): plugins run in index order.
+    pub plugin_index: Option<String>,
+    /// The longest a runtime event may take in qoslet before it answers "no
+    /// change" (default 1s; the runtime disconnects a plugin after its own
+    /// request timeout, 2s by default, and qoslet stays under half of it).
+    pub hook_timeout: Option<Dur>,
 }
 
 /// `qosEngine:` — the 1 s loop that keeps BE pods from hurting LS pods.

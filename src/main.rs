@@ -5,6 +5,7 @@
 mod cli;
 mod config;
 mod engine;
+mod nri;
 use qoslet_isolation as isolation;
 use qoslet_metrics::service as metrics;
 mod policy;
@@ -31,6 +32,8 @@ struct Cli {
 enum Cmd {
     /// Run the CRI proxy between kubelet and containerd.
     Proxy(ProxyArgs),
+    /// Run as an NRI plugin of containerd (>= 1.7) or CRI-O: no proxy in kubelet's path.
+    Nri(nri::NriArgs),
     /// Show the status of a running qoslet (over the admin socket).
     Status(cli::AdminArgs),
     /// List the pods and containers a running qoslet knows.
@@ -54,6 +57,13 @@ struct ProxyArgs {
     /// The real runtime qoslet forwards to.
     #[arg(long, value_name = "ENDPOINT")]
     runtime_endpoint: Option<String>,
+    #[command(flatten)]
+    agent: AgentArgs,
+}
+
+/// What every front end's agent takes (`qoslet proxy`, `qoslet nri`).
+#[derive(clap::Args)]
+struct AgentArgs {
     /// Socket of the admin API.
     #[arg(long, value_name = "ENDPOINT")]
     admin_listen: Option<String>,
@@ -96,6 +106,7 @@ fn main() -> std::process::ExitCode {
     let r = rt.block_on(async {
         match cli.cmd {
             Cmd::Proxy(a) => run_proxy(a).await,
+            Cmd::Nri(a) => nri::run(a).await,
             Cmd::Status(a) => cli::status(a).await,
             Cmd::Pods(a) => cli::pods(a).await,
             Cmd::Explain(a) => cli::explain(a).await,
@@ -128,50 +139,41 @@ fn init_logging(level: &str) {
         .init();
 }
 
-async fn run_proxy(a: ProxyArgs) -> Result<()> {
+/// What every front end's agent is built from: the config file, the host's
+/// capabilities, the loops' settings. Read once at start.
+struct Prepared {
+    /// The config file's path and whether the user named it.
+    path: PathBuf,
+    /// The file as read now: what the policy hub starts from and the watch compares with.
+    file: config::FileConfig,
+    admin_listen: Option<String>,
+    state_dir: Option<PathBuf>,
+    trust: qoslet_hooks::Trust,
+    pod_root: qoslet_cgroups::PodRoot,
+    proc_root: PathBuf,
+    sys_root: PathBuf,
+    node: qoslet_hooks::decide::NodeFacts,
+    host: HostCaps,
+    metrics: Option<metrics::Settings>,
+    engine_cfg: config::EngineConfig,
+    engine: qoslet_qos_engine::runner::Settings,
+}
+
+/// Loads the config file, starts logging and reads the host: everything the
+/// agent core, isolation and the loops take, whichever the front end.
+/// `state_dir`: where the metrics snapshot goes.
+fn prepare(a: AgentArgs, default_state_dir: &std::path::Path) -> Result<Prepared> {
     let (path, explicit) = match &a.config {
         Some(p) => (p.clone(), true),
         None => (PathBuf::from(config::DEFAULT_CONFIG), false),
     };
     let file = config::load(&path, explicit)?;
-    // the file as read now: what the policy hub starts from and the watch compares with
-    let loaded = file.clone();
     init_logging(
         a.log_level
             .as_deref()
             .or(file.log_level.as_deref())
             .unwrap_or("info"),
     );
-
-    let mut cfg = qoslet_proxy::ProxyConfig::default();
-    if let Some(v) = a.listen.or(file.listen) {
-        cfg.listen = v;
-    }
-    if let Some(v) = a.runtime_endpoint.or(file.runtime_endpoint) {
-        cfg.runtime_endpoint = v;
-    }
-    if let Some(v) = a.admin_listen.or(file.admin_listen) {
-        cfg.admin_listen = v;
-    }
-    if let Some(v) = a.state_dir.or(file.state_dir) {
-        cfg.state_dir = v;
-    }
-    if let Some(v) = file.relay {
-        tracing::warn!(
-            relay = v,
-            "config key relay is deprecated and ignored: HTTP/2 is always terminated (one data plane, hooks at every size)"
-        );
-    }
-    if let Some(v) = file.max_message_bytes {
-        cfg.max_message_bytes = v as usize;
-    }
-    if let Some(v) = file.drain_timeout {
-        cfg.drain_timeout = v.0;
-    }
-    if let Some(v) = file.resync_interval {
-        cfg.resync_interval = v.0;
-    }
-    let settings = hook_settings(file.hooks.as_ref())?;
     for w in policy_cfg_warnings(file.policy.as_ref()) {
         tracing::warn!("{w}");
     }
@@ -195,8 +197,8 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
     if trust != qoslet_hooks::Trust::default() {
         tracing::info!(namespaces = ?trust.namespaces, control_plane = trust.control_plane, "trusted sources of class labels and scheduler annotations");
     }
-    let proc_root = loaded.proc_root();
-    let sys_root = loaded.sys_root();
+    let proc_root = file.proc_root();
+    let sys_root = file.sys_root();
     let node = isolation::node_facts(&sys_root, &proc_root, file.reserved_cpuset.as_deref());
     let cgroup_root = file
         .cgroup_root
@@ -207,6 +209,7 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
         .clone()
         .unwrap_or_else(|| PathBuf::from("/sys/fs/resctrl"));
     let host = HostCaps::detect(&cgroup_root, &resctrl_root);
+    let state_dir = a.state_dir.or(file.state_dir.clone());
     let metrics_settings = if file.metrics.unwrap_or(true) {
         let interval = a
             .metrics_interval
@@ -227,10 +230,12 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
         Some(metrics::Settings {
             interval,
             listen,
-            snapshot: file
-                .metrics_snapshot
-                .unwrap_or(true)
-                .then(|| cfg.state_dir.join("metrics.snapshot")),
+            snapshot: file.metrics_snapshot.unwrap_or(true).then(|| {
+                state_dir
+                    .as_deref()
+                    .unwrap_or(default_state_dir)
+                    .join("metrics.snapshot")
+            }),
             proc_root: proc_root.clone(),
             sys_root: sys_root.clone(),
             pod_root: pod_root.clone(),
@@ -242,7 +247,7 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
         None
     };
     let engine_cfg = file.qos_engine.clone().unwrap_or_default();
-    let engine_settings = engine::settings(
+    let engine = engine::settings(
         &engine_cfg,
         trust.clone(),
         pod_root.clone(),
@@ -250,66 +255,145 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
         sys_root.clone(),
         a.dry_run,
     )?;
+    Ok(Prepared {
+        path,
+        admin_listen: a.admin_listen.or(file.admin_listen.clone()),
+        state_dir,
+        file,
+        trust,
+        pod_root,
+        proc_root,
+        sys_root,
+        node,
+        host,
+        metrics: metrics_settings,
+        engine_cfg,
+        engine,
+    })
+}
+
+impl Prepared {
+    /// The agent core's settings over `base` (the front end's defaults).
+    fn agent_config(&self, base: qoslet_agent::AgentConfig) -> qoslet_agent::AgentConfig {
+        qoslet_agent::AgentConfig {
+            trust: self.trust.clone(),
+            pod_root: self.pod_root.clone(),
+            policy: self.file.policy.clone(),
+            metrics_on: self.metrics.is_some(),
+            ..base
+        }
+    }
+
+    /// Watches the config file: the policy hub's first source, off the serving thread.
+    fn watch_policy(&self, agent: &qoslet_agent::Agent) {
+        policy::watch_file(
+            agent.policy(),
+            self.path.clone(),
+            std::time::Duration::from_secs(1),
+            self.file.clone(),
+        );
+    }
+
+    /// The isolation room following the agent's policy and inventory (`None`:
+    /// `isolation: false`).
+    fn isolation(&self, agent: &qoslet_agent::Agent) -> Option<isolation::Isolation> {
+        if !self.file.isolation.unwrap_or(true) {
+            return None;
+        }
+        if self.host.cgroups.is_none() {
+            tracing::warn!(
+                "no cgroup writes at the runtime hooks: only settings the runtime carries will be applied"
+            );
+        }
+        // subscribed first: a policy published while the room is built is not missed
+        let mut policy_rx = agent.policy().subscribe();
+        let first = policy_rx.borrow_and_update().clone();
+        let iso = isolation::Isolation::new(
+            self.host.cgroups.clone(),
+            self.host.resctrl.clone(),
+            first.policy.resource_qos_strategy.clone(),
+            self.node.clone(),
+            self.trust.clone(),
+            self.pod_root.clone(),
+        )
+        .with_sysctl(&self.proc_root)
+        .with_sys_root(&self.sys_root);
+        iso.policy_handle().follow(policy_rx);
+        let _ = iso.inventory_slot().set(agent.inventory().clone());
+        Some(iso)
+    }
+
+    /// The agent's loops: metrics and the QoS engine.
+    fn loops(self) -> qoslet_agent::Loops {
+        let (tree, cgroups, resctrl) = (self.host.tree, self.host.cgroups, self.host.resctrl);
+        let node = self.node;
+        let settings = self.engine;
+        qoslet_agent::Loops {
+            metrics: self.metrics,
+            tree,
+            engine: self
+                .engine_cfg
+                .enable
+                .unwrap_or(true)
+                .then(|| qoslet_agent::EngineLoop {
+                    settings,
+                    cgroups,
+                    resctrl,
+                    node,
+                }),
+        }
+    }
+}
+
+async fn run_proxy(a: ProxyArgs) -> Result<()> {
+    let mut cfg = qoslet_proxy::ProxyConfig::default();
+    let p = prepare(a.agent, &cfg.state_dir)?;
+    let file = &p.file;
+    if let Some(v) = a.listen.or(file.listen.clone()) {
+        cfg.listen = v;
+    }
+    if let Some(v) = a.runtime_endpoint.or(file.runtime_endpoint.clone()) {
+        cfg.runtime_endpoint = v;
+    }
+    if let Some(v) = p.admin_listen.clone() {
+        cfg.admin_listen = v;
+    }
+    if let Some(v) = p.state_dir.clone() {
+        cfg.state_dir = v;
+    }
+    if let Some(v) = file.relay {
+        tracing::warn!(
+            relay = v,
+            "config key relay is deprecated and ignored: HTTP/2 is always terminated (one data plane, hooks at every size)"
+        );
+    }
+    if let Some(v) = file.max_message_bytes {
+        cfg.max_message_bytes = v as usize;
+    }
+    if let Some(v) = file.drain_timeout {
+        cfg.drain_timeout = v.0;
+    }
+    if let Some(v) = file.resync_interval {
+        cfg.resync_interval = v.0;
+    }
+    let settings = hook_settings(file.hooks.as_ref())?;
     // the CRI socket first (a live qoslet: refused at once), then the agent core
     // (admin socket, state dir, checkpoint), then the proxy as its front end,
     // then the loops over the rebuilt store
     let bound = qoslet_proxy::bind(&cfg).await?;
-    let agent_cfg = qoslet_agent::AgentConfig {
-        trust: trust.clone(),
-        pod_root: pod_root.clone(),
-        policy: file.policy.clone(),
-        ..cfg.agent(metrics_settings.is_some())
-    };
+    let agent_cfg = p.agent_config(cfg.agent(p.metrics.is_some()));
     let agent = qoslet_agent::Agent::start(agent_cfg).await?;
-    // the config file is the policy hub's first source, watched off the serving thread
-    policy::watch_file(
-        agent.policy(),
-        path.clone(),
-        std::time::Duration::from_secs(1),
-        loaded,
-    );
-    let pipeline = if file.isolation.unwrap_or(true) {
-        if host.cgroups.is_none() {
-            tracing::warn!(
-                "no cgroup writes at the runtime hooks: only settings CRI carries will be applied"
-            );
+    p.watch_policy(&agent);
+    let pipeline = match p.isolation(&agent) {
+        Some(iso) => {
+            let hook: std::sync::Arc<dyn qoslet_proxy::Hook> =
+                std::sync::Arc::new(qoslet_proxy::isolation::IsolationHook::new(iso));
+            qoslet_proxy::Pipeline::with_hooks(vec![(hook, settings)])
         }
-        // subscribed first: a policy published while the hook is built is not missed
-        let mut policy_rx = agent.policy().subscribe();
-        let first = policy_rx.borrow_and_update().clone();
-        let iso = isolation::Isolation::new(
-            host.cgroups.clone(),
-            host.resctrl.clone(),
-            first.policy.resource_qos_strategy.clone(),
-            node.clone(),
-            trust.clone(),
-            pod_root.clone(),
-        )
-        .with_sysctl(&proc_root)
-        .with_sys_root(&sys_root);
-        iso.policy_handle().follow(policy_rx);
-        let _ = iso.inventory_slot().set(agent.inventory().clone());
-        let hook: std::sync::Arc<dyn qoslet_proxy::Hook> =
-            std::sync::Arc::new(qoslet_proxy::isolation::IsolationHook::new(iso));
-        qoslet_proxy::Pipeline::with_hooks(vec![(hook, settings)])
-    } else {
-        qoslet_proxy::Pipeline::new()
+        None => qoslet_proxy::Pipeline::new(),
     };
     let running = qoslet_proxy::serve(agent, bound, cfg, pipeline).await;
-    let loops = qoslet_agent::Loops {
-        metrics: metrics_settings,
-        tree: host.tree.clone(),
-        engine: engine_cfg
-            .enable
-            .unwrap_or(true)
-            .then(|| qoslet_agent::EngineLoop {
-                settings: engine_settings,
-                cgroups: host.cgroups.clone(),
-                resctrl: host.resctrl.clone(),
-                node: node.clone(),
-            }),
-    };
-    if let Err(e) = running.agent().start_loops(loops).await {
+    if let Err(e) = running.agent().start_loops(p.loops()).await {
         running.shutdown().await;
         return Err(e.into());
     }

@@ -67,8 +67,8 @@ pub async fn run(a: RestoreArgs) -> Result<()> {
     let _lock = match (state_dir.is_dir(), a.dry_run) {
         (true, false) => match statefile::lock(&state_dir) {
             Ok(l) => Some(l),
-            Err(StateError::Locked { path }) => bail!(
-                "a qoslet is running on this state dir ({} is locked): stop it first, \
+            Err(StateError::Locked { path, holder }) => bail!(
+                "a qoslet is running on this state dir ({} is locked by {holder}): stop it first, \
                  or set qosEngine.restoreOnExit so it restores on SIGTERM",
                 path.display()
             ),

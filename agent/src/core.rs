@@ -52,6 +52,9 @@ pub struct AgentConfig {
     /// The config file's `policy:` as read at start (`None`: it has none),
     /// the file source's first offer to the policy hub.
     pub policy: Option<PolicyConfig>,
+    /// The front end this agent runs for (`proxy`, `nri`), written in the
+    /// state dir's lock: one front end per node, and a second is told which holds it.
+    pub front: &'static str,
 }
 
 impl Default for AgentConfig {
@@ -66,6 +69,7 @@ impl Default for AgentConfig {
             trust: Trust::default(),
             pod_root: PodRoot::default(),
             policy: None,
+            front: "proxy",
         }
     }
 }
@@ -116,7 +120,14 @@ impl Agent {
         // private, and one qoslet at a time. It is only a cache: unusable,
         // qoslet serves without it.
         let lock = match statefile::ensure_private_dir(&cfg.state_dir) {
-            Ok(()) => Some(statefile::lock_within(&cfg.state_dir, cfg.lock_wait).await?),
+            Ok(()) => Some(
+                statefile::lock_within(
+                    &cfg.state_dir,
+                    cfg.lock_wait,
+                    &format!("qoslet {}", cfg.front),
+                )
+                .await?,
+            ),
             Err(e) => {
                 error!(error = %e, "state dir unusable; serving without a checkpoint");
                 None

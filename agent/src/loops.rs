@@ -162,5 +162,33 @@ fn render_front(front: &crate::front::FrontEnds, out: &mut String) {
         &mode,
         c.calls_in_flight as f64,
     );
+    if f.mode() == "nri" {
+        let nri: [(&str, &str, u64); 6] = [
+            ("qoslet_nri_registrations_total", "Successful registrations with the runtime.", c.nri_registrations),
+            ("qoslet_nri_reconnects_total", "NRI sessions started after the first (runtime restarts, dropped connections).", c.nri_reconnects),
+            ("qoslet_nri_adjustments_total", "CreateContainer answers that adjusted the container.", c.nri_adjustments),
+            ("qoslet_nri_updates_total", "Container updates sent to the runtime.", c.nri_updates),
+            ("qoslet_nri_timeouts_total", "Events answered with no change because qoslet overran its deadline.", c.nri_timeouts),
+            ("qoslet_nri_errors_total", "Handler panics, undecodable or unknown requests, protocol errors, failed isolation events.", c.nri_errors),
+        ];
+        for (name, help, v) in nri {
+            o.family(name, "counter", help);
+            o.sample(name, &[], v as f64);
+        }
+        o.family(
+            "qoslet_nri_events_total",
+            "counter",
+            "Requests from the runtime, by event.",
+        );
+        let mut events: Vec<_> = c.nri_events.iter().collect();
+        events.sort();
+        for (event, v) in events {
+            o.sample(
+                "qoslet_nri_events_total",
+                &[("event", event.as_str())],
+                *v as f64,
+            );
+        }
+    }
     *out = o.into_text();
 }

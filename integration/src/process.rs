@@ -35,6 +35,8 @@ pub struct QosletProcess {
     pub backend: PathBuf,
     /// Extra flags, kept for restarts.
     pub extra: Vec<String>,
+    /// `qoslet nri` on this NRI socket (`None`: `qoslet proxy`).
+    pub nri: Option<PathBuf>,
 }
 
 impl QosletProcess {
@@ -53,8 +55,9 @@ impl QosletProcess {
             dir.join("state"),
             dir.join("qoslet.log"),
         );
-        let child = spawn(&sock, &admin, &state_dir, &log, backend, &extra);
+        let child = spawn(&sock, &admin, &state_dir, &log, backend, &extra, None);
         let p = Self {
+            nri: None,
             extra,
             child,
             dir: dir.into(),
@@ -66,6 +69,56 @@ impl QosletProcess {
         };
         p.wait_ready();
         p
+    }
+
+    /// Starts `qoslet nri` as an external plugin of the runtime at `backend`
+    /// (its NRI socket beside it, `nri.sock`), and waits until its admin
+    /// socket answers (registration follows: see [`Self::wait_registered`]).
+    pub fn start_nri(dir: &Path, backend: &Path, extra: &[&str]) -> Self {
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        std::fs::create_dir_all(dir).unwrap();
+        let nri = backend.with_file_name("nri.sock");
+        let (admin, state_dir, log) = (
+            dir.join("admin.sock"),
+            dir.join("state"),
+            dir.join("qoslet.log"),
+        );
+        let child = spawn(&nri, &admin, &state_dir, &log, backend, &extra, Some(&nri));
+        let p = Self {
+            nri: Some(nri.clone()),
+            extra,
+            child,
+            dir: dir.into(),
+            sock: nri,
+            admin,
+            state_dir,
+            log,
+            backend: backend.into(),
+        };
+        p.wait_ready();
+        p
+    }
+
+    /// Waits until the NRI plugin counts `n` registrations with the runtime,
+    /// each followed by its Synchronize.
+    pub async fn wait_registered(&self, n: u64) {
+        let mut c =
+            qoslet_proto::admin::admin_client::AdminClient::new(crate::lazy_channel(&self.admin));
+        for _ in 0..400 {
+            if let Ok(s) = c.get_status(qoslet_proto::admin::GetStatusRequest {}).await {
+                if s.into_inner().counters.is_some_and(|c| {
+                    c.nri_registrations >= n
+                        && c.nri_events.get("synchronize").copied().unwrap_or(0) >= n
+                }) {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!(
+            "qoslet nri did not register {n} times; log:\n{}",
+            self.log_text()
+        );
     }
 
     /// Starts `qoslet proxy` with `yaml` as its config file (written to
@@ -89,13 +142,15 @@ impl QosletProcess {
             &self.dir.join("qoslet-2.log"),
             &self.backend,
             &[],
+            self.nri.as_deref(),
         )
     }
 
     fn wait_ready(&self) {
         for _ in 0..200 {
             if std::os::unix::net::UnixStream::connect(&self.admin).is_ok()
-                && std::os::unix::net::UnixStream::connect(&self.sock).is_ok()
+                && (self.nri.is_some()
+                    || std::os::unix::net::UnixStream::connect(&self.sock).is_ok())
             {
                 return;
             }
@@ -134,6 +189,7 @@ impl QosletProcess {
             &self.log,
             &self.backend,
             &self.extra,
+            self.nri.as_deref(),
         );
         self.wait_ready();
     }
@@ -169,17 +225,24 @@ fn spawn(
     log: &Path,
     backend: &Path,
     extra: &[String],
+    nri: Option<&Path>,
 ) -> Child {
     let logf = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(log)
         .unwrap();
-    Command::new(qoslet_bin())
-        .arg("proxy")
-        .arg(format!("--listen=unix://{}", sock.display()))
-        .arg(format!("--admin-listen=unix://{}", admin.display()))
-        .arg(format!("--runtime-endpoint=unix://{}", backend.display()))
+    let mut cmd = Command::new(qoslet_bin());
+    match nri {
+        Some(nri) => cmd
+            .arg("nri")
+            .arg(format!("--nri-socket={}", nri.display())),
+        None => cmd
+            .arg("proxy")
+            .arg(format!("--listen=unix://{}", sock.display()))
+            .arg(format!("--runtime-endpoint=unix://{}", backend.display())),
+    };
+    cmd.arg(format!("--admin-listen=unix://{}", admin.display()))
         .arg(format!("--state-dir={}", state.display()))
         // tests run in parallel: no fixed Prometheus port unless a test asks for one
         .args(

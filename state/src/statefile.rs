@@ -34,8 +34,8 @@ pub enum StateError {
     NotADir { path: PathBuf },
     #[error("{path} is {size} bytes, over the {cap}-byte cap; not read")]
     TooBig { path: PathBuf, size: u64, cap: u64 },
-    #[error("another qoslet holds {path} (same --state-dir); refusing to start")]
-    Locked { path: PathBuf },
+    #[error("another qoslet ({holder}) holds {path} (same --state-dir); refusing to start")]
+    Locked { path: PathBuf, holder: String },
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StateError + '_ {
@@ -199,14 +199,15 @@ pub struct InstanceLock {
 pub async fn lock_within(
     dir: &Path,
     wait: std::time::Duration,
+    who: &str,
 ) -> Result<InstanceLock, StateError> {
     let deadline = std::time::Instant::now() + wait;
     let mut said = false;
     loop {
-        match lock(dir) {
-            Err(StateError::Locked { path }) if std::time::Instant::now() < deadline => {
+        match lock_as(dir, who) {
+            Err(StateError::Locked { path, holder }) if std::time::Instant::now() < deadline => {
                 if !std::mem::replace(&mut said, true) {
-                    tracing::warn!(path = %path.display(), ?wait, "another qoslet holds the state dir; waiting for it to exit");
+                    tracing::warn!(path = %path.display(), %holder, ?wait, "another qoslet holds the state dir; waiting for it to exit");
                 }
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             }
@@ -218,6 +219,12 @@ pub async fn lock_within(
 /// Takes the state dir's instance lock, failing at once when another qoslet
 /// (another process, or another proxy in this one) holds it.
 pub fn lock(dir: &Path) -> Result<InstanceLock, StateError> {
+    lock_as(dir, "qoslet")
+}
+
+/// [`lock`], saying in the lock file who holds it (`qoslet proxy`, `qoslet
+/// nri`: one front end per node), with the pid; a refused taker is told.
+pub fn lock_as(dir: &Path, who: &str) -> Result<InstanceLock, StateError> {
     let path = dir.join(LOCK_FILE);
     let file = OpenOptions::new()
         .read(true)
@@ -229,8 +236,27 @@ pub fn lock(dir: &Path) -> Result<InstanceLock, StateError> {
         .open(&path)
         .map_err(io(&path))?;
     match file.try_lock() {
-        Ok(()) => Ok(InstanceLock { _file: file, path }),
-        Err(std::fs::TryLockError::WouldBlock) => Err(StateError::Locked { path }),
+        Ok(()) => {
+            let mut file = file;
+            let said = format!("{who} pid {}\n", std::process::id());
+            // best effort: the flock is the lock, the text only names its holder
+            let _ = file
+                .set_len(0)
+                .and_then(|()| file.write_all(said.as_bytes()));
+            Ok(InstanceLock { _file: file, path })
+        }
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut holder = String::new();
+            let _ = (&file).take(200).read_to_string(&mut holder);
+            let holder = holder.trim();
+            let holder =
+                if holder.is_empty() || !holder.chars().all(|c| c.is_ascii_graphic() || c == ' ') {
+                    "unknown".to_string()
+                } else {
+                    holder.to_string()
+                };
+            Err(StateError::Locked { path, holder })
+        }
         Err(std::fs::TryLockError::Error(e)) => Err(io(&path)(e)),
     }
 }
@@ -350,13 +376,13 @@ mod tests {
             drop(old);
         });
         let t = std::time::Instant::now();
-        let _new = lock_within(&d, std::time::Duration::from_secs(10))
+        let _new = lock_within(&d, std::time::Duration::from_secs(10), "test")
             .await
             .unwrap();
         assert!(t.elapsed() >= std::time::Duration::from_millis(250));
         release.await.unwrap();
         assert!(matches!(
-            lock_within(&d, std::time::Duration::from_millis(200)).await,
+            lock_within(&d, std::time::Duration::from_millis(200), "test").await,
             Err(StateError::Locked { .. })
         ));
         std::fs::remove_dir_all(&d).unwrap();

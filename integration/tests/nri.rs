@@ -1,0 +1,352 @@
+//! NRI mode on the real containerd 1.7.24 (NRI v0.6.1) + runc, on this
+//! machine's cgroup v1: the same pod spec through the proxy and through the
+//! plugin gets the same cgroup files; kubelet's updates keep them; the plugin
+//! survives runtime and agent restarts. Each test has a private containerd
+//! 1.7 instance (an NRI plugin sees every pod of its runtime).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_cri::v1 as cri;
+use qoslet_integration::process::QosletProcess;
+use qoslet_integration::testbed::{
+    self, cgroup_v1, container_config, pod_config, Cri, Testbed, SLEEP_LOOP,
+};
+use qoslet_integration::{eventually, lazy_channel, scratch, unique};
+use qoslet_proto::admin::{admin_client::AdminClient, GetStatusRequest, ListPodsRequest};
+
+const SPEC: &str = r#"{"containers":{"batch":{"requests":{"kubernetes.io/batch-cpu":"500","kubernetes.io/batch-memory":"64Mi"},"limits":{"kubernetes.io/batch-cpu":"1000","kubernetes.io/batch-memory":"128Mi"}}}}"#;
+const CONFIG: &str =
+    "policy:\n  resourceQOSStrategy:\n    beClass:\n      cpuQOS: {enable: true}\n";
+
+fn classed(name: &str, cgroup_parent: &str, class: &str) -> cri::PodSandboxConfig {
+    let mut p = pod_config(name, cgroup_parent);
+    p.labels
+        .insert("koordinator.sh/qosClass".into(), class.into());
+    p.annotations.insert(
+        "node.koordinator.sh/extended-resource-spec".into(),
+        SPEC.into(),
+    );
+    p
+}
+
+fn besteffort() -> cri::LinuxContainerResources {
+    cri::LinuxContainerResources {
+        cpu_period: 100_000,
+        cpu_shares: 2,
+        ..Default::default()
+    }
+}
+
+/// A BE pod with batch resources and its one container, started through `cri`.
+async fn be_pod(cri: &mut Cri, tb: &Testbed, name: &str) -> (String, String, String) {
+    let cgp = tb.cgroup_parent_in("besteffort", name);
+    let cfg = classed(name, &cgp, "BE");
+    let pod = cri.run_pod(&cfg).await.unwrap();
+    let ctr = cri
+        .create(
+            &pod,
+            &cfg,
+            container_config("batch", SLEEP_LOOP, Some(besteffort())),
+        )
+        .await
+        .unwrap();
+    cri.start(&ctr).await.unwrap();
+    (pod, ctr, cgp)
+}
+
+/// The files qoslet decides for a BE pod, by name (pod-level and container-level).
+fn be_files(cgp: &str, ctr: &str) -> BTreeMap<&'static str, String> {
+    let cg = format!("{cgp}/{ctr}");
+    BTreeMap::from([
+        (
+            "container cpu.cfs_quota_us",
+            cgroup_v1("cpu", &cg, "cpu.cfs_quota_us"),
+        ),
+        (
+            "container cpu.cfs_period_us",
+            cgroup_v1("cpu", &cg, "cpu.cfs_period_us"),
+        ),
+        ("container cpu.shares", cgroup_v1("cpu", &cg, "cpu.shares")),
+        ("container cpu.idle", cgroup_v1("cpu", &cg, "cpu.idle")),
+        (
+            "container memory.limit_in_bytes",
+            cgroup_v1("memory", &cg, "memory.limit_in_bytes"),
+        ),
+        ("pod cpu.idle", cgroup_v1("cpu", cgp, "cpu.idle")),
+        (
+            "pod cpu.cfs_quota_us",
+            cgroup_v1("cpu", cgp, "cpu.cfs_quota_us"),
+        ),
+        (
+            "pod memory.limit_in_bytes",
+            cgroup_v1("memory", cgp, "memory.limit_in_bytes"),
+        ),
+    ])
+}
+
+fn expected_be() -> BTreeMap<&'static str, String> {
+    BTreeMap::from([
+        ("container cpu.cfs_quota_us", "100000".to_string()),
+        ("container cpu.cfs_period_us", "100000".to_string()),
+        ("container cpu.shares", "512".to_string()),
+        ("container cpu.idle", "0".to_string()),
+        (
+            "container memory.limit_in_bytes",
+            (128u64 << 20).to_string(),
+        ),
+        ("pod cpu.idle", "1".to_string()),
+        ("pod cpu.cfs_quota_us", "100000".to_string()),
+        ("pod memory.limit_in_bytes", (128u64 << 20).to_string()),
+    ])
+}
+
+async fn counters(q: &QosletProcess) -> qoslet_proto::admin::GetStatusResponse {
+    AdminClient::new(lazy_channel(&q.admin))
+        .get_status(GetStatusRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_nri_mode_applies_what_proxy_mode_applies() {
+    let tb = Testbed::start_instance("nri", "1.7");
+    let mut cleanup = testbed::Cleanup::new(&tb.sock);
+
+    // proxy mode: the reference
+    let dir = scratch("nri-proxy");
+    let p = QosletProcess::with_config(&dir, &tb.sock, CONFIG, &[]);
+    let mut via = Cri::connect(&p.sock).await;
+    let name = unique("be-proxy");
+    let (pod, ctr, cgp) = be_pod(&mut via, &tb, &name).await;
+    cleanup.pods.push(pod.clone());
+    cleanup.cgroups.push(cgp.clone());
+    let by_proxy = be_files(&cgp, &ctr);
+    assert_eq!(by_proxy, expected_be(), "proxy mode");
+    drop(via);
+    drop(p);
+
+    // NRI mode: the same pod spec straight to containerd, qoslet as its plugin
+    let dir = scratch("nri-plugin");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("qoslet.yaml"), CONFIG).unwrap();
+    let q = QosletProcess::start_nri(
+        &dir,
+        &tb.sock,
+        &[&format!("--config={}", dir.join("qoslet.yaml").display())],
+    );
+    q.wait_registered(1).await;
+    let mut direct = Cri::connect(&tb.sock).await;
+    let name = unique("be-nri");
+    let (pod, ctr, cgp) = be_pod(&mut direct, &tb, &name).await;
+    cleanup.pods.push(pod.clone());
+    cleanup.cgroups.push(cgp.clone());
+    let by_nri = be_files(&cgp, &ctr);
+    assert_eq!(
+        by_nri,
+        by_proxy,
+        "the same files in both modes\n{}",
+        q.log_text()
+    );
+    // what qoslet recorded (CRI's ContainerStatus does not show NRI
+    // adjustments): the pod's class, the container's settings, kubelet's request
+    let listed = AdminClient::new(lazy_channel(&q.admin))
+        .list_pods(ListPodsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .pods;
+    let p = listed
+        .iter()
+        .find(|p| p.id == pod)
+        .expect("the pod in ListPods");
+    assert_eq!(
+        p.applied.get("class").map(String::as_str),
+        Some("BE"),
+        "{p:?}"
+    );
+    let c = p
+        .containers
+        .iter()
+        .find(|c| c.id == ctr)
+        .expect("the container");
+    assert_eq!(
+        c.applied.get("class").map(String::as_str),
+        Some("BE"),
+        "{c:?}"
+    );
+    assert_eq!(
+        c.requested.as_ref().map(|r| r.cpu_shares),
+        Some(2),
+        "kubelet's own request"
+    );
+
+    // kubelet's periodic update (as kubelet sends it) does not undo the settings
+    direct
+        .rt
+        .update_container_resources(cri::UpdateContainerResourcesRequest {
+            container_id: ctr.clone(),
+            linux: Some(besteffort()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        be_files(&cgp, &ctr),
+        expected_be(),
+        "after kubelet's update"
+    );
+
+    // an LS pod: untouched
+    let ls = unique("ls-nri");
+    let ls_cgp = tb.cgroup_parent_in("burstable", &ls);
+    let ls_cfg = classed(&ls, &ls_cgp, "LS");
+    let ls_pod = direct.run_pod(&ls_cfg).await.unwrap();
+    cleanup.pods.push(ls_pod.clone());
+    cleanup.cgroups.push(ls_cgp.clone());
+    let ls_res = cri::LinuxContainerResources {
+        cpu_period: 100_000,
+        cpu_quota: 50_000,
+        cpu_shares: 1024,
+        memory_limit_in_bytes: 64 << 20,
+        ..Default::default()
+    };
+    let ls_ctr = direct
+        .create(
+            &ls_pod,
+            &ls_cfg,
+            container_config("batch", SLEEP_LOOP, Some(ls_res)),
+        )
+        .await
+        .unwrap();
+    direct.start(&ls_ctr).await.unwrap();
+    let lcg = format!("{ls_cgp}/{ls_ctr}");
+    assert_eq!(cgroup_v1("cpu", &lcg, "cpu.cfs_quota_us"), "50000");
+    assert_eq!(cgroup_v1("cpu", &lcg, "cpu.shares"), "1024");
+    assert_eq!(
+        cgroup_v1("memory", &lcg, "memory.limit_in_bytes"),
+        (64u64 << 20).to_string()
+    );
+    assert_eq!(cgroup_v1("cpu", &ls_cgp, "cpu.idle"), "0");
+
+    // the admin API tells what the plugin did
+    let s = counters(&q).await;
+    assert_eq!(s.mode, "nri");
+    let c = s.counters.unwrap();
+    assert_eq!(c.nri_registrations, 1);
+    assert!(c.nri_adjustments >= 1, "{c:?}");
+    assert!(
+        c.nri_events.get("create_container").copied().unwrap_or(0) >= 2,
+        "{c:?}"
+    );
+    assert_eq!(c.nri_errors, 0, "{c:?}\n{}", q.log_text());
+    assert_eq!(c.nri_timeouts, 0);
+    assert!(s.backend.unwrap().runtime_version.contains("1.7"));
+
+    direct.remove_pod(&pod).await;
+    direct.remove_pod(&ls_pod).await;
+    drop(q);
+    drop(cleanup);
+    tb.down();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_nri_plugin_survives_runtime_and_agent_restarts() {
+    let tb = Testbed::start_instance("nrirestart", "1.7");
+    let mut cleanup = testbed::Cleanup::new(&tb.sock);
+    let dir = scratch("nri-restart");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("qoslet.yaml"), CONFIG).unwrap();
+    let config = format!("--config={}", dir.join("qoslet.yaml").display());
+    let mut q = QosletProcess::start_nri(&dir, &tb.sock, &[&config]);
+    q.wait_registered(1).await;
+    let mut direct = Cri::connect(&tb.sock).await;
+
+    // more pods than fit one 4 KiB frame of the Synchronize after a restart
+    let mut pods = vec![];
+    for i in 0..8 {
+        let (pod, ctr, cgp) = be_pod(&mut direct, &tb, &unique(&format!("be{i}"))).await;
+        cleanup.pods.push(pod.clone());
+        cleanup.cgroups.push(cgp.clone());
+        pods.push((pod, ctr, cgp));
+    }
+    for (_, ctr, cgp) in &pods {
+        assert_eq!(be_files(cgp, ctr), expected_be());
+    }
+
+    // qoslet killed: the runtime carries on without it (fail-open) ...
+    q.kill9();
+    let (late_pod, late_ctr, late_cgp) = {
+        let name = unique("be-late");
+        let cgp = tb.cgroup_parent_in("besteffort", &name);
+        let cfg = classed(&name, &cgp, "BE");
+        let pod = direct
+            .run_pod(&cfg)
+            .await
+            .expect("pods run with the plugin gone");
+        let ctr = direct
+            .create(
+                &pod,
+                &cfg,
+                container_config("batch", SLEEP_LOOP, Some(besteffort())),
+            )
+            .await
+            .unwrap();
+        direct.start(&ctr).await.unwrap();
+        (pod, ctr, cgp)
+    };
+    cleanup.pods.push(late_pod.clone());
+    cleanup.cgroups.push(late_cgp.clone());
+    assert_eq!(
+        cgroup_v1("cpu", &format!("{late_cgp}/{late_ctr}"), "cpu.shares"),
+        "2"
+    );
+
+    // ... and restarted: Synchronize adopts every pod, the ones it handled
+    // unchanged, the one created meanwhile brought to its class
+    q.restart();
+    q.wait_registered(1).await;
+    // (the Synchronize is counted when it arrives; its answer follows)
+    let c = eventually(
+        "the Synchronize answered",
+        Duration::from_secs(10),
+        || async {
+            let c = counters(&q).await.counters.unwrap();
+            (c.nri_updates > 0).then_some(c)
+        },
+    )
+    .await;
+    assert_eq!(c.pods, 9, "{c:?}\n{}", q.log_text());
+    assert_eq!(c.containers, 9);
+    for (_, ctr, cgp) in &pods {
+        assert_eq!(
+            be_files(cgp, ctr),
+            expected_be(),
+            "adopted, not rewritten wrongly"
+        );
+    }
+    eventually(
+        "the late pod brought to its class",
+        Duration::from_secs(10),
+        || async { (be_files(&late_cgp, &late_ctr) == expected_be()).then_some(()) },
+    )
+    .await;
+    assert_eq!(c.nri_updates, 1, "only the late container drifted: {c:?}");
+
+    // containerd restarted: the plugin reconnects and the next pod is handled
+    tb.stop_containerd();
+    tb.start_containerd();
+    let mut direct = Cri::connect(&tb.sock).await;
+    q.wait_registered(2).await;
+    let (pod, ctr, cgp) = be_pod(&mut direct, &tb, &unique("be-after")).await;
+    cleanup.pods.push(pod);
+    cleanup.cgroups.push(cgp.clone());
+    assert_eq!(be_files(&cgp, &ctr), expected_be(), "{}", q.log_text());
+    let c = counters(&q).await.counters.unwrap();
+    assert!(c.nri_reconnects >= 1, "{c:?}");
+    let status = q.sigterm(Duration::from_secs(10));
+    assert!(status.success(), "{status:?}\n{}", q.log_text());
+    drop(cleanup);
+    tb.down();
+}
