@@ -79,11 +79,13 @@ pub async fn run(a: NriArgs) -> Result<()> {
     let iso = p.isolation(&agent).map(Arc::new);
     let handler = Arc::new(NriHandler::new(agent.store().clone(), iso));
     let plugin = Arc::new(Plugin::new(opts, handler.clone()));
-    agent.attach(Arc::new(NriFront {
+    if !agent.attach(Arc::new(NriFront {
         plugin: plugin.clone(),
         handler,
         socket: shown,
-    }));
+    })) {
+        anyhow::bail!("a front end is attached to this agent already");
+    }
     let pl = plugin.clone();
     let preinstalled = pre.is_some();
     let mut session = match pre {
@@ -107,19 +109,23 @@ pub async fn run(a: NriArgs) -> Result<()> {
         agent.finish().await;
         return Err(e.into());
     }
-    tokio::select! {
+    let ended = tokio::select! {
         r = crate::wait_for_signal() => {
             r?;
             tracing::info!("signal received; stopping");
+            false
         }
         _ = &mut session, if preinstalled => {
             tracing::info!("the runtime closed the plugin's socket; stopping");
+            true
         }
-    }
+    };
     // the connection closes first (the runtime carries on without the
     // plugin), then the agent: final checkpoint, loops, restoreOnExit
-    session.abort();
-    let _ = session.await;
+    if !ended {
+        session.abort();
+        let _ = session.await;
+    }
     drop(agent.finish().await);
     tracing::info!("stopped");
     Ok(())

@@ -108,6 +108,9 @@ pub struct Agent {
     /// Held until the final checkpoint is written (and handed to the caller,
     /// who writes the metrics snapshot into the same dir).
     lock: Option<InstanceLock>,
+    /// The lock of a state dir qoslet could not make private (no checkpoint
+    /// there, but still one qoslet at a time).
+    _unchecked_lock: Option<InstanceLock>,
     admin_listen: String,
 }
 
@@ -119,6 +122,7 @@ impl Agent {
         let admin_listener = bind_unix(&admin_path).await.map_err(AgentError::Admin)?;
         // private, and one qoslet at a time. It is only a cache: unusable,
         // qoslet serves without it.
+        let mut unchecked_lock = None;
         let lock = match statefile::ensure_private_dir(&cfg.state_dir) {
             Ok(()) => Some(
                 statefile::lock_within(
@@ -130,6 +134,14 @@ impl Agent {
             ),
             Err(e) => {
                 error!(error = %e, "state dir unusable; serving without a checkpoint");
+                // still one qoslet at a time where the dir can be locked at all
+                if cfg.state_dir.is_dir() && !cfg.state_dir.is_symlink() {
+                    match statefile::lock_as(&cfg.state_dir, &format!("qoslet {}", cfg.front)) {
+                        Err(e @ StateError::Locked { .. }) => return Err(e.into()),
+                        Err(e) => warn!(error = %e, "state dir not lockable either"),
+                        Ok(l) => unchecked_lock = Some(l),
+                    }
+                }
                 None
             }
         };
@@ -183,6 +195,7 @@ impl Agent {
             admin: std::sync::Mutex::new(None),
             checkpoint,
             lock,
+            _unchecked_lock: unchecked_lock,
             admin_listen: cfg.admin_listen,
         })
     }
@@ -220,6 +233,7 @@ impl Agent {
     /// Attaches the front end that serves the runtime's calls, once its store
     /// is rebuilt, and serves the admin API; false if one is attached already
     /// (one front end per agent).
+    #[must_use]
     pub fn attach(&self, f: Arc<dyn FrontEnd>) -> bool {
         let attached = self.front.attach(f);
         self.serve_admin();

@@ -30,6 +30,7 @@ pub struct FrontEnds(Arc<OnceLock<Arc<dyn FrontEnd>>>);
 
 impl FrontEnds {
     /// Attaches `f`; false if one is attached already.
+    #[must_use]
     pub fn attach(&self, f: Arc<dyn FrontEnd>) -> bool {
         self.0.set(f).is_ok()
     }

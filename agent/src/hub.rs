@@ -180,6 +180,10 @@ impl PolicyHub {
                 return;
             };
             let was = e.state.name();
+            let was_reason = match &e.state {
+                State::Invalid(w) => Some(w.clone()),
+                _ => None,
+            };
             match offer {
                 Offer::Policy(p) => {
                     e.good = Some(p);
@@ -199,8 +203,11 @@ impl PolicyHub {
                     e.state = State::Absent;
                 }
             }
-            // logged once per change of state
-            if e.state.name() != was {
+            // logged once per change of state (or of why a source is invalid:
+            // fixing one error and making another is news)
+            let reason_changed =
+                matches!(&e.state, State::Invalid(w) if Some(w) != was_reason.as_ref());
+            if e.state.name() != was || reason_changed {
                 match &e.state {
                     State::Invalid(why) => {
                         error!(source = source.as_str(), error = %why, "policy refused; the last good policy stays in force")

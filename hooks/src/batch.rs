@@ -82,16 +82,27 @@ pub struct ParsedSpec {
 /// (`1k` = 1000 = one core; `500m` is half a milli-core, rounded up to 1),
 /// batch-memory in bytes (`128Mi`, `1G`, `1e9`). A malformed document is an
 /// error; one malformed or negative quantity only drops that value.
+/// A pod author's text as a warning keeps it: at most 64 characters (serde's
+/// messages quote the offending value whole).
+fn cut(s: &str) -> String {
+    if s.chars().count() <= 64 {
+        s.to_string()
+    } else {
+        s.chars().take(63).chain(std::iter::once('…')).collect()
+    }
+}
+
 pub fn parse_spec(annotation: &str) -> Result<ParsedSpec, BatchError> {
     if annotation.len() > MAX_ANNOTATION_BYTES {
         return Err(BatchError::TooLarge(annotation.len()));
     }
     let v: serde_json::Value =
-        serde_json::from_str(annotation).map_err(|e| BatchError::Malformed(e.to_string()))?;
+        serde_json::from_str(annotation).map_err(|e| BatchError::Malformed(cut(&e.to_string())))?;
     if !v.is_object() {
         return Err(BatchError::Malformed("not a JSON object".into()));
     }
-    let spec: Spec = serde_json::from_value(v).map_err(|e| BatchError::Malformed(e.to_string()))?;
+    let spec: Spec =
+        serde_json::from_value(v).map_err(|e| BatchError::Malformed(cut(&e.to_string())))?;
     let mut out = ParsedSpec::default();
     for (name, r) in spec.containers {
         let mut q = |m: &BTreeMap<String, serde_json::Value>, res: &str| -> Option<u64> {
@@ -107,7 +118,7 @@ pub fn parse_spec(annotation: &str) -> Result<ParsedSpec, BatchError> {
                 Ok(v) if v <= MAX_AMOUNT => Some(v),
                 _ => {
                     out.bad.push(BatchError::BadQuantity {
-                        container: name.clone(),
+                        container: cut(&name),
                         resource: res.into(),
                         value: s.chars().take(64).collect(),
                     });

@@ -220,11 +220,18 @@ impl Metrics {
             return Ok(None);
         };
         let interval_s = s.interval.as_secs() as u32;
-        let identity = NodeIdentity::of_host(&s.proc_root);
-        let loaded = s
-            .snapshot
-            .as_ref()
-            .and_then(|p| load_snapshot(p, &identity, interval_s));
+        // file reads and a decode of up to the snapshot's cap: off the thread
+        // that serves the runtime's calls (a front end is serving already)
+        let (proc_root, snapshot) = (s.proc_root.clone(), s.snapshot.clone());
+        let (identity, loaded) = tokio::task::spawn_blocking(move || {
+            let identity = NodeIdentity::of_host(&proc_root);
+            let loaded = snapshot
+                .as_ref()
+                .and_then(|p| load_snapshot(p, &identity, interval_s));
+            (identity, loaded)
+        })
+        .await
+        .unwrap_or_else(|_| (NodeIdentity::default(), None));
         let series_now = loaded.as_ref().and_then(|l| l.series_now);
         let tsdb = loaded
             .map(|l| l.tsdb)

@@ -186,12 +186,18 @@ pub async fn serve(agent: Agent, bound: Bound, cfg: ProxyConfig, pipeline: Pipel
         cfg.max_message_bytes,
         rx.clone(),
     ));
-    agent.attach(Arc::new(crate::front::CriFront {
+    let attached = agent.attach(Arc::new(crate::front::CriFront {
         stats: stats.clone(),
         pipeline,
         backend: backend.clone(),
         listen: cfg.listen.clone(),
     }));
+    if !attached {
+        // one front end per agent: this one still serves, unseen by the admin API
+        tracing::error!(
+            "a front end is attached to this agent already; the CRI proxy's counters are not shown"
+        );
+    }
     let tasks = vec![
         tokio::spawn(serve_proxy(
             listener,

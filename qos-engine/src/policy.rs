@@ -91,6 +91,32 @@ impl ResourceThresholdStrategy {
             "cpuEvictBEUsageThresholdPercent",
             self.cpu_evict_be_usage_threshold_percent,
         )?;
+        let (lo, up) = (
+            self.cpu_evict_be_satisfaction_lower_percent,
+            self.cpu_evict_be_satisfaction_upper_percent,
+        );
+        if let Some(v) = lo {
+            pct("cpuEvictBESatisfactionLowerPercent", v)?;
+        }
+        if let Some(v) = up {
+            pct("cpuEvictBESatisfactionUpperPercent", v)?;
+        }
+        if let (Some(lo), Some(up)) = (lo, up) {
+            if lo > up {
+                return Err(PolicyError::new(
+                    "resourceUsedThresholdWithBE.cpuEvictBESatisfactionLowerPercent",
+                    format!("{lo} is above cpuEvictBESatisfactionUpperPercent {up}"),
+                ));
+            }
+        }
+        if let Some(w) = self.cpu_evict_time_window_seconds {
+            if w < 1 {
+                return Err(PolicyError::new(
+                    "resourceUsedThresholdWithBE.cpuEvictTimeWindowSeconds",
+                    format!("{w} is not a window (1 second or more)"),
+                ));
+            }
+        }
         if self.memory_evict_lower() > self.memory_evict_threshold_percent {
             return Err(PolicyError::new(
                 "resourceUsedThresholdWithBE.memoryEvictLowerPercent",
@@ -108,6 +134,41 @@ impl ResourceThresholdStrategy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_evict_fields_are_validated_with_their_path() {
+        for (json, field) in [
+            (
+                r#"{"cpuEvictBESatisfactionUpperPercent":400}"#,
+                "cpuEvictBESatisfactionUpperPercent",
+            ),
+            (
+                r#"{"cpuEvictBESatisfactionLowerPercent":-1}"#,
+                "cpuEvictBESatisfactionLowerPercent",
+            ),
+            (
+                r#"{"cpuEvictBESatisfactionLowerPercent":90,"cpuEvictBESatisfactionUpperPercent":60}"#,
+                "cpuEvictBESatisfactionLowerPercent",
+            ),
+            (
+                r#"{"cpuEvictTimeWindowSeconds":-5}"#,
+                "cpuEvictTimeWindowSeconds",
+            ),
+            (
+                r#"{"cpuEvictTimeWindowSeconds":0}"#,
+                "cpuEvictTimeWindowSeconds",
+            ),
+        ] {
+            let s: ResourceThresholdStrategy = serde_json::from_str(json).unwrap();
+            let e = s.validate().unwrap_err().to_string();
+            assert!(e.contains(field), "{json}: {e}");
+        }
+        let ok: ResourceThresholdStrategy = serde_json::from_str(
+            r#"{"cpuEvictBESatisfactionLowerPercent":60,"cpuEvictBESatisfactionUpperPercent":80,"cpuEvictTimeWindowSeconds":300}"#,
+        )
+        .unwrap();
+        ok.validate().unwrap();
+    }
 
     #[test]
     fn node_slo_names_and_defaults() {

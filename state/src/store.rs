@@ -221,6 +221,13 @@ impl Inner {
     fn touch(&mut self, id: &str) {
         self.seq += 1;
         self.touched.insert(id.to_string(), self.seq);
+        // only a resync pruned these; a front end that resyncs rarely (NRI:
+        // at each registration) must not keep every id ever touched. A resync
+        // spans far fewer than TOUCHED_KEPT changes.
+        if self.touched.len() > 2 * TOUCHED_KEPT {
+            let floor = self.seq.saturating_sub(TOUCHED_KEPT as u64);
+            self.touched.retain(|_, &mut t| t > floor);
+        }
     }
 
     /// Whether kubelet changed `id` after `seq`.
@@ -228,6 +235,9 @@ impl Inner {
         self.touched.get(id).is_some_and(|&t| t > seq)
     }
 }
+
+/// The most recent changes remembered for a resync's race check.
+const TOUCHED_KEPT: usize = 4096;
 
 /// Shared handle to the store. Clones are cheap and see the same data.
 #[derive(Clone)]
@@ -619,6 +629,18 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn resync_bookkeeping_stays_bounded_without_resyncs() {
+        let store = Store::new();
+        for i in 0..20_000 {
+            store.set_container_state(&format!("c{i}"), ContainerState::Running);
+        }
+        let kept = store.read(|s| s.touched.len());
+        assert!(kept <= 2 * TOUCHED_KEPT, "{kept} ids remembered");
+        // the latest changes are still known to a resync
+        assert!(store.read(|s| s.touched_after("c19999", 0)));
+    }
 
     fn pod(id: &str, name: &str) -> PodRecord {
         PodRecord {

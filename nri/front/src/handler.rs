@@ -341,3 +341,226 @@ impl Handler for NriHandler {
         info!("the runtime asked the NRI plugin to shut down");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use qoslet_cgroups::memfs::MemFs;
+    use qoslet_isolation::{ANNOTATION_APPLIED, ANNOTATION_CLASS, ANNOTATION_REQUESTED};
+
+    const POD_DIR: &str = "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice";
+
+    /// The proxy adapter's test case (`proxy/src/isolation.rs`) in NRI's
+    /// shapes: the same pod spec gets the same settings, as an adjustment.
+    fn setup() -> (Arc<MemFs>, NriHandler, Store) {
+        let m = MemFs::new();
+        for (f, c) in [
+            ("cpu.idle", "0\n"),
+            ("cpu.weight", "1\n"),
+            ("cpu.max", "max 100000\n"),
+            ("memory.max", "max\n"),
+            ("memory.min", "0\n"),
+            ("memory.low", "0\n"),
+            ("memory.high", "max\n"),
+        ] {
+            m.set(&format!("{POD_DIR}/{f}"), c);
+        }
+        let cgroups = m.v2(qoslet_cgroups::Features {
+            cpu_idle: true,
+            memory_qos: true,
+            ..Default::default()
+        });
+        let policy: qoslet_hooks::policy::ResourceQosStrategy = serde_json::from_str(
+            r#"{"beClass":{"cpuQOS":{"enable":true},"memoryQOS":{"enable":true,"minLimitPercent":50,"lowLimitPercent":100}}}"#,
+        )
+        .unwrap();
+        let iso = Isolation::new(
+            Some(cgroups),
+            None,
+            policy,
+            Default::default(),
+            qoslet_hooks::Trust {
+                control_plane: true,
+                ..Default::default()
+            },
+            Default::default(),
+        );
+        let store = Store::new();
+        (
+            m,
+            NriHandler::new(store.clone(), Some(Arc::new(iso))),
+            store,
+        )
+    }
+
+    fn pod() -> api::PodSandbox {
+        api::PodSandbox {
+            id: "p1".into(),
+            name: "batch".into(),
+            uid: "u1".into(),
+            annotations: [(
+                qoslet_hooks::batch::ANNOTATION_EXTENDED_RESOURCE_SPEC.to_string(),
+                r#"{"containers":{"app":{"requests":{"kubernetes.io/batch-cpu":"1000","kubernetes.io/batch-memory":"64Mi"},"limits":{"kubernetes.io/batch-cpu":"2000","kubernetes.io/batch-memory":"128Mi"}}}}"#.to_string(),
+            )]
+            .into(),
+            linux: Some(api::LinuxPodSandbox {
+                cgroup_parent: format!("/{POD_DIR}"),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn container(id: &str) -> api::Container {
+        api::Container {
+            id: id.into(),
+            pod_sandbox_id: "p1".into(),
+            name: "app".into(),
+            linux: Some(api::LinuxContainer {
+                resources: Some(api::LinuxResources {
+                    cpu: Some(api::LinuxCpu {
+                        shares: Some(api::OptionalUInt64 { value: 2 }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                oom_score_adj: Some(api::OptionalInt { value: 1000 }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn nri_events_carry_the_rooms_decisions() {
+        let (m, h, store) = setup();
+        h.state_change(StateChange {
+            event: Some(Event::RunPodSandbox),
+            pod: Some(pod()),
+            container: None,
+        })
+        .unwrap();
+        assert_eq!(m.at(&format!("{POD_DIR}/cpu.idle")).unwrap(), "1");
+        let p = store.pod("p1").unwrap();
+        assert_eq!((p.applied["class"].as_str(), p.uid.as_str()), ("BE", "u1"));
+        assert_eq!(p.source, qoslet_state::store::Source::Nri);
+
+        let r = h
+            .create_container(api::CreateContainerRequest {
+                pod: Some(pod()),
+                container: Some(container("c1")),
+            })
+            .unwrap();
+        let adj = r.adjust.unwrap();
+        let res = adj.linux.unwrap().resources.unwrap();
+        let cpu = res.cpu.unwrap();
+        assert_eq!(cpu.quota, Some(api::OptionalInt64 { value: 200_000 }));
+        assert_eq!(
+            res.memory.unwrap().limit,
+            Some(api::OptionalInt64 { value: 128 << 20 })
+        );
+        assert_eq!(res.unified["memory.min"], (32u64 << 20).to_string());
+        assert_eq!(adj.annotations[ANNOTATION_CLASS], "BE");
+        assert!(adj.annotations[ANNOTATION_APPLIED].contains("memory.min"));
+        assert!(adj.annotations[ANNOTATION_REQUESTED].contains("\"oom_score_adj\":1000"));
+        let c = store.container("c1").unwrap();
+        assert_eq!(c.applied["class"], "BE", "{:?}", c.applied);
+        assert_eq!(c.requested.unwrap().cpu_shares, 2, "kubelet's own request");
+
+        // kubelet's update (cpuset only) gets the class's settings back
+        let u = h
+            .update_container(api::UpdateContainerRequest {
+                pod: Some(pod()),
+                container: Some(container("c1")),
+                linux_resources: Some(api::LinuxResources {
+                    cpu: Some(api::LinuxCpu {
+                        cpus: "0-1".into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+            })
+            .unwrap();
+        assert_eq!(u.update.len(), 1);
+        let res = u.update[0].linux.clone().unwrap().resources.unwrap();
+        assert_eq!(
+            res.cpu.unwrap().quota,
+            Some(api::OptionalInt64 { value: 200_000 })
+        );
+        assert_eq!(res.unified["memory.low"], (64u64 << 20).to_string());
+        assert_eq!(
+            store
+                .container("c1")
+                .unwrap()
+                .requested
+                .unwrap()
+                .cpuset_cpus,
+            "0-1"
+        );
+
+        // stop and remove: the store forgets
+        h.stop_container(api::StopContainerRequest {
+            pod: None,
+            container: Some(container("c1")),
+        })
+        .unwrap();
+        assert_eq!(store.container("c1").unwrap().state, ContainerState::Exited);
+        for (event, p, c) in [
+            (Event::RemoveContainer, None, Some(container("c1"))),
+            (Event::RemovePodSandbox, Some(pod()), None),
+        ] {
+            h.state_change(StateChange {
+                event: Some(event),
+                pod: p,
+                container: c,
+            })
+            .unwrap();
+        }
+        assert_eq!(store.counts(), (0, 0));
+    }
+
+    #[test]
+    fn synchronize_adopts_and_sends_drift_once() {
+        let (_m, h, store) = setup();
+        let mut patched = container("c2");
+        patched.state = api::ContainerState::ContainerRunning as i32;
+        let mut bare = patched.clone();
+        bare.id = "c3".into();
+        // c2 already holds its class's settings (it was created through qoslet)
+        patched.linux.as_mut().unwrap().resources = Some(api::LinuxResources {
+            cpu: Some(api::LinuxCpu {
+                shares: Some(api::OptionalUInt64 { value: 1024 }),
+                quota: Some(api::OptionalInt64 { value: 200_000 }),
+                period: Some(api::OptionalUInt64 { value: 100_000 }),
+                ..Default::default()
+            }),
+            memory: Some(api::LinuxMemory {
+                limit: Some(api::OptionalInt64 { value: 128 << 20 }),
+                ..Default::default()
+            }),
+            unified: [
+                ("memory.min".to_string(), (32u64 << 20).to_string()),
+                ("memory.low".to_string(), (64u64 << 20).to_string()),
+            ]
+            .into(),
+            ..Default::default()
+        });
+        patched.annotations.insert(
+            ANNOTATION_REQUESTED.into(),
+            r#"{"cpu_shares":2,"oom_score_adj":1000}"#.into(),
+        );
+        let updates = h.synchronize(vec![pod()], vec![patched, bare]).unwrap();
+        assert_eq!(store.counts(), (1, 2));
+        let ids: Vec<&str> = updates.iter().map(|u| u.container_id.as_str()).collect();
+        assert_eq!(
+            ids,
+            ["c3"],
+            "only the container created without qoslet drifted"
+        );
+        assert!(updates[0].ignore_failure);
+        assert_eq!(
+            store.container("c2").unwrap().requested.unwrap().cpu_shares,
+            2
+        );
+    }
+}
