@@ -37,9 +37,36 @@ impl Refusal {
     }
 }
 
+/// A refusal's message is cut to this many bytes: the runtime passes it on
+/// to kubelet inside a gRPC status (`grpc-message`, percent-encoded; gRPC
+/// C-core clients refuse metadata past 8 KiB).
+pub const MAX_REFUSAL_MESSAGE: usize = 1024;
+
 impl From<Refusal> for Status {
     fn from(r: Refusal) -> Status {
-        Status::new(r.code, r.message)
+        let mut message = r.message;
+        if message.len() > MAX_REFUSAL_MESSAGE {
+            let mut end = MAX_REFUSAL_MESSAGE;
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            message.truncate(end);
+        }
+        Status::new(r.code, message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusal_messages_are_cut_on_a_character_boundary() {
+        let s: Status = Refusal::invalid("é".repeat(2000)).into();
+        assert!(s.message.len() <= MAX_REFUSAL_MESSAGE);
+        assert!(s.message.chars().all(|c| c == 'é'));
+        let s: Status = Refusal::with_code(8, "short").into();
+        assert_eq!((s.code, s.message.as_str()), (8, "short"));
     }
 }
 
