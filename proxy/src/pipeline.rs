@@ -80,14 +80,23 @@ pub enum FailurePolicy {
 /// per byte), and gRPC C-core clients refuse metadata past 8 KiB.
 pub const MAX_REFUSAL_MESSAGE: usize = 1024;
 
-/// A hook's "no": the gRPC status the caller gets, as given.
+/// A hook's "no": the gRPC status the caller gets, as given (its message cut
+/// to [`MAX_REFUSAL_MESSAGE`]: built only through [`Refusal::new`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
-    pub code: tonic::Code,
-    pub message: String,
+    pub(crate) code: tonic::Code,
+    pub(crate) message: String,
 }
 
 impl Refusal {
+    pub fn code(&self) -> tonic::Code {
+        self.code
+    }
+
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
     pub fn new(code: tonic::Code, message: impl Into<String>) -> Self {
         let mut message = message.into();
         if message.len() > MAX_REFUSAL_MESSAGE {
