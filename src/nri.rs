@@ -72,6 +72,14 @@ pub async fn run(a: NriArgs) -> Result<()> {
         // a checkpoint written in proxy mode is another front end's: Synchronize rebuilds
         runtime_endpoint: format!("nri:{}", socket.display()),
         front: "nri",
+        // a runtime-started plugin must register within the runtime's
+        // registration timeout (5 s in NRI v0.6): it waits for an old
+        // qoslet's lock only briefly, and fails fast rather than cost the runtime
+        lock_wait: if pre.is_some() {
+            std::time::Duration::from_secs(2)
+        } else {
+            defaults.lock_wait
+        },
         ..defaults
     });
     let agent = qoslet_agent::Agent::start(agent_cfg).await?;
@@ -106,6 +114,7 @@ pub async fn run(a: NriArgs) -> Result<()> {
     };
     if let Err(e) = agent.start_loops(p.loops()).await {
         session.abort();
+        plugin.close();
         agent.finish().await;
         return Err(e.into());
     }
@@ -126,6 +135,7 @@ pub async fn run(a: NriArgs) -> Result<()> {
         session.abort();
         let _ = session.await;
     }
+    plugin.close();
     drop(agent.finish().await);
     tracing::info!("stopped");
     Ok(())

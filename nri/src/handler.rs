@@ -133,6 +133,11 @@ pub trait Handler: Send + Sync + 'static {
         Ok(api::CreateContainerResponse::default())
     }
 
+    /// A CreateContainer call finished after the session had answered it with
+    /// "no change" (it overran its deadline): the container was created
+    /// without the adjustment, so what the call recorded is not so.
+    fn create_abandoned(&self, _container_id: &str) {}
+
     /// A container's resources are being updated (kubelet's
     /// UpdateContainerResources); updates returned apply after it.
     fn update_container(

@@ -83,6 +83,14 @@ impl<H: Handler> Plugin<H> {
         self.client.subscribe()
     }
 
+    /// Lets go of the registered session's client, so a session whose task
+    /// was aborted (shutdown) closes its socket at once: the runtime then
+    /// drops the plugin instead of waiting out its request timeout on events
+    /// nobody reads.
+    pub fn close(&self) {
+        self.client.send_replace(None);
+    }
+
     /// Serves one session on `io`.
     pub async fn serve<S>(&self, io: S) -> Result<Ended, NriError>
     where
@@ -117,6 +125,9 @@ impl<H: Handler> Plugin<H> {
                 Ok(s) => match self.serve(s).await {
                     Ok(Ended::Closed) => {
                         info!(socket = %path.display(), "the runtime closed the NRI connection")
+                    }
+                    Ok(Ended::SyncFailed) => {
+                        warn!(socket = %path.display(), "Synchronize failed: connecting again to synchronize anew")
                     }
                     Err(e) => warn!(socket = %path.display(), error = %e, "the NRI session failed"),
                 },

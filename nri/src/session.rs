@@ -4,8 +4,12 @@
 //!
 //! Owns the session's I/O: one reader (this task), one writer task (whole
 //! messages, so two messages of one connection never interleave), a task per
-//! request that runs the handler off the async workers under a deadline, and
-//! the calls this side makes (RegisterPlugin, UpdateContainers). When the
+//! request that answers it within its deadline, one executor that runs the
+//! handler calls off the async workers one at a time in the order the
+//! requests came (the runtime sends its events in order; a late call never
+//! overtakes a later event), and the calls this side makes (RegisterPlugin,
+//! UpdateContainers). A call whose answer was already given as "no change"
+//! is skipped if it has not started, unless it only records a state change. When the
 //! session ends, both halves of the socket are closed before it returns, so a
 //! new session never registers beside an old one.
 
@@ -46,7 +50,13 @@ pub struct Options {
     pub register_timeout: Duration,
     /// The most pods + containers a split Synchronize may gather.
     pub max_sync_objects: usize,
+    /// The most bytes of pods and containers a split Synchronize may gather.
+    pub max_sync_bytes: usize,
 }
+
+/// Handler calls waiting for the executor, at most (the runtime sends one
+/// request at a time; more means a runtime gone wrong).
+const MAX_QUEUED_CALLS: usize = 256;
 
 /// containerd's default request timeout is 2 s; a handler gets well under it.
 pub const DEFAULT_HOOK_TIMEOUT: Duration = Duration::from_millis(1000);
@@ -72,6 +82,7 @@ impl Options {
             hook_timeout: DEFAULT_HOOK_TIMEOUT,
             register_timeout: Duration::from_secs(5),
             max_sync_objects: 100_000,
+            max_sync_bytes: 64 << 20,
         })
     }
 }
@@ -134,6 +145,9 @@ struct Link {
     out: mpsc::Sender<Vec<u8>>,
     pending: Mutex<Pending>,
     next_stream: AtomicU32,
+    /// Held from taking a stream id to queueing its request, so ids reach the
+    /// runtime in increasing order (Go's ttrpc refuses a smaller one).
+    ordered: tokio::sync::Mutex<()>,
     closed: AtomicBool,
 }
 
@@ -183,25 +197,29 @@ impl RuntimeClient {
         payload: Vec<u8>,
         timeout: Duration,
     ) -> Result<Bytes, CallError> {
-        let stream = self.link.next_stream.fetch_add(2, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        {
-            let mut p = self.link.pending.lock().unwrap();
-            if self.link.closed.load(Ordering::SeqCst) {
-                return Err(CallError::Closed);
-            }
-            p.insert(stream, tx);
-        }
         let timeout_nano = i64::try_from(timeout.as_nanos()).unwrap_or(i64::MAX);
         let body = ttrpc::request(RUNTIME_SERVICE, method, payload, timeout_nano);
-        if let Err(e) = self
-            .link
-            .send(Conn::Runtime, stream, ttrpc::REQUEST, &body)
-            .await
-        {
-            self.link.pending.lock().unwrap().remove(&stream);
-            return Err(e);
-        }
+        let (tx, rx) = oneshot::channel();
+        let stream = {
+            let _order = self.link.ordered.lock().await;
+            let stream = self.link.next_stream.fetch_add(2, Ordering::Relaxed);
+            {
+                let mut p = self.link.pending.lock().unwrap();
+                if self.link.closed.load(Ordering::SeqCst) {
+                    return Err(CallError::Closed);
+                }
+                p.insert(stream, tx);
+            }
+            if let Err(e) = self
+                .link
+                .send(Conn::Runtime, stream, ttrpc::REQUEST, &body)
+                .await
+            {
+                self.link.pending.lock().unwrap().remove(&stream);
+                return Err(e);
+            }
+            stream
+        };
         match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(r)) => r.map_err(CallError::Status),
             Ok(Err(_)) => Err(CallError::Closed),
@@ -246,19 +264,42 @@ impl RuntimeClient {
 pub enum Ended {
     /// The runtime closed the socket.
     Closed,
+    /// This side ended it: a Synchronize failed, after which a runtime
+    /// (NRI v0.6) keeps the connection but sends no events; a new session
+    /// synchronizes again.
+    SyncFailed,
+}
+
+/// A handler call waiting for the executor.
+type Job<H> = Box<dyn FnOnce(&H) + Send>;
+
+/// What happens to a call whose answer was already given ("no change").
+enum Late<H> {
+    /// It runs anyway, in its turn (it records what happened: a state change,
+    /// an update the runtime applied).
+    Run,
+    /// Skipped if it has not started; if it finished late, `undo` runs (its
+    /// effects describe an answer the runtime never got).
+    Undo(Box<dyn FnOnce(&H) + Send>),
 }
 
 /// The live state a session shares with its request tasks.
 struct Session<H> {
     opts: Arc<Options>,
-    handler: Arc<H>,
     counters: Arc<Counters>,
     info: Arc<Mutex<Option<RuntimeInfo>>>,
     link: Arc<Link>,
     /// A split Synchronize gathered so far.
     sync: Mutex<Option<(Vec<api::PodSandbox>, Vec<api::Container>)>>,
+    /// Encoded bytes of what `sync` gathered.
+    sync_bytes: std::sync::atomic::AtomicUsize,
     /// The handler's deadline in ms (the options', lowered by Configure).
     hook_ms: AtomicU64,
+    /// The executor's queue: handler calls, run one at a time in order.
+    jobs: mpsc::Sender<Job<H>>,
+    /// Set when the session must end (a failed Synchronize, once answered).
+    end: tokio::sync::Notify,
+    sync_failed: AtomicBool,
 }
 
 /// Runs one session on `io` until the runtime closes it or breaks the
@@ -282,16 +323,31 @@ where
         out: tx,
         pending: Mutex::new(HashMap::new()),
         next_stream: AtomicU32::new(1),
+        ordered: tokio::sync::Mutex::new(()),
         closed: AtomicBool::new(false),
     });
+    let (jobs, mut queued) = mpsc::channel::<Job<H>>(MAX_QUEUED_CALLS);
+    let executor = {
+        let handler = handler.clone();
+        tokio::spawn(async move {
+            while let Some(job) = queued.recv().await {
+                let h = handler.clone();
+                // a panic ends only its own call (its answer: no change)
+                let _ = tokio::task::spawn_blocking(move || job(&h)).await;
+            }
+        })
+    };
     let session = Arc::new(Session {
+        jobs,
+        end: tokio::sync::Notify::new(),
+        sync_failed: AtomicBool::new(false),
         hook_ms: AtomicU64::new(opts.hook_timeout.as_millis() as u64),
         opts: opts.clone(),
-        handler,
         counters: counters.clone(),
         info,
         link: link.clone(),
         sync: Mutex::new(None),
+        sync_bytes: std::sync::atomic::AtomicUsize::new(0),
     });
     let client = RuntimeClient { link: link.clone() };
     let reg = {
@@ -325,6 +381,7 @@ where
                     _ => break Ok(Ended::Closed),
                 }
             }
+            _ = session.end.notified() => break Ok(Ended::SyncFailed),
             n = rd.read(&mut buf) => {
                 let n = match n {
                     Ok(0) => break Ok(Ended::Closed),
@@ -340,6 +397,20 @@ where
     };
     registered.send_replace(None);
     link.close();
+    executor.abort();
+    if !writer_done && matches!(result, Ok(Ended::SyncFailed)) {
+        // let the refusal reach the runtime: the writer ends once every
+        // sender is gone (answers still due hold theirs up to their deadline)
+        drop(session);
+        drop(client);
+        drop(link);
+        if tokio::time::timeout(Duration::from_secs(1), &mut writer)
+            .await
+            .is_ok()
+        {
+            writer_done = true;
+        }
+    }
     if !writer_done {
         writer.abort();
         let _ = writer.await;
@@ -479,6 +550,10 @@ impl<H: Handler> Session<H> {
         {
             debug!(stream, error = %e, "answer not sent");
         }
+        // the failed Synchronize's answer is queued: now the session may end
+        if self.sync_failed.swap(false, Ordering::SeqCst) {
+            self.end.notify_one();
+        }
     }
 
     async fn call(
@@ -514,9 +589,11 @@ impl<H: Handler> Session<H> {
                     );
                 }
                 info!(runtime = %info.name, version = %info.version, nri = %info.nri_version,
-                    request_timeout_ms = ?info.request_timeout_ms, "configured by the runtime");
+                    request_timeout_ms = ?info.request_timeout_ms,
+                    registration_timeout_ms = ?info.registration_timeout_ms, "configured by the runtime");
                 *self.info.lock().unwrap() = Some(info.clone());
-                self.run(deadline, move |h| h.configure(&info)).await?;
+                self.run(deadline, Late::Run, move |h| h.configure(&info))
+                    .await?;
                 Ok(api::ConfigureResponse {
                     events: self.opts.events.bits(),
                 }
@@ -528,16 +605,29 @@ impl<H: Handler> Session<H> {
                 let (pods, containers) = {
                     let mut acc = self.sync.lock().unwrap();
                     let (pods, containers) = acc.get_or_insert_with(Default::default);
+                    let bytes: usize = req.pods.iter().map(|p| p.encoded_len()).sum::<usize>()
+                        + req
+                            .containers
+                            .iter()
+                            .map(|c| c.encoded_len())
+                            .sum::<usize>();
                     pods.extend(req.pods);
                     containers.extend(req.containers);
-                    if pods.len() + containers.len() > self.opts.max_sync_objects {
+                    self.sync_bytes.fetch_add(bytes, Ordering::Relaxed);
+                    let over = pods.len() + containers.len() > self.opts.max_sync_objects
+                        || self.sync_bytes.load(Ordering::Relaxed) > self.opts.max_sync_bytes;
+                    if over {
                         *acc = None;
+                        self.sync_bytes.store(0, Ordering::Relaxed);
                         bump(&self.counters.errors);
+                        // the runtime keeps a plugin whose sync failed but
+                        // sends it nothing: end, and synchronize anew
+                        self.sync_failed.store(true, Ordering::SeqCst);
                         return Err(Status::new(
                             code::RESOURCE_EXHAUSTED,
                             format!(
-                                "more than {} pods and containers to synchronize",
-                                self.opts.max_sync_objects
+                                "more than {} pods and containers ({} bytes) to synchronize",
+                                self.opts.max_sync_objects, self.opts.max_sync_bytes
                             ),
                         ));
                     }
@@ -549,6 +639,7 @@ impl<H: Handler> Session<H> {
                         }
                         .encode_to_vec());
                     }
+                    self.sync_bytes.store(0, Ordering::Relaxed);
                     acc.take().unwrap_or_default()
                 };
                 debug!(
@@ -556,9 +647,18 @@ impl<H: Handler> Session<H> {
                     containers = containers.len(),
                     "synchronize"
                 );
-                let update = self
-                    .run(deadline, move |h| h.synchronize(pods, containers))
-                    .await?;
+                let update = match self
+                    .run(deadline, Late::Run, move |h| {
+                        h.synchronize(pods, containers)
+                    })
+                    .await
+                {
+                    Ok(u) => u,
+                    Err(st) => {
+                        self.sync_failed.store(true, Ordering::SeqCst);
+                        return Err(st);
+                    }
+                };
                 self.counters
                     .updates
                     .fetch_add(update.len() as u64, Ordering::Relaxed);
@@ -570,7 +670,7 @@ impl<H: Handler> Session<H> {
             }
             "Shutdown" => {
                 info!("the runtime shuts the plugin down");
-                self.run(deadline, |h| {
+                self.run(deadline, Late::Run, |h| {
                     h.shutdown();
                     Ok(())
                 })
@@ -580,7 +680,15 @@ impl<H: Handler> Session<H> {
             "CreateContainer" => {
                 let req = decode!(api::CreateContainerRequest);
                 self.counters.count(Event::CreateContainer);
-                let resp = self.run(deadline, move |h| h.create_container(req)).await?;
+                let id = req
+                    .container
+                    .as_ref()
+                    .map(|c| c.id.clone())
+                    .unwrap_or_default();
+                let undo = Late::Undo(Box::new(move |h: &H| h.create_abandoned(&id)));
+                let resp = self
+                    .run(deadline, undo, move |h| h.create_container(req))
+                    .await?;
                 if resp
                     .adjust
                     .as_ref()
@@ -596,7 +704,9 @@ impl<H: Handler> Session<H> {
             "UpdateContainer" => {
                 let req = decode!(api::UpdateContainerRequest);
                 self.counters.count(Event::UpdateContainer);
-                let resp = self.run(deadline, move |h| h.update_container(req)).await?;
+                let resp = self
+                    .run(deadline, Late::Run, move |h| h.update_container(req))
+                    .await?;
                 self.counters
                     .updates
                     .fetch_add(resp.update.len() as u64, Ordering::Relaxed);
@@ -605,7 +715,9 @@ impl<H: Handler> Session<H> {
             "StopContainer" => {
                 let req = decode!(api::StopContainerRequest);
                 self.counters.count(Event::StopContainer);
-                let resp = self.run(deadline, move |h| h.stop_container(req)).await?;
+                let resp = self
+                    .run(deadline, Late::Run, move |h| h.stop_container(req))
+                    .await?;
                 self.counters
                     .updates
                     .fetch_add(resp.update.len() as u64, Ordering::Relaxed);
@@ -620,7 +732,8 @@ impl<H: Handler> Session<H> {
                     pod: req.pod,
                     container: req.container,
                 };
-                self.run(deadline, move |h| h.state_change(change)).await?;
+                self.run(deadline, Late::Run, move |h| h.state_change(change))
+                    .await?;
                 Ok(api::Empty {}.encode_to_vec())
             }
             "ValidateContainerAdjustment" => {
@@ -636,7 +749,8 @@ impl<H: Handler> Session<H> {
                         pod: req.pod,
                         container: req.container,
                     };
-                    self.run(deadline, move |h| h.state_change(change)).await?;
+                    self.run(deadline, Late::Run, move |h| h.state_change(change))
+                        .await?;
                     // every per-event answer is an empty message
                     Ok(vec![])
                 }
@@ -651,25 +765,45 @@ impl<H: Handler> Session<H> {
         }
     }
 
-    /// Runs `f` on the blocking pool within `deadline`; a refusal is the
-    /// answer, an overrun or a panic answers "no change".
-    async fn run<T, F>(&self, deadline: Duration, f: F) -> Result<T, Status>
+    /// Queues `f` for the executor and answers within `deadline`: a refusal
+    /// is the answer, an overrun, a panic or a full queue answers "no change".
+    /// What a call answered for in time does late is `late`'s to say.
+    async fn run<T, F>(&self, deadline: Duration, late: Late<H>, f: F) -> Result<T, Status>
     where
         T: Default + Send + 'static,
         F: FnOnce(&H) -> Result<T, Refusal> + Send + 'static,
     {
-        let h = self.handler.clone();
-        let task = tokio::task::spawn_blocking(move || f(&h));
-        match tokio::time::timeout(deadline, task).await {
+        let (tx, rx) = oneshot::channel();
+        let counters = self.counters.clone();
+        let job: Job<H> = Box::new(move |h: &H| {
+            if tx.is_closed() && !matches!(late, Late::Run) {
+                // answered "no change" before it could start: not done late
+                debug!("a handler call given up on before it started: skipped");
+                return;
+            }
+            let r = f(h);
+            if tx.send(r).is_err() {
+                if let Late::Undo(undo) = late {
+                    bump(&counters.errors);
+                    undo(h);
+                }
+            }
+        });
+        if self.jobs.try_send(job).is_err() {
+            bump(&self.counters.timeouts);
+            warn!("the NRI handler's queue is full: answered with no change");
+            return Ok(T::default());
+        }
+        match tokio::time::timeout(deadline, rx).await {
             Ok(Ok(Ok(v))) => Ok(v),
             Ok(Ok(Err(refusal))) => {
                 bump(&self.counters.refusals);
                 info!(code = refusal.code, message = %refusal.message, "refused");
                 Err(refusal.into())
             }
-            Ok(Err(e)) => {
+            Ok(Err(_)) => {
                 bump(&self.counters.errors);
-                warn!(error = %e, "the NRI handler failed: answered with no change");
+                warn!("the NRI handler failed (panicked): answered with no change");
                 Ok(T::default())
             }
             Err(_) => {

@@ -56,11 +56,15 @@ impl Handler for Recorder {
             "refused" => Err(Refusal::with_code(8, "node under memory pressure")),
             "slow" => {
                 std::thread::sleep(Duration::from_millis(1500));
+                self.seen.lock().unwrap().push("created slow".into());
                 Ok(shares(7))
             }
             "panics" => panic!("handler bug"),
             _ => Ok(shares(2)),
         }
+    }
+    fn create_abandoned(&self, id: &str) {
+        self.seen.lock().unwrap().push(format!("abandoned {id}"));
     }
     fn state_change(&self, c: StateChange) -> Result<(), Refusal> {
         self.seen.lock().unwrap().push(format!(
@@ -291,6 +295,7 @@ async fn a_session_with_a_mock_runtime() {
                 ..Default::default()
             }),
             container: Some(api::Container {
+                id: format!("id-{name}"),
                 name: name.into(),
                 ..Default::default()
             }),
@@ -313,6 +318,39 @@ async fn a_session_with_a_mock_runtime() {
         api::CreateContainerResponse::decode(&answer[..]).unwrap(),
         Default::default()
     );
+    // handler calls run one at a time, in order: a create that could not
+    // start before its deadline (the slow one still runs) is answered
+    // "no change" and never runs; an event waits for the slow call
+    let answer = rt.call("CreateContainer", create("queued")).await.unwrap();
+    assert!(answer.is_empty());
+    let ev = api::StateChangeEvent {
+        event: Event::StartContainer as i32,
+        pod: None,
+        container: Some(api::Container {
+            name: "slow".into(),
+            ..Default::default()
+        }),
+    };
+    rt.call("StateChange", ev.encode_to_vec()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    {
+        let seen = handler.seen.lock().unwrap();
+        let at = |x: &str| {
+            seen.iter()
+                .position(|s| s == x)
+                .unwrap_or_else(|| panic!("{x}: {seen:?}"))
+        };
+        assert!(at("create slow") < at("created slow"));
+        assert!(
+            at("created slow") < at("abandoned id-slow"),
+            "a late create is undone"
+        );
+        assert!(
+            at("abandoned id-slow") < at("event Some(StartContainer) slow"),
+            "in order"
+        );
+        assert!(!seen.contains(&"create queued".to_string()), "not run late");
+    }
     let answer = rt.call("CreateContainer", create("panics")).await.unwrap();
     assert!(answer.is_empty());
 
@@ -382,18 +420,18 @@ async fn a_session_with_a_mock_runtime() {
     assert_eq!(n(&c.sync_messages), 4);
     assert_eq!(
         c.event(Event::CreateContainer),
-        4,
+        5,
         "the undecodable one is not an event"
     );
-    assert_eq!(c.event(Event::StartContainer), 1);
+    assert_eq!(c.event(Event::StartContainer), 2);
     assert_eq!(c.event(Event::RemoveContainer), 1);
     assert_eq!(n(&c.adjustments), 1);
     assert_eq!(n(&c.refusals), 1);
-    assert_eq!(n(&c.timeouts), 1);
+    assert_eq!(n(&c.timeouts), 3, "slow, queued, the event behind them");
     assert_eq!(
         n(&c.errors),
-        3,
-        "panic, unknown method, undecodable request"
+        4,
+        "late create undone, panic, unknown method, undecodable request"
     );
     assert_eq!(plugin.runtime_info().unwrap().version, "v1.7.24");
 
@@ -498,4 +536,40 @@ async fn the_plugin_reconnects_after_the_runtime_goes_away() {
     assert!(c.reconnects.load(std::sync::atomic::Ordering::Relaxed) >= 2);
     run.abort();
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A Synchronize the plugin cannot take (over its object or byte budget) is
+/// refused and the session ends: NRI v0.6 runtimes keep a plugin whose sync
+/// failed but send it no events, so only a new session synchronizes again.
+#[tokio::test]
+async fn a_failed_synchronize_ends_the_session() {
+    for (objects, bytes) in [(10, 64 << 20), (100_000, 2 << 10)] {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let mut o = options();
+        o.max_sync_objects = objects;
+        o.max_sync_bytes = bytes;
+        let plugin = Plugin::new(o, Arc::new(Recorder::default()));
+        let run = tokio::spawn(async move { plugin.serve(ours).await.map_err(|e| e.to_string()) });
+        let mut rt = Mock::new(theirs, 5);
+        let (s, _) = rt.expect_request("RegisterPlugin").await;
+        rt.reply(s, vec![]).await;
+        let mut refused = None;
+        for part in 0..4 {
+            let req = api::SynchronizeRequest {
+                pods: vec![],
+                containers: (part * 8..part * 8 + 8).map(container).collect(),
+                more: true,
+            };
+            if let Err(e) = rt.call("Synchronize", req.encode_to_vec()).await {
+                refused = Some(e);
+                break;
+            }
+        }
+        let (code, msg) = refused.expect("refused once over the budget");
+        assert_eq!(code, 8, "{msg}");
+        let ended = tokio::time::timeout(Duration::from_secs(2), run)
+            .await
+            .unwrap();
+        assert_eq!(ended.unwrap(), Ok(qoslet_nri::Ended::SyncFailed));
+    }
 }

@@ -238,6 +238,14 @@ impl Handler for NriHandler {
         })
     }
 
+    fn create_abandoned(&self, container_id: &str) {
+        // created without the adjustment: forget what the call recorded; its
+        // StartContainer adopts it as a container qoslet did not see created
+        if !container_id.is_empty() && self.store.remove_container(container_id).is_some() {
+            warn!(container = %container_id, "CreateContainer answered late (no change): its record is dropped");
+        }
+    }
+
     fn update_container(
         &self,
         req: api::UpdateContainerRequest,
@@ -253,11 +261,14 @@ impl Handler for NriHandler {
             .iso
             .as_ref()
             .and_then(|iso| iso.update_container(&self.store, &c.id, update.as_ref()));
+        // kubelet's update must not undo the class's settings; but an update
+        // that already holds them gets none back (the runtime would replace
+        // kubelet's request with its NRI round trip, which drops fields)
+        let patch = patch.filter(|p| !update.as_ref().is_some_and(|u| records::holds(u, p)));
         if let Some(u) = update {
             self.store.set_container_resources(&c.id, u);
         }
         Ok(api::UpdateContainerResponse {
-            // kubelet's update must not undo the class's settings
             update: patch.map(|p| update_of(&c.id, &p)).into_iter().collect(),
             evict: vec![],
         })

@@ -154,7 +154,11 @@ pub fn adjustment(p: &ResourcePatch) -> api::LinuxResources {
     }
 }
 
-/// Whether resources `have` already hold every setting of patch `p`.
+/// Whether resources `have` already hold every setting of patch `p`. The
+/// unified keys count only when the runtime reports any: NRI before v0.10
+/// (containerd 1.7, 2.0, 2.1) never copies `unified` into what it sends, so
+/// every container would look drifted and be updated at every Synchronize
+/// (the settings themselves are written at StartContainer and by the engine).
 pub fn holds(have: &Resources, p: &ResourcePatch) -> bool {
     p.cpu_shares.is_none_or(|v| v == have.cpu_shares)
         && p.cpu_quota.is_none_or(|v| v == have.cpu_quota)
@@ -164,9 +168,10 @@ pub fn holds(have: &Resources, p: &ResourcePatch) -> bool {
         && p.cpuset_cpus
             .as_ref()
             .is_none_or(|v| *v == have.cpuset_cpus)
-        && p.unified
-            .iter()
-            .all(|(k, v)| have.unified.get(k) == Some(v))
+        && (have.unified.is_empty()
+            || p.unified
+                .iter()
+                .all(|(k, v)| have.unified.get(k) == Some(v)))
 }
 
 fn sorted(m: &HashMap<String, String>) -> BTreeMap<String, String> {
@@ -263,5 +268,16 @@ mod tests {
             ..Default::default()
         };
         assert!(!holds(&have, &p));
+        // unified keys: compared only when the runtime reports unified at all
+        let p = ResourcePatch {
+            unified: [("memory.min".to_string(), "1048576".to_string())].into(),
+            ..Default::default()
+        };
+        assert!(holds(&have, &p), "NRI < v0.10 reports no unified map");
+        let mut have = have;
+        have.unified.insert("memory.min".into(), "0".into());
+        assert!(!holds(&have, &p));
+        have.unified.insert("memory.min".into(), "1048576".into());
+        assert!(holds(&have, &p));
     }
 }
