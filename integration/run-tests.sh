@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # qoslet's whole test suite, as CI runs it: unit tests, then end-to-end tests against a
-# real containerd 1.6 + runc and containerd 1.7 (Debian packages), then a grpcurl smoke
+# real containerd 1.6 + runc and containerd 1.7 (Debian packages), and containerd 2.1 for
+# NRI v0.8 (registration only: its pods do not start here), then a grpcurl smoke
 # run through a real qoslet process. Needs root (cgroups, containerd) and Rust.
 # Installs what is missing (apt: containerd runc jq protobuf-compiler; PyPI: grpcurl; promtool),
 # starts the containerds on private sockets, and tears them down at the end.
@@ -15,12 +16,14 @@ lap() { echo "=== [$(( $(date +%s) - t0 ))s] $*"; }
 lap "install test bed dependencies"
 $TB install
 CONTAINERD=1.7 INSTANCE=ctd17 $TB install
+CONTAINERD=2.1 INSTANCE=ctd21 $TB install
 
 cleanup() {
   lap "tear down"
   [ -n "${QPID:-}" ] && kill "$QPID" 2>/dev/null || true
   $TB down || true
   CONTAINERD=1.7 INSTANCE=ctd17 $TB down || true
+  CONTAINERD=2.1 INSTANCE=ctd21 $TB down || true
   INSTANCE=restart CONTAINERD=1.7 $TB down >/dev/null 2>&1 || true
   INSTANCE=nri CONTAINERD=1.7 $TB down >/dev/null 2>&1 || true
   INSTANCE=nrirestart CONTAINERD=1.7 $TB down >/dev/null 2>&1 || true
@@ -35,9 +38,10 @@ export QOSLET_STRICT_TESTS=1
 lap "build (workspace, debug)"
 cargo build --workspace --bins --tests --locked --features qoslet-integration/testbed
 
-lap "start containerd 1.6 (main) and 1.7 (ctd17)"
+lap "start containerd 1.6 (main), 1.7 (ctd17) and 2.1 (ctd21)"
 $TB up >/dev/null
 CONTAINERD=1.7 INSTANCE=ctd17 $TB up >/dev/null
+CONTAINERD=2.1 INSTANCE=ctd21 $TB up >/dev/null
 
 lap "cargo test --workspace (with the test bed's tests)"
 cargo test --workspace --locked --features qoslet-integration/testbed

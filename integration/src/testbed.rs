@@ -19,7 +19,7 @@ pub struct Testbed {
     /// The test bed's work dir (`QOSLET_TESTBED`, default /tmp/qoslet-testbed).
     pub work: PathBuf,
     pub instance: String,
-    /// "1.6" or "1.7".
+    /// "1.6", "1.7" or "2.1".
     pub version: String,
     /// containerd's CRI socket.
     pub sock: PathBuf,
@@ -48,6 +48,13 @@ impl Testbed {
         Self::instance("ctd17", "1.7")
     }
 
+    /// The containerd 2.1 instance (Debian sid's 2.1.9, NRI v0.8), started if
+    /// it is not up. NRI plugins register with it; its pods do not start on
+    /// this machine (runc fails), so no test runs pods on it.
+    pub fn ctd21() -> Self {
+        Self::start_instance("ctd21", "2.1")
+    }
+
     pub fn instance(name: &str, version: &str) -> Self {
         let work = work_dir();
         let tb = Self {
@@ -61,13 +68,14 @@ impl Testbed {
             std::os::unix::net::UnixStream::connect(&tb.sock).is_ok(),
             "the real-runtime test bed is not running ({} does not answer).\n\
              These tests need root and a real containerd: run `integration/testbed/testbed.sh up` \
-             (and `CONTAINERD=1.7 INSTANCE=ctd17 integration/testbed/testbed.sh up`), or `integration/run-tests.sh`.",
+             (and `CONTAINERD=1.7 INSTANCE=ctd17 integration/testbed/testbed.sh up`, \
+             `CONTAINERD=2.1 INSTANCE=ctd21 integration/testbed/testbed.sh up`), or `integration/run-tests.sh`.",
             tb.sock.display()
         );
         tb
     }
 
-    /// Starts (installing nothing new) a private containerd instance `name`; `version` is "1.6" or "1.7".
+    /// Starts (installing nothing new) a private containerd instance `name`; `version` is "1.6", "1.7" or "2.1".
     pub fn start_instance(name: &str, version: &str) -> Self {
         run_script(&["up"], name, version);
         Self::instance(name, version)
