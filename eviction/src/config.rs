@@ -63,6 +63,8 @@ pub struct Eviction {
 pub enum EvictionConfigError {
     #[error(transparent)]
     Threshold(#[from] ThresholdError),
+    #[error("eviction.evictionPressureTransitionPeriod: {0:?} is under 1s (kubelet would then report no condition at all, and admit every pod under pressure)")]
+    TransitionTooShort(Duration),
     #[error("eviction.evictionMaxPodGracePeriod: {0} is negative")]
     NegativeMaxGrace(i64),
     #[error("eviction.memoryCapacity: {0:?} is not a positive quantity of bytes")]
@@ -86,6 +88,9 @@ impl EvictionConfig {
             Some(s) => duration_field("eviction.evictionPressureTransitionPeriod", s)?,
             None => Duration::from_secs(300),
         };
+        if transition < Duration::from_secs(1) {
+            return Err(EvictionConfigError::TransitionTooShort(transition));
+        }
         let max_pod_grace_seconds = self.eviction_max_pod_grace_period.unwrap_or(0);
         if max_pod_grace_seconds < 0 {
             return Err(EvictionConfigError::NegativeMaxGrace(max_pod_grace_seconds));

@@ -44,12 +44,104 @@ impl fmt::Display for Feature {
     }
 }
 
-/// `memoryEvictThresholdPercent` and its lower bound.
+/// `memoryEvictThresholdPercent` and its lower bound, checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemoryPolicy {
-    pub threshold_percent: i64,
-    /// `memoryEvictLowerPercent`, or the threshold − 2.
-    pub lower_percent: i64,
+    threshold_percent: i64,
+    lower_percent: i64,
+}
+
+/// Why a memory policy cannot run (koordlet skips the feature with a warning).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum MemoryPolicyError {
+    #[error("memoryEvictThresholdPercent is not set")]
+    Unset,
+    #[error("memoryEvictThresholdPercent {0} is not in [0, 100]")]
+    Threshold(i64),
+    #[error(
+        "memoryEvictLowerPercent {lower} is not below memoryEvictThresholdPercent {threshold}"
+    )]
+    Lower { lower: i64, threshold: i64 },
+}
+
+impl MemoryPolicy {
+    /// koordlet's `generateConfigCheck` for BEMemoryEvict: a threshold is
+    /// needed, the lower bound (the threshold − 2 unless set) must be below it.
+    pub fn new(threshold: Option<i64>, lower: Option<i64>) -> Result<Self, MemoryPolicyError> {
+        let t = threshold.ok_or(MemoryPolicyError::Unset)?;
+        if !(0..=100).contains(&t) {
+            return Err(MemoryPolicyError::Threshold(t));
+        }
+        let lower = lower.unwrap_or(t - 2);
+        if lower >= t || lower < 0 {
+            return Err(MemoryPolicyError::Lower {
+                lower,
+                threshold: t,
+            });
+        }
+        Ok(Self {
+            threshold_percent: t,
+            lower_percent: lower,
+        })
+    }
+
+    pub fn threshold_percent(&self) -> i64 {
+        self.threshold_percent
+    }
+
+    pub fn lower_percent(&self) -> i64 {
+        self.lower_percent
+    }
+}
+
+/// Koordinator's `koordinator.sh/eviction-policy` annotation: the BE
+/// features that may evict the pod (a JSON array of feature names). Pods
+/// without it may be evicted by any; a malformed or empty one by none.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum EvictionPolicy {
+    #[default]
+    Any,
+    Only(Vec<String>),
+}
+
+pub const ANNOTATION_EVICTION_POLICY: &str = "koordinator.sh/eviction-policy";
+
+impl EvictionPolicy {
+    /// From the annotation's value (`None`: no annotation). Bounded: at most
+    /// 4 KiB and 16 names are read.
+    pub fn parse(v: Option<&str>) -> Self {
+        let Some(v) = v else {
+            return Self::Any;
+        };
+        if v.len() > 4096 {
+            return Self::Only(vec![]);
+        }
+        let names = parse_string_array(v).unwrap_or_default();
+        Self::Only(names.into_iter().take(16).collect())
+    }
+
+    pub fn allows(&self, f: Feature) -> bool {
+        match self {
+            Self::Any => true,
+            Self::Only(names) => names.iter().any(|n| n == f.as_str()),
+        }
+    }
+}
+
+/// A JSON array of strings without escapes (feature names), or `None`.
+fn parse_string_array(v: &str) -> Option<Vec<String>> {
+    let inner = v.trim().strip_prefix('[')?.strip_suffix(']')?.trim();
+    if inner.is_empty() {
+        return Some(vec![]);
+    }
+    inner
+        .split(',')
+        .map(|item| {
+            let item = item.trim();
+            let s = item.strip_prefix('"')?.strip_suffix('"')?;
+            (!s.contains('"') && !s.contains('\\')).then(|| s.to_string())
+        })
+        .collect()
 }
 
 /// How the BE limit in the satisfaction is taken (`cpuEvictPolicy`).
@@ -155,7 +247,9 @@ pub fn memory_task(policy: MemoryPolicy, node: NodeMemory, pods: &[Pod]) -> Opti
         return None;
     }
     let used = |p: &Pod| p.stats.as_ref().and_then(|s| s.memory_used).unwrap_or(0);
-    let mut order: Vec<usize> = (0..pods.len()).filter(|i| pods[*i].be_labelled).collect();
+    let mut order: Vec<usize> = (0..pods.len())
+        .filter(|i| pods[*i].be_labelled && pods[*i].eviction_policy.allows(Feature::BeMemory))
+        .collect();
     // koordlet compares priorities only when both are set, which is no total
     // order when some are unset (and Rust's sort needs one): an unset priority
     // ranks as 0, kubelet's convention; the same order when all or none are set
@@ -187,12 +281,30 @@ pub struct CpuHistory {
     samples: VecDeque<(Duration, BeCpu)>,
 }
 
-/// The history's view of a window: the average, how many samples, the last.
+/// BE CPU figures as floats (koordlet's metric cache answers in float64).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct BeCpuF {
+    pub real_limit: f64,
+    pub request: f64,
+    pub usage: f64,
+}
+
+impl From<BeCpu> for BeCpuF {
+    fn from(s: BeCpu) -> Self {
+        Self {
+            real_limit: s.real_limit as f64,
+            request: s.request as f64,
+            usage: s.usage as f64,
+        }
+    }
+}
+
+/// The history's view of a window: the mean, how many samples, the last.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CpuWindow {
-    pub avg: BeCpu,
+    pub avg: BeCpuF,
     pub count: usize,
-    pub current: BeCpu,
+    pub current: BeCpuF,
 }
 
 impl CpuHistory {
@@ -216,13 +328,17 @@ impl CpuHistory {
             .filter(|(t, _)| now.saturating_sub(*t) <= window && *t <= now)
             .map(|(_, s)| *s)
             .collect();
-        let current = *inside.last()?;
-        let n = inside.len() as i64;
-        let sum = inside.iter().fold((0i64, 0i64, 0i64), |a, s| {
-            (a.0 + s.real_limit, a.1 + s.request, a.2 + s.usage)
+        let current = BeCpuF::from(*inside.last()?);
+        let n = inside.len() as f64;
+        let sum = inside.iter().fold((0f64, 0f64, 0f64), |a, s| {
+            (
+                a.0 + s.real_limit as f64,
+                a.1 + s.request as f64,
+                a.2 + s.usage as f64,
+            )
         });
         Some(CpuWindow {
-            avg: BeCpu {
+            avg: BeCpuF {
                 real_limit: sum.0 / n,
                 request: sum.1 / n,
                 usage: sum.2 / n,
@@ -234,23 +350,23 @@ impl CpuHistory {
 }
 
 /// koordlet's `isBECPUUsageHighEnough`.
-fn usage_high_enough(usage: i64, limit: i64, threshold_percent: i64) -> bool {
-    if limit <= 0 {
+fn usage_high_enough(usage: f64, limit: f64, threshold_percent: i64) -> bool {
+    if limit <= 0.0 {
         return false;
     }
-    if limit < 1000 {
+    if limit < 1000.0 {
         return true;
     }
-    (usage as f64 / limit as f64) >= threshold_percent as f64 / 100.0
+    usage / limit >= threshold_percent as f64 / 100.0
 }
 
 /// Milli-cores of requests to release to bring satisfaction up to the upper
 /// percent (0: satisfied enough).
-fn release_for(policy: &CpuPolicy, request: i64, limit: i64) -> i64 {
-    if request <= 0 {
+fn release_for(policy: &CpuPolicy, request: f64, limit: f64) -> i64 {
+    if request <= 0.0 {
         return 0;
     }
-    let sat = limit as f64 / request as f64;
+    let sat = limit / request;
     if sat > policy.lower_percent as f64 / 100.0 {
         return 0;
     }
@@ -258,7 +374,7 @@ fn release_for(policy: &CpuPolicy, request: i64, limit: i64) -> i64 {
     if gap <= 0.0 {
         return 0;
     }
-    (request as f64 * gap) as i64
+    (request * gap) as i64
 }
 
 /// The BE CPU task. `batch_allocatable` is the node's batch-cpu allocatable
@@ -274,12 +390,12 @@ pub fn cpu_task(
     if w.count < window_samples_needed {
         return Ok(None);
     }
-    let limit_of = |s: &BeCpu| match policy.policy {
+    let limit_of = |s: &BeCpuF| match policy.policy {
         CpuEvictPolicy::ByRealLimit => s.real_limit,
         CpuEvictPolicy::ByAllocatable => match batch_allocatable {
-            Some(0) => 1,
-            Some(a) if a > 0 => a,
-            _ => -1,
+            Some(0) => 1.0,
+            Some(a) if a > 0 => a as f64,
+            _ => -1.0,
         },
     };
     let (avg_limit, cur_limit) = (limit_of(&w.avg), limit_of(&w.current));
@@ -310,7 +426,9 @@ pub fn cpu_task(
             0.0
         }
     };
-    let mut order: Vec<usize> = (0..pods.len()).filter(|i| pods[*i].be_labelled).collect();
+    let mut order: Vec<usize> = (0..pods.len())
+        .filter(|i| pods[*i].be_labelled && pods[*i].eviction_policy.allows(Feature::BeCpu))
+        .collect();
     // an unset priority ranks as 0 (see the memory task)
     order.sort_by(|&i, &j| {
         let (a, b) = (&pods[i], &pods[j]);
@@ -318,8 +436,8 @@ pub fn cpu_task(
             .cmp(&b.priority_or_zero())
             .then_with(|| cpu_share(b).total_cmp(&cpu_share(a)))
     });
-    let sat = if w.avg.request > 0 {
-        avg_limit as f64 * 100.0 / w.avg.request as f64
+    let sat = if w.avg.request > 0.0 {
+        avg_limit * 100.0 / w.avg.request
     } else {
         0.0
     };
@@ -328,7 +446,7 @@ pub fn cpu_task(
         release,
         order,
         reason: format!(
-            "BE CPU satisfaction {sat:.0}% <= cpuEvictBESatisfactionLowerPercent {}% (limit {avg_limit}m, request {}m, usage {}m); releasing {release}m of batch-cpu requests to reach {}%",
+            "BE CPU satisfaction {sat:.0}% <= cpuEvictBESatisfactionLowerPercent {}% (limit {avg_limit:.0}m, request {:.0}m, usage {:.0}m); releasing {release}m of batch-cpu requests to reach {}%",
             policy.lower_percent, w.avg.request, w.avg.usage, policy.upper_percent
         ),
     }))

@@ -23,6 +23,9 @@ pub struct Pod {
     /// Whether the class came from a `koordinator.sh/qosClass: BE` label (the
     /// only pods Koordinator's BE model takes).
     pub be_labelled: bool,
+    /// Which BE features may evict it (`koordinator.sh/eviction-policy`,
+    /// honoured only where the pod's annotations are trusted).
+    pub eviction_policy: crate::koord::EvictionPolicy,
     /// Tolerates `node.kubernetes.io/memory-pressure:NoSchedule` (admission).
     pub tolerates_memory_pressure: bool,
     /// `terminationGracePeriodSeconds` when known.
@@ -72,6 +75,9 @@ pub struct ContainerStats {
     pub name: String,
     pub working_set: Option<i64>,
     pub memory_request: i64,
+    /// Writable layer + logs, bytes (kubelet's container ephemeral-storage use).
+    pub disk_used: Option<i64>,
+    pub ephemeral_request: i64,
 }
 
 impl Pod {

@@ -136,21 +136,26 @@ impl fmt::Display for Resource {
     }
 }
 
-/// An amount as Go's `resource.Quantity.String()` prints it: bytes with the
-/// largest binary suffix that keeps the number whole (`1536Mi`, `2Gi`),
-/// counts as plain decimals (kubelet's BinarySI / DecimalSI).
+/// An amount as Go's `resource.Quantity.String()` prints it: in BinarySI
+/// (`bytes`) the largest binary suffix that keeps the number whole (`1536Mi`,
+/// `2Gi`), in DecimalSI the largest decimal one (`500k`, `1M`, `1200`), as
+/// kubelet prints bytes and counts.
 pub fn format_amount(v: i64, bytes: bool) -> String {
-    if !bytes || v == 0 {
-        return v.to_string();
+    if v == 0 {
+        return "0".into();
     }
-    const SUFFIX: [&str; 6] = ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
+    let (base, suffix): (i64, [&str; 6]) = if bytes {
+        (1024, ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"])
+    } else {
+        (1000, ["k", "M", "G", "T", "P", "E"])
+    };
     let mut n = v;
     let mut unit = None;
-    for s in SUFFIX {
-        if n % 1024 != 0 {
+    for s in suffix {
+        if n % base != 0 {
             break;
         }
-        n /= 1024;
+        n /= base;
         unit = Some(s);
     }
     match unit {
@@ -180,6 +185,10 @@ mod tests {
         assert_eq!(format_amount(1024, true), "1Ki");
         assert_eq!(format_amount(-(100 << 20), true), "-100Mi");
         assert_eq!(format_amount(0, true), "0");
-        assert_eq!(format_amount(50000, false), "50000");
+        assert_eq!(format_amount(50000, false), "50k");
+        assert_eq!(format_amount(500_000, false), "500k");
+        assert_eq!(format_amount(1_000_000, false), "1M");
+        assert_eq!(format_amount(1200, false), "1200");
+        assert_eq!(format_amount(1_048_576, false), "1048576");
     }
 }

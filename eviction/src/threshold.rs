@@ -19,6 +19,16 @@ pub enum Amount {
     Percent(f32),
 }
 
+/// How a quantity was written, which is how kubelet prints it back: with a
+/// binary suffix (`Mi`: BinarySI) or not (DecimalSI). A percentage's amount
+/// prints in BinarySI.
+pub fn written_binary(val: &str) -> bool {
+    val.ends_with('%')
+        || ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"]
+            .iter()
+            .any(|s| val.ends_with(s))
+}
+
 impl Amount {
     /// `GetThresholdQuantity`: the amount against a capacity.
     pub fn of(self, capacity: i64) -> i64 {
@@ -37,6 +47,9 @@ pub struct Threshold {
     pub value: Amount,
     pub grace: Duration,
     pub min_reclaim: Option<Amount>,
+    /// The value was written with a binary suffix or as a percentage (how
+    /// kubelet prints it in an eviction message).
+    pub binary: bool,
 }
 
 impl Threshold {
@@ -74,6 +87,8 @@ pub enum ThresholdError {
     MissingGrace { signal: Signal },
     #[error("{field}: eviction minimum reclaim must not be negative: {value:?}")]
     NegativeReclaim { field: String, value: String },
+    #[error("eviction.evictionMinimumReclaim[{signal:?}]: the threshold plus its minimum reclaim is 100% of capacity or more: it could never clear")]
+    ReclaimUnreachable { signal: String },
 }
 
 /// The four kubelet maps, as `KubeletConfiguration` spells them.
@@ -133,7 +148,9 @@ fn quantity(f: &str, val: &str) -> Result<i64, ThresholdError> {
 
 /// `parseThresholdStatement`: `None` for `0%` and `100%` (how kubelet
 /// disables a threshold).
-fn statement(map: &str, key: &str, val: &str) -> Result<Option<(Signal, Amount)>, ThresholdError> {
+type Statement = Option<(Signal, Amount, bool)>;
+
+fn statement(map: &str, key: &str, val: &str) -> Result<Statement, ThresholdError> {
     let s = signal(map, key)?;
     let f = field(map, key);
     if val.ends_with('%') {
@@ -147,7 +164,7 @@ fn statement(map: &str, key: &str, val: &str) -> Result<Option<(Signal, Amount)>
                 value: val.chars().take(64).collect(),
             });
         }
-        return Ok(Some((s, Amount::Percent(p))));
+        return Ok(Some((s, Amount::Percent(p), true)));
     }
     let q = quantity(&f, val)?;
     if q <= 0 {
@@ -156,7 +173,7 @@ fn statement(map: &str, key: &str, val: &str) -> Result<Option<(Signal, Amount)>
             value: val.chars().take(64).collect(),
         });
     }
-    Ok(Some((s, Amount::Quantity(q))))
+    Ok(Some((s, Amount::Quantity(q), written_binary(val))))
 }
 
 /// A Go duration (`time.ParseDuration`): `300ms`, `1.5h`, `1m30s`, `-30s`, `0`.
@@ -230,19 +247,20 @@ pub fn parse(
 ) -> Result<Vec<Threshold>, ThresholdError> {
     let mut hard = Vec::new();
     for (k, v) in &maps.eviction_hard {
-        if let Some((signal, value)) = statement("evictionHard", k, v)? {
+        if let Some((signal, value, binary)) = statement("evictionHard", k, v)? {
             hard.push(Threshold {
                 signal,
                 value,
                 grace: Duration::ZERO,
                 min_reclaim: None,
+                binary,
             });
         }
     }
     let mut soft = Vec::new();
     for (k, v) in &maps.eviction_soft {
-        if let Some((signal, value)) = statement("evictionSoft", k, v)? {
-            soft.push((signal, value));
+        if let Some(st) = statement("evictionSoft", k, v)? {
+            soft.push(st);
         }
     }
     let mut grace = BTreeMap::new();
@@ -276,7 +294,7 @@ pub fn parse(
         reclaim.insert(s, a);
     }
     let mut out = hard;
-    for (signal, value) in soft {
+    for (signal, value, binary) in soft {
         let g = *grace
             .get(&signal)
             .ok_or(ThresholdError::MissingGrace { signal })?;
@@ -285,10 +303,20 @@ pub fn parse(
             value,
             grace: g,
             min_reclaim: None,
+            binary,
         });
     }
     for t in &mut out {
         t.min_reclaim = reclaim.get(&t.signal).copied();
+        // not kubelet's check: a threshold that needs more than all of the
+        // capacity free to clear would evict a pod every cycle until none is left
+        if let (Amount::Percent(v), Some(Amount::Percent(m))) = (t.value, t.min_reclaim) {
+            if v + m >= 1.0 {
+                return Err(ThresholdError::ReclaimUnreachable {
+                    signal: t.signal.as_str().into(),
+                });
+            }
+        }
     }
     if enforce_allocatable {
         let copies: Vec<Threshold> = out

@@ -128,6 +128,9 @@ pub struct Refused {
 pub const HARD_EVICTION_GRACE_SECONDS: i64 = 1;
 /// kubelet's default `terminationGracePeriodSeconds`.
 pub const DEFAULT_POD_GRACE_SECONDS: i64 = 30;
+/// How long kubelet waits for an evicted pod to be cleaned up before it
+/// evicts again (`waitForPodsCleanup`).
+pub const CLEANUP_WAIT: Duration = Duration::from_secs(30);
 
 /// The model's state between cycles.
 #[derive(Debug, Clone, Default)]
@@ -138,6 +141,9 @@ pub struct Kubelet {
     conditions_seen: BTreeMap<Condition, Duration>,
     conditions: Vec<Condition>,
     last_obs: BTreeMap<Signal, Option<Duration>>,
+    /// The pod last evicted (UID) and when: no other pod is evicted while it
+    /// is still listed, up to [`CLEANUP_WAIT`].
+    evicting: Option<(String, Duration)>,
 }
 
 impl Kubelet {
@@ -153,12 +159,44 @@ impl Kubelet {
     }
 
     /// Takes new settings; what is remembered of thresholds still configured
-    /// (when each was first met, whether it is met) is kept.
+    /// (when each was first met, whether it is met) is kept, with the new
+    /// threshold's minimum reclaim; conditions no threshold can raise any
+    /// more are dropped.
     pub fn reconfigure(&mut self, settings: Settings) {
-        let keep = |t: &Threshold| settings.thresholds.iter().any(|n| n.same(t));
-        self.first_observed.retain(|(t, _)| keep(t));
-        self.met.retain(|t| keep(t));
+        let now_of = |t: &Threshold| settings.thresholds.iter().find(|n| n.same(t)).cloned();
+        self.first_observed = std::mem::take(&mut self.first_observed)
+            .into_iter()
+            .filter_map(|(t, at)| now_of(&t).map(|n| (n, at)))
+            .collect();
+        self.met = std::mem::take(&mut self.met)
+            .iter()
+            .filter_map(now_of)
+            .collect();
+        self.conditions_seen.retain(|c, _| {
+            settings
+                .thresholds
+                .iter()
+                .any(|t| t.signal.condition() == *c)
+        });
         self.settings = settings;
+    }
+
+    /// Records that the pod with `uid` was evicted at `now`.
+    pub fn evicted(&mut self, uid: &str, now: Duration) {
+        self.evicting = Some((uid.to_string(), now));
+    }
+
+    /// Whether the last evicted pod is still being cleaned up: while it is
+    /// listed, and for at most [`CLEANUP_WAIT`], no pod is evicted.
+    pub fn cleaning_up(&mut self, now: Duration, pods: &[Pod]) -> bool {
+        let Some((uid, at)) = &self.evicting else {
+            return false;
+        };
+        if now.saturating_sub(*at) < CLEANUP_WAIT && pods.iter().any(|p| &p.uid == uid) {
+            return true;
+        }
+        self.evicting = None;
+        false
     }
 
     /// The conditions reported by the last cycle.
@@ -228,8 +266,11 @@ impl Kubelet {
             )
             .collect();
         self.last_obs = obs.iter().map(|(s, o)| (*s, o.at)).collect();
-        // memory signals first (a stable partition: kubelet's byEvictionPriority)
-        fresh.sort_by_key(|t| !t.signal.is_memory());
+        // memory signals first (kubelet's byEvictionPriority); among them,
+        // hard before soft (kubelet's order there is a map's, i.e. random: a
+        // soft threshold first would give the victim a long grace period
+        // while a hard one is met)
+        fresh.sort_by_key(|t| (!t.signal.is_memory(), !t.is_hard()));
         let starved = fresh.first().cloned();
         Pressure {
             conditions,
@@ -259,12 +300,14 @@ impl Kubelet {
                     .iter()
                     .position(|x| std::ptr::eq(x, p))
                     .unwrap_or_default();
+                let own = p.grace_seconds.unwrap_or(DEFAULT_POD_GRACE_SECONDS).max(1);
                 let grace_seconds = if starved.is_hard() {
                     HARD_EVICTION_GRACE_SECONDS
                 } else if self.settings.max_pod_grace_seconds > 0 {
-                    self.settings.max_pod_grace_seconds
+                    // later kubelets: never more than the pod's own
+                    self.settings.max_pod_grace_seconds.min(own)
                 } else {
-                    p.grace_seconds.unwrap_or(DEFAULT_POD_GRACE_SECONDS).max(1)
+                    own
                 };
                 let (message, annotations) = message(starved, p, obs);
                 Victim {
@@ -314,11 +357,10 @@ pub fn message(
     let resource = starved.signal.resource();
     let mut msg = format!("The node was low on resource: {resource}. ");
     if let Some(o) = obs.get(&starved.signal) {
-        let bytes = starved.signal.in_bytes();
         msg.push_str(&format!(
             "Threshold quantity: {}, available: {}. ",
-            format_amount(starved.value.of(o.capacity), bytes),
-            format_amount(o.available, bytes)
+            format_amount(starved.value.of(o.capacity), starved.binary),
+            format_amount(o.available, starved.signal.in_bytes())
         ));
     }
     let mut annotations = BTreeMap::new();
@@ -327,19 +369,23 @@ pub fn message(
     };
     let mut names = Vec::new();
     let mut usages = Vec::new();
-    if resource == Resource::Memory {
-        for c in &stats.containers {
-            let Some(ws) = c.working_set else { continue };
-            if ws > c.memory_request {
-                msg.push_str(&format!(
-                    "Container {} was using {}, request is {}, has larger consumption of {resource}. ",
-                    c.name,
-                    format_amount(ws, true),
-                    format_amount(c.memory_request, true)
-                ));
-                names.push(c.name.clone());
-                usages.push(format_amount(ws, true));
-            }
+    for c in &stats.containers {
+        let (used, request) = match resource {
+            Resource::Memory => (c.working_set, c.memory_request),
+            Resource::EphemeralStorage => (c.disk_used, c.ephemeral_request),
+            // kubelet has no per-container figure for inodes or PIDs
+            Resource::Inodes | Resource::Pids => (None, 0),
+        };
+        let Some(used) = used else { continue };
+        if used > request {
+            msg.push_str(&format!(
+                "Container {} was using {}, request is {}, has larger consumption of {resource}. ",
+                c.name,
+                format_amount(used, true),
+                format_amount(request, true)
+            ));
+            names.push(c.name.clone());
+            usages.push(format_amount(used, true));
         }
     }
     annotations.insert("offending_containers", names.join(","));

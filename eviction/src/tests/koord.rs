@@ -60,10 +60,7 @@ fn evicted_by_memory(policy: MemoryPolicy, used: i64) -> Vec<String> {
 
 #[test]
 fn memory_evict_rounds() {
-    let pol = |t, l| MemoryPolicy {
-        threshold_percent: t,
-        lower_percent: l,
-    };
+    let pol = |t, l| MemoryPolicy::new(Some(t), Some(l)).unwrap();
     let (b1, b2, b120) = (
         "test_be_pod_priority100_1",
         "test_be_pod_priority100_2",
@@ -88,25 +85,14 @@ fn memory_release_is_koordlets() {
         used: 115 * G,
         capacity: 120 * G,
     };
-    let r = |t, l| {
-        memory_task(
-            MemoryPolicy {
-                threshold_percent: t,
-                lower_percent: l,
-            },
-            node,
-            &[],
-        )
-        .map(|t| t.release)
-    };
-    assert_eq!(r(80, 78), Some(20_400_000_000));
-    assert_eq!(r(80, 80), Some(18_000_000_000));
+    let r =
+        |t, l| memory_task(MemoryPolicy::new(Some(t), l).unwrap(), node, &[]).map(|t| t.release);
+    // the lower bound defaults to the threshold − 2
+    assert_eq!(r(80, None), Some(20_400_000_000));
+    assert_eq!(r(82, Some(80)), Some(18_000_000_000));
     assert_eq!(
         memory_task(
-            MemoryPolicy {
-                threshold_percent: 80,
-                lower_percent: 80
-            },
+            MemoryPolicy::new(Some(80), Some(78)).unwrap(),
             NodeMemory {
                 used: 80 * G,
                 capacity: 120 * G
@@ -131,15 +117,7 @@ fn memory_sort_priority_then_usage_then_name() {
         used: 100,
         capacity: 100,
     };
-    let task = memory_task(
-        MemoryPolicy {
-            threshold_percent: 50,
-            lower_percent: 48,
-        },
-        node,
-        &pods,
-    )
-    .unwrap();
+    let task = memory_task(MemoryPolicy::new(Some(50), Some(48)).unwrap(), node, &pods).unwrap();
     let order: Vec<&str> = task.order.iter().map(|i| pods[*i].name.as_str()).collect();
     // lower priority first (unset is 0); then larger use first; both
     // without use: name descending; LS never a candidate
@@ -271,10 +249,10 @@ fn cpu_release_by_satisfaction() {
             19999,
         ),
     ];
-    let s = |x: S| BeCpu {
-        real_limit: x.1,
-        usage: x.2,
-        request: x.3,
+    let s = |x: S| BeCpuF {
+        real_limit: x.1 as f64,
+        usage: x.2 as f64,
+        request: x.3 as f64,
     };
     for (name, policy, alloc, avg, cur, want) in cases {
         let w = CpuWindow {
@@ -337,18 +315,15 @@ fn cpu_sort_priority_then_usage_over_request() {
         cpu("pod_be_2_priority100", 100, 4000, true),
         cpu("pod_be_3_priority10", 10, 4000, true),
     ];
+    let b = BeCpuF {
+        real_limit: 10000.0,
+        request: 50000.0,
+        usage: 9500.0,
+    };
     let w = CpuWindow {
-        avg: BeCpu {
-            real_limit: 10000,
-            request: 50000,
-            usage: 9500,
-        },
+        avg: b,
         count: 1,
-        current: BeCpu {
-            real_limit: 10000,
-            request: 50000,
-            usage: 9500,
-        },
+        current: b,
     };
     let t = cpu_task(&c0(), &w, 0, None, &pods).unwrap().unwrap();
     let order: Vec<&str> = t.order.iter().map(|i| pods[*i].name.as_str()).collect();
@@ -383,15 +358,7 @@ fn a_pod_evicted_before_counts_and_is_not_evicted_again() {
         used: 115 * G,
         capacity: 120 * G,
     };
-    let task = memory_task(
-        MemoryPolicy {
-            threshold_percent: 80,
-            lower_percent: 78,
-        },
-        node,
-        &pods,
-    )
-    .unwrap();
+    let task = memory_task(MemoryPolicy::new(Some(80), Some(78)).unwrap(), node, &pods).unwrap();
     // be100_2 (20G) was evicted last round and is still listed: 20G of 20.4G
     let mut gone = vec![];
     let round = execute(
@@ -412,10 +379,7 @@ fn a_pod_evicted_before_counts_and_is_not_evicted_again() {
 fn a_refused_eviction_moves_on_and_a_short_round_is_reported() {
     let pods = p6();
     let task = memory_task(
-        MemoryPolicy {
-            threshold_percent: 50,
-            lower_percent: 10,
-        },
+        MemoryPolicy::new(Some(50), Some(10)).unwrap(),
         NodeMemory {
             used: 115 * G,
             capacity: 120 * G,
@@ -476,8 +440,8 @@ fn cpu_history_windows() {
         .window(Duration::from_secs(9), Duration::from_secs(3))
         .unwrap();
     assert_eq!(w.count, 4);
-    assert_eq!(w.avg.usage, 750);
-    assert_eq!(w.current.usage, 900);
+    assert_eq!(w.avg.usage, 750.0);
+    assert_eq!(w.current.usage, 900.0);
     h.push(Duration::from_secs(100), s(0), Duration::from_secs(60));
     assert_eq!(
         h.window(Duration::from_secs(100), Duration::from_secs(60))
@@ -488,4 +452,84 @@ fn cpu_history_windows() {
     assert!(CpuHistory::default()
         .window(Duration::ZERO, Duration::from_secs(1))
         .is_none());
+}
+
+#[test]
+fn memory_policy_checks_are_koordlets() {
+    assert_eq!(MemoryPolicy::new(None, None), Err(MemoryPolicyError::Unset));
+    assert_eq!(
+        MemoryPolicy::new(Some(-1), None),
+        Err(MemoryPolicyError::Threshold(-1))
+    );
+    assert_eq!(
+        MemoryPolicy::new(Some(80), Some(90)),
+        Err(MemoryPolicyError::Lower {
+            lower: 90,
+            threshold: 80
+        })
+    );
+    assert!(MemoryPolicy::new(Some(80), Some(80)).is_err());
+    assert_eq!(
+        MemoryPolicy::new(Some(80), None).unwrap().lower_percent(),
+        78
+    );
+    assert!(
+        MemoryPolicy::new(Some(1), None).is_err(),
+        "lower would be negative"
+    );
+}
+
+/// The float mean: (10001 + 10000) / 2 = 10000.5, and 9000 / 10000.5 is under
+/// 90 %: koordlet evicts nothing (an integer mean said 90 % and evicted).
+#[test]
+fn the_window_mean_is_a_float_mean() {
+    let mut h = CpuHistory::default();
+    let keep = Duration::from_secs(60);
+    for (t, limit) in [(1, 10001), (2, 10000)] {
+        h.push(
+            Duration::from_secs(t),
+            BeCpu {
+                real_limit: limit,
+                request: 50000,
+                usage: 9000,
+            },
+            keep,
+        );
+    }
+    let w = h
+        .window(Duration::from_secs(2), Duration::from_secs(10))
+        .unwrap();
+    assert_eq!(w.avg.real_limit, 10000.5);
+    assert_eq!(cpu_task(&c0(), &w, 0, None, &[]).unwrap(), None);
+}
+
+#[test]
+fn the_eviction_policy_annotation() {
+    let p = |v| EvictionPolicy::parse(v);
+    assert!(p(None).allows(Feature::BeMemory));
+    assert!(p(Some(r#"["BECPUEvict"]"#)).allows(Feature::BeCpu));
+    assert!(!p(Some(r#"["BECPUEvict"]"#)).allows(Feature::BeMemory));
+    assert!(p(Some(r#"[ "BEMemoryEvict" , "BECPUEvict" ]"#)).allows(Feature::BeMemory));
+    for none in [
+        "[]",
+        "",
+        "not json",
+        r#""BEMemoryEvict""#,
+        r#"["BEMemoryEvict"#,
+    ] {
+        assert!(!p(Some(none)).allows(Feature::BeMemory), "{none}");
+    }
+    // a pod that opted out of memory eviction is no candidate
+    let mut pods = p6();
+    pods[4].eviction_policy = p(Some(r#"["BECPUEvict"]"#));
+    let task = memory_task(
+        MemoryPolicy::new(Some(82), Some(80)).unwrap(),
+        NodeMemory {
+            used: 115 * G,
+            capacity: 120 * G,
+        },
+        &pods,
+    )
+    .unwrap();
+    assert!(!task.order.contains(&4));
 }

@@ -19,6 +19,7 @@ fn th(signal: Signal, v: i64, grace_s: u64, min: Option<i64>) -> Threshold {
         value: Amount::Quantity(v),
         grace: Duration::from_secs(grace_s),
         min_reclaim: min.map(Amount::Quantity),
+        binary: true,
     }
 }
 
@@ -390,11 +391,13 @@ fn memory_pressure_message_is_kubelets() {
             name: "app".into(),
             working_set: Some(600 * MI),
             memory_request: 100 * MI,
+            ..Default::default()
         },
         crate::pod::ContainerStats {
             name: "sidecar".into(),
             working_set: Some(10 * MI),
             memory_request: 50 * MI,
+            ..Default::default()
         },
     ];
     let (msg, ann) = crate::kubelet::message(p.starved.as_ref().unwrap(), &p2, &obs);
@@ -458,4 +461,124 @@ fn memory_is_reclaimed_before_disk_and_soft_waits_are_reported() {
             Condition::PidPressure
         ]
     );
+}
+
+#[test]
+fn a_met_hard_memory_threshold_is_reclaimed_for_before_a_soft_one() {
+    let pods = memory_pods();
+    let mut k = kubelet(vec![
+        th(Signal::MemoryAvailable, 500 * MI, 30, None),
+        th(Signal::AllocatableMemoryAvailable, 100 * MI, 0, None),
+    ]);
+    let mut o = memory(400 * MI);
+    o.get_mut(&Signal::AllocatableMemoryAvailable)
+        .unwrap()
+        .available = 50 * MI;
+    k.observe(Duration::ZERO, &o);
+    let p = k.observe(Duration::from_secs(30), &o);
+    assert_eq!(p.met.len(), 2);
+    let starved = p.starved.unwrap();
+    assert!(starved.is_hard(), "{starved:?}");
+    assert_eq!(k.victims(&starved, &pods, &o)[0].grace_seconds, 1);
+}
+
+#[test]
+fn no_second_victim_while_the_first_is_cleaned_up() {
+    let pods = memory_pods();
+    let mut k = kubelet(vec![th(Signal::MemoryAvailable, GI, 0, None)]);
+    let t = Duration::from_secs;
+    assert!(!k.cleaning_up(t(0), &pods));
+    k.evicted("best-effort-low-priority-low-usage", t(0));
+    assert!(k.cleaning_up(t(10), &pods), "still listed");
+    assert!(!k.cleaning_up(t(30), &pods), "waited long enough");
+    k.evicted("best-effort-low-priority-low-usage", t(40));
+    let gone: Vec<Pod> = pods[..4].to_vec();
+    assert!(!k.cleaning_up(t(41), &gone), "no longer listed");
+}
+
+#[test]
+fn a_soft_eviction_never_gives_more_than_the_pods_own_grace() {
+    let mut pods = memory_pods();
+    pods[4].grace_seconds = Some(3);
+    let mut k = kubelet(vec![th(Signal::MemoryAvailable, 2 * GI, 60, None)]);
+    let o = memory(1500 * MI);
+    k.observe(Duration::ZERO, &o);
+    let p = k.observe(Duration::from_secs(60), &o);
+    let v = k.victims(p.starved.as_ref().unwrap(), &pods, &o);
+    assert_eq!(
+        (pods[v[0].index].name.as_str(), v[0].grace_seconds),
+        ("best-effort-low-priority-low-usage", 3)
+    );
+}
+
+#[test]
+fn a_reconfigured_minimum_reclaim_applies_at_once() {
+    let pods = memory_pods();
+    let mut k = kubelet(vec![th(Signal::MemoryAvailable, GI, 0, Some(GI))]);
+    assert!(k
+        .observe(Duration::ZERO, &memory(500 * MI))
+        .starved
+        .is_some());
+    let mut s = k.settings().clone();
+    s.thresholds = vec![th(Signal::MemoryAvailable, GI, 0, Some(0))];
+    k.reconfigure(s);
+    // 1.5 Gi: met with the old reclaim (2 Gi), not with the new one
+    let p = k.observe(Duration::from_secs(1), &memory(1536 * MI));
+    assert!(p.starved.is_none(), "{p:?}");
+    let _ = pods;
+    // a condition no threshold can raise any more is dropped
+    let mut s = k.settings().clone();
+    s.thresholds = vec![th(Signal::NodefsAvailable, GI, 0, None)];
+    k.reconfigure(s);
+    assert!(k
+        .observe(Duration::from_secs(2), &memory(100 * MI))
+        .conditions
+        .is_empty());
+}
+
+#[test]
+fn an_unreachable_minimum_reclaim_is_refused() {
+    let maps = crate::threshold::ThresholdMaps {
+        eviction_hard: [("memory.available".to_string(), "10%".to_string())].into(),
+        eviction_minimum_reclaim: [("memory.available".to_string(), "95%".to_string())].into(),
+        ..Default::default()
+    };
+    let e = crate::threshold::parse(&maps, false).unwrap_err();
+    assert!(e.to_string().contains("could never clear"), "{e}");
+}
+
+#[test]
+fn messages_print_amounts_as_kubelet() {
+    // inodes: DecimalSI as written ("1M"), available as a count (500k)
+    let maps = crate::threshold::ThresholdMaps {
+        eviction_hard: [("nodefs.inodesFree".to_string(), "1M".to_string())].into(),
+        ..Default::default()
+    };
+    let t = crate::threshold::parse(&maps, false).unwrap().remove(0);
+    let obs: Observations = [(
+        Signal::NodefsInodesFree,
+        Observation {
+            available: 500_000,
+            capacity: 4_000_000,
+            at: None,
+        },
+    )]
+    .into();
+    let (msg, _) = crate::kubelet::message(&t, &inode_pod("p", 0, [1, 0, 0]), &obs);
+    assert_eq!(
+        msg,
+        "The node was low on resource: inodes. Threshold quantity: 1M, available: 500k. "
+    );
+    // ephemeral storage: the containers over their request are named
+    let mut p = disk_pod("p", 0, 0, [300 * MI, 0, 0]);
+    p.stats.as_mut().unwrap().containers = vec![crate::pod::ContainerStats {
+        name: "writer".into(),
+        disk_used: Some(300 * MI),
+        ephemeral_request: 100 * MI,
+        ..Default::default()
+    }];
+    let t = th(Signal::NodefsAvailable, GI, 0, None);
+    let (msg, ann) = crate::kubelet::message(&t, &p, &disk(500 * MI, 10 * GI));
+    assert!(msg.ends_with("Container writer was using 300Mi, request is 100Mi, has larger consumption of ephemeral-storage. "), "{msg}");
+    assert_eq!(ann["starved_resource"], "ephemeral-storage");
 }

@@ -24,6 +24,7 @@ fn t(signal: Signal, value: Amount, grace_s: u64, min: Option<Amount>) -> Thresh
         value,
         grace: Duration::from_secs(grace_s),
         min_reclaim: min,
+        binary: true,
     }
 }
 
