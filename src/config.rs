@@ -69,6 +69,9 @@ pub struct FileConfig {
     pub reserved_cpuset: Option<String>,
     /// `nri:` — the NRI plugin mode (`qoslet nri`).
     pub nri: Option<NriConfig>,
+    /// `eviction:` — kubelet-style thresholds and qoslet's eviction settings
+    /// (Koordinator's BE eviction reads `policy.resourceUsedThresholdWithBE`).
+    pub eviction: Option<qoslet_eviction::EvictionConfig>,
 }
 
 /// `nri:` — how `qoslet nri` reaches the runtime and presents itself.
@@ -397,6 +400,8 @@ mod tests {
     fn the_shipped_example_parses() {
         let c = parse(include_str!("../deploy/qoslet.yaml")).unwrap();
         assert_eq!(c.listen.as_deref(), Some("unix:///run/qoslet/qoslet.sock"));
+        let e = c.eviction.as_ref().unwrap().validate().unwrap();
+        assert!(!e.enabled, "no thresholds in the example: eviction off");
         assert_eq!(
             c.hooks.unwrap().failure_policy,
             Some(qoslet_proxy::FailurePolicy::FailOpen)

@@ -157,6 +157,8 @@ struct Prepared {
     metrics: Option<metrics::Settings>,
     engine_cfg: config::EngineConfig,
     engine: qoslet_qos_engine::runner::Settings,
+    /// The `eviction:` section, validated (`None`: absent).
+    eviction: Option<qoslet_eviction::Eviction>,
 }
 
 /// Loads the config file, starts logging and reads the host: everything the
@@ -255,7 +257,12 @@ fn prepare(a: AgentArgs, default_state_dir: &std::path::Path) -> Result<Prepared
         sys_root.clone(),
         a.dry_run,
     )?;
+    let eviction = match &file.eviction {
+        Some(e) => Some(e.validate().context("eviction: in the config file")?),
+        None => None,
+    };
     Ok(Prepared {
+        eviction,
         path,
         admin_listen: a.admin_listen.or(file.admin_listen.clone()),
         state_dir,
@@ -323,6 +330,55 @@ impl Prepared {
         Some(iso)
     }
 
+    /// Starts the eviction loop when the `eviction:` section turns it on and
+    /// the host has cgroups; stops pods through the runtime at `runtime_socket`.
+    fn start_eviction(
+        &self,
+        agent: &qoslet_agent::Agent,
+        runtime_socket: Option<PathBuf>,
+    ) -> Option<std::sync::Arc<qoslet_agent::eviction::EvictionView>> {
+        let e = self.eviction.clone().filter(|e| e.enabled)?;
+        let Some(host) = self.host.tree.clone() else {
+            tracing::warn!("eviction: no cgroups found on this host; eviction off");
+            return None;
+        };
+        let Some(socket) = runtime_socket else {
+            tracing::warn!("eviction: the runtime's endpoint is not a unix socket; eviction off");
+            return None;
+        };
+        let scope = match e
+            .cgroup_scope
+            .as_deref()
+            .map(qoslet_cgroups::CgroupPath::parse)
+        {
+            None => None,
+            Some(Ok(s)) => Some(s),
+            Some(Err(err)) => {
+                tracing::error!(error = %err, "eviction.cgroupScope refused; eviction off");
+                return None;
+            }
+        };
+        let systemd = host
+            .hierarchy("memory")
+            .is_some_and(|m| m.join(self.pod_root.qos_dirs(true)[0].as_str()).is_dir());
+        let sources = qoslet_agent::eviction::observe::Sources {
+            host,
+            proc_root: self.proc_root.clone(),
+            scope,
+            pods_root: self.pod_root.qos_dirs(systemd)[0].clone(),
+            memory_capacity: e.memory_capacity,
+            nodefs: Some(e.nodefs_path.clone()),
+            imagefs: Some(e.imagefs_path.clone()),
+        };
+        let evictor = std::sync::Arc::new(qoslet_agent::eviction::cri::CriEvictor::new(socket));
+        Some(agent.start_eviction(qoslet_agent::eviction::EvictionLoop {
+            config: e,
+            sources,
+            evictor,
+            interval: std::time::Duration::from_secs(1),
+        }))
+    }
+
     /// The agent's loops: metrics and the QoS engine.
     fn loops(self) -> qoslet_agent::Loops {
         let (tree, cgroups, resctrl) = (self.host.tree, self.host.cgroups, self.host.resctrl);
@@ -384,14 +440,31 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
     let agent_cfg = p.agent_config(cfg.agent(p.metrics.is_some()));
     let agent = qoslet_agent::Agent::start(agent_cfg).await?;
     p.watch_policy(&agent);
-    let pipeline = match p.isolation(&agent) {
-        Some(iso) => {
-            let hook: std::sync::Arc<dyn qoslet_proxy::Hook> =
-                std::sync::Arc::new(qoslet_proxy::isolation::IsolationHook::new(iso));
-            qoslet_proxy::Pipeline::with_hooks(vec![(hook, settings)])
-        }
-        None => qoslet_proxy::Pipeline::new(),
-    };
+    let eviction = p.start_eviction(
+        &agent,
+        qoslet_state::endpoint::unix_path(&cfg.runtime_endpoint),
+    );
+    let mut hooks: Vec<(
+        std::sync::Arc<dyn qoslet_proxy::Hook>,
+        qoslet_proxy::HookSettings,
+    )> = vec![];
+    // admission first: a pod refused is not isolated
+    if let Some(view) = &eviction {
+        hooks.push((
+            std::sync::Arc::new(qoslet_proxy::admission::AdmissionHook::new(
+                view.clone(),
+                p.trust.clone(),
+            )),
+            settings,
+        ));
+    }
+    if let Some(iso) = p.isolation(&agent) {
+        hooks.push((
+            std::sync::Arc::new(qoslet_proxy::isolation::IsolationHook::new(iso)),
+            settings,
+        ));
+    }
+    let pipeline = qoslet_proxy::Pipeline::with_hooks(hooks);
     let running = qoslet_proxy::serve(agent, bound, cfg, pipeline).await;
     if let Err(e) = running.agent().start_loops(p.loops()).await {
         running.shutdown().await;

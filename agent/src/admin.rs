@@ -27,6 +27,7 @@ pub struct Views {
     metrics_on: bool,
     metrics: OnceLock<Arc<qoslet_metrics::service::Metrics>>,
     engine: OnceLock<Arc<qoslet_qos_engine::runner::Shared>>,
+    eviction: OnceLock<Arc<crate::eviction::EvictionView>>,
 }
 
 impl Views {
@@ -35,7 +36,17 @@ impl Views {
             metrics_on,
             metrics: OnceLock::new(),
             engine: OnceLock::new(),
+            eviction: OnceLock::new(),
         }
+    }
+
+    pub fn set_eviction(&self, e: Arc<crate::eviction::EvictionView>) {
+        let _ = self.eviction.set(e);
+    }
+
+    /// The eviction loop's view (`None`: eviction off).
+    pub fn eviction(&self) -> Option<&Arc<crate::eviction::EvictionView>> {
+        self.eviction.get()
     }
 
     pub fn set_metrics(&self, m: Arc<qoslet_metrics::service::Metrics>) {

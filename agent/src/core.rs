@@ -275,6 +275,16 @@ impl Agent {
     /// loops (the metrics snapshot is written), puts back what the engine
     /// changed when `restoreOnExit` is on (pods started by calls still in
     /// flight included), and returns the state dir's lock.
+    /// Keeps a loop's task, awaited at [`Agent::finish`] (it ends on the
+    /// shutdown signal).
+    pub(crate) fn add_task(&self, t: JoinHandle<()>) {
+        self.loops
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .tasks
+            .push(t);
+    }
+
     pub async fn finish(self) -> Option<InstanceLock> {
         self.signal_shutdown();
         let task = self.admin.lock().unwrap_or_else(|e| e.into_inner()).take();

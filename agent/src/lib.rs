@@ -8,6 +8,8 @@
 //! * [`front`]: what a front end shows the admin API (mode, counters, runtime).
 //! * [`loops`]: metrics collection and the QoS engine over the store.
 //! * [`hub`]: the policy hub: sources offer, the policy in force is published.
+//! * [`eviction`]: the eviction loop (the `qoslet-eviction` room's models over
+//!   the node's readings), its view for admission, the CRI evictor.
 //! * [`error`]: [`QosletError`], the one mapping of qoslet's own errors to gRPC statuses.
 
 #![forbid(unsafe_code)]
@@ -15,6 +17,7 @@
 pub mod admin;
 pub mod core;
 pub mod error;
+pub mod eviction;
 pub mod front;
 pub mod hub;
 pub mod loops;

@@ -97,8 +97,12 @@ impl crate::Agent {
         }
         // every scrape: the engine's lines, the policy's sources and the front end's counters
         let engine = running.engine.clone();
+        let views = self.views().clone();
         m.set_extra(Arc::new(move |out: &mut String| {
             if let Some(e) = &engine {
+                e.render(out);
+            }
+            if let Some(e) = views.eviction() {
                 e.render(out);
             }
             hub.render(out);

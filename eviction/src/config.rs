@@ -46,6 +46,12 @@ pub struct EvictionConfig {
     pub cgroup_scope: Option<String>,
     /// Whether images live on a filesystem of their own.
     pub dedicated_imagefs: Option<bool>,
+    /// The directory whose filesystem is nodefs (kubelet's root dir,
+    /// default `/var/lib/kubelet`).
+    pub nodefs_path: Option<std::path::PathBuf>,
+    /// The directory whose filesystem is imagefs (the runtime's root dir,
+    /// default `/var/lib/containerd`).
+    pub imagefs_path: Option<std::path::PathBuf>,
 }
 
 /// The section, validated.
@@ -56,6 +62,8 @@ pub struct Eviction {
     pub kubelet: Settings,
     pub memory_capacity: Option<i64>,
     pub cgroup_scope: Option<String>,
+    pub nodefs_path: std::path::PathBuf,
+    pub imagefs_path: std::path::PathBuf,
 }
 
 /// Why an `eviction:` value is refused.
@@ -132,6 +140,14 @@ impl EvictionConfig {
             },
             memory_capacity,
             cgroup_scope,
+            nodefs_path: self
+                .nodefs_path
+                .clone()
+                .unwrap_or_else(|| "/var/lib/kubelet".into()),
+            imagefs_path: self
+                .imagefs_path
+                .clone()
+                .unwrap_or_else(|| "/var/lib/containerd".into()),
         })
     }
 }

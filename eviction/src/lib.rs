@@ -6,6 +6,7 @@
 //! kubelet's and koordlet's own test cases as data.
 
 pub mod config;
+pub mod evictor;
 pub mod koord;
 pub mod kubelet;
 pub mod pod;

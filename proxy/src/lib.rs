@@ -24,6 +24,7 @@
 //! This crate decides no QoS policy: decisions are the isolation room's, and
 //! they arrive, like any policy, as [`pipeline::Hook`]s.
 
+pub mod admission;
 pub mod backend;
 pub mod cri;
 pub mod events;

@@ -1,0 +1,219 @@
+//! Eviction on the real containerd 1.6 + runc and this machine's real cgroup
+//! v1 (needs root and the test bed). qoslet's `eviction:` section scopes the
+//! node to the test bed's pods (`cgroupScope`) with a small `memoryCapacity`,
+//! so pressure comes from a few hundred MiB, not from filling the machine:
+//! a BE pod that grows anonymous memory past `memory.available` is stopped at
+//! the runtime, an LS pod beside it keeps running, another BE pod is refused
+//! while MemoryPressure lasts and admitted after the transition period; in a
+//! dry run nothing is stopped and nothing refused.
+
+use std::time::{Duration, Instant};
+
+use k8s_cri::v1 as cri;
+use qoslet_integration::process::{kubelet_cgroup_root, QosletProcess};
+use qoslet_integration::testbed::{
+    container_config, pod_config, Cleanup, Cri, Testbed, SLEEP_LOOP,
+};
+use qoslet_integration::{eventually, free_port, http_get, scratch, unique};
+
+/// The tests share the test bed's kubepods as their scope: one at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Anonymous memory held by a shell variable: 320 MiB of 'a'.
+const GROW: &str = "x=$(head -c 335544320 /dev/zero | tr '\\0' a); while true; do sleep 0.2; done";
+
+fn config(dry_run: bool, root: &str) -> String {
+    format!(
+        "eviction:\n  dryRun: {dry_run}\n  memoryCapacity: 640Mi\n  cgroupScope: {root}/kubepods\n  \
+         enforceNodeAllocatable: false\n  evictionHard:\n    memory.available: 300Mi\n  \
+         evictionPressureTransitionPeriod: 6s\n"
+    )
+}
+
+async fn sandbox_ready(cri: &mut Cri, id: &str) -> bool {
+    cri.rt
+        .pod_sandbox_status(cri::PodSandboxStatusRequest {
+            pod_sandbox_id: id.into(),
+            verbose: false,
+        })
+        .await
+        .map(|s| {
+            s.into_inner()
+                .status
+                .is_some_and(|s| s.state == cri::PodSandboxState::SandboxReady as i32)
+        })
+        .unwrap_or(false)
+}
+
+/// An LS pod (Burstable) sleeping, and a BE pod (BestEffort) that grows
+/// memory, through qoslet; returns (ls sandbox, be sandbox, when BE started).
+async fn pods(
+    q: &QosletProcess,
+    tb: &Testbed,
+    cleanup: &mut Cleanup,
+    tag: &str,
+) -> (String, String, Instant) {
+    let mut through = Cri::connect(&q.sock).await;
+    let ls_name = unique(&format!("{tag}-ls"));
+    let ls_parent = tb.cgroup_parent_in("burstable", &ls_name);
+    let ls = through
+        .run_pod(&pod_config(&ls_name, &ls_parent))
+        .await
+        .unwrap();
+    cleanup.pods.push(ls.clone());
+    cleanup.cgroups.push(ls_parent.clone());
+    let res = cri::LinuxContainerResources {
+        cpu_shares: 256,
+        memory_limit_in_bytes: 256 << 20,
+        ..Default::default()
+    };
+    let c = through
+        .create(
+            &ls,
+            &pod_config(&ls_name, &ls_parent),
+            container_config("app", SLEEP_LOOP, Some(res)),
+        )
+        .await
+        .unwrap();
+    through.start(&c).await.unwrap();
+
+    let be_name = unique(&format!("{tag}-be"));
+    let be_parent = tb.cgroup_parent_in("besteffort", &be_name);
+    let be = through
+        .run_pod(&pod_config(&be_name, &be_parent))
+        .await
+        .unwrap();
+    cleanup.pods.push(be.clone());
+    cleanup.cgroups.push(be_parent.clone());
+    let res = cri::LinuxContainerResources {
+        cpu_shares: 2,
+        ..Default::default()
+    };
+    let c = through
+        .create(
+            &be,
+            &pod_config(&be_name, &be_parent),
+            container_config("grow", GROW, Some(res)),
+        )
+        .await
+        .unwrap();
+    through.start(&c).await.unwrap();
+    (ls, be, Instant::now())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_memory_pressure_evicts_the_be_pod_refuses_be_admission_and_spares_ls() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let tb = Testbed::main();
+    let root = kubelet_cgroup_root(&tb.sock);
+    let port = free_port();
+    let dir = scratch("eviction");
+    let listen = format!("--metrics-listen=127.0.0.1:{port}");
+    let q = QosletProcess::with_config(&dir, &tb.sock, &config(false, &root), &[listen.as_str()]);
+    let mut cleanup = Cleanup::new(&tb.sock);
+    let mut direct = Cri::connect(&tb.sock).await;
+    let (ls, be, started) = pods(&q, &tb, &mut cleanup, "evict").await;
+
+    // the BE pod is stopped at the runtime once it holds its memory
+    eventually("the BE pod stopped", Duration::from_secs(30), || {
+        let (mut d, be) = (direct.clone(), be.clone());
+        async move { (!sandbox_ready(&mut d, &be).await).then_some(()) }
+    })
+    .await;
+    let took = started.elapsed();
+    let log = q.log_text();
+    assert!(
+        log.contains("evicted") && log.contains("memory.available"),
+        "{log}"
+    );
+    assert!(
+        log.contains("The node was low on resource: memory."),
+        "kubelet's message: {log}"
+    );
+    // the LS pod beside it keeps running
+    assert!(
+        sandbox_ready(&mut direct, &ls).await,
+        "the LS pod was touched"
+    );
+
+    // MemoryPressure holds for the transition period: a BE pod is refused,
+    // naming the signal, what was observed and the threshold; an LS pod is not
+    let mut through = Cri::connect(&q.sock).await;
+    let name = unique("evict-be2");
+    let parent = tb.cgroup_parent_in("besteffort", &name);
+    cleanup.cgroups.push(parent.clone());
+    let refused = through.run_pod(&pod_config(&name, &parent)).await;
+    let st = refused.expect_err("a BE pod admitted under memory pressure");
+    assert_eq!(st.code(), tonic::Code::ResourceExhausted, "{st:?}");
+    assert!(
+        st.message().contains("MemoryPressure") && st.message().contains("best-effort"),
+        "{}",
+        st.message()
+    );
+    let name_ls = unique("evict-ls2");
+    let parent_ls = tb.cgroup_parent_in("burstable", &name_ls);
+    cleanup.cgroups.push(parent_ls.clone());
+    let ls2 = through
+        .run_pod(&pod_config(&name_ls, &parent_ls))
+        .await
+        .unwrap();
+    cleanup.pods.push(ls2);
+
+    // after the transition period the BE pod is admitted
+    let admitted = eventually(
+        "BE admitted after the transition period",
+        Duration::from_secs(20),
+        || {
+            let (mut t, name, parent) = (through.clone(), name.clone(), parent.clone());
+            async move { t.run_pod(&pod_config(&name, &parent)).await.ok() }
+        },
+    )
+    .await;
+    cleanup.pods.push(admitted);
+
+    // /metrics counts it, by reason
+    let (_, m) = http_get(port, "/metrics");
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("qoslet_evictions_total{reason=\"node-pressure\"} 1")),
+        "{m}"
+    );
+    assert!(m.contains("qoslet_admission_refusals_total"), "{m}");
+    // the kernel woke the loop (cgroup v1's memory threshold notification)
+    let wakeups: f64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix("qoslet_eviction_wakeups_total "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    assert!(wakeups >= 1.0, "no notification woke the loop: {m}");
+    eprintln!("BE pod stopped {took:?} after its container started (it allocates 320 MiB first)");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_dry_run_evicts_nothing_and_refuses_nothing() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let tb = Testbed::main();
+    let root = kubelet_cgroup_root(&tb.sock);
+    let dir = scratch("eviction-dry");
+    let q = QosletProcess::with_config(&dir, &tb.sock, &config(true, &root), &[]);
+    let mut cleanup = Cleanup::new(&tb.sock);
+    let mut direct = Cri::connect(&tb.sock).await;
+    let (ls, be, _) = pods(&q, &tb, &mut cleanup, "dry").await;
+    eventually("a dry-run decision", Duration::from_secs(30), || {
+        let q = &q;
+        async move { q.log_text().contains("dry run: would evict").then_some(()) }
+    })
+    .await;
+    assert!(
+        sandbox_ready(&mut direct, &be).await,
+        "dry run stopped the BE pod"
+    );
+    assert!(sandbox_ready(&mut direct, &ls).await);
+    let mut through = Cri::connect(&q.sock).await;
+    let name = unique("dry-be2");
+    let parent = tb.cgroup_parent_in("besteffort", &name);
+    cleanup.cgroups.push(parent.clone());
+    let id = through.run_pod(&pod_config(&name, &parent)).await.unwrap();
+    cleanup.pods.push(id);
+    assert!(q.log_text().contains("dry run: would refuse"));
+}
