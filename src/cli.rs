@@ -217,8 +217,29 @@ pub async fn explain(a: ExplainArgs) -> Result<()> {
                 || (a.pod.len() >= 6 && p.id.starts_with(&a.pod))
         })
         .collect();
+    let (ens, ename) = match matches.as_slice() {
+        [p] => (p.namespace.clone(), p.name.clone()),
+        _ => (ns.unwrap_or_default().to_string(), name.to_string()),
+    };
+    let evictions = connect(&a.admin.admin)
+        .await?
+        .list_evictions(qoslet_proto::admin::ListEvictionsRequest {
+            namespace: ens,
+            name: ename,
+        })
+        .await
+        .map(|r| r.into_inner().records)
+        .unwrap_or_default();
     let p = match matches.as_slice() {
         [p] => *p,
+        [] if !evictions.is_empty() => {
+            println!(
+                "pod {} is not in qoslet's store (not running here); what qoslet did to it:",
+                a.pod
+            );
+            print_evictions(&evictions, "  ");
+            return Ok(());
+        }
         [] => anyhow::bail!("no pod {:?} in qoslet's store (see `qoslet pods`)", a.pod),
         _ => anyhow::bail!(
             "{:?} matches {} pods; use namespace/name or the sandbox id",
@@ -265,6 +286,99 @@ pub async fn explain(a: ExplainArgs) -> Result<()> {
             println!("    nothing changed: runs as kubelet asked");
         }
         show(&c.applied, "    ");
+    }
+    if !evictions.is_empty() {
+        println!("  eviction:");
+        print_evictions(&evictions, "    ");
+    }
+    Ok(())
+}
+
+/// Eviction and admission records, one line each, with the signal and values.
+fn print_evictions(records: &[qoslet_proto::admin::EvictionRecord], indent: &str) {
+    for r in records {
+        let what = if r.reason == "admission" {
+            "refused admission".to_string()
+        } else {
+            format!("evicted ({}), grace {} s", r.reason, r.grace_seconds)
+        };
+        let figures = if r.signal.is_empty() {
+            String::new()
+        } else {
+            format!(": {} {} < threshold {}", r.signal, r.observed, r.threshold)
+        };
+        println!(
+            "{indent}{} {what}{figures}{} -> {}\n{indent}  {}",
+            r.timestamp,
+            if r.dry_run { " [dry run]" } else { "" },
+            r.outcome,
+            r.message
+        );
+    }
+}
+
+#[derive(clap::Args)]
+pub struct EvictionsArgs {
+    #[command(flatten)]
+    pub admin: AdminArgs,
+    /// Only this namespace.
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
+}
+
+/// The eviction loop's view: node conditions, thresholds met, recent evictions and refusals.
+pub async fn evictions(a: EvictionsArgs) -> Result<()> {
+    let r = connect(&a.admin.admin)
+        .await?
+        .list_evictions(qoslet_proto::admin::ListEvictionsRequest {
+            namespace: a.namespace.unwrap_or_default(),
+            name: String::new(),
+        })
+        .await
+        .context("ListEvictions")?
+        .into_inner();
+    if a.admin.json {
+        let records: Vec<_> = r.records.iter().map(|e| serde_json::json!({
+            "timestamp": e.timestamp, "pod": format!("{}/{}", e.namespace, e.name), "uid": e.uid,
+            "reason": e.reason, "signal": e.signal, "observed": e.observed, "threshold": e.threshold,
+            "graceSeconds": e.grace_seconds, "message": e.message, "dryRun": e.dry_run, "outcome": e.outcome,
+        })).collect();
+        let met: Vec<_> = r.met.iter().map(|m| serde_json::json!({
+            "signal": m.signal, "observed": m.observed, "threshold": m.threshold, "hard": m.hard,
+        })).collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "enabled": r.enabled, "dryRun": r.dry_run, "conditions": r.conditions, "met": met, "records": records,
+            }))?
+        );
+        return Ok(());
+    }
+    if !r.enabled {
+        println!("eviction is off in this qoslet (no eviction: thresholds in its config)");
+        return Ok(());
+    }
+    println!(
+        "conditions: {}{}",
+        if r.conditions.is_empty() {
+            "none".to_string()
+        } else {
+            r.conditions.join(", ")
+        },
+        if r.dry_run { " (dry run)" } else { "" }
+    );
+    for m in &r.met {
+        println!(
+            "  {} {} < {} ({})",
+            m.signal,
+            m.observed,
+            m.threshold,
+            if m.hard { "hard" } else { "soft" }
+        );
+    }
+    for e in &r.records {
+        println!("{}/{}:", e.namespace, e.name);
+        print_evictions(std::slice::from_ref(e), "  ");
     }
     Ok(())
 }

@@ -44,6 +44,8 @@ enum Cmd {
     Top(top::TopArgs),
     /// The QoS engine's latest plan, file by file, with the rule behind each line.
     Plan(cli::PlanArgs),
+    /// Node conditions, thresholds met, and recent evictions and admission refusals.
+    Evictions(cli::EvictionsArgs),
     /// Put every cgroup file qoslet changed back to the runtime's values (before
     /// uninstalling; refused while qoslet runs).
     Restore(restore::RestoreArgs),
@@ -110,6 +112,7 @@ fn main() -> std::process::ExitCode {
             Cmd::Status(a) => cli::status(a).await,
             Cmd::Pods(a) => cli::pods(a).await,
             Cmd::Explain(a) => cli::explain(a).await,
+            Cmd::Evictions(a) => cli::evictions(a).await,
             Cmd::Top(a) => top::run(a).await,
             Cmd::Plan(a) => cli::plan(a).await,
             Cmd::Restore(a) => restore::run(a).await,

@@ -85,7 +85,17 @@ pub async fn run(a: NriArgs) -> Result<()> {
     let agent = qoslet_agent::Agent::start(agent_cfg).await?;
     p.watch_policy(&agent);
     let iso = p.isolation(&agent).map(Arc::new);
-    let handler = Arc::new(NriHandler::new(agent.store().clone(), iso));
+    let runtime_socket = p
+        .file
+        .runtime_endpoint
+        .as_deref()
+        .or(Some("unix:///run/containerd/containerd.sock"))
+        .and_then(qoslet_state::endpoint::unix_path);
+    let mut handler = NriHandler::new(agent.store().clone(), iso);
+    if let Some(view) = p.start_eviction(&agent, runtime_socket) {
+        handler = handler.with_admission(view, p.trust.clone());
+    }
+    let handler = Arc::new(handler);
     let plugin = Arc::new(Plugin::new(opts, handler.clone()));
     if !agent.attach(Arc::new(NriFront {
         plugin: plugin.clone(),

@@ -209,6 +209,17 @@ impl Admin for AdminService {
         }
     }
 
+    async fn list_evictions(
+        &self,
+        req: Request<admin::ListEvictionsRequest>,
+    ) -> Result<Response<admin::ListEvictionsResponse>, Status> {
+        let Some(v) = self.views.eviction() else {
+            return Ok(Response::new(admin::ListEvictionsResponse::default()));
+        };
+        let req = req.into_inner();
+        Ok(Response::new(v.list(&req.namespace, &req.name)))
+    }
+
     async fn list_pods(
         &self,
         req: Request<admin::ListPodsRequest>,

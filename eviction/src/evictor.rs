@@ -51,8 +51,10 @@ pub struct EvictRequest {
 /// What an evictor did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Evicted {
-    /// The pod is being stopped.
+    /// The pod is stopped.
     Stopped,
+    /// The pod is still being stopped (past the evictor's deadline).
+    Stopping,
     /// The pod is gone already.
     Gone,
     /// Refused (a PodDisruptionBudget, in a cluster): try the next candidate.

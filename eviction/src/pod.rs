@@ -15,8 +15,10 @@ pub struct Pod {
     pub name: String,
     /// `spec.priority` when known (`None` without a cluster: CRI does not carry it).
     pub priority: Option<i32>,
-    /// A static or mirror pod (kubelet's `IsCriticalPod` besides priority).
-    pub static_or_mirror: bool,
+    /// Critical whatever its priority: a static or mirror pod (kubelet's
+    /// `IsCriticalPod` besides priority), or one the node shows is critical
+    /// (kubelet gives a node-critical pod's containers `oom_score_adj` -997).
+    pub critical: bool,
     pub kube_qos: Option<KubeQos>,
     /// The Koordinator class qoslet gave it (a trusted label, or the Kubernetes QoS).
     pub class: Option<QosClass>,
@@ -88,7 +90,7 @@ impl Pod {
 
     /// kubelet's `IsCriticalPod`: static, mirror or system-critical priority.
     pub fn is_critical(&self) -> bool {
-        self.static_or_mirror || self.priority_or_zero() >= SYSTEM_CRITICAL_PRIORITY
+        self.critical || self.priority_or_zero() >= SYSTEM_CRITICAL_PRIORITY
     }
 
     /// `namespace/name`, for messages.

@@ -14,7 +14,8 @@ use qoslet_integration::process::{kubelet_cgroup_root, QosletProcess};
 use qoslet_integration::testbed::{
     container_config, pod_config, Cleanup, Cri, Testbed, SLEEP_LOOP,
 };
-use qoslet_integration::{eventually, free_port, http_get, scratch, unique};
+use qoslet_integration::{channel, eventually, free_port, http_get, scratch, unique};
+use qoslet_proto::admin::{admin_client::AdminClient, ListEvictionsRequest};
 
 /// The tests share the test bed's kubepods as their scope: one at a time.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -170,6 +171,49 @@ async fn real_memory_pressure_evicts_the_be_pod_refuses_be_admission_and_spares_
     )
     .await;
     cleanup.pods.push(admitted);
+
+    // the admin API (qoslet explain, qoslet evictions) says why, with the figures
+    let mut admin = AdminClient::new(channel(&q.admin).await);
+    let list = admin
+        .list_evictions(ListEvictionsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(list.enabled && !list.dry_run);
+    let ev = list
+        .records
+        .iter()
+        .find(|r| r.sandbox_id == be)
+        .unwrap_or_else(|| panic!("no record of the eviction: {list:?}"));
+    assert_eq!(
+        (ev.reason.as_str(), ev.signal.as_str(), ev.outcome.as_str()),
+        ("node-pressure", "memory.available", "stopped")
+    );
+    assert!(
+        ev.observed < ev.threshold && ev.threshold == 300 << 20,
+        "{ev:?}"
+    );
+    assert_eq!(ev.grace_seconds, 1, "a hard threshold's grace");
+    let refusal = list
+        .records
+        .iter()
+        .find(|r| r.reason == "admission" && r.name == name)
+        .unwrap_or_else(|| panic!("no record of the refusal: {list:?}"));
+    assert_eq!(refusal.signal, "memory.available");
+    let out = std::process::Command::new(qoslet_integration::process::qoslet_bin())
+        .args([
+            "explain",
+            &format!("--admin=unix://{}", q.admin.display()),
+            &name,
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("refused admission") && text.contains("memory.available"),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     // /metrics counts it, by reason
     let (_, m) = http_get(port, "/metrics");

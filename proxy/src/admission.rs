@@ -2,13 +2,15 @@
 //! the eviction loop reports a pressure condition, RunPodSandbox of a BE pod
 //! (Koordinator class BE, or Kubernetes BestEffort without a class) is
 //! refused with a message naming the condition, the signal, the value
-//! observed and the threshold. LS, LSR, LSE and SYSTEM pods are never refused.
+//! observed and the threshold, as is a BE pod qoslet evicted lately (kubelet
+//! recreates its sandbox). LS, LSR, LSE and SYSTEM pods, static and mirror
+//! pods, and pods a trusted label tells qoslet to skip are never refused.
 //! kubelet retries a refused sandbox with its backoff, so the pod starts once
 //! the pressure is over.
 
 use std::sync::Arc;
 
-use qoslet_agent::eviction::EvictionView;
+use qoslet_agent::eviction::{Admission, EvictionView};
 use qoslet_hooks::class::{classify, ClassSource, Trust};
 
 use crate::cri::{CriRequest, HookPoint};
@@ -69,11 +71,29 @@ impl Hook for AdmissionHook {
                 // a trusted skip label: not qoslet's pod
                 return Ok(Verdict::Pass);
             }
-            let subject: String = format!("{namespace}/{name}").chars().take(256).collect();
-            Ok(match view.admit(d.class, d.kube, &subject) {
-                Ok(()) => Verdict::Pass,
-                Err(msg) => Verdict::Refuse(Refusal::new(tonic::Code::ResourceExhausted, msg)),
-            })
+            let uid = cfg
+                .metadata
+                .as_ref()
+                .map(|m| m.uid.as_str())
+                .unwrap_or_default();
+            let critical = Admission::critical_by_annotations(
+                cfg.annotations
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_str())),
+            );
+            Ok(
+                match view.admit(&Admission {
+                    class: d.class,
+                    kube: d.kube,
+                    namespace,
+                    name,
+                    uid,
+                    critical,
+                }) {
+                    Ok(()) => Verdict::Pass,
+                    Err(msg) => Verdict::Refuse(Refusal::new(tonic::Code::ResourceExhausted, msg)),
+                },
+            )
         })
     }
 }

@@ -19,19 +19,26 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use qoslet_cgroups::CgroupPath;
 use qoslet_eviction::evictor::{EvictRequest, Evicted, Evictor, Model};
 use qoslet_eviction::koord::{self, EvictionPolicy, Koord, MemoryPolicy, NodeMemory};
+use qoslet_eviction::kubelet::CLEANUP_WAIT;
 use qoslet_eviction::kubelet::{Kubelet, Observations, Pressure};
 use qoslet_eviction::{Condition, Eviction, Pod, PodStats, Requests, Signal};
-use qoslet_hooks::class::{KubeQos, QosClass};
+use qoslet_hooks::class::{KubeQos, QosClass, LABEL_SKIP};
 use qoslet_state::inventory::{Inventories, PodEntry};
 use qoslet_state::store::Store;
+use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use self::observe::Sources;
 
 /// Recent evictions kept for `ListEvictions` and `qoslet explain`.
 pub const MAX_RECORDS: usize = 256;
+/// A BE pod evicted is refused admission this long (kubelet recreates its sandbox).
+pub const READMIT_AFTER: Duration = Duration::from_secs(120);
+/// Evicted UIDs remembered at most.
+const MAX_RECENT: usize = 4096;
 
 /// One eviction (or, in dry run, one that would have been).
 #[derive(Debug, Clone, PartialEq)]
@@ -42,7 +49,8 @@ pub struct Record {
     pub uid: String,
     pub namespace: String,
     pub name: String,
-    pub model: Model,
+    /// The model's reason (`node-pressure`, `be-memory`, ...) or `admission`.
+    pub reason: &'static str,
     pub signal: Option<Signal>,
     pub observed: Option<i64>,
     pub threshold: Option<i64>,
@@ -51,6 +59,30 @@ pub struct Record {
     pub dry_run: bool,
     /// `stopped`, `gone`, `refused: ...`, `failed: ...`, `dry run`.
     pub outcome: String,
+}
+
+/// A pod asking to be admitted, as admission sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Admission<'a> {
+    pub class: Option<QosClass>,
+    pub kube: Option<KubeQos>,
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub uid: &'a str,
+    /// A static or mirror pod (kubelet admits critical pods whatever the pressure).
+    pub critical: bool,
+}
+
+impl<'a> Admission<'a> {
+    /// Whether pod annotations mark a static or mirror pod (kubelet sets
+    /// `kubernetes.io/config.source` on every pod it runs, `api` for the API's).
+    pub fn critical_by_annotations<'b>(
+        mut annotations: impl Iterator<Item = (&'b str, &'b str)>,
+    ) -> bool {
+        annotations.any(|(k, v)| {
+            (k == "kubernetes.io/config.source" && v != "api") || k == "kubernetes.io/config.mirror"
+        })
+    }
 }
 
 /// A met threshold with its figures, for admission and `qoslet status`.
@@ -74,8 +106,14 @@ pub struct EvictionView {
     pub refusals: AtomicU64,
     /// Kernel notifications that woke the loop.
     pub wakeups: AtomicU64,
+    /// Pods evicted lately, by UID: kubelet recreates a stopped sandbox, so a
+    /// BE pod evicted is not admitted again for [`READMIT_AFTER`].
+    recent: Mutex<BTreeMap<String, (Instant, &'static str)>>,
     /// Evictions that failed.
     pub failures: AtomicU64,
+    /// From the kernel's notification to the evictor's call, for the last
+    /// evictions a notification led to (at most [`MAX_RECORDS`]).
+    latencies: Mutex<VecDeque<Duration>>,
 }
 
 fn model_index(m: Model) -> usize {
@@ -92,8 +130,57 @@ impl EvictionView {
         self.pressure.read().unwrap().clone()
     }
 
+    /// Notification → evictor call, for the last evictions a notification led to.
+    pub fn latencies(&self) -> Vec<Duration> {
+        self.latencies.lock().unwrap().iter().copied().collect()
+    }
+
     pub fn records(&self) -> Vec<Record> {
         self.records.lock().unwrap().iter().cloned().collect()
+    }
+
+    /// The admin API's `ListEvictions`: conditions, thresholds met, and the
+    /// records of `namespace` / `name` (empty: every one).
+    pub fn list(&self, namespace: &str, name: &str) -> qoslet_proto::admin::ListEvictionsResponse {
+        use qoslet_proto::admin;
+        let (conditions, met) = self.pressure();
+        admin::ListEvictionsResponse {
+            enabled: true,
+            dry_run: self.dry_run.load(Ordering::Relaxed),
+            conditions: conditions.iter().map(|c| c.as_str().to_string()).collect(),
+            met: met
+                .iter()
+                .map(|m| admin::ThresholdMet {
+                    signal: m.signal.as_str().into(),
+                    observed: m.observed,
+                    threshold: m.threshold,
+                    hard: m.hard,
+                })
+                .collect(),
+            records: self
+                .records()
+                .into_iter()
+                .filter(|r| {
+                    (namespace.is_empty() || r.namespace == namespace)
+                        && (name.is_empty() || r.name == name)
+                })
+                .map(|r| admin::EvictionRecord {
+                    timestamp: r.at as i64,
+                    namespace: r.namespace,
+                    name: r.name,
+                    uid: r.uid,
+                    sandbox_id: r.sandbox_id,
+                    reason: r.reason.into(),
+                    signal: r.signal.map(|s| s.as_str().to_string()).unwrap_or_default(),
+                    observed: r.observed.unwrap_or(0),
+                    threshold: r.threshold.unwrap_or(0),
+                    grace_seconds: r.grace_seconds,
+                    message: r.message,
+                    dry_run: r.dry_run,
+                    outcome: r.outcome,
+                })
+                .collect(),
+        }
     }
 
     fn record(&self, r: Record) {
@@ -161,27 +248,60 @@ impl EvictionView {
         self.evictions[model_index(m)].load(Ordering::Relaxed)
     }
 
-    /// Admission: while the node has a pressure condition, a BE pod (class
-    /// BE, or Kubernetes BestEffort without a class) is refused with the
-    /// signal, the value observed and the threshold; LS, LSR, LSE and SYSTEM
-    /// pods never are. In dry run the refusal is logged and counted, and the
-    /// pod admitted.
-    pub fn admit(
-        &self,
-        class: Option<QosClass>,
-        kube: Option<KubeQos>,
-        subject: &str,
-    ) -> Result<(), String> {
-        let be = match class {
+    /// Remembers that the pod with `uid` was evicted (for admission).
+    fn evicted_uid(&self, uid: &str, reason: &'static str) {
+        if uid.is_empty() {
+            return;
+        }
+        let mut r = self.recent.lock().unwrap();
+        r.retain(|_, (at, _)| at.elapsed() < READMIT_AFTER);
+        if r.len() >= MAX_RECENT {
+            if let Some(k) = r
+                .iter()
+                .min_by_key(|(_, (at, _))| *at)
+                .map(|(k, _)| k.clone())
+            {
+                r.remove(&k);
+            }
+        }
+        r.insert(uid.to_string(), (Instant::now(), reason));
+    }
+
+    /// Admission: a BE pod (class BE, or Kubernetes BestEffort without a
+    /// class) is refused while the node has a pressure condition, with the
+    /// signal, the value observed and the threshold, and for
+    /// [`READMIT_AFTER`] after qoslet evicted it; critical pods (static,
+    /// mirror) and LS, LSR, LSE and SYSTEM pods never are. In dry run the
+    /// refusal is logged, recorded and counted, and the pod admitted.
+    pub fn admit(&self, a: &Admission<'_>) -> Result<(), String> {
+        let be = match a.class {
             Some(c) => c == QosClass::Be,
-            None => kube == Some(KubeQos::BestEffort),
+            None => a.kube == Some(KubeQos::BestEffort),
         };
-        if !be {
+        if !be || a.critical {
             return Ok(());
         }
+        let (namespace, name) = (a.namespace, a.name);
+        let subject = format!("{namespace}/{name}");
         let (conditions, met) = self.pressure();
-        if conditions.is_empty() {
+        let recent = self
+            .recent
+            .lock()
+            .unwrap()
+            .get(a.uid)
+            .filter(|(at, _)| at.elapsed() < READMIT_AFTER)
+            .map(|(at, reason)| (at.elapsed(), *reason));
+        if conditions.is_empty() && recent.is_none() {
             return Ok(());
+        }
+        if conditions.is_empty() {
+            let (ago, reason) = recent.unwrap_or_default();
+            let msg = format!(
+                "qoslet: this pod was evicted {}s ago ({reason}); best-effort pods are not admitted again for {}s",
+                ago.as_secs(),
+                READMIT_AFTER.as_secs()
+            );
+            return self.refuse(namespace, name, &subject, None, msg);
         }
         let figures: Vec<String> = met
             .iter()
@@ -205,8 +325,59 @@ impl EvictionView {
                 figures.join(", ")
             }
         );
+        self.refuse(namespace, name, &subject, met.first(), msg)
+    }
+
+    fn refuse(
+        &self,
+        namespace: &str,
+        name: &str,
+        subject: &str,
+        first: Option<&Met>,
+        msg: String,
+    ) -> Result<(), String> {
         self.refusals.fetch_add(1, Ordering::Relaxed);
-        if self.dry_run.load(Ordering::Relaxed) {
+        let dry = self.dry_run.load(Ordering::Relaxed);
+        let cut = |s: &str| s.chars().take(253).collect::<String>();
+        // kubelet retries a refused sandbox every few seconds: one record per
+        // pod, brought up to date, so refusals do not push evictions out
+        {
+            let mut q = self.records.lock().unwrap();
+            if let Some(r) = q.iter_mut().rev().find(|r| {
+                r.reason == "admission" && r.namespace == cut(namespace) && r.name == cut(name)
+            }) {
+                r.at = unix_now();
+                r.message = msg.clone();
+                // the figures of the pressure that started it stay, when the
+                // condition now only lasts its transition period
+                if let Some(m) = first {
+                    r.signal = Some(m.signal);
+                    r.observed = Some(m.observed);
+                    r.threshold = Some(m.threshold);
+                }
+                drop(q);
+                if dry {
+                    return Ok(());
+                }
+                return Err(msg);
+            }
+        }
+        self.record(Record {
+            at: unix_now(),
+            sandbox_id: String::new(),
+            uid: String::new(),
+            namespace: cut(namespace),
+            name: cut(name),
+            reason: "admission",
+            signal: first.map(|m| m.signal),
+            observed: first.map(|m| m.observed),
+            threshold: first.map(|m| m.threshold),
+            grace_seconds: 0,
+            message: msg.clone(),
+            dry_run: dry,
+            outcome: if dry { "dry run" } else { "refused admission" }.into(),
+        });
+        if dry {
             info!(pod = %subject, reason = %msg, "dry run: would refuse");
             return Ok(());
         }
@@ -243,9 +414,22 @@ fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
-/// The eviction models' view of the inventory's pods, with their memory read now.
-fn pods(inv: &[PodEntry], sources: &Sources) -> Vec<(Pod, String)> {
+/// kubelet gives a node-critical (or Guaranteed) pod's containers this
+/// `oom_score_adj`; a non-Guaranteed pod with it is node-critical.
+const CRITICAL_OOM_SCORE_ADJ: i64 = -997;
+
+/// A pod as the models see it, with its sandbox id and cgroup.
+struct Candidate {
+    pod: Pod,
+    sandbox_id: String,
+    cgroup: CgroupPath,
+}
+
+/// The eviction models' view of the inventory's pods, with their memory
+/// read now. Pods a trusted label tells qoslet to leave alone are none.
+fn candidates(inv: &[PodEntry], sources: &Sources) -> Vec<Candidate> {
     inv.iter()
+        .filter(|e| !(e.class.is_none() && e.labels.get(LABEL_SKIP).is_some_and(|v| v == "true")))
         .map(|e| {
             let class = e.class.map(|c| c.class);
             let kube = e.class.and_then(|c| c.kube).or_else(|| {
@@ -254,9 +438,11 @@ fn pods(inv: &[PodEntry], sources: &Sources) -> Vec<(Pod, String)> {
                     .and_then(|p| KubeQos::from_cgroup_parent(p.as_str()))
             });
             let mem = sources.cgroup_memory(&e.cgroup).ok();
-            let source = e.annotations.get("kubernetes.io/config.source");
-            let static_or_mirror = source.is_some_and(|s| s != "api")
-                || e.annotations.contains_key("kubernetes.io/config.mirror");
+            let annotations = e.annotations.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+            let node_critical = kube != Some(KubeQos::Guaranteed)
+                && e.containers
+                    .iter()
+                    .any(|c| c.oom_score_adj == CRITICAL_OOM_SCORE_ADJ);
             let trusted = e.class.is_some_and(|c| c.trusted);
             let memory_request = if kube == Some(KubeQos::Guaranteed) {
                 e.containers.iter().map(|c| c.memory_limit.max(0)).sum()
@@ -268,7 +454,7 @@ fn pods(inv: &[PodEntry], sources: &Sources) -> Vec<(Pod, String)> {
                 namespace: e.namespace.clone(),
                 name: e.name.clone(),
                 priority: e.priority,
-                static_or_mirror,
+                critical: node_critical || Admission::critical_by_annotations(annotations),
                 kube_qos: kube,
                 class,
                 be_labelled: e
@@ -296,9 +482,102 @@ fn pods(inv: &[PodEntry], sources: &Sources) -> Vec<(Pod, String)> {
                     ..Default::default()
                 }),
             };
-            (pod, e.id.clone())
+            Candidate {
+                pod,
+                sandbox_id: e.id.clone(),
+                cgroup: e.cgroup.clone(),
+            }
         })
         .collect()
+}
+
+/// What one cycle read, off the async workers.
+struct Reading {
+    obs: Observations,
+    errors: Vec<(Signal, observe::ObserveError)>,
+    candidates: Vec<Candidate>,
+    /// Koordinator's node memory (used, capacity).
+    koord_node: Option<NodeMemory>,
+    /// The working set of the last victim's cgroup (`None`: gone).
+    victim_ws: Option<i64>,
+}
+
+/// The victim kubelet's model waits for: its cgroup, its working set when
+/// evicted, when.
+struct Cleanup {
+    cgroup: CgroupPath,
+    working_set: i64,
+    since: Instant,
+}
+
+/// Readings slower than this are given up on for the cycle.
+const READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// Cycles the kernel's notifications drive are at least this far apart.
+const MIN_CYCLE_GAP: Duration = Duration::from_millis(100);
+
+/// What an eviction needs, off the loop.
+#[derive(Clone)]
+struct Acting {
+    view: Arc<EvictionView>,
+    evictor: Arc<dyn Evictor>,
+    store: Store,
+    dry_run: bool,
+}
+
+impl Acting {
+    /// Evicts (or, in dry run, says it would) and records it.
+    async fn evict(self, req: EvictRequest, latency: Option<Duration>) -> bool {
+        if let Some(l) = latency {
+            let mut q = self.view.latencies.lock().unwrap();
+            if q.len() >= MAX_RECORDS {
+                q.pop_front();
+            }
+            q.push_back(l);
+        }
+        let latency_ms = latency.map(|l| l.as_secs_f64() * 1000.0);
+        let pod = format!("{}/{}", req.namespace, req.name);
+        let outcome = if self.dry_run {
+            info!(pod = %pod, model = req.model.as_str(), grace = req.grace_seconds, latency_ms = ?latency_ms, message = %req.message, "dry run: would evict");
+            "dry run".to_string()
+        } else {
+            let outcome = match self.evictor.evict(&req).await {
+                Ok(Evicted::Stopped) => {
+                    self.store.set_pod_stopped(&req.sandbox_id);
+                    "stopped".into()
+                }
+                Ok(Evicted::Stopping) => "stopping".into(),
+                Ok(Evicted::Gone) => "gone".into(),
+                Ok(Evicted::Refused(why)) => format!("refused: {why}"),
+                Err(e) => {
+                    self.view.failures.fetch_add(1, Ordering::Relaxed);
+                    format!("failed: {}", e.reason)
+                }
+            };
+            warn!(pod = %pod, model = req.model.as_str(), grace = req.grace_seconds, signal = ?req.signal.map(|s| s.as_str()), observed = ?req.observed, threshold = ?req.threshold, latency_ms = ?latency_ms, outcome = %outcome, message = %req.message, "evicted");
+            outcome
+        };
+        let done = matches!(outcome.as_str(), "stopped" | "stopping" | "gone");
+        if done {
+            self.view.evictions[model_index(req.model)].fetch_add(1, Ordering::Relaxed);
+            self.view.evicted_uid(&req.uid, req.model.as_str());
+        }
+        self.view.record(Record {
+            at: unix_now(),
+            sandbox_id: req.sandbox_id.clone(),
+            uid: req.uid.clone(),
+            namespace: req.namespace.clone(),
+            name: req.name.clone(),
+            reason: req.model.as_str(),
+            signal: req.signal,
+            observed: req.observed,
+            threshold: req.threshold,
+            grace_seconds: req.grace_seconds,
+            message: req.message.clone(),
+            dry_run: self.dry_run,
+            outcome,
+        });
+        done || self.dry_run
+    }
 }
 
 /// The loop's state between cycles.
@@ -309,6 +588,14 @@ struct Cycle {
     view: Arc<EvictionView>,
     start: Instant,
     warned: BTreeMap<String, ()>,
+    /// When the kernel's notification woke this cycle (`None`: the tick did).
+    woke_at: Option<Instant>,
+    /// kubelet's model: the eviction under way (one at a time).
+    acting: Option<JoinHandle<bool>>,
+    /// kubelet's model: the last victim, until its memory is released.
+    cleanup: Option<Cleanup>,
+    /// A reading still running (a hung filesystem): no second one is started.
+    reading: Option<JoinHandle<Reading>>,
 }
 
 impl Cycle {
@@ -318,50 +605,13 @@ impl Cycle {
         }
     }
 
-    async fn evict(&self, req: EvictRequest, store: &Store) -> bool {
-        let dry = self.cfg.config.dry_run;
-        let outcome = if dry {
-            "dry run".to_string()
-        } else {
-            match self.cfg.evictor.evict(&req).await {
-                Ok(Evicted::Stopped) => {
-                    store.set_pod_stopped(&req.sandbox_id);
-                    "stopped".into()
-                }
-                Ok(Evicted::Gone) => "gone".into(),
-                Ok(Evicted::Refused(why)) => format!("refused: {why}"),
-                Err(e) => {
-                    self.view.failures.fetch_add(1, Ordering::Relaxed);
-                    format!("failed: {}", e.reason)
-                }
-            }
-        };
-        let done = outcome == "stopped" || outcome == "gone";
-        if done {
-            self.view.evictions[model_index(req.model)].fetch_add(1, Ordering::Relaxed);
+    fn acting(&self, store: &Store) -> Acting {
+        Acting {
+            view: self.view.clone(),
+            evictor: self.cfg.evictor.clone(),
+            store: store.clone(),
+            dry_run: self.cfg.config.dry_run,
         }
-        let level_dry = dry;
-        if level_dry {
-            info!(pod = %format!("{}/{}", req.namespace, req.name), model = req.model.as_str(), grace = req.grace_seconds, message = %req.message, "dry run: would evict");
-        } else {
-            warn!(pod = %format!("{}/{}", req.namespace, req.name), model = req.model.as_str(), grace = req.grace_seconds, signal = ?req.signal.map(|s| s.as_str()), observed = ?req.observed, threshold = ?req.threshold, outcome = %outcome, message = %req.message, "evicted");
-        }
-        self.view.record(Record {
-            at: unix_now(),
-            sandbox_id: req.sandbox_id.clone(),
-            uid: req.uid.clone(),
-            namespace: req.namespace.clone(),
-            name: req.name.clone(),
-            model: req.model,
-            signal: req.signal,
-            observed: req.observed,
-            threshold: req.threshold,
-            grace_seconds: req.grace_seconds,
-            message: req.message.clone(),
-            dry_run: dry,
-            outcome,
-        });
-        done || dry
     }
 
     fn publish(&self, p: &Pressure, obs: &Observations) {
@@ -378,8 +628,58 @@ impl Cycle {
                     hard: t.is_hard(),
                 })
             })
-            .collect();
-        *self.view.pressure.write().unwrap() = (p.conditions.clone(), met);
+            .collect::<Vec<Met>>();
+        let mut w = self.view.pressure.write().unwrap();
+        // a condition held for its transition period keeps the figures that raised it
+        let met = if met.is_empty() && !p.conditions.is_empty() {
+            std::mem::take(&mut w.1)
+        } else {
+            met
+        };
+        *w = (p.conditions.clone(), met);
+    }
+
+    /// Reads the node and the pods off the async workers, within [`READ_TIMEOUT`].
+    async fn read(&mut self, inventories: &Inventories) -> Option<Reading> {
+        let mut task = match self.reading.take() {
+            Some(t) => t,
+            None => {
+                let now = self.start.elapsed();
+                let sources = self.cfg.sources.clone();
+                let inv = inventories.current();
+                let victim = self.cleanup.as_ref().map(|c| c.cgroup.clone());
+                tokio::task::spawn_blocking(move || {
+                    let (obs, errors) = sources.observe(now);
+                    let candidates = candidates(&inv.pods, &sources);
+                    let koord_node = sources
+                        .koord_node_memory()
+                        .ok()
+                        .map(|(used, capacity)| NodeMemory { used, capacity });
+                    let victim_ws = victim
+                        .and_then(|cg| sources.cgroup_memory(&cg).ok())
+                        .map(|m| m.working_set);
+                    Reading {
+                        obs,
+                        errors,
+                        candidates,
+                        koord_node,
+                        victim_ws,
+                    }
+                })
+            }
+        };
+        match tokio::time::timeout(READ_TIMEOUT, &mut task).await {
+            Ok(Ok(r)) => Some(r),
+            Ok(Err(_)) => None,
+            Err(_) => {
+                self.warn_once(
+                    "read".into(),
+                    "reading the node took over 5 s (a hung filesystem?): this cycle decides nothing",
+                );
+                self.reading = Some(task);
+                None
+            }
+        }
     }
 
     async fn run_once(
@@ -389,19 +689,14 @@ impl Cycle {
         policy: Option<Result<MemoryPolicy, koord::MemoryPolicyError>>,
     ) {
         let now = self.start.elapsed();
-        let sources = self.cfg.sources.clone();
-        let inv = inventories.current();
-        let read = tokio::task::spawn_blocking(move || {
-            let (obs, errors) = sources.observe(now);
-            let pods = pods(&inv.pods, &sources);
-            let node = sources.node_memory().ok().map(|(o, _)| NodeMemory {
-                used: o.capacity - o.available,
-                capacity: o.capacity,
-            });
-            (obs, errors, pods, node)
-        })
-        .await;
-        let Ok((obs, errors, pods, node)) = read else {
+        let Some(Reading {
+            obs,
+            errors,
+            candidates,
+            koord_node,
+            victim_ws,
+        }) = self.read(inventories).await
+        else {
             return;
         };
         for (signal, e) in errors {
@@ -412,69 +707,81 @@ impl Cycle {
         }
         let pressure = self.kubelet.observe(now, &obs);
         self.publish(&pressure, &obs);
-        let (plain, ids): (Vec<Pod>, Vec<String>) = pods.into_iter().unzip();
-        // kubelet's model: one pod a cycle, after the last is cleaned up
+        let plain: Vec<Pod> = candidates.iter().map(|c| c.pod.clone()).collect();
+        // kubelet's model: one pod at a time, and none until the last one's
+        // memory is released (its cgroup gone or its working set halved), 30 s at most
+        if let Some(c) = &self.cleanup {
+            let released = victim_ws.is_none_or(|ws| ws <= c.working_set / 2);
+            if released || c.since.elapsed() >= CLEANUP_WAIT {
+                self.cleanup = None;
+            }
+        }
+        let busy = self.acting.as_ref().is_some_and(|t| !t.is_finished());
         if let Some(starved) = pressure.starved.clone() {
-            if self.kubelet.cleaning_up(now, &plain) {
-                debug!("the last evicted pod is still being cleaned up");
+            if busy || self.cleanup.is_some() {
+                debug!("the last eviction is still under way or being cleaned up");
             } else if pressure.node_reclaim_first(self.kubelet.settings().dedicated_imagefs) {
                 self.warn_once(
                     format!("reclaim {}", starved.signal),
                     &format!("{} is met: node-level reclaim (image and container garbage collection) is not implemented yet; no pod is evicted for disk", starved.signal),
                 );
-            } else {
+            } else if let Some(v) = self
+                .kubelet
+                .victims(&starved, &plain, &obs)
+                .into_iter()
+                .next()
+            {
+                let c = &candidates[v.index];
                 let o = obs.get(&starved.signal).copied();
-                for v in self.kubelet.victims(&starved, &plain, &obs) {
-                    let p = &plain[v.index];
-                    let req = EvictRequest {
-                        sandbox_id: ids[v.index].clone(),
-                        uid: p.uid.clone(),
-                        namespace: p.namespace.clone(),
-                        name: p.name.clone(),
-                        grace_seconds: v.grace_seconds,
-                        model: Model::Kubelet,
-                        signal: Some(starved.signal),
-                        observed: o.map(|o| o.available),
-                        threshold: o.map(|o| starved.value.of(o.capacity)),
-                        message: v.message.clone(),
-                    };
-                    if self.evict(req, store).await {
-                        self.kubelet.evicted(&p.uid, now);
-                        break;
-                    }
-                }
+                let req = EvictRequest {
+                    sandbox_id: c.sandbox_id.clone(),
+                    uid: c.pod.uid.clone(),
+                    namespace: c.pod.namespace.clone(),
+                    name: c.pod.name.clone(),
+                    grace_seconds: v.grace_seconds,
+                    model: Model::Kubelet,
+                    signal: Some(starved.signal),
+                    observed: o.map(|o| o.available),
+                    threshold: o.map(|o| starved.value.of(o.capacity)),
+                    message: v.message.clone(),
+                };
+                self.cleanup = Some(Cleanup {
+                    cgroup: c.cgroup.clone(),
+                    working_set: c
+                        .pod
+                        .stats
+                        .as_ref()
+                        .and_then(|s| s.working_set)
+                        .unwrap_or(0),
+                    since: Instant::now(),
+                });
+                self.kubelet.evicted(&c.pod.uid, now);
+                let latency = self.woke_at.map(|t| t.elapsed());
+                self.acting = Some(tokio::spawn(self.acting(store).evict(req, latency)));
             }
         }
         // Koordinator's BE memory model
-        match (policy, node) {
+        match (policy, koord_node) {
             (Some(Err(e)), _) => self.warn_once(
                 "be-memory policy".into(),
                 &format!("BE memory eviction skipped: {e}"),
             ),
             (Some(Ok(policy)), Some(node)) if !self.koord.memory_cooling(now) => {
                 if let Some(task) = koord::memory_task(policy, node, &plain) {
-                    let mut chosen = vec![];
                     let round = koord::execute(
                         std::slice::from_ref(&task),
                         &plain,
                         |p| self.koord.was_evicted(&p.uid, now),
-                        |p, _| {
-                            chosen.push(p.uid.clone());
-                            true
-                        },
+                        |_, _| true,
                     );
-                    let mut evicted = koord::Round {
-                        released: round.released.clone(),
-                        short: round.short.clone(),
-                        ..Default::default()
-                    };
-                    for (i, f) in round.evicted {
-                        let p = &plain[i];
+                    let latency = self.woke_at.map(|t| t.elapsed());
+                    for (i, _) in &round.evicted {
+                        let c = &candidates[*i];
                         let req = EvictRequest {
-                            sandbox_id: ids[i].clone(),
-                            uid: p.uid.clone(),
-                            namespace: p.namespace.clone(),
-                            name: p.name.clone(),
+                            sandbox_id: c.sandbox_id.clone(),
+                            uid: c.pod.uid.clone(),
+                            namespace: c.pod.namespace.clone(),
+                            name: c.pod.name.clone(),
                             grace_seconds: 0,
                             model: Model::BeMemory,
                             signal: None,
@@ -482,11 +789,11 @@ impl Cycle {
                             threshold: Some(node.capacity / 100 * policy.threshold_percent()),
                             message: format!("qoslet BE memory eviction: {}", task.reason),
                         };
-                        if self.evict(req, store).await {
-                            evicted.evicted.push((i, f));
-                        }
+                        // koordlet's kill is optimistic too: the round counts
+                        // what it asked for; a failure is recorded and counted
+                        tokio::spawn(self.acting(store).evict(req, latency));
                     }
-                    self.koord.record(now, &evicted, &plain);
+                    self.koord.record(now, &round, &plain);
                 }
             }
             _ => {}
@@ -505,13 +812,16 @@ impl crate::Agent {
         let mut shutdown = self.shutdown_signal();
         let mut policy = self.policy().subscribe();
         let kubelet = Kubelet::new(cfg.config.kubelet.clone());
-        let start = Instant::now();
         let mut cycle = Cycle {
             koord: Koord::new(Duration::ZERO),
             kubelet,
             view: view.clone(),
-            start,
+            start: Instant::now(),
             warned: BTreeMap::new(),
+            woke_at: None,
+            acting: None,
+            cleanup: None,
+            reading: None,
             cfg,
         };
         info!(
@@ -525,8 +835,13 @@ impl crate::Agent {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut notifiers = notify::Notifiers::default();
             loop {
+                let started = Instant::now();
                 let be = be_memory_policy(&policy.borrow().policy.resource_used_threshold_with_be);
-                cycle.run_once(&store, &inventories, be).await;
+                tokio::select! {
+                    _ = cycle.run_once(&store, &inventories, be) => {}
+                    _ = shutdown.changed() => break,
+                }
+                cycle.woke_at = None;
                 // cgroup files: armed off the async workers
                 let (sources, thresholds) = (
                     cycle.cfg.sources.clone(),
@@ -544,12 +859,22 @@ impl crate::Agent {
                 tokio::select! {
                     _ = tick.tick() => {}
                     _ = notifiers.crossed() => {
+                        // a notification storm (usage swinging around a
+                        // level) runs cycles no closer than MIN_CYCLE_GAP
+                        if let Some(rest) = MIN_CYCLE_GAP.checked_sub(started.elapsed()) {
+                            tokio::time::sleep(rest).await;
+                        }
+                        cycle.woke_at = Some(Instant::now());
                         cycle.view.wakeups.fetch_add(1, Ordering::Relaxed);
                         debug!("the kernel says memory crossed a threshold");
                     }
-                    _ = policy.changed() => {}
-                    _ = shutdown.changed() => {
-                        if *shutdown.borrow() {
+                    r = policy.changed() => {
+                        if r.is_err() {
+                            break;
+                        }
+                    }
+                    r = shutdown.changed() => {
+                        if r.is_err() || *shutdown.borrow() {
                             break;
                         }
                     }
@@ -558,5 +883,102 @@ impl crate::Agent {
         });
         self.add_task(task);
         view
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod<'a>(class: Option<QosClass>, kube: Option<KubeQos>, name: &'a str) -> Admission<'a> {
+        Admission {
+            class,
+            kube,
+            namespace: "ns",
+            name,
+            uid: name,
+            critical: false,
+        }
+    }
+
+    fn pressed(v: &EvictionView) {
+        *v.pressure.write().unwrap() = (
+            vec![Condition::MemoryPressure],
+            vec![Met {
+                signal: Signal::MemoryAvailable,
+                observed: 120 << 20,
+                threshold: 300 << 20,
+                hard: true,
+            }],
+        );
+    }
+
+    #[test]
+    fn admission_refuses_only_best_effort_pods_under_pressure() {
+        let v = EvictionView::default();
+        let be = pod(Some(QosClass::Be), None, "be");
+        assert!(v.admit(&be).is_ok(), "no pressure");
+        pressed(&v);
+        let err = v.admit(&be).unwrap_err();
+        assert!(
+            err.contains("MemoryPressure") && err.contains("memory.available 120Mi < 300Mi"),
+            "{err}"
+        );
+        // BestEffort without a class: refused; LS classes and Burstable: never
+        assert!(v
+            .admit(&pod(None, Some(KubeQos::BestEffort), "b2"))
+            .is_err());
+        for c in [QosClass::Ls, QosClass::Lsr, QosClass::Lse, QosClass::System] {
+            assert!(v
+                .admit(&pod(Some(c), Some(KubeQos::BestEffort), "ls"))
+                .is_ok());
+        }
+        assert!(v.admit(&pod(None, Some(KubeQos::Burstable), "bu")).is_ok());
+        // a static pod is admitted whatever its class
+        let mut st = pod(Some(QosClass::Be), None, "static");
+        st.critical = true;
+        assert!(v.admit(&st).is_ok());
+        // repeated refusals of one pod are one record, kept up to date
+        for _ in 0..5 {
+            let _ = v.admit(&be);
+        }
+        let recs: Vec<Record> = v.records().into_iter().filter(|r| r.name == "be").collect();
+        assert_eq!(recs.len(), 1);
+        assert_eq!(recs[0].signal, Some(Signal::MemoryAvailable));
+        assert_eq!(v.refusals.load(Ordering::Relaxed), 7);
+    }
+
+    #[test]
+    fn an_evicted_be_pod_is_not_admitted_again_for_a_while() {
+        let v = EvictionView::default();
+        v.evicted_uid("be", "be-memory");
+        let err = v.admit(&pod(Some(QosClass::Be), None, "be")).unwrap_err();
+        assert!(
+            err.contains("evicted") && err.contains("be-memory"),
+            "{err}"
+        );
+        assert!(v.admit(&pod(Some(QosClass::Be), None, "other")).is_ok());
+    }
+
+    #[test]
+    fn a_dry_run_admits_and_records() {
+        let v = EvictionView::default();
+        v.dry_run.store(true, Ordering::Relaxed);
+        pressed(&v);
+        assert!(v.admit(&pod(Some(QosClass::Be), None, "be")).is_ok());
+        assert_eq!(v.records()[0].outcome, "dry run");
+        let list = v.list("ns", "be");
+        assert!(list.dry_run && list.records.len() == 1 && list.conditions == ["MemoryPressure"]);
+    }
+
+    #[test]
+    fn static_and_mirror_annotations_are_critical() {
+        let c = |kv: &[(&'static str, &'static str)]| {
+            Admission::critical_by_annotations(kv.iter().copied())
+        };
+        assert!(c(&[("kubernetes.io/config.source", "file")]));
+        assert!(c(&[("kubernetes.io/config.mirror", "abc")]));
+        assert!(!c(&[("kubernetes.io/config.source", "api")]));
+        assert!(!c(&[]));
     }
 }

@@ -144,11 +144,11 @@ impl Notifiers {
     pub fn rearm_blocking(&mut self, wanted: Vec<(PathBuf, i64)>, rt: &tokio::runtime::Handle) {
         let mut keep = vec![];
         for (dir, level) in wanted {
-            if let Some(i) = self
-                .armed
-                .iter()
-                .position(|(d, l, _)| *d == dir && (l - level).abs() < REARM_SLACK)
-            {
+            if let Some(i) = self.armed.iter().position(|(d, l, t)| {
+                // a notification whose task ended (a read failed, the
+                // cgroup went away) is armed again
+                *d == dir && (l - level).abs() < REARM_SLACK && !t.is_finished()
+            }) {
                 keep.push(self.armed.swap_remove(i));
                 continue;
             }

@@ -26,7 +26,10 @@ pub struct CgMemory {
     pub usage: i64,
     pub working_set: i64,
     pub inactive_file: i64,
-    /// Anonymous memory (v1 `total_rss`, v2 `anon`).
+    /// Anonymous memory as koordlet counts a pod's (the anon LRU lists, which
+    /// hold shmem and tmpfs too, plus unevictable: v1 `total_active_anon +
+    /// total_inactive_anon + total_unevictable`, v2 `active_anon +
+    /// inactive_anon + unevictable`).
     pub anon: i64,
     /// The cgroup's memory limit (`None`: unlimited).
     pub limit: Option<i64>,
@@ -105,11 +108,17 @@ impl Sources {
             s.parse::<i64>().ok().filter(|v| *v < UNLIMITED)
         });
         let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        let kv = parse::flat_keyed(&stat);
+        let p = if v2 { "" } else { "total_" };
+        let field = |k: &str| kv.get(format!("{p}{k}").as_str()).copied().unwrap_or(0);
+        let anon = field("active_anon")
+            .saturating_add(field("inactive_anon"))
+            .saturating_add(field("unevictable"));
         Ok(CgMemory {
             usage: clamp(m.usage),
             working_set: clamp(m.working_set),
             inactive_file: clamp(m.usage.saturating_sub(m.working_set)),
-            anon: clamp(m.rss),
+            anon: clamp(anon),
             limit,
         })
     }
@@ -234,13 +243,21 @@ impl Sources {
         (obs, errors)
     }
 
-    /// `pid.available`: pid_max − the scheduling entities the kernel counts.
+    /// `pid.available`: min(pid_max, threads-max) − the scheduling entities
+    /// the kernel counts (kubelet's `pidlimit.Stats`).
     fn pids(&self) -> Result<Observation, ObserveError> {
-        let max_path = self.proc_root.join("sys/kernel/pid_max");
-        let max: i64 = read(&max_path)?
-            .trim()
-            .parse()
-            .map_err(|_| ObserveError::Parse { path: max_path })?;
+        let number = |rel: &str| -> Result<i64, ObserveError> {
+            let path = self.proc_root.join(rel);
+            read(&path)?
+                .trim()
+                .parse()
+                .map_err(|_| ObserveError::Parse { path })
+        };
+        let max = number("sys/kernel/pid_max")?;
+        let max = match number("sys/kernel/threads-max") {
+            Ok(t) => max.min(t),
+            Err(_) => max,
+        };
         let la_path = self.proc_root.join("loadavg");
         let la = read(&la_path)?;
         // "0.00 0.01 0.05 1/123 4567": the fourth field is running/total
@@ -255,6 +272,20 @@ impl Sources {
             capacity: max,
             at: None,
         })
+    }
+
+    /// Node memory as koordlet reads it: the scope's working set with a scope,
+    /// else MemTotal − MemAvailable (`NodeMemoryUsage`), of the capacity.
+    pub fn koord_node_memory(&self) -> Result<(i64, i64), ObserveError> {
+        let capacity = self.capacity()?;
+        let used = match &self.scope {
+            Some(s) => self.cgroup_memory(s)?.working_set,
+            None => {
+                let mi = self.meminfo()?;
+                i64::try_from(mi.total.saturating_sub(mi.available)).unwrap_or(0)
+            }
+        };
+        Ok((used, capacity))
     }
 
     /// The processes (tasks) of a cgroup, from `pids.current` or the task list.
@@ -301,6 +332,7 @@ mod tests {
                     "MemTotal: 16384 kB\nMemFree: 1 kB\nMemAvailable: 8192 kB\n",
                 ),
                 ("proc/sys/kernel/pid_max", "4194304\n"),
+                ("proc/sys/kernel/threads-max", "190000\n"),
                 ("proc/loadavg", "0.10 0.20 0.30 2/1234 999\n"),
             ],
         );
@@ -328,7 +360,8 @@ mod tests {
             ((1 << 30) - (400 << 20), 1 << 30)
         );
         let p = obs[&Signal::PidAvailable];
-        assert_eq!((p.available, p.capacity), (4194304 - 1234, 4194304));
+        // the smaller of pid_max and threads-max
+        assert_eq!((p.available, p.capacity), (190000 - 1234, 190000));
         assert!(obs[&Signal::NodefsAvailable].capacity > 0);
         assert!(obs.contains_key(&Signal::NodefsInodesFree));
         assert!(!obs.contains_key(&Signal::ImagefsAvailable));

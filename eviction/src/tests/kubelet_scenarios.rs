@@ -358,7 +358,7 @@ fn static_critical_pods_are_not_evicted() {
     assert_eq!((s.pressure.as_slice(), s.killed), (MP, None));
     // no priority, but static: still critical
     critical.priority = None;
-    critical.static_or_mirror = true;
+    critical.critical = true;
     let s = sync(
         &mut k,
         1500,

@@ -12,19 +12,27 @@
 //! | StopContainer / RemoveContainer | exited / removed | |
 //! | StopPodSandbox / RemovePodSandbox | not ready / removed | `pod_removed` |
 //!
-//! Never a refusal from here: a failed write is logged and counted, and the
-//! pod runs as kubelet asked (fail-open).
+//! One refusal only: admission under node pressure (the eviction loop's
+//! view): CreateContainer of a BE pod's container while the node reports a
+//! pressure condition fails with the condition, signal, value and threshold.
+//! Anything else that fails is logged and counted, and the pod runs as
+//! kubelet asked (fail-open).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use qoslet_agent::eviction::{Admission, EvictionView};
+use qoslet_hooks::class::{classify, ClassSource, Trust};
 use qoslet_isolation::Isolation;
 use qoslet_nri::{api, Event, Handler, Refusal, RuntimeInfo, StateChange};
 use qoslet_state::store::{ContainerState, Store};
 use tracing::{debug, info, warn};
 
 use crate::records;
+
+/// gRPC's RESOURCE_EXHAUSTED: what kubelet sees for a refused container.
+const RESOURCE_EXHAUSTED: i32 = 8;
 
 /// The NRI front end's handler.
 pub struct NriHandler {
@@ -35,6 +43,8 @@ pub struct NriHandler {
     pub errors: AtomicU64,
     /// Containers a Synchronize adopted that qoslet did not know.
     pub adopted: AtomicU64,
+    /// Admission under node pressure (`None`: eviction off).
+    admission: Option<(Arc<EvictionView>, Trust)>,
 }
 
 impl NriHandler {
@@ -44,7 +54,47 @@ impl NriHandler {
             iso,
             errors: AtomicU64::new(0),
             adopted: AtomicU64::new(0),
+            admission: None,
         }
+    }
+
+    /// Refuses BE containers while the eviction loop reports node pressure.
+    pub fn with_admission(mut self, view: Arc<EvictionView>, trust: Trust) -> Self {
+        self.admission = Some((view, trust));
+        self
+    }
+
+    /// Admission of pod `p`'s container (see the module docs).
+    fn admit(&self, p: &api::PodSandbox) -> Result<(), Refusal> {
+        let Some((view, trust)) = &self.admission else {
+            return Ok(());
+        };
+        let labels = p
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let parent = p
+            .linux
+            .as_ref()
+            .map(|l| l.cgroup_parent.as_str())
+            .unwrap_or_default();
+        let d = classify(&labels, &p.namespace, parent, trust);
+        if d.source == ClassSource::Skipped {
+            return Ok(());
+        }
+        let critical = Admission::critical_by_annotations(
+            p.annotations.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+        );
+        view.admit(&Admission {
+            class: d.class,
+            kube: d.kube,
+            namespace: &p.namespace,
+            name: &p.name,
+            uid: &p.uid,
+            critical,
+        })
+        .map_err(|msg| Refusal::with_code(RESOURCE_EXHAUSTED, msg))
     }
 
     fn failed(&self, what: &str, id: &str, e: &dyn std::fmt::Display) {
@@ -190,6 +240,7 @@ impl Handler for NriHandler {
         if p.id.is_empty() || c.id.is_empty() {
             return Ok(Default::default());
         }
+        self.admit(&p)?;
         let pod = self.pod_of(&p);
         let mut rec = records::container(&c);
         // kubelet's own request: what the runtime has now, before any patch
