@@ -71,9 +71,24 @@ pub struct EvictError {
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// What node-level reclaim removed (kubelet's container and image garbage
+/// collection, before any pod is evicted for disk).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reclaimed {
+    pub containers: usize,
+    pub images: Vec<String>,
+    /// What could not be removed, and why.
+    pub errors: Vec<String>,
+}
+
 /// Evicts pods.
 pub trait Evictor: Send + Sync + 'static {
     /// A short name for logs and `/metrics` (`cri`, `kubernetes`).
     fn name(&self) -> &'static str;
     fn evict<'a>(&'a self, req: &'a EvictRequest) -> BoxFuture<'a, Result<Evicted, EvictError>>;
+    /// Node-level disk reclaim: dead containers, then images no container
+    /// uses (`None`: this evictor cannot; the runtime's own does).
+    fn reclaim_disk(&self) -> Option<BoxFuture<'_, Reclaimed>> {
+        None
+    }
 }

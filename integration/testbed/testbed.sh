@@ -291,9 +291,9 @@ start_containerd() {
 up() {
   install
   write_config
-  [ -s "$WORK/images.oci.tar" ] || WORK="$WORK" "$HERE/build-image.sh" "$WORK/images.oci.tar" >/dev/null
+  [ -s "$WORK/images-v2.oci.tar" ] || WORK="$WORK" "$HERE/build-image.sh" "$WORK/images-v2.oci.tar" >/dev/null
   start_containerd
-  $CTR -n k8s.io images import --snapshotter overlayfs "$WORK/images.oci.tar" >/dev/null
+  $CTR -n k8s.io images import --snapshotter overlayfs "$WORK/images-v2.oci.tar" >/dev/null
   log "images: $($CTR -n k8s.io images ls -q | grep localhost | tr '\n' ' ')"
   env_vars
 }

@@ -261,3 +261,142 @@ async fn real_dry_run_evicts_nothing_and_refuses_nothing() {
     cleanup.pods.push(id);
     assert!(q.log_text().contains("dry run: would refuse"));
 }
+
+fn ctr(sock: &std::path::Path, args: &[&str]) -> String {
+    let out = std::process::Command::new("ctr")
+        .args(["--connect-timeout", "2s", "-a"])
+        .arg(sock)
+        .args(["-n", "k8s.io"])
+        .args(args)
+        .output()
+        .expect("ctr");
+    assert!(
+        out.status.success(),
+        "ctr {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+async fn image_listed(cri: &mut Cri, name: &str) -> bool {
+    cri.img
+        .list_images(cri::ListImagesRequest { filter: None })
+        .await
+        .unwrap()
+        .into_inner()
+        .images
+        .iter()
+        .any(|i| i.repo_tags.iter().any(|t| t == name))
+}
+
+/// Disk pressure on nodefs (a 64 MiB tmpfs filled past `nodefs.available`):
+/// node-level reclaim removes an image no container uses, before any pod is
+/// touched; the sandbox image and the images in use stay; then, the pressure
+/// lasting, the BE pod is evicted; a BE pod is refused under DiskPressure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_disk_pressure_collects_an_unused_image_before_any_pod() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let tb = Testbed::main();
+    let dir = scratch("eviction-disk");
+    let fs = dir.join("nodefs");
+    std::fs::create_dir_all(&fs).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=64m", "tmpfs"])
+        .arg(&fs)
+        .status()
+        .unwrap();
+    assert!(mounted.success(), "mount a tmpfs for nodefs");
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(fs.clone());
+    // an image no container uses (its own id; a tag of an image in use would
+    // be in use): the test bed's spare image, imported again (a run before
+    // this one collected it)
+    let unused = "localhost/testbed/spare:1".to_string();
+    let tar = tb.work.join("images-v2.oci.tar").display().to_string();
+    ctr(
+        &tb.sock,
+        &["images", "import", "--snapshotter", "overlayfs", &tar],
+    );
+    let mut direct = Cri::connect(&tb.sock).await;
+    assert!(image_listed(&mut direct, &unused).await);
+
+    let config = format!(
+        "eviction:\n  nodefsPath: {}\n  imagefsPath: {}\n  evictionHard:\n    nodefs.available: 40Mi\n  \
+         evictionPressureTransitionPeriod: 5s\n",
+        fs.display(),
+        fs.display()
+    );
+    let q = QosletProcess::with_config(&dir, &tb.sock, &config, &[]);
+    let mut cleanup = Cleanup::new(&tb.sock);
+    let mut through = Cri::connect(&q.sock).await;
+    let name = unique("disk-be");
+    let parent = tb.cgroup_parent_in("besteffort", &name);
+    let be = through.run_pod(&pod_config(&name, &parent)).await.unwrap();
+    cleanup.pods.push(be.clone());
+    cleanup.cgroups.push(parent.clone());
+    let c = through
+        .create(
+            &be,
+            &pod_config(&name, &parent),
+            container_config("idle", SLEEP_LOOP, None),
+        )
+        .await
+        .unwrap();
+    through.start(&c).await.unwrap();
+
+    // 30 MiB written: 34 MiB available < 40 MiB
+    std::fs::write(fs.join("fill"), vec![1u8; 30 << 20]).unwrap();
+    eventually(
+        "the unused image collected",
+        Duration::from_secs(20),
+        || {
+            let (mut d, unused) = (direct.clone(), unused.clone());
+            async move { (!image_listed(&mut d, &unused).await).then_some(()) }
+        },
+    )
+    .await;
+    assert!(
+        sandbox_ready(&mut direct, &be).await,
+        "a pod was touched before node-level reclaim"
+    );
+    for kept in [
+        qoslet_integration::testbed::BUSYBOX,
+        qoslet_integration::testbed::PAUSE,
+    ] {
+        assert!(image_listed(&mut direct, kept).await, "{kept} removed");
+    }
+    // a BE pod is refused under DiskPressure
+    let other = unique("disk-be2");
+    let other_parent = tb.cgroup_parent_in("besteffort", &other);
+    cleanup.cgroups.push(other_parent.clone());
+    let st = through
+        .run_pod(&pod_config(&other, &other_parent))
+        .await
+        .expect_err("a BE pod admitted under DiskPressure");
+    assert!(st.message().contains("DiskPressure"), "{}", st.message());
+    // the pressure lasts (the file is not an image): the BE pod goes
+    eventually(
+        "the BE pod evicted for disk",
+        Duration::from_secs(20),
+        || {
+            let (mut d, be) = (direct.clone(), be.clone());
+            async move { (!sandbox_ready(&mut d, &be).await).then_some(()) }
+        },
+    )
+    .await;
+    drop(q);
+    std::fs::remove_file(fs.join("fill")).unwrap();
+    let log = std::fs::read_to_string(dir.join("qoslet.log")).unwrap_or_default();
+    assert!(log.contains("node-level reclaim"), "{log}");
+    for kept in [
+        qoslet_integration::testbed::BUSYBOX,
+        qoslet_integration::testbed::PAUSE,
+    ] {
+        assert!(image_listed(&mut direct, kept).await, "{kept} removed");
+    }
+}

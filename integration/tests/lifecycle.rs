@@ -101,7 +101,7 @@ async fn real_containerd_full_pod_lifecycle_through_qoslet_equals_direct() {
     l1.sort_by(|a, b| a.id.cmp(&b.id));
     l2.sort_by(|a, b| a.id.cmp(&b.id));
     assert_eq!(l1, l2);
-    let reg = Registry::start(&tb.work.join("images.oci.tar"), &dir).await;
+    let reg = Registry::start(&tb.work.join("images-v2.oci.tar"), &dir).await;
     let pull_ref = reg.reference(BUSYBOX);
     let pulled = via
         .img

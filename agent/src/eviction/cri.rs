@@ -2,13 +2,15 @@
 //! does, in proxy and NRI mode alike: each running container with the pod's
 //! grace period (StopContainer's timeout), then the sandbox. kubelet sees a
 //! dead sandbox and recreates it; admission keeps a BE pod off the node while
-//! the pressure lasts.
+//! the pressure lasts. Disk reclaim is kubelet's garbage collection through
+//! CRI: exited containers removed, then images no container uses (never a
+//! pinned one, nor the runtime's sandbox image).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
-use qoslet_eviction::evictor::{BoxFuture, EvictError, EvictRequest, Evicted, Evictor};
+use qoslet_eviction::evictor::{BoxFuture, EvictError, EvictRequest, Evicted, Evictor, Reclaimed};
 use qoslet_proto::cri;
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -17,6 +19,7 @@ type Client = cri::runtime_service_client::RuntimeServiceClient<Channel>;
 
 /// Evicts through the runtime's CRI socket.
 pub struct CriEvictor {
+    channel: Channel,
     client: Client,
     socket: PathBuf,
 }
@@ -32,7 +35,8 @@ impl CriEvictor {
                 async move { UnixStream::connect(&p).await.map(TokioIo::new) }
             }));
         Self {
-            client: Client::new(channel),
+            client: Client::new(channel.clone()),
+            channel,
             socket,
         }
     }
@@ -90,6 +94,102 @@ impl CriEvictor {
     }
 }
 
+impl CriEvictor {
+    /// kubelet's disk reclaim through CRI: every exited container removed,
+    /// then every image no container uses, except pinned ones and the
+    /// runtime's sandbox (pause) image.
+    async fn garbage_collect(channel: Channel) -> Reclaimed {
+        let mut out = Reclaimed::default();
+        let mut c = Client::new(channel.clone());
+        let containers = match c
+            .list_containers(cri::ListContainersRequest { filter: None })
+            .await
+        {
+            Ok(r) => r.into_inner().containers,
+            Err(st) => {
+                out.errors.push(format!("ListContainers: {}", st.message()));
+                return out;
+            }
+        };
+        let mut in_use = std::collections::BTreeSet::new();
+        for ctr in containers {
+            if ctr.state == cri::ContainerState::ContainerExited as i32 {
+                match c
+                    .remove_container(cri::RemoveContainerRequest {
+                        container_id: ctr.id.clone(),
+                    })
+                    .await
+                {
+                    Ok(_) => {
+                        out.containers += 1;
+                        continue;
+                    }
+                    Err(st) => {
+                        out.errors
+                            .push(format!("RemoveContainer {}: {}", ctr.id, st.message()))
+                    }
+                }
+            }
+            in_use.insert(ctr.image_ref.clone());
+            if let Some(spec) = &ctr.image {
+                in_use.insert(spec.image.clone());
+            }
+        }
+        // the sandbox image, from the runtime's own config (containerd's
+        // verbose Status), is never removed: sandboxes use it, not containers
+        let sandbox_image = c
+            .status(cri::StatusRequest { verbose: true })
+            .await
+            .ok()
+            .and_then(|r| {
+                let info = r.into_inner().info;
+                let cfg: serde_json::Value = serde_json::from_str(info.get("config")?).ok()?;
+                cfg.get("sandboxImage")?.as_str().map(String::from)
+            });
+        let mut img = cri::image_service_client::ImageServiceClient::new(channel);
+        let images = match img
+            .list_images(cri::ListImagesRequest { filter: None })
+            .await
+        {
+            Ok(r) => r.into_inner().images,
+            Err(st) => {
+                out.errors.push(format!("ListImages: {}", st.message()));
+                return out;
+            }
+        };
+        for i in images {
+            let names: Vec<&String> = std::iter::once(&i.id)
+                .chain(i.repo_tags.iter())
+                .chain(i.repo_digests.iter())
+                .collect();
+            let used = names.iter().any(|n| in_use.contains(*n));
+            let sandbox = sandbox_image
+                .as_ref()
+                .is_some_and(|s| names.contains(&s));
+            if used || sandbox || i.pinned {
+                continue;
+            }
+            match img
+                .remove_image(cri::RemoveImageRequest {
+                    image: Some(cri::ImageSpec {
+                        image: i.id.clone(),
+                        ..Default::default()
+                    }),
+                })
+                .await
+            {
+                Ok(_) => out
+                    .images
+                    .push(i.repo_tags.first().cloned().unwrap_or(i.id.clone())),
+                Err(st) => out
+                    .errors
+                    .push(format!("RemoveImage {}: {}", i.id, st.message())),
+            }
+        }
+        out
+    }
+}
+
 impl Evictor for CriEvictor {
     fn name(&self) -> &'static str {
         "cri"
@@ -119,5 +219,20 @@ impl Evictor for CriEvictor {
                 Err(_) => Ok(Evicted::Stopping),
             }
         })
+    }
+
+    fn reclaim_disk(&self) -> Option<BoxFuture<'_, Reclaimed>> {
+        let channel = self.channel.clone();
+        Some(Box::pin(async move {
+            // to its end on its own task, within a minute
+            let task = tokio::spawn(Self::garbage_collect(channel));
+            match tokio::time::timeout(Duration::from_secs(60), task).await {
+                Ok(Ok(r)) => r,
+                _ => Reclaimed {
+                    errors: vec!["garbage collection did not finish within 60 s".into()],
+                    ..Default::default()
+                },
+            }
+        }))
     }
 }

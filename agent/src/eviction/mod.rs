@@ -130,6 +130,19 @@ impl EvictionView {
         self.pressure.read().unwrap().clone()
     }
 
+    /// Publishes the node conditions and the thresholds met (the loop does,
+    /// each cycle; a condition held for its transition period keeps the
+    /// figures that raised it).
+    pub fn set_pressure(&self, conditions: Vec<Condition>, met: Vec<Met>) {
+        let mut w = self.pressure.write().unwrap();
+        let met = if met.is_empty() && !conditions.is_empty() {
+            std::mem::take(&mut w.1)
+        } else {
+            met
+        };
+        *w = (conditions, met);
+    }
+
     /// Notification → evictor call, for the last evictions a notification led to.
     pub fn latencies(&self) -> Vec<Duration> {
         self.latencies.lock().unwrap().iter().copied().collect()
@@ -557,8 +570,11 @@ impl Acting {
             outcome
         };
         let done = matches!(outcome.as_str(), "stopped" | "stopping" | "gone");
-        if done {
+        if done || self.dry_run {
+            // in dry run: what would have been
             self.view.evictions[model_index(req.model)].fetch_add(1, Ordering::Relaxed);
+        }
+        if done {
             self.view.evicted_uid(&req.uid, req.model.as_str());
         }
         self.view.record(Record {
@@ -596,6 +612,11 @@ struct Cycle {
     cleanup: Option<Cleanup>,
     /// A reading still running (a hung filesystem): no second one is started.
     reading: Option<JoinHandle<Reading>>,
+    /// Node-level disk reclaim under way.
+    reclaiming: Option<JoinHandle<()>>,
+    /// When the last disk reclaim finished: within [`CLEANUP_WAIT`] of it, a
+    /// disk threshold still met evicts a pod (the reclaim was not enough).
+    reclaimed_at: Arc<Mutex<Option<Instant>>>,
 }
 
 impl Cycle {
@@ -629,14 +650,76 @@ impl Cycle {
                 })
             })
             .collect::<Vec<Met>>();
-        let mut w = self.view.pressure.write().unwrap();
-        // a condition held for its transition period keeps the figures that raised it
-        let met = if met.is_empty() && !p.conditions.is_empty() {
-            std::mem::take(&mut w.1)
-        } else {
-            met
-        };
-        *w = (p.conditions.clone(), met);
+        self.view.set_pressure(p.conditions.clone(), met);
+    }
+
+    /// kubelet's node-level reclaim for a disk signal: true while it is under
+    /// way or about to start (no pod this cycle); false once a reclaim ended
+    /// lately and the threshold is still met (a pod goes), or when the
+    /// evictor cannot reclaim.
+    fn reclaim_first(&mut self, signal: Signal) -> bool {
+        if self.reclaiming.as_ref().is_some_and(|t| !t.is_finished()) {
+            return true;
+        }
+        let recent = self
+            .reclaimed_at
+            .lock()
+            .unwrap()
+            .is_some_and(|at| at.elapsed() < CLEANUP_WAIT);
+        if recent {
+            return false;
+        }
+        if self.cfg.config.dry_run {
+            info!(signal = %signal, "dry run: would garbage-collect containers and images before any pod");
+            *self.reclaimed_at.lock().unwrap() = Some(Instant::now());
+            return false;
+        }
+        if self.cfg.evictor.reclaim_disk().is_none() {
+            self.warn_once(
+                format!("reclaim {signal}"),
+                &format!(
+                    "{signal} is met and the evictor cannot reclaim disk: pods are evicted at once"
+                ),
+            );
+            return false;
+        }
+        let evictor = self.cfg.evictor.clone();
+        let view = self.view.clone();
+        let done = self.reclaimed_at.clone();
+        self.reclaiming = Some(tokio::spawn(async move {
+            let Some(gc) = evictor.reclaim_disk() else {
+                return;
+            };
+            let r = gc.await;
+            warn!(signal = %signal, containers = r.containers, images = ?r.images, errors = ?r.errors, "node-level reclaim (garbage collection) before any pod");
+            view.record(Record {
+                at: unix_now(),
+                sandbox_id: String::new(),
+                uid: String::new(),
+                namespace: String::new(),
+                name: String::new(),
+                reason: "node-reclaim",
+                signal: Some(signal),
+                observed: None,
+                threshold: None,
+                grace_seconds: 0,
+                message: format!(
+                    "removed {} exited containers and {} unused images ({}){}",
+                    r.containers,
+                    r.images.len(),
+                    r.images.join(", "),
+                    if r.errors.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; errors: {}", r.errors.join("; "))
+                    }
+                ),
+                dry_run: false,
+                outcome: "reclaimed".into(),
+            });
+            *done.lock().unwrap() = Some(Instant::now());
+        }));
+        true
     }
 
     /// Reads the node and the pods off the async workers, within [`READ_TIMEOUT`].
@@ -720,11 +803,10 @@ impl Cycle {
         if let Some(starved) = pressure.starved.clone() {
             if busy || self.cleanup.is_some() {
                 debug!("the last eviction is still under way or being cleaned up");
-            } else if pressure.node_reclaim_first(self.kubelet.settings().dedicated_imagefs) {
-                self.warn_once(
-                    format!("reclaim {}", starved.signal),
-                    &format!("{} is met: node-level reclaim (image and container garbage collection) is not implemented yet; no pod is evicted for disk", starved.signal),
-                );
+            } else if pressure.node_reclaim_first(self.kubelet.settings().dedicated_imagefs)
+                && self.reclaim_first(starved.signal)
+            {
+                debug!(signal = %starved.signal, "node-level reclaim before any pod");
             } else if let Some(v) = self
                 .kubelet
                 .victims(&starved, &plain, &obs)
@@ -822,6 +904,8 @@ impl crate::Agent {
             acting: None,
             cleanup: None,
             reading: None,
+            reclaiming: None,
+            reclaimed_at: Arc::new(Mutex::new(None)),
             cfg,
         };
         info!(
@@ -902,7 +986,7 @@ mod tests {
     }
 
     fn pressed(v: &EvictionView) {
-        *v.pressure.write().unwrap() = (
+        v.set_pressure(
             vec![Condition::MemoryPressure],
             vec![Met {
                 signal: Signal::MemoryAvailable,

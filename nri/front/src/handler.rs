@@ -493,6 +493,44 @@ mod tests {
         }
     }
 
+    /// Admission in NRI mode: under memory pressure a BE pod's container is
+    /// refused with RESOURCE_EXHAUSTED and the figures; an LS pod's is not.
+    #[test]
+    fn a_be_container_is_refused_under_pressure() {
+        use qoslet_agent::eviction::{EvictionView, Met};
+        let (_m, h, store) = setup();
+        let view = Arc::new(EvictionView::default());
+        let h = h.with_admission(view.clone(), qoslet_hooks::Trust::default());
+        let create = |p: api::PodSandbox| {
+            h.create_container(api::CreateContainerRequest {
+                pod: Some(p),
+                container: Some(container("c9")),
+            })
+        };
+        assert!(create(pod()).is_ok(), "no pressure");
+        view.set_pressure(
+            vec![qoslet_eviction::Condition::MemoryPressure],
+            vec![Met {
+                signal: qoslet_eviction::Signal::MemoryAvailable,
+                observed: 100 << 20,
+                threshold: 200 << 20,
+                hard: true,
+            }],
+        );
+        let r = create(pod()).unwrap_err();
+        assert_eq!(r.code, RESOURCE_EXHAUSTED);
+        assert!(
+            r.message.contains("memory.available 100Mi < 200Mi"),
+            "{}",
+            r.message
+        );
+        let mut ls = pod();
+        ls.id = "p2".into();
+        ls.linux.as_mut().unwrap().cgroup_parent = "/kubepods/burstable/podp2".into();
+        assert!(create(ls).is_ok(), "an LS pod refused");
+        let _ = store;
+    }
+
     #[test]
     fn nri_events_carry_the_rooms_decisions() {
         let (m, h, store) = setup();
