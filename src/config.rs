@@ -401,7 +401,10 @@ mod tests {
         let c = parse(include_str!("../deploy/qoslet.yaml")).unwrap();
         assert_eq!(c.listen.as_deref(), Some("unix:///run/qoslet/qoslet.sock"));
         let e = c.eviction.as_ref().unwrap().validate().unwrap();
-        assert!(!e.enabled, "no thresholds in the example: eviction off");
+        assert!(
+            e.enabled && e.kubelet.thresholds.is_empty(),
+            "no thresholds in the example"
+        );
         assert_eq!(
             c.hooks.unwrap().failure_policy,
             Some(qoslet_proxy::FailurePolicy::FailOpen)

@@ -340,7 +340,21 @@ impl Prepared {
         agent: &qoslet_agent::Agent,
         runtime_socket: Option<PathBuf>,
     ) -> Option<std::sync::Arc<qoslet_agent::eviction::EvictionView>> {
-        let e = self.eviction.clone().filter(|e| e.enabled)?;
+        // on unless `eviction.enable: false`: kubelet's model acts once
+        // thresholds are set, Koordinator's BE model when the policy enables it
+        let e = match &self.eviction {
+            Some(e) => e.clone(),
+            None => match qoslet_eviction::EvictionConfig::default().validate() {
+                Ok(e) => e,
+                Err(err) => {
+                    tracing::error!(error = %err, "eviction: the default section is refused; eviction off");
+                    return None;
+                }
+            },
+        };
+        if !e.enabled {
+            return None;
+        }
         let Some(host) = self.host.tree.clone() else {
             tracing::warn!("eviction: no cgroups found on this host; eviction off");
             return None;

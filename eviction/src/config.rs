@@ -18,7 +18,8 @@ use crate::threshold::{self, duration_field, ThresholdError, ThresholdMaps};
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EvictionConfig {
-    /// On once thresholds are set, unless `false`.
+    /// On unless `false`: kubelet's model acts once thresholds are set,
+    /// Koordinator's BE model when the policy enables it.
     pub enable: Option<bool>,
     /// Decide, log and show, but stop nothing and refuse nothing.
     #[serde(default)]
@@ -130,7 +131,7 @@ impl EvictionConfig {
             }
         };
         Ok(Eviction {
-            enabled: self.enable.unwrap_or(true) && !thresholds.is_empty(),
+            enabled: self.enable.unwrap_or(true),
             dry_run: self.dry_run,
             kubelet: Settings {
                 thresholds,
@@ -185,18 +186,19 @@ mod tests {
     }
 
     #[test]
-    fn off_without_thresholds_or_when_told() {
-        assert!(!cfg("{}").unwrap().enabled);
+    fn on_unless_told_and_without_thresholds_kubelets_model_idles() {
+        let e = cfg("{}").unwrap();
+        assert!(e.enabled && e.kubelet.thresholds.is_empty());
         assert!(
             !cfg(r#"{"enable":false,"evictionHard":{"memory.available":"1Gi"}}"#)
                 .unwrap()
                 .enabled
         );
-        assert!(
-            !cfg(r#"{"evictionHard":{"memory.available":"0%"}}"#)
-                .unwrap()
-                .enabled
-        );
+        assert!(cfg(r#"{"evictionHard":{"memory.available":"0%"}}"#)
+            .unwrap()
+            .kubelet
+            .thresholds
+            .is_empty());
     }
 
     #[test]

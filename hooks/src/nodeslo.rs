@@ -76,8 +76,8 @@ const SPEC: &[(&str, Support)] = &[
     ("resourceUsedThresholdWithBE.cpuSuppressThresholdPercent", I),
     ("resourceUsedThresholdWithBE.cpuSuppressPolicy", I),
     ("resourceUsedThresholdWithBE.cpuSuppressMinPercent", I),
-    ("resourceUsedThresholdWithBE.memoryEvictThresholdPercent", P),
-    ("resourceUsedThresholdWithBE.memoryEvictLowerPercent", P),
+    ("resourceUsedThresholdWithBE.memoryEvictThresholdPercent", I),
+    ("resourceUsedThresholdWithBE.memoryEvictLowerPercent", I),
     (
         "resourceUsedThresholdWithBE.memoryAllocatableEvictThresholdPercent",
         N,
@@ -390,9 +390,13 @@ mod tests {
         assert!(s.spec.get("systemStrategy").is_none());
         assert_eq!(
             s.spec["resourceUsedThresholdWithBE"]["memoryEvictThresholdPercent"], 70,
-            "parsed, no effect yet: kept for the parser"
+            "implemented (BE memory eviction): kept for the parser"
         );
         let listed = s.not_implemented.join("\n");
+        assert!(
+            !listed.contains("memoryEvictThresholdPercent"),
+            "implemented now, not listed: {listed}"
+        );
         for f in [
             "resourceQOSStrategy.policies.netQOSPolicy = \"tc\"",
             "resourceQOSStrategy.beClass.cpuQOS.coreExpeller = false",
@@ -401,7 +405,6 @@ mod tests {
             "resourceQOSStrategy.beClass.networkQOS",
             "resourceQOSStrategy.cgroupRoot",
             "resourceUsedThresholdWithBE.cpuEvictPolicy = \"evictByRealLimit\"",
-            "resourceUsedThresholdWithBE.memoryEvictThresholdPercent = 70 (read and validated",
             "systemStrategy",
             "extensions",
         ] {

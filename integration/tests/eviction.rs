@@ -400,3 +400,65 @@ async fn real_disk_pressure_collects_an_unused_image_before_any_pod() {
         assert!(image_listed(&mut direct, kept).await, "{kept} removed");
     }
 }
+
+/// Koordinator's BE memory model alone (no kubelet thresholds): the NodeSLO
+/// policy's `memoryEvictThresholdPercent` over the scope evicts the pod
+/// labelled BE, not the LS pod, and the evicted pod is refused re-admission.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_be_memory_eviction_by_koordinators_policy() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let tb = Testbed::main();
+    let root = kubelet_cgroup_root(&tb.sock);
+    let dir = scratch("eviction-koord");
+    let config = format!(
+        "policy:\n  resourceUsedThresholdWithBE:\n    enable: true\n    memoryEvictThresholdPercent: 40\n\
+         eviction:\n  memoryCapacity: 640Mi\n  cgroupScope: {root}/kubepods\n"
+    );
+    let q = QosletProcess::with_config(&dir, &tb.sock, &config, &[]);
+    let mut cleanup = Cleanup::new(&tb.sock);
+    let mut direct = Cri::connect(&tb.sock).await;
+    let mut through = Cri::connect(&q.sock).await;
+    let ls_name = unique("koord-ls");
+    let ls_parent = tb.cgroup_parent_in("burstable", &ls_name);
+    let ls = through
+        .run_pod(&pod_config(&ls_name, &ls_parent))
+        .await
+        .unwrap();
+    cleanup.pods.push(ls.clone());
+    cleanup.cgroups.push(ls_parent.clone());
+    let be_name = unique("koord-be");
+    let be_parent = tb.cgroup_parent_in("besteffort", &be_name);
+    let mut be_cfg = pod_config(&be_name, &be_parent);
+    be_cfg
+        .labels
+        .insert("koordinator.sh/qosClass".into(), "BE".into());
+    let be = through.run_pod(&be_cfg).await.unwrap();
+    cleanup.pods.push(be.clone());
+    cleanup.cgroups.push(be_parent.clone());
+    let c = through
+        .create(&be, &be_cfg, container_config("grow", GROW, None))
+        .await
+        .unwrap();
+    through.start(&c).await.unwrap();
+    eventually(
+        "the BE pod evicted by the BE model",
+        Duration::from_secs(30),
+        || {
+            let (mut d, be) = (direct.clone(), be.clone());
+            async move { (!sandbox_ready(&mut d, &be).await).then_some(()) }
+        },
+    )
+    .await;
+    assert!(
+        sandbox_ready(&mut direct, &ls).await,
+        "the LS pod was touched"
+    );
+    let log = q.log_text();
+    assert!(log.contains("model=\"be-memory\""), "{log}");
+    // kubelet recreates the sandbox: refused for a while
+    let st = through
+        .run_pod(&be_cfg)
+        .await
+        .expect_err("the evicted BE pod admitted again at once");
+    assert!(st.message().contains("evicted"), "{}", st.message());
+}

@@ -163,9 +163,7 @@ impl CriEvictor {
                 .chain(i.repo_digests.iter())
                 .collect();
             let used = names.iter().any(|n| in_use.contains(*n));
-            let sandbox = sandbox_image
-                .as_ref()
-                .is_some_and(|s| names.contains(&s));
+            let sandbox = sandbox_image.as_ref().is_some_and(|s| names.contains(&s));
             if used || sandbox || i.pinned {
                 continue;
             }

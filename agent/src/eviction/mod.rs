@@ -504,11 +504,10 @@ fn candidates(inv: &[PodEntry], sources: &Sources) -> Vec<Candidate> {
         .collect()
 }
 
-/// What one cycle read, off the async workers.
+/// What one cycle read of the node, off the async workers.
 struct Reading {
     obs: Observations,
     errors: Vec<(Signal, observe::ObserveError)>,
-    candidates: Vec<Candidate>,
     /// Koordinator's node memory (used, capacity).
     koord_node: Option<NodeMemory>,
     /// The working set of the last victim's cgroup (`None`: gone).
@@ -723,17 +722,15 @@ impl Cycle {
     }
 
     /// Reads the node and the pods off the async workers, within [`READ_TIMEOUT`].
-    async fn read(&mut self, inventories: &Inventories) -> Option<Reading> {
+    async fn read(&mut self) -> Option<Reading> {
         let mut task = match self.reading.take() {
             Some(t) => t,
             None => {
                 let now = self.start.elapsed();
                 let sources = self.cfg.sources.clone();
-                let inv = inventories.current();
                 let victim = self.cleanup.as_ref().map(|c| c.cgroup.clone());
                 tokio::task::spawn_blocking(move || {
                     let (obs, errors) = sources.observe(now);
-                    let candidates = candidates(&inv.pods, &sources);
                     let koord_node = sources
                         .koord_node_memory()
                         .ok()
@@ -744,7 +741,6 @@ impl Cycle {
                     Reading {
                         obs,
                         errors,
-                        candidates,
                         koord_node,
                         victim_ws,
                     }
@@ -765,6 +761,24 @@ impl Cycle {
         }
     }
 
+    /// The pods with their memory, read only when a model needs them (a
+    /// threshold met): a node under no pressure reads no pod's files.
+    async fn candidates(&mut self, inventories: &Inventories) -> Option<Vec<Candidate>> {
+        let sources = self.cfg.sources.clone();
+        let inv = inventories.current();
+        let task = tokio::task::spawn_blocking(move || candidates(&inv.pods, &sources));
+        match tokio::time::timeout(READ_TIMEOUT, task).await {
+            Ok(Ok(c)) => Some(c),
+            _ => {
+                self.warn_once(
+                    "pods".into(),
+                    "reading the pods' memory took over 5 s: this cycle evicts nothing",
+                );
+                None
+            }
+        }
+    }
+
     async fn run_once(
         &mut self,
         store: &Store,
@@ -775,10 +789,9 @@ impl Cycle {
         let Some(Reading {
             obs,
             errors,
-            candidates,
             koord_node,
             victim_ws,
-        }) = self.read(inventories).await
+        }) = self.read().await
         else {
             return;
         };
@@ -790,6 +803,25 @@ impl Cycle {
         }
         let pressure = self.kubelet.observe(now, &obs);
         self.publish(&pressure, &obs);
+        let be_due = match (&policy, koord_node) {
+            (Some(Ok(p)), Some(n)) if n.capacity > 0 => {
+                (n.used as i128 * 100 / n.capacity as i128) as i64 >= p.threshold_percent()
+                    && !self.koord.memory_cooling(now)
+            }
+            _ => false,
+        };
+        if pressure.starved.is_none() && !be_due {
+            if let Some(Err(e)) = &policy {
+                self.warn_once(
+                    "be-memory policy".into(),
+                    &format!("BE memory eviction skipped: {e}"),
+                );
+            }
+            return;
+        }
+        let Some(candidates) = self.candidates(inventories).await else {
+            return;
+        };
         let plain: Vec<Pod> = candidates.iter().map(|c| c.pod.clone()).collect();
         // kubelet's model: one pod at a time, and none until the last one's
         // memory is released (its cgroup gone or its working set halved), 30 s at most
