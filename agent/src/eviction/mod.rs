@@ -963,10 +963,16 @@ impl crate::Agent {
                     cycle.cfg.sources.clone(),
                     cycle.kubelet.settings().thresholds.clone(),
                 );
+                let be_percent =
+                    match be_memory_policy(&policy.borrow().policy.resource_used_threshold_with_be)
+                    {
+                        Some(Ok(p)) => Some(p.threshold_percent()),
+                        _ => None,
+                    };
                 let rt = tokio::runtime::Handle::current();
                 let mut n = std::mem::take(&mut notifiers);
                 notifiers = tokio::task::spawn_blocking(move || {
-                    let wanted = notify::wanted(&sources, &thresholds);
+                    let wanted = notify::wanted(&sources, &thresholds, be_percent);
                     n.rearm_blocking(wanted, &rt);
                     n
                 })

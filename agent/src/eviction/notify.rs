@@ -99,7 +99,13 @@ impl Drop for Notifiers {
 
 /// Where and at what level each memory threshold wants a notification
 /// (kubelet's `UpdateThreshold`): capacity − threshold + inactive file.
-pub fn wanted(s: &Sources, thresholds: &[Threshold]) -> Vec<(PathBuf, i64)> {
+/// `be_percent`: Koordinator's `memoryEvictThresholdPercent` when its BE
+/// model is on (its working set crossing that share of the capacity).
+pub fn wanted(
+    s: &Sources,
+    thresholds: &[Threshold],
+    be_percent: Option<i64>,
+) -> Vec<(PathBuf, i64)> {
     let mut out = vec![];
     if s.host.is_v2() {
         return out;
@@ -134,6 +140,15 @@ pub fn wanted(s: &Sources, thresholds: &[Threshold]) -> Vec<(PathBuf, i64)> {
         };
         let Ok(dir) = cg.under(base) else { continue };
         out.push((dir, capacity - t.value.of(capacity) + inactive));
+    }
+    if let Some(pct) = be_percent {
+        let cg = s
+            .scope
+            .clone()
+            .unwrap_or_else(qoslet_cgroups::CgroupPath::root);
+        if let (Ok((o, m)), Ok(dir)) = (s.node_memory(), cg.under(base)) {
+            out.push((dir, o.capacity / 100 * pct + m.inactive_file));
+        }
     }
     out
 }
