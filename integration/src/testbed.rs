@@ -213,6 +213,22 @@ impl Cri {
             .map(|_| ())
     }
 
+    /// Whether pod sandbox `id` is ready (false once stopped, or unknown).
+    pub async fn sandbox_ready(&mut self, id: &str) -> bool {
+        self.rt
+            .pod_sandbox_status(cri::PodSandboxStatusRequest {
+                pod_sandbox_id: id.into(),
+                verbose: false,
+            })
+            .await
+            .map(|s| {
+                s.into_inner()
+                    .status
+                    .is_some_and(|s| s.state == cri::PodSandboxState::SandboxReady as i32)
+            })
+            .unwrap_or(false)
+    }
+
     pub async fn status(&mut self, id: &str) -> Result<cri::ContainerStatus, tonic::Status> {
         Ok(self
             .rt

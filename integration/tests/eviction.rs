@@ -31,21 +31,6 @@ fn config(dry_run: bool, root: &str) -> String {
     )
 }
 
-async fn sandbox_ready(cri: &mut Cri, id: &str) -> bool {
-    cri.rt
-        .pod_sandbox_status(cri::PodSandboxStatusRequest {
-            pod_sandbox_id: id.into(),
-            verbose: false,
-        })
-        .await
-        .map(|s| {
-            s.into_inner()
-                .status
-                .is_some_and(|s| s.state == cri::PodSandboxState::SandboxReady as i32)
-        })
-        .unwrap_or(false)
-}
-
 /// An LS pod (Burstable) sleeping, and a BE pod (BestEffort) that grows
 /// memory, through qoslet; returns (ls sandbox, be sandbox, when BE started).
 async fn pods(
@@ -118,7 +103,7 @@ async fn real_memory_pressure_evicts_the_be_pod_refuses_be_admission_and_spares_
     // the BE pod is stopped at the runtime once it holds its memory
     eventually("the BE pod stopped", Duration::from_secs(30), || {
         let (mut d, be) = (direct.clone(), be.clone());
-        async move { (!sandbox_ready(&mut d, &be).await).then_some(()) }
+        async move { (!d.sandbox_ready(&be).await).then_some(()) }
     })
     .await;
     let took = started.elapsed();
@@ -132,10 +117,7 @@ async fn real_memory_pressure_evicts_the_be_pod_refuses_be_admission_and_spares_
         "kubelet's message: {log}"
     );
     // the LS pod beside it keeps running
-    assert!(
-        sandbox_ready(&mut direct, &ls).await,
-        "the LS pod was touched"
-    );
+    assert!(direct.sandbox_ready(&ls).await, "the LS pod was touched");
 
     // MemoryPressure holds for the transition period: a BE pod is refused,
     // naming the signal, what was observed and the threshold; an LS pod is not
@@ -249,10 +231,10 @@ async fn real_dry_run_evicts_nothing_and_refuses_nothing() {
     })
     .await;
     assert!(
-        sandbox_ready(&mut direct, &be).await,
+        direct.sandbox_ready(&be).await,
         "dry run stopped the BE pod"
     );
-    assert!(sandbox_ready(&mut direct, &ls).await);
+    assert!(direct.sandbox_ready(&ls).await);
     let mut through = Cri::connect(&q.sock).await;
     let name = unique("dry-be2");
     let parent = tb.cgroup_parent_in("besteffort", &name);
@@ -361,7 +343,7 @@ async fn real_disk_pressure_collects_an_unused_image_before_any_pod() {
     )
     .await;
     assert!(
-        sandbox_ready(&mut direct, &be).await,
+        direct.sandbox_ready(&be).await,
         "a pod was touched before node-level reclaim"
     );
     for kept in [
@@ -385,7 +367,7 @@ async fn real_disk_pressure_collects_an_unused_image_before_any_pod() {
         Duration::from_secs(20),
         || {
             let (mut d, be) = (direct.clone(), be.clone());
-            async move { (!sandbox_ready(&mut d, &be).await).then_some(()) }
+            async move { (!d.sandbox_ready(&be).await).then_some(()) }
         },
     )
     .await;
@@ -445,14 +427,11 @@ async fn real_be_memory_eviction_by_koordinators_policy() {
         Duration::from_secs(30),
         || {
             let (mut d, be) = (direct.clone(), be.clone());
-            async move { (!sandbox_ready(&mut d, &be).await).then_some(()) }
+            async move { (!d.sandbox_ready(&be).await).then_some(()) }
         },
     )
     .await;
-    assert!(
-        sandbox_ready(&mut direct, &ls).await,
-        "the LS pod was touched"
-    );
+    assert!(direct.sandbox_ready(&ls).await, "the LS pod was touched");
     let log = q.log_text();
     assert!(log.contains("model=\"be-memory\""), "{log}");
     // kubelet recreates the sandbox: refused for a while

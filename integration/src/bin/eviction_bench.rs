@@ -55,21 +55,6 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
     v[((v.len() as f64 - 1.0) * p).round() as usize]
 }
 
-async fn ready(cri: &mut Cri, id: &str) -> bool {
-    cri.rt
-        .pod_sandbox_status(cri::PodSandboxStatusRequest {
-            pod_sandbox_id: id.into(),
-            verbose: false,
-        })
-        .await
-        .map(|s| {
-            s.into_inner()
-                .status
-                .is_some_and(|s| s.state == cri::PodSandboxState::SandboxReady as i32)
-        })
-        .unwrap_or(false)
-}
-
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let runs = arg("--runs", 20);
@@ -124,7 +109,7 @@ async fn main() {
             .unwrap();
         through.start(&c).await.unwrap();
         let t0 = Instant::now();
-        while ready(&mut direct, &id).await && t0.elapsed() < Duration::from_secs(60) {
+        while direct.sandbox_ready(&id).await && t0.elapsed() < Duration::from_secs(60) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         stopped_after.push(t0.elapsed().as_secs_f64());
