@@ -388,12 +388,18 @@ impl Prepared {
             imagefs: Some(e.imagefs_path.clone()),
         };
         let evictor = std::sync::Arc::new(qoslet_agent::eviction::cri::CriEvictor::new(socket));
-        Some(agent.start_eviction(qoslet_agent::eviction::EvictionLoop {
-            config: e,
-            sources,
-            evictor,
-            interval: std::time::Duration::from_secs(1),
-        }))
+        Some(agent.start_eviction(
+            qoslet_agent::eviction::EvictionLoop {
+                config: e,
+                sources,
+                evictor,
+                interval: std::time::Duration::from_secs(1),
+                persist:
+                    agent.state_dir().map(|d| {
+                        std::sync::Arc::new(qoslet_agent::eviction::persist::Persist::new(d))
+                    }),
+            },
+        ))
     }
 
     /// The agent's loops: metrics and the QoS engine.

@@ -112,6 +112,8 @@ pub struct Agent {
     /// there, but still one qoslet at a time).
     _unchecked_lock: Option<InstanceLock>,
     admin_listen: String,
+    /// The state dir, when it is private and this agent holds its lock.
+    state_dir: Option<PathBuf>,
 }
 
 impl Agent {
@@ -183,6 +185,7 @@ impl Agent {
         });
         info!(admin = %cfg.admin_listen, state_dir = %cfg.state_dir.display(), "qoslet agent serving");
         Ok(Agent {
+            state_dir: lock.is_some().then(|| cfg.state_dir.clone()),
             hub,
             inventory: Inventories::new(store.clone(), cfg.trust, cfg.pod_root),
             loops: Default::default(),
@@ -198,6 +201,12 @@ impl Agent {
             _unchecked_lock: unchecked_lock,
             admin_listen: cfg.admin_listen,
         })
+    }
+
+    /// The state dir, when it is private and this agent holds its lock
+    /// (where a room may keep what must survive a restart).
+    pub fn state_dir(&self) -> Option<&std::path::Path> {
+        self.state_dir.as_deref()
     }
 
     /// The store (shared: clones see the same data).

@@ -587,8 +587,17 @@ impl Koord {
         }
     }
 
-    /// Marks a UID evicted at `at` (restored after a restart).
-    pub fn remember_evicted(&mut self, uid: String, at: Duration) {
-        self.evicted.insert(uid, at);
+    /// Marks a UID evicted at `at` by `feature` (restored after a restart):
+    /// remembered, and the feature cooling down from `at`.
+    pub fn remember_evicted(&mut self, uid: String, feature: Feature, at: Duration) {
+        match feature {
+            Feature::BeMemory => {
+                self.last_memory = Some(self.last_memory.map_or(at, |t| t.max(at)))
+            }
+            Feature::BeCpu => self.last_cpu = self.last_cpu.max(at),
+        }
+        if !uid.is_empty() && self.evicted.len() < MAX_REMEMBERED {
+            self.evicted.insert(uid, at);
+        }
     }
 }

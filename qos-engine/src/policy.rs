@@ -37,6 +37,20 @@ pub struct ResourceThresholdStrategy {
     #[serde(rename = "cpuEvictBEUsageThresholdPercent")]
     pub cpu_evict_be_usage_threshold_percent: i64,
     pub cpu_evict_time_window_seconds: Option<i64>,
+    /// The BE limit the satisfaction is taken against.
+    pub cpu_evict_policy: CpuEvictPolicy,
+}
+
+/// `cpuEvictPolicy`: the BE limit of the CPU satisfaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+pub enum CpuEvictPolicy {
+    /// The real BE limit (the BE cpuset, capped by the besteffort quota).
+    #[default]
+    #[serde(rename = "evictByRealLimit")]
+    RealLimit,
+    /// The node's `kubernetes.io/batch-cpu` allocatable (known in a cluster only).
+    #[serde(rename = "evictByAllocatable")]
+    Allocatable,
 }
 
 impl Default for ResourceThresholdStrategy {
@@ -52,6 +66,7 @@ impl Default for ResourceThresholdStrategy {
             cpu_evict_be_satisfaction_upper_percent: None,
             cpu_evict_be_usage_threshold_percent: 90,
             cpu_evict_time_window_seconds: None,
+            cpu_evict_policy: CpuEvictPolicy::RealLimit,
         }
     }
 }

@@ -6,23 +6,26 @@
 //! [`EvictionView`]: the node conditions and their figures (admission reads
 //! them), the recent evictions, the counters.
 //!
-//! Not yet here (issue 30, later steps): node-level disk reclaim (garbage
-//! collection through CRI), BE CPU-satisfaction eviction, cgroup v2's PSI
-//! trigger, hot reload of the `eviction:` section.
+//! Koordinator's BE CPU-satisfaction eviction samples the QoS engine's ticks
+//! ([`be_cpu`]).
 
+pub mod be_cpu;
 pub mod cri;
 pub mod notify;
 pub mod observe;
+pub mod persist;
 pub mod view;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use qoslet_cgroups::CgroupPath;
 use qoslet_eviction::evictor::{EvictRequest, Evicted, Evictor, Model};
-use qoslet_eviction::koord::{self, EvictionPolicy, Koord, MemoryPolicy, NodeMemory};
+use qoslet_eviction::koord::{
+    self, CpuHistory, CpuPolicy, CpuPolicyError, EvictionPolicy, Koord, MemoryPolicy, NodeMemory,
+};
 use qoslet_eviction::kubelet::CLEANUP_WAIT;
 use qoslet_eviction::kubelet::{Kubelet, Observations, Pressure};
 use qoslet_eviction::{Eviction, Pod, PodStats, Requests, Signal};
@@ -41,6 +44,8 @@ pub struct EvictionLoop {
     pub sources: Sources,
     pub evictor: Arc<dyn Evictor>,
     pub interval: Duration,
+    /// Where the records survive a restart (`None`: the state dir is unusable).
+    pub persist: Option<Arc<persist::Persist>>,
 }
 
 /// The Koordinator BE memory policy in force, when it is enabled.
@@ -153,6 +158,9 @@ struct Cleanup {
 
 /// Readings slower than this are given up on for the cycle.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// The loop's clock starts this far back, so that a restart's restored
+/// times (minutes back at most) have a place on it.
+const RESTORE_HORIZON: Duration = Duration::from_secs(900);
 /// Cycles the kernel's notifications drive are at least this far apart.
 const MIN_CYCLE_GAP: Duration = Duration::from_millis(100);
 
@@ -163,6 +171,7 @@ struct Acting {
     evictor: Arc<dyn Evictor>,
     store: Store,
     dry_run: bool,
+    persist: Option<Arc<persist::Persist>>,
 }
 
 impl Acting {
@@ -220,6 +229,10 @@ impl Acting {
             dry_run: self.dry_run,
             outcome,
         });
+        if let Some(p) = &self.persist {
+            let view = self.view.clone();
+            p.save(move || view.records()).await;
+        }
         done || self.dry_run
     }
 }
@@ -227,6 +240,12 @@ impl Acting {
 /// The loop's state between cycles.
 struct Cycle {
     cfg: EvictionLoop,
+    /// The agent's views (the QoS engine's, for BE CPU samples).
+    views: Arc<crate::admin::Views>,
+    /// BE CPU samples, one per engine tick, and the last tick's per-pod figures.
+    cpu_history: CpuHistory,
+    be_cpu_seq: Option<u64>,
+    be_cpu_pods: HashMap<String, (i64, i64)>,
     kubelet: Kubelet,
     koord: Koord,
     view: Arc<EvictionView>,
@@ -260,6 +279,7 @@ impl Cycle {
             evictor: self.cfg.evictor.clone(),
             store: store.clone(),
             dry_run: self.cfg.config.dry_run,
+            persist: self.cfg.persist.clone(),
         }
     }
 
@@ -413,8 +433,10 @@ impl Cycle {
         store: &Store,
         inventories: &Inventories,
         policy: Option<Result<MemoryPolicy, koord::MemoryPolicyError>>,
+        cpu: Option<Result<CpuPolicy, CpuPolicyError>>,
     ) {
         let now = self.start.elapsed();
+        self.be_cpu_round(now, cpu, store, inventories).await;
         let Some(Reading {
             obs,
             errors,
@@ -458,6 +480,9 @@ impl Cycle {
             let released = victim_ws.is_none_or(|ws| ws <= c.working_set / 2);
             if released || c.since.elapsed() >= CLEANUP_WAIT {
                 self.cleanup = None;
+                if let Some(p) = &self.cfg.persist {
+                    p.set_victim(None);
+                }
             }
         }
         let busy = self.acting.as_ref().is_some_and(|t| !t.is_finished());
@@ -499,6 +524,14 @@ impl Cycle {
                     since: Instant::now(),
                 });
                 self.kubelet.evicted(&c.pod.uid, now);
+                if let Some(p) = &self.cfg.persist {
+                    p.set_victim(Some(persist::Victim {
+                        uid: c.pod.uid.clone(),
+                        cgroup: c.cgroup.as_str().to_string(),
+                        working_set: self.cleanup.as_ref().map_or(0, |c| c.working_set),
+                        at: unix_now(),
+                    }));
+                }
                 let latency = self.woke_at.map(|t| t.elapsed());
                 self.acting = Some(tokio::spawn(self.acting(store).evict(req, latency)));
             }
@@ -555,11 +588,20 @@ impl crate::Agent {
         let mut shutdown = self.shutdown_signal();
         let mut policy = self.policy().subscribe();
         let kubelet = Kubelet::new(cfg.config.kubelet.clone());
+        // far enough back that what a previous run kept (minutes at most) has
+        // a place on the loop's clock
+        let start = Instant::now()
+            .checked_sub(RESTORE_HORIZON)
+            .unwrap_or_else(Instant::now);
         let mut cycle = Cycle {
-            koord: Koord::new(Duration::ZERO),
+            views: self.views().clone(),
+            cpu_history: CpuHistory::default(),
+            be_cpu_seq: None,
+            be_cpu_pods: HashMap::new(),
+            koord: Koord::new(start.elapsed()),
             kubelet,
             view: view.clone(),
-            start: Instant::now(),
+            start,
             warned: BTreeMap::new(),
             woke_at: None,
             acting: None,
@@ -576,14 +618,26 @@ impl crate::Agent {
             "eviction on"
         );
         let task = tokio::spawn(async move {
+            if let Some(p) = cycle.cfg.persist.clone() {
+                if let Ok(r) = tokio::task::spawn_blocking(move || p.load()).await {
+                    cycle.restore(r);
+                }
+            }
             let mut tick = tokio::time::interval(cycle.cfg.interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut notifiers = notify::Notifiers::default();
             loop {
                 let started = Instant::now();
-                let be = be_memory_policy(&policy.borrow().policy.resource_used_threshold_with_be);
+                let (be, cpu) = {
+                    let p = policy.borrow();
+                    let t = &p.policy.resource_used_threshold_with_be;
+                    (
+                        be_memory_policy(t),
+                        be_cpu::be_cpu_policy(t, cycle.cfg.interval),
+                    )
+                };
                 tokio::select! {
-                    _ = cycle.run_once(&store, &inventories, be) => {}
+                    _ = cycle.run_once(&store, &inventories, be, cpu) => {}
                     _ = shutdown.changed() => break,
                 }
                 cycle.woke_at = None;

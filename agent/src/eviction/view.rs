@@ -176,6 +176,25 @@ impl EvictionView {
         }
     }
 
+    /// Takes back the records a previous run kept: each pod it evicted
+    /// within [`READMIT_AFTER`] is refused admission for the rest of it.
+    pub(super) fn restore(&self, records: Vec<Record>, now_unix: u64) {
+        for r in records {
+            let done = matches!(r.outcome.as_str(), "stopped" | "stopping" | "gone") && !r.dry_run;
+            let ago = Duration::from_secs(now_unix.saturating_sub(r.at));
+            if done && r.reason != "admission" && r.reason != "node-reclaim" && ago < READMIT_AFTER
+            {
+                if let Some(at) = Instant::now().checked_sub(ago) {
+                    let mut recent = self.recent.lock().unwrap();
+                    if recent.len() < MAX_RECENT {
+                        recent.insert(r.uid.clone(), (at, r.reason));
+                    }
+                }
+            }
+            self.record(r);
+        }
+    }
+
     pub(super) fn record(&self, r: Record) {
         let mut q = self.records.lock().unwrap();
         if q.len() >= MAX_RECORDS {

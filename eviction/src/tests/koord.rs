@@ -533,3 +533,25 @@ fn the_eviction_policy_annotation() {
     .unwrap();
     assert!(!task.order.contains(&4));
 }
+
+/// A restart restores what a previous run evicted: the pod is remembered
+/// (counted as pending release, not evicted again) and its feature cools
+/// down from when it was evicted, not from the restart.
+#[test]
+fn restored_evictions_are_remembered_and_cool_down() {
+    let s = Duration::from_secs;
+    let mut k = Koord::new(s(900));
+    k.remember_evicted("a".into(), Feature::BeMemory, s(898));
+    k.remember_evicted("b".into(), Feature::BeCpu, s(890));
+    assert!(k.was_evicted("a", s(900)) && k.was_evicted("b", s(900)));
+    assert!(!k.was_evicted("c", s(900)));
+    // memory: 4 s from 898
+    assert!(k.memory_cooling(s(901)));
+    assert!(!k.memory_cooling(s(902)));
+    // CPU: the start's cool-down (900 + 20) is the later one
+    assert!(k.cpu_cooling(s(919)));
+    assert!(!k.cpu_cooling(s(920)));
+    // remembered for 2 min from the eviction, not from the restart
+    assert!(k.was_evicted("a", s(1017)));
+    assert!(!k.was_evicted("a", s(1018)));
+}

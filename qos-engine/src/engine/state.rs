@@ -112,3 +112,76 @@ pub fn burst_pool(state: &NodeState) -> (f64, f64) {
     }
     (capacity, usage.max(0.0))
 }
+
+/// BE CPU as Koordinator's BE CPU-satisfaction eviction reads it (koordlet's
+/// BE resource collector), from what one tick observed; milli-cores.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BeCpu {
+    /// The real BE limit: the BE cpuset's CPUs × 1000 (all of the BE tree's
+    /// when unknown), capped by the besteffort parent's CFS quota.
+    pub real_limit_milli: i64,
+    /// The batch-cpu requests of the pods labelled BE whose annotations are
+    /// trusted (`trust:`): a pod author's own figure would let one BE pod
+    /// make every other BE pod look starved and evicted.
+    pub request_milli: i64,
+    /// Pods labelled BE with a batch-cpu request that was not counted (not trusted).
+    pub untrusted: usize,
+    /// What the besteffort parent used (`None`: not measured this tick).
+    pub usage_milli: Option<i64>,
+    /// Per BE pod (sandbox id): CPU used and its batch-cpu request counted.
+    pub pods: HashMap<String, (i64, i64)>,
+}
+
+impl NodeState {
+    /// [`BeCpu`] as this tick sees it.
+    pub fn be_cpu(&self) -> BeCpu {
+        use qoslet_hooks::batch::{parse_spec, pod_total, Caps, ANNOTATION_EXTENDED_RESOURCE_SPEC};
+        let milli = |cores: f64| (cores * 1000.0).round() as i64;
+        let cpus = self
+            .be_cpuset
+            .as_ref()
+            .map(|s| s.len())
+            .unwrap_or_else(|| self.all_cpus().len()) as i64;
+        let mut real_limit_milli = cpus * 1000;
+        if let Some(q) = self.be_quota_us {
+            let by_quota = (q as i128 * 1000 / self.period_us.max(1) as i128) as i64;
+            real_limit_milli = real_limit_milli.min(by_quota);
+        }
+        let caps = Caps {
+            milli_cpu: (self.capacity_cores > 0.0).then(|| milli(self.capacity_cores) as u64),
+            memory: None,
+        };
+        let mut out = BeCpu {
+            real_limit_milli,
+            usage_milli: self.be_usage_cores.map(milli),
+            ..Default::default()
+        };
+        for p in self
+            .pods
+            .iter()
+            .filter(|p| p.by_label && p.class == QosClass::Be)
+        {
+            let request = p
+                .annotations
+                .get(ANNOTATION_EXTENDED_RESOURCE_SPEC)
+                .and_then(|a| parse_spec(a).ok())
+                .and_then(|s| {
+                    pod_total(&s.containers)
+                        .bounded(&caps, true)
+                        .0
+                        .cpu_request_milli
+                })
+                .map(|r| i64::try_from(r).unwrap_or(i64::MAX))
+                .unwrap_or(0);
+            let counted = if p.trusted {
+                request
+            } else {
+                out.untrusted += usize::from(request > 0);
+                0
+            };
+            out.request_milli = out.request_milli.saturating_add(counted);
+            out.pods.insert(p.id.clone(), (milli(p.cpu_cores), counted));
+        }
+        out
+    }
+}

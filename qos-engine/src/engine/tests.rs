@@ -1455,3 +1455,58 @@ fn restore_gives_a_capped_be_container_its_limit_and_leaves_its_pod() {
     );
     assert!(plan.get(&(be_p, KnobKind::CpuQuota, None)).is_none());
 }
+
+/// Koordinator's BE CPU-satisfaction inputs: the real limit is the BE
+/// cpuset's CPUs × 1000 capped by the besteffort quota; requests are the
+/// trusted BE-labelled pods' batch-cpu requests (bounded by the node), an
+/// untrusted pod's counted as none.
+#[test]
+fn be_cpu_for_satisfaction_eviction() {
+    let spec = |milli: u64| {
+        format!(
+            r#"{{"containers":{{"a":{{"requests":{{"kubernetes.io/batch-cpu":"{milli}"}}}},"b":{{"requests":{{"kubernetes.io/batch-cpu":"500"}}}}}}}}"#
+        )
+    };
+    let mut s = state(2.0, 1.5, None);
+    s.be_usage_cores = Some(1.5);
+    s.pods[1].annotations.insert(
+        qoslet_hooks::batch::ANNOTATION_EXTENDED_RESOURCE_SPEC.into(),
+        spec(2000),
+    );
+    let mut untrusted = pod("evil", QosClass::Be, "/kubepods/besteffort", 0.25, -1);
+    untrusted.trusted = false;
+    untrusted.annotations.insert(
+        qoslet_hooks::batch::ANNOTATION_EXTENDED_RESOURCE_SPEC.into(),
+        spec(1_000_000),
+    );
+    s.pods.push(untrusted);
+    // (BE cpuset, quota us per 100 ms, real limit)
+    for (cpuset, quota, limit) in [
+        (None, None, 16_000),
+        (Some(0..4), None, 4_000),
+        (Some(0..4), Some(250_000), 2_500),
+        (None, Some(1_000_000), 10_000),
+        (Some(0..2), Some(1_000_000), 2_000),
+    ] {
+        s.be_cpuset = cpuset.map(|r| r.collect());
+        s.be_quota_us = quota;
+        let b = s.be_cpu();
+        assert_eq!(
+            b.real_limit_milli, limit,
+            "cpuset {:?} quota {quota:?}",
+            s.be_cpuset
+        );
+        assert_eq!(b.request_milli, 2_500);
+        assert_eq!(b.untrusted, 1);
+        assert_eq!(b.usage_milli, Some(1_500));
+        assert_eq!(b.pods["be"], (1_500, 2_500));
+        assert_eq!(b.pods["evil"], (250, 0));
+        assert!(!b.pods.contains_key("ls"));
+    }
+    // a request above the node is bounded by it
+    s.pods[1].annotations.insert(
+        qoslet_hooks::batch::ANNOTATION_EXTENDED_RESOURCE_SPEC.into(),
+        spec(100_000),
+    );
+    assert_eq!(s.be_cpu().request_milli, 16_000);
+}

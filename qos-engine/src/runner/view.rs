@@ -23,6 +23,13 @@ pub(super) struct Last {
 }
 
 impl Shared {
+    /// BE CPU as the last tick saw it, with the tick's sequence number (a
+    /// new one per tick): Koordinator's BE CPU-satisfaction eviction's input.
+    pub fn be_cpu(&self) -> Option<(u64, crate::engine::BeCpu)> {
+        let l = lock(&self.last).clone()?;
+        Some((l.seq, l.state.be_cpu()))
+    }
+
     /// The latest tick for the admin API.
     pub fn plan(&self, req: &admin::GetPlanRequest) -> admin::GetPlanResponse {
         let Some(l) = lock(&self.last).clone() else {
