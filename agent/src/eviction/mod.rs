@@ -617,12 +617,12 @@ impl crate::Agent {
             evictor = cycle.cfg.evictor.name(),
             "eviction on"
         );
+        // before admission can be asked anything (the front end serves
+        // after this): a small private file, read once at start
+        if let Some(p) = cycle.cfg.persist.clone() {
+            cycle.restore(p.load());
+        }
         let task = tokio::spawn(async move {
-            if let Some(p) = cycle.cfg.persist.clone() {
-                if let Ok(r) = tokio::task::spawn_blocking(move || p.load()).await {
-                    cycle.restore(r);
-                }
-            }
             let mut tick = tokio::time::interval(cycle.cfg.interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut notifiers = notify::Notifiers::default();
