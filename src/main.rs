@@ -387,7 +387,13 @@ impl Prepared {
             nodefs: Some(e.nodefs_path.clone()),
             imagefs: Some(e.imagefs_path.clone()),
         };
-        let evictor = std::sync::Arc::new(qoslet_agent::eviction::cri::CriEvictor::new(socket));
+        let evictor = qoslet_agent::eviction::cri::CriEvictor::new(socket)
+            .with_image_minimum_gc_age(e.image_minimum_gc_age);
+        if !e.image_minimum_gc_age.is_zero() {
+            // kubelet's image manager notes images every 5 min
+            evictor.watch_images(std::time::Duration::from_secs(300));
+        }
+        let evictor = std::sync::Arc::new(evictor);
         Some(agent.start_eviction(
             qoslet_agent::eviction::EvictionLoop {
                 config: e,

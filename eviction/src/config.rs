@@ -53,6 +53,20 @@ pub struct EvictionConfig {
     /// The directory whose filesystem is imagefs (the runtime's root dir,
     /// default `/var/lib/containerd`).
     pub imagefs_path: Option<std::path::PathBuf>,
+    /// kubelet's `imageMinimumGCAge` (Go duration, default 2m): an image
+    /// first seen more lately is not removed by disk reclaim (kubelet may
+    /// have just pulled it for a container it has not created yet).
+    #[serde(rename = "imageMinimumGCAge")]
+    pub image_minimum_gc_age: Option<String>,
+    /// Koordinator's BE memory eviction (koordlet's `BEMemoryEvict` feature
+    /// gate, off by default): with it, `resourceUsedThresholdWithBE`'s
+    /// memory fields evict BE pods.
+    #[serde(default)]
+    pub be_memory_evict: bool,
+    /// Koordinator's BE CPU-satisfaction eviction (koordlet's `BECPUEvict`
+    /// feature gate, off by default).
+    #[serde(default)]
+    pub be_cpu_evict: bool,
 }
 
 /// The section, validated.
@@ -65,6 +79,9 @@ pub struct Eviction {
     pub cgroup_scope: Option<String>,
     pub nodefs_path: std::path::PathBuf,
     pub imagefs_path: std::path::PathBuf,
+    pub image_minimum_gc_age: Duration,
+    pub be_memory_evict: bool,
+    pub be_cpu_evict: bool,
 }
 
 /// Why an `eviction:` value is refused.
@@ -100,6 +117,10 @@ impl EvictionConfig {
         if transition < Duration::from_secs(1) {
             return Err(EvictionConfigError::TransitionTooShort(transition));
         }
+        let image_minimum_gc_age = match &self.image_minimum_gc_age {
+            Some(s) => duration_field("eviction.imageMinimumGCAge", s)?,
+            None => Duration::from_secs(120),
+        };
         let max_pod_grace_seconds = self.eviction_max_pod_grace_period.unwrap_or(0);
         if max_pod_grace_seconds < 0 {
             return Err(EvictionConfigError::NegativeMaxGrace(max_pod_grace_seconds));
@@ -149,6 +170,9 @@ impl EvictionConfig {
                 .imagefs_path
                 .clone()
                 .unwrap_or_else(|| "/var/lib/containerd".into()),
+            image_minimum_gc_age,
+            be_memory_evict: self.be_memory_evict,
+            be_cpu_evict: self.be_cpu_evict,
         })
     }
 }
@@ -189,6 +213,12 @@ mod tests {
     fn on_unless_told_and_without_thresholds_kubelets_model_idles() {
         let e = cfg("{}").unwrap();
         assert!(e.enabled && e.kubelet.thresholds.is_empty());
+        // Koordinator's models are off unless their gates are on (koordlet's defaults)
+        assert!(!e.be_memory_evict && !e.be_cpu_evict);
+        assert_eq!(e.image_minimum_gc_age, Duration::from_secs(120));
+        let g =
+            cfg(r#"{"beMemoryEvict":true,"beCpuEvict":true,"imageMinimumGCAge":"0s"}"#).unwrap();
+        assert!(g.be_memory_evict && g.be_cpu_evict && g.image_minimum_gc_age.is_zero());
         assert!(
             !cfg(r#"{"enable":false,"evictionHard":{"memory.available":"1Gi"}}"#)
                 .unwrap()
@@ -235,6 +265,10 @@ mod tests {
                 "eviction.cgroupScope",
             ),
             (r#"{"evictionHrad":{}}"#, "unknown field"),
+            (
+                r#"{"imageMinimumGCAge":"2 min"}"#,
+                "eviction.imageMinimumGCAge",
+            ),
         ];
         for (json, want) in cases {
             let e = cfg(json).unwrap_err();

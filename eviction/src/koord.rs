@@ -587,6 +587,12 @@ impl Koord {
         }
     }
 
+    /// Forgets a pod whose eviction failed: it is a candidate again, and no
+    /// longer counted as releasing what it holds.
+    pub fn forget(&mut self, uid: &str) {
+        self.evicted.remove(uid);
+    }
+
     /// Marks a UID evicted at `at` by `feature` (restored after a restart):
     /// remembered, and the feature cooling down from `at`.
     pub fn remember_evicted(&mut self, uid: String, feature: Feature, at: Duration) {

@@ -309,7 +309,7 @@ async fn real_disk_pressure_collects_an_unused_image_before_any_pod() {
 
     let config = format!(
         "eviction:\n  nodefsPath: {}\n  imagefsPath: {}\n  evictionHard:\n    nodefs.available: 40Mi\n  \
-         evictionPressureTransitionPeriod: 5s\n",
+         evictionPressureTransitionPeriod: 5s\n  imageMinimumGCAge: 0s\n",
         fs.display(),
         fs.display()
     );
@@ -394,7 +394,7 @@ async fn real_be_memory_eviction_by_koordinators_policy() {
     let dir = scratch("eviction-koord");
     let config = format!(
         "policy:\n  resourceUsedThresholdWithBE:\n    enable: true\n    memoryEvictThresholdPercent: 40\n\
-         eviction:\n  memoryCapacity: 640Mi\n  cgroupScope: {root}/kubepods\n"
+         eviction:\n  beMemoryEvict: true\n  memoryCapacity: 640Mi\n  cgroupScope: {root}/kubepods\n"
     );
     let q = QosletProcess::with_config(&dir, &tb.sock, &config, &[]);
     let mut cleanup = Cleanup::new(&tb.sock);
@@ -581,7 +581,7 @@ async fn real_be_cpu_satisfaction_evicts_just_enough() {
          cpuEvictBESatisfactionLowerPercent: 60\n    cpuEvictBESatisfactionUpperPercent: 80\n    \
          cpuEvictBEUsageThresholdPercent: 50\n    cpuEvictTimeWindowSeconds: 3\n\
          qosEngine:\n  beParent: {be_parent}\n\
-         eviction:\n  cgroupScope: {root}/kubepods\n"
+         eviction:\n  beCpuEvict: true\n  cgroupScope: {root}/kubepods\n"
     );
     let dir = scratch("eviction-cpu");
     let q = QosletProcess::with_config(&dir, &tb.sock, &yaml, &[]);

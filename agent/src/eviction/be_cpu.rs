@@ -139,7 +139,7 @@ impl Cycle {
         if !matches!(due, Ok(Some(_))) {
             return;
         }
-        let Some(mut candidates) = self.candidates(inventories).await else {
+        let Some(mut candidates) = self.candidates(inventories, store).await else {
             return;
         };
         for c in &mut candidates {
@@ -187,7 +187,7 @@ impl Cycle {
                 threshold: Some(policy.lower_percent),
                 message: format!("qoslet BE CPU eviction: {}", task.reason),
             };
-            tokio::spawn(self.acting(store).evict(req, None));
+            self.spawn_koord(store, req, None);
         }
         self.koord.record(now, &round, &plain);
     }

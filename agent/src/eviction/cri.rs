@@ -3,11 +3,14 @@
 //! grace period (StopContainer's timeout), then the sandbox. kubelet sees a
 //! dead sandbox and recreates it; admission keeps a BE pod off the node while
 //! the pressure lasts. Disk reclaim is kubelet's garbage collection through
-//! CRI: exited containers removed, then images no container uses (never a
-//! pinned one, nor the runtime's sandbox image).
+//! CRI: exited containers removed but the newest of each (pod, container
+//! name), then images no container uses (never a pinned one, the runtime's
+//! sandbox image, nor one first seen within `imageMinimumGCAge`).
 
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use hyper_util::rt::TokioIo;
 use qoslet_eviction::evictor::{BoxFuture, EvictError, EvictRequest, Evicted, Evictor, Reclaimed};
@@ -17,11 +20,17 @@ use tonic::transport::{Channel, Endpoint, Uri};
 
 type Client = cri::runtime_service_client::RuntimeServiceClient<Channel>;
 
+/// Images by id, with when qoslet first saw each (kubelet's image
+/// manager's `firstDetected`).
+type FirstSeen = Arc<Mutex<HashMap<String, Instant>>>;
+
 /// Evicts through the runtime's CRI socket.
 pub struct CriEvictor {
     channel: Channel,
     client: Client,
     socket: PathBuf,
+    first_seen: FirstSeen,
+    image_min_age: Duration,
 }
 
 impl CriEvictor {
@@ -38,7 +47,37 @@ impl CriEvictor {
             client: Client::new(channel.clone()),
             channel,
             socket,
+            first_seen: Arc::default(),
+            image_min_age: Duration::from_secs(120),
         }
+    }
+
+    /// kubelet's `imageMinimumGCAge`: an image first seen more lately than
+    /// this is not removed.
+    pub fn with_image_minimum_gc_age(mut self, age: Duration) -> Self {
+        self.image_min_age = age;
+        self
+    }
+
+    /// Notes the images the runtime has now, every `every` (kubelet's image
+    /// manager detects them every 5 min): an image's age counts from when it
+    /// was first seen, at the latest the disk reclaim that lists it.
+    pub fn watch_images(&self, every: Duration) -> tokio::task::JoinHandle<()> {
+        let (channel, seen) = (self.channel.clone(), self.first_seen.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let mut img = cri::image_service_client::ImageServiceClient::new(channel.clone());
+                if let Ok(r) = img
+                    .list_images(cri::ListImagesRequest { filter: None })
+                    .await
+                {
+                    note_images(&seen, &r.into_inner().images);
+                }
+            }
+        })
     }
 
     /// Stops every running container with the grace period (all of them,
@@ -94,11 +133,56 @@ impl CriEvictor {
     }
 }
 
+/// Records the images listed now (first sighting: now), forgets the gone.
+fn note_images(seen: &FirstSeen, images: &[cri::Image]) {
+    let now = Instant::now();
+    let mut s = seen.lock().unwrap_or_else(|e| e.into_inner());
+    s.retain(|id, _| images.iter().any(|i| &i.id == id));
+    for i in images {
+        s.entry(i.id.clone()).or_insert(now);
+    }
+}
+
+/// The exited containers kubelet's garbage collection removes: per pod
+/// (UID) and container name, all but the newest (kubelet keeps one dead
+/// instance of each container of a pod, `MaxPerPodContainer` 1: a pod's
+/// restart policy, back-off and `logs --previous` read it).
+fn removable(containers: &[cri::Container], pod_uid: &HashMap<String, String>) -> Vec<String> {
+    let mut groups: HashMap<(String, String), Vec<&cri::Container>> = HashMap::new();
+    for c in containers
+        .iter()
+        .filter(|c| c.state == cri::ContainerState::ContainerExited as i32)
+    {
+        let uid = pod_uid
+            .get(&c.pod_sandbox_id)
+            .cloned()
+            .unwrap_or_else(|| c.pod_sandbox_id.clone());
+        let name = c
+            .metadata
+            .as_ref()
+            .map(|m| m.name.clone())
+            .unwrap_or_default();
+        groups.entry((uid, name)).or_default().push(c);
+    }
+    let mut out = Vec::new();
+    for (_, mut g) in groups {
+        g.sort_by(|a, b| {
+            b.created_at
+                .cmp(&a.created_at)
+                .then_with(|| b.id.cmp(&a.id))
+        });
+        out.extend(g.into_iter().skip(1).map(|c| c.id.clone()));
+    }
+    out.sort();
+    out
+}
+
 impl CriEvictor {
-    /// kubelet's disk reclaim through CRI: every exited container removed,
-    /// then every image no container uses, except pinned ones and the
-    /// runtime's sandbox (pause) image.
-    async fn garbage_collect(channel: Channel) -> Reclaimed {
+    /// kubelet's disk reclaim through CRI: exited containers beyond the
+    /// newest of each (pod, container name) removed, then every image no
+    /// container uses, except pinned ones, the runtime's sandbox image and
+    /// images first seen within the minimum age.
+    async fn garbage_collect(channel: Channel, seen: FirstSeen, min_age: Duration) -> Reclaimed {
         let mut out = Reclaimed::default();
         let mut c = Client::new(channel.clone());
         let containers = match c
@@ -111,9 +195,26 @@ impl CriEvictor {
                 return out;
             }
         };
+        let pod_uid: HashMap<String, String> = match c
+            .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+            .await
+        {
+            Ok(r) => r
+                .into_inner()
+                .items
+                .into_iter()
+                .filter_map(|p| Some((p.id, p.metadata?.uid)))
+                .collect(),
+            Err(st) => {
+                out.errors.push(format!("ListPodSandbox: {}", st.message()));
+                return out;
+            }
+        };
+        let remove: std::collections::BTreeSet<String> =
+            removable(&containers, &pod_uid).into_iter().collect();
         let mut in_use = std::collections::BTreeSet::new();
         for ctr in containers {
-            if ctr.state == cri::ContainerState::ContainerExited as i32 {
+            if remove.contains(&ctr.id) {
                 match c
                     .remove_container(cri::RemoveContainerRequest {
                         container_id: ctr.id.clone(),
@@ -157,7 +258,18 @@ impl CriEvictor {
                 return out;
             }
         };
+        note_images(&seen, &images);
+        let young: std::collections::BTreeSet<String> = {
+            let s = seen.lock().unwrap_or_else(|e| e.into_inner());
+            s.iter()
+                .filter(|(_, at)| at.elapsed() < min_age)
+                .map(|(id, _)| id.clone())
+                .collect()
+        };
         for i in images {
+            if young.contains(&i.id) {
+                continue;
+            }
             let names: Vec<&String> = std::iter::once(&i.id)
                 .chain(i.repo_tags.iter())
                 .chain(i.repo_digests.iter())
@@ -220,10 +332,14 @@ impl Evictor for CriEvictor {
     }
 
     fn reclaim_disk(&self) -> Option<BoxFuture<'_, Reclaimed>> {
-        let channel = self.channel.clone();
+        let (channel, seen, min_age) = (
+            self.channel.clone(),
+            self.first_seen.clone(),
+            self.image_min_age,
+        );
         Some(Box::pin(async move {
             // to its end on its own task, within a minute
-            let task = tokio::spawn(Self::garbage_collect(channel));
+            let task = tokio::spawn(Self::garbage_collect(channel, seen, min_age));
             match tokio::time::timeout(Duration::from_secs(60), task).await {
                 Ok(Ok(r)) => r,
                 _ => Reclaimed {
@@ -232,5 +348,57 @@ impl Evictor for CriEvictor {
                 },
             }
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ctr(
+        id: &str,
+        sandbox: &str,
+        name: &str,
+        created: i64,
+        state: cri::ContainerState,
+    ) -> cri::Container {
+        cri::Container {
+            id: id.into(),
+            pod_sandbox_id: sandbox.into(),
+            metadata: Some(cri::ContainerMetadata {
+                name: name.into(),
+                attempt: 0,
+            }),
+            created_at: created,
+            state: state as i32,
+            ..Default::default()
+        }
+    }
+
+    /// kubelet keeps the newest dead instance of each container of a pod
+    /// (across its sandboxes, by pod UID): a completed container is not run
+    /// again, a crash loop keeps its back-off, `logs --previous` its log.
+    #[test]
+    fn the_newest_dead_container_of_each_is_kept() {
+        use cri::ContainerState::{ContainerExited as Exited, ContainerRunning as Running};
+        let pods = HashMap::from([
+            ("sb1".to_string(), "uid-a".to_string()),
+            ("sb2".to_string(), "uid-a".to_string()),
+            ("sb3".to_string(), "uid-b".to_string()),
+        ]);
+        let containers = [
+            ctr("a-app-1", "sb1", "app", 1, Exited),
+            ctr("a-app-2", "sb2", "app", 2, Exited),
+            ctr("a-app-3", "sb2", "app", 3, Running),
+            ctr("a-init-1", "sb1", "init", 1, Exited),
+            ctr("b-job-1", "sb3", "job", 5, Exited),
+            ctr("b-job-0", "sb3", "job", 4, Exited),
+            ctr("orphan-1", "gone", "x", 1, Exited),
+            ctr("orphan-2", "gone", "x", 2, Exited),
+        ];
+        assert_eq!(
+            removable(&containers, &pods),
+            ["a-app-1", "b-job-0", "orphan-1"]
+        );
     }
 }

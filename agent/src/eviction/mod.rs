@@ -30,7 +30,7 @@ use qoslet_eviction::kubelet::CLEANUP_WAIT;
 use qoslet_eviction::kubelet::{Kubelet, Observations, Pressure};
 use qoslet_eviction::{Eviction, Pod, PodStats, Requests, Signal};
 use qoslet_hooks::class::{KubeQos, QosClass, LABEL_SKIP};
-use qoslet_state::inventory::{Inventories, PodEntry};
+use qoslet_state::inventory::{ContainerEntry, Inventories, PodEntry};
 use qoslet_state::store::Store;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
@@ -72,9 +72,42 @@ struct Candidate {
     cgroup: CgroupPath,
 }
 
+/// kubelet's annotation of a container's pod grace period.
+const ANNOTATION_GRACE: &str = "io.kubernetes.pod.terminationGracePeriod";
+
+/// A pod's memory request as kubelet's figures show it: a Guaranteed pod's
+/// limits; a Burstable container's from the `oom_score_adj` kubelet gave it
+/// (1000 − 1000 × request / machine memory: the upper end of the range that
+/// value stands for, so a pod is not taken for over its request by rounding);
+/// a BestEffort pod has none.
+fn memory_request(
+    kube: Option<KubeQos>,
+    containers: &[ContainerEntry],
+    machine: Option<u64>,
+) -> i64 {
+    match kube {
+        Some(KubeQos::Guaranteed) => containers.iter().map(|c| c.memory_limit.max(0)).sum(),
+        Some(KubeQos::Burstable) => {
+            let Some(m) = machine else {
+                return 0;
+            };
+            containers
+                .iter()
+                .filter_map(|c| {
+                    let limit = (c.memory_limit > 0).then_some(c.memory_limit as u64);
+                    qoslet_hooks::decide::kubelet_memory_request(c.oom_score_adj, m, limit)
+                })
+                .map(|r| i64::try_from(r.hi).unwrap_or(i64::MAX))
+                .fold(0i64, i64::saturating_add)
+        }
+        _ => 0,
+    }
+}
+
 /// The eviction models' view of the inventory's pods, with their memory
 /// read now. Pods a trusted label tells qoslet to leave alone are none.
-fn candidates(inv: &[PodEntry], sources: &Sources) -> Vec<Candidate> {
+fn candidates(inv: &[PodEntry], sources: &Sources, store: &Store) -> Vec<Candidate> {
+    let machine = sources.machine_memory();
     inv.iter()
         .filter(|e| !(e.class.is_none() && e.labels.get(LABEL_SKIP).is_some_and(|v| v == "true")))
         .map(|e| {
@@ -90,18 +123,26 @@ fn candidates(inv: &[PodEntry], sources: &Sources) -> Vec<Candidate> {
                 && e.containers
                     .iter()
                     .any(|c| c.oom_score_adj == CRITICAL_OOM_SCORE_ADJ);
+            // without a cluster the priority is unknown: kube-system's pods
+            // (where system-critical priority classes live) are taken as critical
+            let system = e.priority.is_none() && e.namespace == "kube-system";
             let trusted = e.class.is_some_and(|c| c.trusted);
-            let memory_request = if kube == Some(KubeQos::Guaranteed) {
-                e.containers.iter().map(|c| c.memory_limit.max(0)).sum()
-            } else {
-                0
-            };
+            // kubelet's own annotation on its containers (the pod's spec)
+            let grace_seconds = e
+                .containers
+                .iter()
+                .filter_map(|c| store.container(&c.id))
+                .filter_map(|c| c.annotations.get(ANNOTATION_GRACE)?.parse::<i64>().ok())
+                .map(|g| g.clamp(0, 86_400))
+                .max();
             let pod = Pod {
                 uid: e.uid.clone(),
                 namespace: e.namespace.clone(),
                 name: e.name.clone(),
                 priority: e.priority,
-                critical: node_critical || Admission::critical_by_annotations(annotations),
+                critical: node_critical
+                    || system
+                    || Admission::critical_by_annotations(annotations),
                 kube_qos: kube,
                 class,
                 be_labelled: e
@@ -117,9 +158,9 @@ fn candidates(inv: &[PodEntry], sources: &Sources) -> Vec<Candidate> {
                     EvictionPolicy::Any
                 },
                 tolerates_memory_pressure: false,
-                grace_seconds: None,
+                grace_seconds,
                 requests: Requests {
-                    memory: memory_request,
+                    memory: memory_request(kube, &e.containers, machine),
                     ..Default::default()
                 },
                 stats: mem.map(|m| PodStats {
@@ -146,16 +187,25 @@ struct Reading {
     koord_node: Option<NodeMemory>,
     /// The working set of the last victim's cgroup (`None`: gone).
     victim_ws: Option<i64>,
+    /// Its processes (`None`: gone).
+    victim_procs: Option<u64>,
+    /// When the reading started.
+    started: Instant,
 }
 
 /// The victim kubelet's model waits for: its cgroup, its working set when
 /// evicted, when.
 struct Cleanup {
+    uid: String,
+    /// The signal it was evicted for (what its cleanup is).
+    signal: Signal,
     cgroup: CgroupPath,
     working_set: i64,
     since: Instant,
 }
 
+/// A victim whose eviction failed or was refused is passed over this long.
+const FAILED_BACKOFF: Duration = Duration::from_secs(30);
 /// Readings slower than this are given up on for the cycle.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// The loop's clock starts this far back, so that a restart's restored
@@ -253,10 +303,17 @@ struct Cycle {
     warned: BTreeMap<String, ()>,
     /// When the kernel's notification woke this cycle (`None`: the tick did).
     woke_at: Option<Instant>,
-    /// kubelet's model: the eviction under way (one at a time).
-    acting: Option<JoinHandle<bool>>,
+    /// kubelet's model: the eviction under way (one at a time), by pod UID.
+    acting: Option<(String, JoinHandle<bool>)>,
+    /// kubelet's model: victims whose eviction failed or was refused lately.
+    failed: HashMap<String, Instant>,
+    /// Koordinator-model evictions that failed (their pod UIDs).
+    outcomes: tokio::sync::mpsc::UnboundedSender<String>,
+    outcomes_rx: tokio::sync::mpsc::UnboundedReceiver<String>,
     /// kubelet's model: the last victim, until its memory is released.
     cleanup: Option<Cleanup>,
+    /// When the last reading succeeded.
+    last_read: Instant,
     /// A reading still running (a hung filesystem): no second one is started.
     reading: Option<JoinHandle<Reading>>,
     /// Node-level disk reclaim under way.
@@ -305,17 +362,20 @@ impl Cycle {
     /// way or about to start (no pod this cycle); false once a reclaim ended
     /// lately and the threshold is still met (a pod goes), or when the
     /// evictor cannot reclaim.
-    fn reclaim_first(&mut self, signal: Signal) -> bool {
+    fn reclaim_first(&mut self, signal: Signal, read_started: Instant) -> bool {
         if self.reclaiming.as_ref().is_some_and(|t| !t.is_finished()) {
             return true;
         }
-        let recent = self
-            .reclaimed_at
-            .lock()
-            .unwrap()
-            .is_some_and(|at| at.elapsed() < CLEANUP_WAIT);
-        if recent {
-            return false;
+        let ended = *self.reclaimed_at.lock().unwrap();
+        if let Some(at) = ended {
+            // the figures must be read after the reclaim ended (kubelet
+            // observes again before it evicts any pod)
+            if at >= read_started {
+                return true;
+            }
+            if at.elapsed() < CLEANUP_WAIT {
+                return false;
+            }
         }
         if self.cfg.config.dry_run {
             info!(signal = %signal, "dry run: would garbage-collect containers and images before any pod");
@@ -378,6 +438,7 @@ impl Cycle {
                 let now = self.start.elapsed();
                 let sources = self.cfg.sources.clone();
                 let victim = self.cleanup.as_ref().map(|c| c.cgroup.clone());
+                let started = Instant::now();
                 tokio::task::spawn_blocking(move || {
                     let (obs, errors) = sources.observe(now);
                     let koord_node = sources
@@ -385,13 +446,17 @@ impl Cycle {
                         .ok()
                         .map(|(used, capacity)| NodeMemory { used, capacity });
                     let victim_ws = victim
-                        .and_then(|cg| sources.cgroup_memory(&cg).ok())
+                        .as_ref()
+                        .and_then(|cg| sources.cgroup_memory(cg).ok())
                         .map(|m| m.working_set);
+                    let victim_procs = victim.as_ref().and_then(|cg| sources.cgroup_processes(cg));
                     Reading {
                         obs,
                         errors,
                         koord_node,
                         victim_ws,
+                        victim_procs,
+                        started,
                     }
                 })
             }
@@ -412,10 +477,15 @@ impl Cycle {
 
     /// The pods with their memory, read only when a model needs them (a
     /// threshold met): a node under no pressure reads no pod's files.
-    async fn candidates(&mut self, inventories: &Inventories) -> Option<Vec<Candidate>> {
+    async fn candidates(
+        &mut self,
+        inventories: &Inventories,
+        store: &Store,
+    ) -> Option<Vec<Candidate>> {
         let sources = self.cfg.sources.clone();
         let inv = inventories.current();
-        let task = tokio::task::spawn_blocking(move || candidates(&inv.pods, &sources));
+        let store = store.clone();
+        let task = tokio::task::spawn_blocking(move || candidates(&inv.pods, &sources, &store));
         match tokio::time::timeout(READ_TIMEOUT, task).await {
             Ok(Ok(c)) => Some(c),
             _ => {
@@ -436,16 +506,31 @@ impl Cycle {
         cpu: Option<Result<CpuPolicy, CpuPolicyError>>,
     ) {
         let now = self.start.elapsed();
+        self.settle().await;
         self.be_cpu_round(now, cpu, store, inventories).await;
         let Some(Reading {
             obs,
             errors,
             koord_node,
             victim_ws,
+            victim_procs,
+            started,
         }) = self.read().await
         else {
+            // no reading for longer than the transition period: the node's
+            // conditions are not known any more, and admission must not go
+            // on refusing on stale figures
+            let stale = self.cfg.config.kubelet.transition.max(CLEANUP_WAIT);
+            if self.last_read.elapsed() > stale && !self.view.pressure().0.is_empty() {
+                self.warn_once(
+                    "stale conditions".into(),
+                    "no reading of the node for longer than the pressure transition period: its conditions are cleared (admission admits) until one succeeds",
+                );
+                self.view.set_pressure(vec![], vec![]);
+            }
             return;
         };
+        self.last_read = Instant::now();
         for (signal, e) in errors {
             self.warn_once(
                 format!("observe {signal}"),
@@ -470,14 +555,19 @@ impl Cycle {
             }
             return;
         }
-        let Some(candidates) = self.candidates(inventories).await else {
+        let Some(candidates) = self.candidates(inventories, store).await else {
             return;
         };
         let plain: Vec<Pod> = candidates.iter().map(|c| c.pod.clone()).collect();
-        // kubelet's model: one pod at a time, and none until the last one's
-        // memory is released (its cgroup gone or its working set halved), 30 s at most
+        // kubelet's model: one pod at a time, and none until the last one is
+        // cleaned up (memory: its cgroup gone or its working set halved;
+        // other signals: its processes gone), 30 s at most
         if let Some(c) = &self.cleanup {
-            let released = victim_ws.is_none_or(|ws| ws <= c.working_set / 2);
+            let released = if c.signal.is_memory() {
+                victim_ws.is_none_or(|ws| ws <= c.working_set / 2)
+            } else {
+                victim_procs.is_none_or(|n| n == 0)
+            };
             if released || c.since.elapsed() >= CLEANUP_WAIT {
                 self.cleanup = None;
                 if let Some(p) = &self.cfg.persist {
@@ -485,58 +575,9 @@ impl Cycle {
                 }
             }
         }
-        let busy = self.acting.as_ref().is_some_and(|t| !t.is_finished());
-        if let Some(starved) = pressure.starved.clone() {
-            if busy || self.cleanup.is_some() {
-                debug!("the last eviction is still under way or being cleaned up");
-            } else if pressure.node_reclaim_first(self.kubelet.settings().dedicated_imagefs)
-                && self.reclaim_first(starved.signal)
-            {
-                debug!(signal = %starved.signal, "node-level reclaim before any pod");
-            } else if let Some(v) = self
-                .kubelet
-                .victims(&starved, &plain, &obs)
-                .into_iter()
-                .next()
-            {
-                let c = &candidates[v.index];
-                let o = obs.get(&starved.signal).copied();
-                let req = EvictRequest {
-                    sandbox_id: c.sandbox_id.clone(),
-                    uid: c.pod.uid.clone(),
-                    namespace: c.pod.namespace.clone(),
-                    name: c.pod.name.clone(),
-                    grace_seconds: v.grace_seconds,
-                    model: Model::Kubelet,
-                    signal: Some(starved.signal),
-                    observed: o.map(|o| o.available),
-                    threshold: o.map(|o| starved.value.of(o.capacity)),
-                    message: v.message.clone(),
-                };
-                self.cleanup = Some(Cleanup {
-                    cgroup: c.cgroup.clone(),
-                    working_set: c
-                        .pod
-                        .stats
-                        .as_ref()
-                        .and_then(|s| s.working_set)
-                        .unwrap_or(0),
-                    since: Instant::now(),
-                });
-                self.kubelet.evicted(&c.pod.uid, now);
-                if let Some(p) = &self.cfg.persist {
-                    p.set_victim(Some(persist::Victim {
-                        uid: c.pod.uid.clone(),
-                        cgroup: c.cgroup.as_str().to_string(),
-                        working_set: self.cleanup.as_ref().map_or(0, |c| c.working_set),
-                        at: unix_now(),
-                    }));
-                }
-                let latency = self.woke_at.map(|t| t.elapsed());
-                self.acting = Some(tokio::spawn(self.acting(store).evict(req, latency)));
-            }
-        }
-        // Koordinator's BE memory model
+        // Koordinator's BE memory model first: BE pods go before kubelet's
+        // model picks from every pod; a cycle where it evicted picks none
+        let mut be_evicted = false;
         match (policy, koord_node) {
             (Some(Err(e)), _) => self.warn_once(
                 "be-memory policy".into(),
@@ -544,10 +585,12 @@ impl Cycle {
             ),
             (Some(Ok(policy)), Some(node)) if !self.koord.memory_cooling(now) => {
                 if let Some(task) = koord::memory_task(policy, node, &plain) {
+                    // kubelet's victim being stopped counts as released
+                    let victim = self.cleanup.as_ref().map(|c| c.uid.clone());
                     let round = koord::execute(
                         std::slice::from_ref(&task),
                         &plain,
-                        |p| self.koord.was_evicted(&p.uid, now),
+                        |p| self.koord.was_evicted(&p.uid, now) || victim.as_ref() == Some(&p.uid),
                         |_, _| true,
                     );
                     let latency = self.woke_at.map(|t| t.elapsed());
@@ -566,14 +609,147 @@ impl Cycle {
                             message: format!("qoslet BE memory eviction: {}", task.reason),
                         };
                         // koordlet's kill is optimistic too: the round counts
-                        // what it asked for; a failure is recorded and counted
-                        tokio::spawn(self.acting(store).evict(req, latency));
+                        // what it asked for; a failure is recorded, counted,
+                        // and the pod forgotten (tried again next round)
+                        self.spawn_koord(store, req, latency);
                     }
+                    be_evicted = !round.evicted.is_empty();
                     self.koord.record(now, &round, &plain);
                 }
             }
             _ => {}
         }
+        let busy = self.acting.as_ref().is_some_and(|(_, t)| !t.is_finished());
+        if let Some(starved) = pressure.starved.clone() {
+            if be_evicted {
+                debug!(
+                    "the BE model evicted this cycle; kubelet's model waits for the next reading"
+                );
+            } else if busy || self.cleanup.is_some() {
+                debug!("the last eviction is still under way or being cleaned up");
+            } else if pressure.node_reclaim_first(self.kubelet.settings().dedicated_imagefs)
+                && self.reclaim_first(starved.signal, started)
+            {
+                debug!(signal = %starved.signal, "node-level reclaim before any pod");
+            } else {
+                self.failed.retain(|_, at| at.elapsed() < FAILED_BACKOFF);
+                // a CRI-only eviction frees no disk and no PIDs for good:
+                // kubelet recreates the pod in place, and only BE pods are
+                // kept off by admission, so for those signals only BE pods
+                // are candidates (kubelet's own eviction handles the rest;
+                // in a cluster, the Eviction API deletes the pod)
+                let be_only = !starved.signal.is_memory();
+                let eligible: Vec<bool> = plain
+                    .iter()
+                    .map(|p| {
+                        !self.failed.contains_key(&p.uid)
+                            && !self.koord.was_evicted(&p.uid, now)
+                            && (!be_only || is_be(p))
+                    })
+                    .collect();
+                let victim = self
+                    .kubelet
+                    .victims(&starved, &plain, &obs)
+                    .into_iter()
+                    .find(|v| eligible[v.index]);
+                match victim {
+                    None if be_only => self.warn_once(
+                        format!("no BE pod for {}", starved.signal),
+                        &format!(
+                            "{} is met and no best-effort pod is left to evict: qoslet evicts only BE pods for disk and PID signals (kubelet's eviction handles the others)",
+                            starved.signal
+                        ),
+                    ),
+                    None => {}
+                    Some(v) => {
+                        let c = &candidates[v.index];
+                        let o = obs.get(&starved.signal).copied();
+                        let req = EvictRequest {
+                            sandbox_id: c.sandbox_id.clone(),
+                            uid: c.pod.uid.clone(),
+                            namespace: c.pod.namespace.clone(),
+                            name: c.pod.name.clone(),
+                            grace_seconds: v.grace_seconds,
+                            model: Model::Kubelet,
+                            signal: Some(starved.signal),
+                            observed: o.map(|o| o.available),
+                            threshold: o.map(|o| starved.value.of(o.capacity)),
+                            message: v.message.clone(),
+                        };
+                        let working_set = c
+                            .pod
+                            .stats
+                            .as_ref()
+                            .and_then(|s| s.working_set)
+                            .unwrap_or(0);
+                        self.cleanup = Some(Cleanup {
+                            uid: c.pod.uid.clone(),
+                            signal: starved.signal,
+                            cgroup: c.cgroup.clone(),
+                            working_set,
+                            since: Instant::now(),
+                        });
+                        self.kubelet.evicted(&c.pod.uid, now);
+                        if let Some(p) = &self.cfg.persist {
+                            p.set_victim(Some(persist::Victim {
+                                uid: c.pod.uid.clone(),
+                                signal: Some(starved.signal.as_str().into()),
+                                cgroup: c.cgroup.as_str().to_string(),
+                                working_set,
+                                at: unix_now(),
+                            }));
+                        }
+                        let latency = self.woke_at.map(|t| t.elapsed());
+                        self.acting = Some((
+                            c.pod.uid.clone(),
+                            tokio::spawn(self.acting(store).evict(req, latency)),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+
+    /// A Koordinator-model eviction on its own task; a failure is reported
+    /// back so the pod is forgotten (not counted as released) next cycle.
+    pub(super) fn spawn_koord(&self, store: &Store, req: EvictRequest, latency: Option<Duration>) {
+        let acting = self.acting(store);
+        let tx = self.outcomes.clone();
+        let uid = req.uid.clone();
+        tokio::spawn(async move {
+            if !acting.evict(req, latency).await {
+                let _ = tx.send(uid);
+            }
+        });
+    }
+
+    /// What ended since the last cycle: Koordinator-model evictions that
+    /// failed are forgotten; kubelet's model's failed or refused victim
+    /// stops the cleanup wait and is passed over for [`FAILED_BACKOFF`].
+    async fn settle(&mut self) {
+        while let Ok(uid) = self.outcomes_rx.try_recv() {
+            self.koord.forget(&uid);
+        }
+        if self.acting.as_ref().is_some_and(|(_, t)| t.is_finished()) {
+            if let Some((uid, t)) = self.acting.take() {
+                if !t.await.unwrap_or(false) {
+                    self.failed.insert(uid, Instant::now());
+                    self.cleanup = None;
+                    if let Some(p) = &self.cfg.persist {
+                        p.set_victim(None);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A BE pod (class BE, or Kubernetes BestEffort without a class): the ones
+/// admission keeps off the node under pressure.
+fn is_be(p: &Pod) -> bool {
+    match p.class {
+        Some(c) => c == QosClass::Be,
+        None => p.kube_qos == Some(KubeQos::BestEffort),
     }
 }
 
@@ -593,6 +769,7 @@ impl crate::Agent {
         let start = Instant::now()
             .checked_sub(RESTORE_HORIZON)
             .unwrap_or_else(Instant::now);
+        let (outcomes, outcomes_rx) = tokio::sync::mpsc::unbounded_channel();
         let mut cycle = Cycle {
             views: self.views().clone(),
             cpu_history: CpuHistory::default(),
@@ -605,8 +782,12 @@ impl crate::Agent {
             warned: BTreeMap::new(),
             woke_at: None,
             acting: None,
+            failed: HashMap::new(),
+            outcomes,
+            outcomes_rx,
             cleanup: None,
             reading: None,
+            last_read: Instant::now(),
             reclaiming: None,
             reclaimed_at: Arc::new(Mutex::new(None)),
             cfg,
@@ -631,9 +812,10 @@ impl crate::Agent {
                 let (be, cpu) = {
                     let p = policy.borrow();
                     let t = &p.policy.resource_used_threshold_with_be;
+                    let c = &cycle.cfg.config;
                     (
-                        be_memory_policy(t),
-                        be_cpu::be_cpu_policy(t, cycle.cfg.interval),
+                        be_memory_policy(t).filter(|_| c.be_memory_evict),
+                        be_cpu::be_cpu_policy(t, cycle.cfg.interval).filter(|_| c.be_cpu_evict),
                     )
                 };
                 tokio::select! {
@@ -649,7 +831,9 @@ impl crate::Agent {
                 let be_percent =
                     match be_memory_policy(&policy.borrow().policy.resource_used_threshold_with_be)
                     {
-                        Some(Ok(p)) => Some(p.threshold_percent()),
+                        Some(Ok(p)) if cycle.cfg.config.be_memory_evict => {
+                            Some(p.threshold_percent())
+                        }
                         _ => None,
                     };
                 let rt = tokio::runtime::Handle::current();
@@ -657,6 +841,7 @@ impl crate::Agent {
                 notifiers = tokio::task::spawn_blocking(move || {
                     let wanted = notify::wanted(&sources, &thresholds, be_percent);
                     n.rearm_blocking(wanted, &rt);
+                    n.watch_v2_blocking(notify::wanted_v2(&sources), &rt);
                     n
                 })
                 .await

@@ -5,8 +5,18 @@
 //! scope's cgroup (`memory.available`) and the pods' root
 //! (`allocatableMemory.available`); armed again as the inactive file moves.
 //! Each armed notification is a task that waits on its eventfd and wakes the
-//! loop. cgroup v2 (a PSI trigger on `memory.pressure`) is not here yet: on v2
-//! the loop's one-second tick is the only wake-up.
+//! loop. A level is armed again at most every [`REARM_EVERY`] (each v1
+//! register and unregister takes the memcg's thresholds lock and waits for
+//! an RCU grace period; kubelet re-arms every 10 s): between, a moved level
+//! only makes a wake-up early or leaves it to the tick.
+//!
+//! cgroup v2 has no usage thresholds: the scope's (or the root's)
+//! `memory.pressure` gets a PSI trigger (`some 150000 1000000`: 150 ms of
+//! stall within 1 s; a kernel refuses windows that are not multiples of 2 s
+//! to an opener without CAP_SYS_RESOURCE, and then `some 300000 2000000` is
+//! armed), and `memory.events` of the scope and of the pods' root wake the
+//! loop when the kernel counts a `high`, `max`, `oom` or `oom_kill` event
+//! (kernfs marks the file: poll's POLLPRI).
 
 use std::fs::File;
 use std::io::Write;
@@ -24,6 +34,12 @@ use super::observe::Sources;
 
 /// A notification is armed again only when its level moved by this much.
 const REARM_SLACK: i64 = 1 << 20;
+/// ... and at most this often.
+const REARM_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+/// The PSI trigger: 150 ms of memory stall within a 1 s window.
+pub const PSI_TRIGGER: &str = "some 150000 1000000";
+/// The one an opener without CAP_SYS_RESOURCE may arm (a 2 s window).
+pub const PSI_TRIGGER_UNPRIVILEGED: &str = "some 300000 2000000";
 
 /// An armed notification: its eventfd and the usage file it watches.
 pub struct Armed {
@@ -86,14 +102,101 @@ async fn watch(armed: Armed, notify: Arc<Notify>) {
 #[derive(Default)]
 pub struct Notifiers {
     notify: Arc<Notify>,
-    armed: Vec<(PathBuf, i64, JoinHandle<()>)>,
+    armed: Vec<(PathBuf, i64, std::time::Instant, JoinHandle<()>)>,
+    /// v2: the files watched (PSI triggers, memory.events).
+    watched: Vec<(PathBuf, JoinHandle<()>)>,
 }
 
 impl Drop for Notifiers {
     fn drop(&mut self) {
-        for (_, _, t) in &self.armed {
+        for (_, _, _, t) in &self.armed {
             t.abort();
         }
+        for (_, t) in &self.watched {
+            t.abort();
+        }
+    }
+}
+
+/// What cgroup v2 watches: the PSI file of the scope (the root's when
+/// none), and `memory.events` of the scope and of the pods' root.
+pub fn wanted_v2(s: &Sources) -> Vec<PathBuf> {
+    let Some(base) = s.host.hierarchy("memory").filter(|_| s.host.is_v2()) else {
+        return vec![];
+    };
+    let scope = s
+        .scope
+        .clone()
+        .unwrap_or_else(qoslet_cgroups::CgroupPath::root);
+    let mut out = vec![];
+    if let Ok(d) = scope.under(base) {
+        out.push(d.join("memory.pressure"));
+        if scope != qoslet_cgroups::CgroupPath::root() {
+            out.push(d.join("memory.events"));
+        }
+    }
+    if let Ok(d) = s.pods_root.under(base) {
+        let f = d.join("memory.events");
+        if !out.contains(&f) {
+            out.push(f);
+        }
+    }
+    out
+}
+
+/// Arms a PSI trigger on `path` (a `*.pressure` file): [`PSI_TRIGGER`], or
+/// where the kernel refuses it to this opener, [`PSI_TRIGGER_UNPRIVILEGED`].
+/// The file stays open while the trigger lives; returns it and the trigger.
+pub fn arm_psi(path: &Path) -> std::io::Result<(File, &'static str)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut last = None;
+    for t in [PSI_TRIGGER, PSI_TRIGGER_UNPRIVILEGED] {
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc_o_nonblock())
+            .open(path)?;
+        // the kernel replaces the write's last byte with NUL: send one
+        match f.write_all(format!("{t}\0").as_bytes()) {
+            Ok(()) => return Ok((f, t)),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no trigger armed")))
+}
+
+fn libc_o_nonblock() -> i32 {
+    rustix::fs::OFlags::NONBLOCK.bits() as i32
+}
+
+/// Waits for the kernel to mark `file` (POLLPRI: a PSI trigger's window, a
+/// kernfs file's change), then wakes `notify`; again and again. A
+/// `memory.events` file is read after each mark (kernfs marks it again only
+/// after a read).
+async fn watch_priority(file: File, notify: Arc<Notify>, reread: bool) {
+    use std::io::{Read, Seek};
+    use tokio::io::Interest;
+    #[allow(deprecated)]
+    let fd = match AsyncFd::with_interest(file, Interest::PRIORITY) {
+        Ok(fd) => fd,
+        Err(e) => {
+            warn!(error = %e, "kernel notification not watched (not a kernel file?)");
+            return;
+        }
+    };
+    loop {
+        let Ok(mut guard) = fd.ready(Interest::PRIORITY).await else {
+            return;
+        };
+        if reread {
+            let mut f = fd.get_ref();
+            let mut buf = [0u8; 512];
+            let _ = f
+                .seek(std::io::SeekFrom::Start(0))
+                .and_then(|_| f.read(&mut buf));
+        }
+        guard.clear_ready();
+        notify.notify_one();
     }
 }
 
@@ -159,10 +262,12 @@ impl Notifiers {
     pub fn rearm_blocking(&mut self, wanted: Vec<(PathBuf, i64)>, rt: &tokio::runtime::Handle) {
         let mut keep = vec![];
         for (dir, level) in wanted {
-            if let Some(i) = self.armed.iter().position(|(d, l, t)| {
+            if let Some(i) = self.armed.iter().position(|(d, l, at, t)| {
                 // a notification whose task ended (a read failed, the
                 // cgroup went away) is armed again
-                *d == dir && (l - level).abs() < REARM_SLACK && !t.is_finished()
+                *d == dir
+                    && ((l - level).abs() < REARM_SLACK || at.elapsed() < REARM_EVERY)
+                    && !t.is_finished()
             }) {
                 keep.push(self.armed.swap_remove(i));
                 continue;
@@ -172,17 +277,66 @@ impl Notifiers {
                     debug!(cgroup = %dir.display(), level, "memory threshold notification armed");
                     let _g = rt.enter();
                     let task = rt.spawn(watch(a, self.notify.clone()));
-                    keep.push((dir, level, task));
+                    keep.push((dir, level, std::time::Instant::now(), task));
                 }
                 Err(e) => {
                     warn!(cgroup = %dir.display(), error = %e, "memory threshold notification not armed")
                 }
             }
         }
-        for (_, _, t) in self.armed.drain(..) {
+        for (_, _, _, t) in self.armed.drain(..) {
             t.abort();
         }
         self.armed = keep;
+    }
+
+    /// cgroup v2: watches what [`wanted_v2`] lists (PSI triggers armed,
+    /// `memory.events` marks); a file already watched is kept. Blocking
+    /// (cgroup files): call it off the async workers.
+    pub fn watch_v2_blocking(&mut self, wanted: Vec<PathBuf>, rt: &tokio::runtime::Handle) {
+        let mut keep = vec![];
+        for path in wanted {
+            if let Some(i) = self
+                .watched
+                .iter()
+                .position(|(p, t)| *p == path && !t.is_finished())
+            {
+                keep.push(self.watched.swap_remove(i));
+                continue;
+            }
+            let psi = path.extension().is_some_and(|e| e == "pressure");
+            let opened = if psi {
+                arm_psi(&path).map(|(f, t)| {
+                    debug!(path = %path.display(), trigger = t, "PSI trigger armed");
+                    f
+                })
+            } else {
+                File::open(&path)
+            };
+            match opened {
+                Ok(f) => {
+                    let _g = rt.enter();
+                    let task = rt.spawn(watch_priority(f, self.notify.clone(), !psi));
+                    keep.push((path, task));
+                }
+                Err(e) => {
+                    warn!(path = %path.display(), error = %e, "memory notification not armed (the one-second tick remains)")
+                }
+            }
+        }
+        for (_, t) in self.watched.drain(..) {
+            t.abort();
+        }
+        self.watched = keep;
+    }
+
+    /// The v2 files watched now.
+    pub fn watched(&self) -> Vec<PathBuf> {
+        self.watched
+            .iter()
+            .filter(|(_, t)| !t.is_finished())
+            .map(|(p, _)| p.clone())
+            .collect()
     }
 
     /// Resolves when the kernel reports a crossing (never, when none is armed).
@@ -192,5 +346,104 @@ impl Notifiers {
 
     pub fn armed(&self) -> usize {
         self.armed.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// This machine's kernel (cgroup v1, PSI on, no CAP_SYS_RESOURCE in the
+    /// test's container: its 1 s window is refused) takes the 2 s trigger on
+    /// the system's `/proc/pressure/memory`, and tokio watches it for POLLPRI.
+    #[tokio::test]
+    async fn a_psi_trigger_is_armed_on_the_real_kernel() {
+        let p = Path::new("/proc/pressure/memory");
+        if !p.exists() {
+            eprintln!("no PSI on this kernel: skipped");
+            return;
+        }
+        let (f, trigger) = arm_psi(p).expect("a PSI trigger");
+        assert!([PSI_TRIGGER, PSI_TRIGGER_UNPRIVILEGED].contains(&trigger));
+        eprintln!("armed {trigger:?}");
+        let task = tokio::spawn(watch_priority(f, Arc::new(Notify::new()), false));
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(
+            !task.is_finished(),
+            "the trigger's file could not be watched"
+        );
+        task.abort();
+    }
+
+    /// On a file tree (no kernel behind the files) the trigger is written as
+    /// the kernel expects, and watching fails safe: logged, the task ends,
+    /// the tick remains; `wanted_v2` lists the scope's PSI and memory.events
+    /// files and the pods' root's memory.events.
+    #[tokio::test]
+    async fn v2_files_on_a_tree_are_armed_and_fail_safe() {
+        let root = qoslet_cgroups::testing::tree(
+            "notify-v2",
+            &[
+                ("cgroup.controllers", "cpu memory\n"),
+                ("scope/memory.pressure", ""),
+                (
+                    "scope/memory.events",
+                    "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n",
+                ),
+                (
+                    "scope/kubepods/memory.events",
+                    "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n",
+                ),
+            ],
+        );
+        let host = qoslet_cgroups::Host::detect(&root).unwrap();
+        assert!(host.is_v2());
+        let s = Sources {
+            host,
+            proc_root: root.clone(),
+            scope: Some(qoslet_cgroups::CgroupPath::parse("/scope").unwrap()),
+            pods_root: qoslet_cgroups::CgroupPath::parse("/scope/kubepods").unwrap(),
+            memory_capacity: None,
+            nodefs: None,
+            imagefs: None,
+        };
+        let w = wanted_v2(&s);
+        assert_eq!(
+            w,
+            [
+                root.join("scope/memory.pressure"),
+                root.join("scope/memory.events"),
+                root.join("scope/kubepods/memory.events")
+            ]
+        );
+        let (_f, t) = arm_psi(&w[0]).unwrap();
+        assert_eq!(t, PSI_TRIGGER);
+        assert_eq!(
+            std::fs::read_to_string(&w[0]).unwrap(),
+            format!("{PSI_TRIGGER}\0")
+        );
+        let mut n = Notifiers::default();
+        let rt = tokio::runtime::Handle::current();
+        let mut n = tokio::task::spawn_blocking(move || {
+            n.watch_v2_blocking(w, &rt);
+            n
+        })
+        .await
+        .unwrap();
+        // regular files cannot be polled for POLLPRI: the watches end
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(n.watched().is_empty());
+        // and a v1 host wants none of it
+        let v1_root = qoslet_cgroups::testing::tree(
+            "notify-v1",
+            &[("memory/cgroup.procs", ""), ("cpu/cgroup.procs", "")],
+        );
+        let v1 = Sources {
+            host: qoslet_cgroups::Host::detect(&v1_root).unwrap(),
+            ..s
+        };
+        assert!(!v1.host.is_v2());
+        assert!(wanted_v2(&v1).is_empty());
+        n.watched.clear();
     }
 }

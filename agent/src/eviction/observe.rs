@@ -123,6 +123,12 @@ impl Sources {
         })
     }
 
+    /// The machine's memory (MemTotal), which kubelet's `oom_score_adj` of a
+    /// Burstable container is relative to (not `memoryCapacity`).
+    pub fn machine_memory(&self) -> Option<u64> {
+        self.meminfo().ok().map(|m| m.total)
+    }
+
     fn meminfo(&self) -> Result<parse::MemInfo, ObserveError> {
         let path = self.proc_root.join("meminfo");
         parse::meminfo(&read(&path)?).map_err(|_| ObserveError::Parse { path })

@@ -39,6 +39,9 @@ const REASONS: [&str; 5] = [
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Victim {
     pub uid: String,
+    /// The signal it was evicted for.
+    #[serde(default)]
+    pub signal: Option<String>,
     pub cgroup: String,
     pub working_set: i64,
     /// Unix seconds.
@@ -254,6 +257,7 @@ mod tests {
         assert!(p.load().records.is_empty(), "no file: nothing");
         let victim = Victim {
             uid: "a".into(),
+            signal: Some("memory.available".into()),
             cgroup: "/kubepods/besteffort/poda".into(),
             working_set: 42,
             at: 1_700_000_000,
@@ -328,6 +332,12 @@ impl super::Cycle {
                 tracing::info!(uid = %v.uid, cgroup = %v.cgroup, ago_s = ago.as_secs(), "restart: waiting for the last victim's memory before evicting another pod");
                 self.kubelet.evicted(&v.uid, now.saturating_sub(ago));
                 self.cleanup = Some(super::Cleanup {
+                    uid: v.uid.clone(),
+                    signal: v
+                        .signal
+                        .as_deref()
+                        .and_then(Signal::parse)
+                        .unwrap_or(Signal::MemoryAvailable),
                     cgroup,
                     working_set: v.working_set,
                     since,

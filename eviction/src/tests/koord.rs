@@ -555,3 +555,17 @@ fn restored_evictions_are_remembered_and_cool_down() {
     assert!(k.was_evicted("a", s(1017)));
     assert!(!k.was_evicted("a", s(1018)));
 }
+
+/// A pod whose eviction failed is forgotten: a candidate again, and no
+/// longer counted as released.
+#[test]
+fn a_failed_eviction_is_forgotten() {
+    let s = Duration::from_secs;
+    let mut k = Koord::new(s(0));
+    k.remember_evicted("a".into(), Feature::BeMemory, s(10));
+    assert!(k.was_evicted("a", s(11)));
+    k.forget("a");
+    assert!(!k.was_evicted("a", s(11)));
+    // the cool-down of the round stays (koordlet's round did evict)
+    assert!(k.memory_cooling(s(12)));
+}

@@ -13,8 +13,10 @@
 //! | StopPodSandbox / RemovePodSandbox | not ready / removed | `pod_removed` |
 //!
 //! One refusal only: admission under node pressure (the eviction loop's
-//! view): CreateContainer of a BE pod's container while the node reports a
-//! pressure condition fails with the condition, signal, value and threshold.
+//! view): the first CreateContainer of a BE pod's sandbox while the node
+//! reports a pressure condition fails with the condition, signal, value and
+//! threshold (the NRI form of kubelet's pod admission: a pod's later
+//! containers, restarts included, are not refused).
 //! Anything else that fails is logged and counted, and the pod runs as
 //! kubelet asked (fail-open).
 
@@ -69,6 +71,14 @@ impl NriHandler {
         let Some((view, trust)) = &self.admission else {
             return Ok(());
         };
+        // kubelet admits a pod once, before its sandbox: a pod that already
+        // has a container here (an init container, a restart) was admitted
+        if self
+            .store
+            .read_all(|_, containers| containers.values().any(|c| c.pod_id == p.id))
+        {
+            return Ok(());
+        }
         let labels = p
             .labels
             .iter()
@@ -493,8 +503,9 @@ mod tests {
         }
     }
 
-    /// Admission in NRI mode: under memory pressure a BE pod's container is
-    /// refused with RESOURCE_EXHAUSTED and the figures; an LS pod's is not.
+    /// Admission in NRI mode: under memory pressure a new BE pod's first
+    /// container is refused with RESOURCE_EXHAUSTED and the figures; an LS
+    /// pod's is not, nor a pod's that was admitted before.
     #[test]
     fn a_be_container_is_refused_under_pressure() {
         use qoslet_agent::eviction::{EvictionView, Met};
@@ -517,7 +528,13 @@ mod tests {
                 hard: true,
             }],
         );
-        let r = create(pod()).unwrap_err();
+        // p1 has a container already (admitted before the pressure): its
+        // next one (a restart, the main container after an init one) is not refused
+        assert!(create(pod()).is_ok(), "an admitted pod's container refused");
+        let mut fresh = pod();
+        fresh.id = "p3".into();
+        fresh.uid = "u3".into();
+        let r = create(fresh).unwrap_err();
         assert_eq!(r.code, RESOURCE_EXHAUSTED);
         assert!(
             r.message.contains("memory.available 100Mi < 200Mi"),
