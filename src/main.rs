@@ -162,6 +162,9 @@ struct Prepared {
     engine: qoslet_qos_engine::runner::Settings,
     /// The `eviction:` section, validated (`None`: absent).
     eviction: Option<qoslet_eviction::Eviction>,
+    /// The section as the config file's reloads publish it (validated; a
+    /// section refused on reload leaves the last good one).
+    eviction_reload: tokio::sync::watch::Sender<qoslet_eviction::Eviction>,
 }
 
 /// Loads the config file, starts logging and reads the host: everything the
@@ -264,7 +267,14 @@ fn prepare(a: AgentArgs, default_state_dir: &std::path::Path) -> Result<Prepared
         Some(e) => Some(e.validate().context("eviction: in the config file")?),
         None => None,
     };
+    let first = match &eviction {
+        Some(e) => e.clone(),
+        None => qoslet_eviction::EvictionConfig::default()
+            .validate()
+            .context("eviction: the defaults")?,
+    };
     Ok(Prepared {
+        eviction_reload: tokio::sync::watch::channel(first).0,
         eviction,
         path,
         admin_listen: a.admin_listen.or(file.admin_listen.clone()),
@@ -301,6 +311,7 @@ impl Prepared {
             self.path.clone(),
             std::time::Duration::from_secs(1),
             self.file.clone(),
+            self.eviction_reload.clone(),
         );
     }
 
@@ -387,6 +398,7 @@ impl Prepared {
             nodefs: Some(e.nodefs_path.clone()),
             imagefs: Some(e.imagefs_path.clone()),
         };
+        self.eviction_reload.send_replace(e.clone());
         let evictor = qoslet_agent::eviction::cri::CriEvictor::new(socket)
             .with_image_minimum_gc_age(e.image_minimum_gc_age);
         if !e.image_minimum_gc_age.is_zero() {
@@ -400,6 +412,7 @@ impl Prepared {
                 sources,
                 evictor,
                 interval: std::time::Duration::from_secs(1),
+                reload: Some(self.eviction_reload.subscribe()),
                 persist:
                     agent.state_dir().map(|d| {
                         std::sync::Arc::new(qoslet_agent::eviction::persist::Persist::new(d))

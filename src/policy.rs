@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::config::FileConfig;
 use qoslet_agent::hub::Offer;
@@ -18,8 +18,14 @@ use qoslet_agent::{PolicyHub, Source};
 /// Offers every change of `path`'s `policy:` section to `hub` as the file
 /// source, checked every `every`. `loaded`: the file as read at start (what
 /// the hub holds): a change made since, even before the watch began, is seen.
-pub fn watch_file(hub: &Arc<PolicyHub>, path: PathBuf, every: Duration, loaded: FileConfig) {
-    let mut r = Reloader::new(path, loaded);
+pub fn watch_file(
+    hub: &Arc<PolicyHub>,
+    path: PathBuf,
+    every: Duration,
+    loaded: FileConfig,
+    eviction: tokio::sync::watch::Sender<qoslet_eviction::Eviction>,
+) {
+    let mut r = Reloader::new(path, loaded).with_eviction(eviction);
     hub.poll_source(Source::File, every, move || r.poll());
 }
 
@@ -44,6 +50,8 @@ pub(crate) struct Reloader {
     /// The last change left the source invalid or stale: the same good file
     /// again counts as a change (to clear that).
     degraded: bool,
+    /// Where a changed `eviction:` section goes (validated).
+    eviction: Option<tokio::sync::watch::Sender<qoslet_eviction::Eviction>>,
 }
 
 /// What one read of the file found.
@@ -63,6 +71,7 @@ impl Reloader {
             pending: None,
             current,
             degraded: false,
+            eviction: None,
         };
         // the file as it is now, when it is the one loaded: already acted on,
         // so the watcher's thread parses only a change (before, its second poll
@@ -74,6 +83,36 @@ impl Reloader {
             }
         }
         r
+    }
+
+    /// Publishes the `eviction:` section's changes to `tx`.
+    pub(crate) fn with_eviction(
+        mut self,
+        tx: tokio::sync::watch::Sender<qoslet_eviction::Eviction>,
+    ) -> Self {
+        self.eviction = Some(tx);
+        self
+    }
+
+    /// A changed `eviction:` section, validated and published; one refused
+    /// is logged and the last good one stays (kept as current, so the file
+    /// fixed counts as a change).
+    fn reload_eviction(&mut self, next: &mut FileConfig) {
+        if next.eviction == self.current.eviction {
+            return;
+        }
+        match next.eviction.clone().unwrap_or_default().validate() {
+            Ok(e) => {
+                info!(path = %self.path.display(), "eviction: section reloaded");
+                if let Some(tx) = &self.eviction {
+                    tx.send_replace(e);
+                }
+            }
+            Err(err) => {
+                warn!(path = %self.path.display(), error = %err, "eviction: the changed section is refused; the last good one stays");
+                next.eviction = self.current.eviction.clone();
+            }
+        }
     }
 
     fn hash(read: &Read) -> u64 {
@@ -120,24 +159,27 @@ impl Reloader {
             Read::Missing => return self.stale("the config file is gone"),
             Read::Failed(e) => return self.stale(&format!("the config file cannot be read: {e}")),
         };
-        let next = match crate::config::parse(&text) {
+        let mut next = match crate::config::parse(&text) {
             Ok(c) => c,
             Err(e) => {
                 self.degraded = true;
                 return Some(Offer::Invalid(format!("{e:#}")));
             }
         };
+        self.reload_eviction(&mut next);
         let policy_changed = next.policy != self.current.policy || self.degraded;
         self.degraded = false;
         let others_changed = FileConfig {
             policy: None,
+            eviction: None,
             ..next.clone()
         } != FileConfig {
             policy: None,
+            eviction: None,
             ..self.current.clone()
         };
         if others_changed {
-            warn!(path = %self.path.display(), "config keys other than policy changed; they take effect at the next restart");
+            warn!(path = %self.path.display(), "config keys other than policy and eviction changed; they take effect at the next restart");
         }
         self.current = next;
         if !policy_changed {
@@ -315,7 +357,12 @@ mod tests {
         let at_start = loaded(&f);
         let hub = PolicyHub::new(at_start.policy.clone());
         let mut rx = hub.subscribe();
-        watch_file(&hub, f.clone(), Duration::from_millis(10), at_start);
+        let (tx, _rx) = tokio::sync::watch::channel(
+            qoslet_eviction::EvictionConfig::default()
+                .validate()
+                .unwrap(),
+        );
+        watch_file(&hub, f.clone(), Duration::from_millis(10), at_start, tx);
         replace(&f, P40);
         tokio::time::timeout(Duration::from_secs(5), rx.changed())
             .await
@@ -353,5 +400,54 @@ mod tests {
             p.error
         );
         std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Issue 30: the `eviction:` section is hot-reloaded: a valid change is
+    /// published (validated), a refused one leaves the last good section
+    /// (and the policy offer goes on), the file fixed publishes again.
+    #[test]
+    fn eviction_section_is_reloaded_and_a_bad_one_refused() {
+        let d = scratch("reload-eviction");
+        let f = d.join("qoslet.yaml");
+        std::fs::write(
+            &f,
+            "eviction:\n  evictionHard:\n    memory.available: 100Mi\n",
+        )
+        .unwrap();
+        let first = loaded(&f).eviction.unwrap().validate().unwrap();
+        let (tx, mut rx) = tokio::sync::watch::channel(first);
+        let mut r = Reloader::new(f.clone(), loaded(&f)).with_eviction(tx);
+        assert!(settled(&mut r).is_none());
+        assert!(!rx.has_changed().unwrap());
+        std::fs::write(
+            &f,
+            "eviction:\n  dryRun: true\n  evictionHard:\n    memory.available: 300Mi\n",
+        )
+        .unwrap();
+        assert!(settled(&mut r).is_none(), "no policy change to offer");
+        assert!(rx.has_changed().unwrap());
+        let e = rx.borrow_and_update().clone();
+        assert!(e.dry_run);
+        assert_eq!(
+            e.kubelet.thresholds[0].value,
+            qoslet_eviction::Amount::Quantity(300 << 20)
+        );
+        // a refused section: nothing published, the policy still reloads
+        std::fs::write(
+            &f,
+            format!("{P40}eviction:\n  evictionHard:\n    memory.available: 150%\n"),
+        )
+        .unwrap();
+        assert_eq!(suppress(settled(&mut r)), 40);
+        assert!(!rx.has_changed().unwrap(), "a refused section published");
+        // fixed: published
+        std::fs::write(
+            &f,
+            format!("{P40}eviction:\n  evictionHard:\n    memory.available: 200Mi\n"),
+        )
+        .unwrap();
+        assert!(settled(&mut r).is_none());
+        assert!(rx.has_changed().unwrap());
+        assert!(!rx.borrow_and_update().dry_run);
     }
 }

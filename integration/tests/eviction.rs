@@ -643,3 +643,137 @@ async fn real_be_cpu_satisfaction_evicts_just_enough() {
     drop(q);
     unlimit();
 }
+
+/// A BE pod (BestEffort) holding `mib` MiB of anonymous memory.
+async fn holding(
+    through: &mut Cri,
+    tb: &Testbed,
+    cleanup: &mut Cleanup,
+    tag: &str,
+    mib: u64,
+) -> (String, String) {
+    let name = unique(tag);
+    let parent = tb.cgroup_parent_in("besteffort", &name);
+    let id = through.run_pod(&pod_config(&name, &parent)).await.unwrap();
+    cleanup.pods.push(id.clone());
+    cleanup.cgroups.push(parent.clone());
+    let script = format!(
+        "x=$(head -c {} /dev/zero | tr '\\0' a); while true; do sleep 0.2; done",
+        mib << 20
+    );
+    let res = cri::LinuxContainerResources {
+        cpu_shares: 2,
+        ..Default::default()
+    };
+    let c = through
+        .create(
+            &id,
+            &pod_config(&name, &parent),
+            container_config("hold", &script, Some(res)),
+        )
+        .await
+        .unwrap();
+    through.start(&c).await.unwrap();
+    (id, parent)
+}
+
+fn usage_mib(parent: &str) -> u64 {
+    qoslet_integration::testbed::cgroup_v1("memory", parent, "memory.usage_in_bytes")
+        .parse::<u64>()
+        .unwrap_or(0)
+        >> 20
+}
+
+/// Issue 30: the `eviction:` section is reloaded while qoslet runs, and a
+/// soft threshold waits its grace period: two BE pods hold 260 and 110 MiB
+/// of a 640 MiB node while no threshold is set; the file then sets
+/// `evictionSoft memory.available: 300Mi` with a 4 s grace period. MemoryPressure
+/// is raised at once, the larger pod is evicted no sooner than 4 s later
+/// (kubelet's ranking: both BestEffort, the larger use first), and only one
+/// (the other brings the node back under the threshold).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_reloaded_soft_threshold_waits_its_grace_and_takes_the_larger_pod() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let tb = Testbed::main();
+    let root = kubelet_cgroup_root(&tb.sock);
+    let dir = scratch("eviction-soft");
+    let base = format!(
+        "eviction:\n  memoryCapacity: 640Mi\n  cgroupScope: {root}/kubepods\n  \
+         enforceNodeAllocatable: false\n  evictionPressureTransitionPeriod: 5s\n"
+    );
+    let q = QosletProcess::with_config(&dir, &tb.sock, &base, &[]);
+    let mut cleanup = Cleanup::new(&tb.sock);
+    let mut direct = Cri::connect(&tb.sock).await;
+    let mut through = Cri::connect(&q.sock).await;
+    let (big, big_cg) = holding(&mut through, &tb, &mut cleanup, "soft-big", 260).await;
+    let (small, small_cg) = holding(&mut through, &tb, &mut cleanup, "soft-small", 110).await;
+    eventually(
+        "both pods hold their memory",
+        Duration::from_secs(60),
+        || {
+            let (b, s) = (big_cg.clone(), small_cg.clone());
+            async move { (usage_mib(&b) >= 255 && usage_mib(&s) >= 105).then_some(()) }
+        },
+    )
+    .await;
+    assert!(direct.sandbox_ready(&big).await && direct.sandbox_ready(&small).await);
+    // the soft threshold, by editing the file qoslet runs with
+    std::fs::write(
+        dir.join("qoslet.yaml"),
+        format!(
+            "{base}  evictionSoft:\n    memory.available: 300Mi\n  evictionSoftGracePeriod:\n    memory.available: 4s\n"
+        ),
+    )
+    .unwrap();
+    let mut admin = AdminClient::new(channel(&q.admin).await);
+    let raised = eventually("MemoryPressure raised", Duration::from_secs(15), || {
+        let mut a = admin.clone();
+        async move {
+            let l = a
+                .list_evictions(ListEvictionsRequest::default())
+                .await
+                .ok()?
+                .into_inner();
+            l.conditions
+                .iter()
+                .any(|c| c == "MemoryPressure")
+                .then(Instant::now)
+        }
+    })
+    .await;
+    let evicted = eventually("the larger pod evicted", Duration::from_secs(20), || {
+        let (mut d, big) = (direct.clone(), big.clone());
+        async move { (!d.sandbox_ready(&big).await).then(Instant::now) }
+    })
+    .await;
+    let waited = evicted - raised;
+    assert!(
+        waited >= Duration::from_millis(3500),
+        "evicted {waited:?} after the soft threshold was met (grace 4 s)"
+    );
+    assert!(
+        q.log_text().contains("eviction: section reloaded"),
+        "{}",
+        q.log_text()
+    );
+    // one pod only: the smaller one stays
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        direct.sandbox_ready(&small).await,
+        "the smaller pod was evicted too"
+    );
+    let list = admin
+        .list_evictions(ListEvictionsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let ev: Vec<_> = list
+        .records
+        .iter()
+        .filter(|r| r.reason == "node-pressure")
+        .collect();
+    assert_eq!(ev.len(), 1, "{list:?}");
+    assert_eq!(ev[0].sandbox_id, big);
+    assert_eq!(ev[0].threshold, 300 << 20);
+    eprintln!("soft threshold met -> eviction: {waited:?}");
+}

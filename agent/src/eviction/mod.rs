@@ -46,6 +46,8 @@ pub struct EvictionLoop {
     pub interval: Duration,
     /// Where the records survive a restart (`None`: the state dir is unusable).
     pub persist: Option<Arc<persist::Persist>>,
+    /// The `eviction:` section as reloads publish it (`None`: not reloaded).
+    pub reload: Option<tokio::sync::watch::Receiver<Eviction>>,
 }
 
 /// The Koordinator BE memory policy in force, when it is enabled.
@@ -324,6 +326,39 @@ struct Cycle {
 }
 
 impl Cycle {
+    /// A reloaded `eviction:` section: thresholds, grace periods, transition,
+    /// scope, capacity, filesystems, dry run and the Koordinator gates take
+    /// effect at once (kubelet's model keeps what it observed of thresholds
+    /// that stay); `enable: false` idles the loop and clears its conditions.
+    /// `imageMinimumGCAge` and turning a loop on that was off at start take a
+    /// restart.
+    fn reconfigure(&mut self, e: Eviction) {
+        if e == self.cfg.config {
+            return;
+        }
+        match self.cfg.sources.reconfigured(&e) {
+            Ok(s) => self.cfg.sources = s,
+            Err(err) => {
+                warn!(error = %err, "eviction: the reloaded section is refused; the last good one stays");
+                return;
+            }
+        }
+        self.kubelet.reconfigure(e.kubelet.clone());
+        self.view.dry_run.store(e.dry_run, Ordering::Relaxed);
+        if !e.enabled {
+            self.view.set_pressure(vec![], vec![]);
+        }
+        info!(
+            enabled = e.enabled,
+            thresholds = e.kubelet.thresholds.len(),
+            dry_run = e.dry_run,
+            be_memory = e.be_memory_evict,
+            be_cpu = e.be_cpu_evict,
+            "eviction: reloaded section in force"
+        );
+        self.cfg.config = e;
+    }
+
     fn warn_once(&mut self, key: String, msg: &str) {
         if self.warned.len() < 1024 && self.warned.insert(key.clone(), ()).is_none() {
             warn!(what = %key, "{msg}");
@@ -803,6 +838,10 @@ impl crate::Agent {
         if let Some(p) = cycle.cfg.persist.clone() {
             cycle.restore(p.load());
         }
+        let mut reload = cycle.cfg.reload.take();
+        if let Some(r) = reload.as_mut() {
+            r.mark_unchanged();
+        }
         let task = tokio::spawn(async move {
             let mut tick = tokio::time::interval(cycle.cfg.interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -818,9 +857,18 @@ impl crate::Agent {
                         be_cpu::be_cpu_policy(t, cycle.cfg.interval).filter(|_| c.be_cpu_evict),
                     )
                 };
-                tokio::select! {
-                    _ = cycle.run_once(&store, &inventories, be, cpu) => {}
-                    _ = shutdown.changed() => break,
+                // (the select below marks a change seen: compare instead)
+                if let Some(e) = reload.as_mut().and_then(|r| {
+                    let cur = r.borrow_and_update();
+                    (*cur != cycle.cfg.config).then(|| cur.clone())
+                }) {
+                    cycle.reconfigure(e);
+                }
+                if cycle.cfg.config.enabled {
+                    tokio::select! {
+                        _ = cycle.run_once(&store, &inventories, be, cpu) => {}
+                        _ = shutdown.changed() => break,
+                    }
                 }
                 cycle.woke_at = None;
                 // cgroup files: armed off the async workers
@@ -863,6 +911,12 @@ impl crate::Agent {
                             break;
                         }
                     }
+                    Ok(()) = async {
+                        match reload.as_mut() {
+                            Some(r) => r.changed().await,
+                            None => std::future::pending().await,
+                        }
+                    } => {}
                     r = shutdown.changed() => {
                         if r.is_err() || *shutdown.borrow() {
                             break;

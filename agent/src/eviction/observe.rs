@@ -76,6 +76,24 @@ fn read(path: &Path) -> Result<String, ObserveError> {
 const UNLIMITED: i64 = 1 << 60;
 
 impl Sources {
+    /// These sources with `e`'s scope, memory capacity and filesystems (an
+    /// `eviction:` section reloaded).
+    pub fn reconfigured(&self, e: &qoslet_eviction::Eviction) -> Result<Sources, String> {
+        let scope = match e.cgroup_scope.as_deref() {
+            None => None,
+            Some(s) => {
+                Some(CgroupPath::parse(s).map_err(|err| format!("eviction.cgroupScope: {err}"))?)
+            }
+        };
+        Ok(Sources {
+            scope,
+            memory_capacity: e.memory_capacity,
+            nodefs: Some(e.nodefs_path.clone()),
+            imagefs: Some(e.imagefs_path.clone()),
+            ..self.clone()
+        })
+    }
+
     fn memory_dir(&self, cg: &CgroupPath) -> Result<PathBuf, ObserveError> {
         let base = self
             .host
