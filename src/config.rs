@@ -429,11 +429,12 @@ mod tests {
             "resourceQOSStrategy.lsrClass.cpuQOS.coreExpeller",
             "resourceQOSStrategy.beClass.networkQOS",
             "resourceQOSStrategy.cgroupRoot",
-            "resourceUsedThresholdWithBE.cpuEvictPolicy",
             "systemStrategy",
         ] {
             assert!(listed.contains(f), "{f} not listed:\n{listed}");
         }
+        // implemented (BE CPU eviction): Koordinator's default is qoslet's
+        assert!(!listed.contains("cpuEvictPolicy"), "{listed}");
         // its spec alone, in YAML, works the same
         let spec: serde_json::Value = serde_json::from_str(fixture).unwrap();
         let c2 = parse(&format!("policy: {}", spec["spec"])).unwrap();
