@@ -72,6 +72,8 @@ pub struct FileConfig {
     /// `eviction:` — kubelet-style thresholds and qoslet's eviction settings
     /// (Koordinator's BE eviction reads `policy.resourceUsedThresholdWithBE`).
     pub eviction: Option<qoslet_eviction::EvictionConfig>,
+    /// `kubernetes:` — the cluster side (off unless `enable`).
+    pub kubernetes: Option<qoslet_kube::KubernetesConfig>,
 }
 
 /// `nri:` — how `qoslet nri` reaches the runtime and presents itself.

@@ -305,6 +305,25 @@ impl Prepared {
     }
 
     /// Watches the config file: the policy hub's first source, off the serving thread.
+    /// The cluster side when `kubernetes.enable`: this node's NodeSLO
+    /// followed into the policy hub. A section that cannot start (no node
+    /// name, no credentials) is an error at start, not a silent local mode.
+    async fn start_cluster(&self, agent: &qoslet_agent::Agent) -> Result<()> {
+        let Some(k) = self.file.kubernetes.as_ref().filter(|k| k.enable) else {
+            return Ok(());
+        };
+        let node = k.node().context("kubernetes:")?;
+        let client = k.client().await.context("kubernetes:")?;
+        tracing::info!(node = %node, "cluster side on: following this node's NodeSLO");
+        agent.add_task(tokio::spawn(qoslet_kube::nodeslo::follow(
+            client,
+            node,
+            agent.policy().clone(),
+            agent.shutdown_signal(),
+        )));
+        Ok(())
+    }
+
     fn watch_policy(&self, agent: &qoslet_agent::Agent) {
         policy::watch_file(
             agent.policy(),
@@ -398,12 +417,13 @@ impl Prepared {
             nodefs: Some(e.nodefs_path.clone()),
             imagefs: Some(e.imagefs_path.clone()),
         };
-        self.eviction_reload.send_replace(e.clone());
         let evictor = qoslet_agent::eviction::cri::CriEvictor::new(socket)
             .with_image_minimum_gc_age(e.image_minimum_gc_age);
         if !e.image_minimum_gc_age.is_zero() {
             // kubelet's image manager notes images every 5 min
-            evictor.watch_images(std::time::Duration::from_secs(300));
+            agent.add_task(
+                evictor.watch_images(std::time::Duration::from_secs(300), agent.shutdown_signal()),
+            );
         }
         let evictor = std::sync::Arc::new(evictor);
         Some(agent.start_eviction(
@@ -482,6 +502,7 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
     let agent_cfg = p.agent_config(cfg.agent(p.metrics.is_some()));
     let agent = qoslet_agent::Agent::start(agent_cfg).await?;
     p.watch_policy(&agent);
+    p.start_cluster(&agent).await?;
     let eviction = p.start_eviction(
         &agent,
         qoslet_state::endpoint::unix_path(&cfg.runtime_endpoint),

@@ -84,6 +84,7 @@ pub async fn run(a: NriArgs) -> Result<()> {
     });
     let agent = qoslet_agent::Agent::start(agent_cfg).await?;
     p.watch_policy(&agent);
+    p.start_cluster(&agent).await?;
     let iso = p.isolation(&agent).map(Arc::new);
     let runtime_socket = p
         .file

@@ -286,7 +286,7 @@ impl Agent {
     /// flight included), and returns the state dir's lock.
     /// Keeps a loop's task, awaited at [`Agent::finish`] (it ends on the
     /// shutdown signal).
-    pub(crate) fn add_task(&self, t: JoinHandle<()>) {
+    pub fn add_task(&self, t: JoinHandle<()>) {
         self.loops
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -320,6 +320,15 @@ impl CpuHistory {
         }
     }
 
+    /// The time between the last two readings (zero with fewer).
+    pub fn interval(&self) -> Duration {
+        let n = self.samples.len();
+        if n < 2 {
+            return Duration::ZERO;
+        }
+        self.samples[n - 1].0.saturating_sub(self.samples[n - 2].0)
+    }
+
     /// The readings within `[now − window, now]`.
     pub fn window(&self, now: Duration, window: Duration) -> Option<CpuWindow> {
         let inside: Vec<BeCpu> = self

@@ -105,7 +105,6 @@ async fn real_canonical_quantities_and_koordinators_default_node_slo() {
     for f in [
         "resourceQOSStrategy.policies.netQOSPolicy",
         "resourceQOSStrategy.beClass.networkQOS",
-        "resourceUsedThresholdWithBE.cpuEvictPolicy",
     ] {
         assert!(listed.contains(f), "{f} not in:\n{listed}");
     }

@@ -150,8 +150,11 @@ impl Checkpoint {
             written_at: crate::store::now_nanos(),
             snapshot: snap,
         };
-        let bytes = serde_json::to_vec(&f)?;
-        crate::statefile::write_atomic(&self.path(), &bytes)?;
+        // streamed through the writer's buffer: no copy of the whole
+        // checkpoint in memory (hundreds of KiB at a thousand containers)
+        crate::statefile::write_atomic_with(&self.path(), |w| {
+            serde_json::to_writer(w, &f).map_err(std::io::Error::from)
+        })?;
         Ok(())
     }
 

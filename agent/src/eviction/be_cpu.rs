@@ -133,7 +133,12 @@ impl Cycle {
         let Some(w) = self.cpu_history.window(now, policy.window) else {
             return;
         };
-        let needed = samples_needed(policy.window, self.cfg.interval);
+        // the samples come at the metrics' interval (an engine tick each):
+        // the rule counts them at that interval, not the loop's
+        let needed = samples_needed(
+            policy.window,
+            self.cpu_history.interval().max(self.cfg.interval),
+        );
         // the node's batch-cpu allocatable is the cluster's (not known here)
         let due = koord::cpu_task(&policy, &w, needed, None, &[]);
         if !matches!(due, Ok(Some(_))) {

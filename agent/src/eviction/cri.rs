@@ -62,13 +62,20 @@ impl CriEvictor {
     /// Notes the images the runtime has now, every `every` (kubelet's image
     /// manager detects them every 5 min): an image's age counts from when it
     /// was first seen, at the latest the disk reclaim that lists it.
-    pub fn watch_images(&self, every: Duration) -> tokio::task::JoinHandle<()> {
+    pub fn watch_images(
+        &self,
+        every: Duration,
+        mut shutdown: tokio::sync::watch::Receiver<bool>,
+    ) -> tokio::task::JoinHandle<()> {
         let (channel, seen) = (self.channel.clone(), self.first_seen.clone());
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
-                tick.tick().await;
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = shutdown.changed() => return,
+                }
                 let mut img = cri::image_service_client::ImageServiceClient::new(channel.clone());
                 if let Ok(r) = img
                     .list_images(cri::ListImagesRequest { filter: None })

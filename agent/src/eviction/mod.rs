@@ -95,6 +95,9 @@ fn memory_request(
             };
             containers
                 .iter()
+                // 999 stands for any request under 0.2 %, none included:
+                // kubelet ranks such a pod as over its request
+                .filter(|c| c.oom_score_adj != 999)
                 .filter_map(|c| {
                     let limit = (c.memory_limit > 0).then_some(c.memory_limit as u64);
                     qoslet_hooks::decide::kubelet_memory_request(c.oom_score_adj, m, limit)
@@ -189,8 +192,6 @@ struct Reading {
     koord_node: Option<NodeMemory>,
     /// The working set of the last victim's cgroup (`None`: gone).
     victim_ws: Option<i64>,
-    /// Its processes (`None`: gone).
-    victim_procs: Option<u64>,
     /// When the reading started.
     started: Instant,
 }
@@ -343,7 +344,13 @@ impl Cycle {
                 return;
             }
         }
-        self.kubelet.reconfigure(e.kubelet.clone());
+        if e.enabled && self.cfg.config.enabled {
+            self.kubelet.reconfigure(e.kubelet.clone());
+        } else {
+            // off, or back on: what was observed before is no longer so
+            // (a soft threshold met again waits its grace period afresh)
+            self.kubelet = Kubelet::new(e.kubelet.clone());
+        }
         self.view.dry_run.store(e.dry_run, Ordering::Relaxed);
         if !e.enabled {
             self.view.set_pressure(vec![], vec![]);
@@ -484,13 +491,11 @@ impl Cycle {
                         .as_ref()
                         .and_then(|cg| sources.cgroup_memory(cg).ok())
                         .map(|m| m.working_set);
-                    let victim_procs = victim.as_ref().and_then(|cg| sources.cgroup_processes(cg));
                     Reading {
                         obs,
                         errors,
                         koord_node,
                         victim_ws,
-                        victim_procs,
                         started,
                     }
                 })
@@ -548,8 +553,8 @@ impl Cycle {
             errors,
             koord_node,
             victim_ws,
-            victim_procs,
             started,
+            ..
         }) = self.read().await
         else {
             // no reading for longer than the transition period: the node's
@@ -598,10 +603,12 @@ impl Cycle {
         // cleaned up (memory: its cgroup gone or its working set halved;
         // other signals: its processes gone), 30 s at most
         if let Some(c) = &self.cleanup {
+            // other signals: once the stop ended (the pod cgroup's processes
+            // would count the sandbox kubelet recreates)
             let released = if c.signal.is_memory() {
                 victim_ws.is_none_or(|ws| ws <= c.working_set / 2)
             } else {
-                victim_procs.is_none_or(|n| n == 0)
+                !self.acting.as_ref().is_some_and(|(_, t)| !t.is_finished())
             };
             if released || c.since.elapsed() >= CLEANUP_WAIT {
                 self.cleanup = None;
@@ -725,7 +732,7 @@ impl Cycle {
                             since: Instant::now(),
                         });
                         self.kubelet.evicted(&c.pod.uid, now);
-                        if let Some(p) = &self.cfg.persist {
+                        if let Some(p) = self.cfg.persist.clone() {
                             p.set_victim(Some(persist::Victim {
                                 uid: c.pod.uid.clone(),
                                 signal: Some(starved.signal.as_str().into()),
@@ -733,6 +740,10 @@ impl Cycle {
                                 working_set,
                                 at: unix_now(),
                             }));
+                            // kept before the stop (a restart during a long
+                            // stop still knows its victim)
+                            let view = self.view.clone();
+                            tokio::spawn(async move { p.save(move || view.records()).await });
                         }
                         let latency = self.woke_at.map(|t| t.elapsed());
                         self.acting = Some((
@@ -772,6 +783,8 @@ impl Cycle {
                     self.cleanup = None;
                     if let Some(p) = &self.cfg.persist {
                         p.set_victim(None);
+                        let view = self.view.clone();
+                        p.save(move || view.records()).await;
                     }
                 }
             }
@@ -848,6 +861,13 @@ impl crate::Agent {
             let mut notifiers = notify::Notifiers::default();
             loop {
                 let started = Instant::now();
+                // (the select below marks a change seen: compare instead)
+                if let Some(e) = reload.as_mut().and_then(|r| {
+                    let cur = r.borrow_and_update();
+                    (*cur != cycle.cfg.config).then(|| cur.clone())
+                }) {
+                    cycle.reconfigure(e);
+                }
                 let (be, cpu) = {
                     let p = policy.borrow();
                     let t = &p.policy.resource_used_threshold_with_be;
@@ -857,18 +877,20 @@ impl crate::Agent {
                         be_cpu::be_cpu_policy(t, cycle.cfg.interval).filter(|_| c.be_cpu_evict),
                     )
                 };
-                // (the select below marks a change seen: compare instead)
-                if let Some(e) = reload.as_mut().and_then(|r| {
-                    let cur = r.borrow_and_update();
-                    (*cur != cycle.cfg.config).then(|| cur.clone())
-                }) {
-                    cycle.reconfigure(e);
-                }
-                if cycle.cfg.config.enabled {
+                // nothing to decide (no threshold, no BE model on): no reading
+                // at all, no notifier armed; admission still refuses the pods
+                // evicted lately
+                let active = cycle.cfg.config.enabled
+                    && (!cycle.kubelet.settings().thresholds.is_empty()
+                        || be.is_some()
+                        || cpu.is_some());
+                if active {
                     tokio::select! {
                         _ = cycle.run_once(&store, &inventories, be, cpu) => {}
                         _ = shutdown.changed() => break,
                     }
+                } else if !cycle.view.pressure().0.is_empty() {
+                    cycle.view.set_pressure(vec![], vec![]);
                 }
                 cycle.woke_at = None;
                 // cgroup files: armed off the async workers
@@ -886,14 +908,18 @@ impl crate::Agent {
                     };
                 let rt = tokio::runtime::Handle::current();
                 let mut n = std::mem::take(&mut notifiers);
-                notifiers = tokio::task::spawn_blocking(move || {
-                    let wanted = notify::wanted(&sources, &thresholds, be_percent);
-                    n.rearm_blocking(wanted, &rt);
-                    n.watch_v2_blocking(notify::wanted_v2(&sources), &rt);
-                    n
-                })
-                .await
-                .unwrap_or_default();
+                notifiers = if !active {
+                    Default::default()
+                } else {
+                    tokio::task::spawn_blocking(move || {
+                        let wanted = notify::wanted(&sources, &thresholds, be_percent);
+                        n.rearm_blocking(wanted, &rt);
+                        n.watch_v2_blocking(notify::wanted_v2(&sources), &rt);
+                        n
+                    })
+                    .await
+                    .unwrap_or_default()
+                };
                 tokio::select! {
                     _ = tick.tick() => {}
                     _ = notifiers.crossed() => {

@@ -14,9 +14,11 @@
 //! `memory.pressure` gets a PSI trigger (`some 150000 1000000`: 150 ms of
 //! stall within 1 s; a kernel refuses windows that are not multiples of 2 s
 //! to an opener without CAP_SYS_RESOURCE, and then `some 300000 2000000` is
-//! armed), and `memory.events` of the scope and of the pods' root wake the
-//! loop when the kernel counts a `high`, `max`, `oom` or `oom_kill` event
-//! (kernfs marks the file: poll's POLLPRI).
+//! armed), and `memory.events.local` of the scope and of the pods' root
+//! (their own events: `memory.events` would count every container at its
+//! own limit) wake the loop when one of their counters moves (`high`,
+//! `max`, `oom`, `oom_kill`; kernfs marks the file: poll's POLLPRI). A file
+//! that cannot be armed or watched is tried again after 5 min.
 
 use std::fs::File;
 use std::io::Write;
@@ -105,7 +107,13 @@ pub struct Notifiers {
     armed: Vec<(PathBuf, i64, std::time::Instant, JoinHandle<()>)>,
     /// v2: the files watched (PSI triggers, memory.events).
     watched: Vec<(PathBuf, JoinHandle<()>)>,
+    /// v2: files that could not be armed or watched, and when (tried again
+    /// after [`RETRY_FAILED`]).
+    failed: Vec<(PathBuf, std::time::Instant)>,
 }
+
+/// A v2 file that could not be armed is tried again after this.
+const RETRY_FAILED: std::time::Duration = std::time::Duration::from_secs(300);
 
 impl Drop for Notifiers {
     fn drop(&mut self) {
@@ -118,8 +126,12 @@ impl Drop for Notifiers {
     }
 }
 
+/// The cgroup's own memory events (`memory.events` counts its whole
+/// subtree: every container at its own limit would wake the loop).
+const EVENTS: &str = "memory.events.local";
+
 /// What cgroup v2 watches: the PSI file of the scope (the root's when
-/// none), and `memory.events` of the scope and of the pods' root.
+/// none), and `memory.events.local` of the scope and of the pods' root.
 pub fn wanted_v2(s: &Sources) -> Vec<PathBuf> {
     let Some(base) = s.host.hierarchy("memory").filter(|_| s.host.is_v2()) else {
         return vec![];
@@ -132,11 +144,11 @@ pub fn wanted_v2(s: &Sources) -> Vec<PathBuf> {
     if let Ok(d) = scope.under(base) {
         out.push(d.join("memory.pressure"));
         if scope != qoslet_cgroups::CgroupPath::root() {
-            out.push(d.join("memory.events"));
+            out.push(d.join(EVENTS));
         }
     }
     if let Ok(d) = s.pods_root.under(base) {
-        let f = d.join("memory.events");
+        let f = d.join(EVENTS);
         if !out.contains(&f) {
             out.push(f);
         }
@@ -184,19 +196,31 @@ async fn watch_priority(file: File, notify: Arc<Notify>, reread: bool) {
             return;
         }
     };
+    let mut last: Option<Vec<u8>> = None;
     loop {
         let Ok(mut guard) = fd.ready(Interest::PRIORITY).await else {
             return;
         };
-        if reread {
+        // memory.events.local: read again (kernfs marks it again only after
+        // a read), and a wake-up only when a counter moved
+        let moved = if reread {
             let mut f = fd.get_ref();
-            let mut buf = [0u8; 512];
-            let _ = f
+            let mut buf = vec![0u8; 512];
+            let n = f
                 .seek(std::io::SeekFrom::Start(0))
-                .and_then(|_| f.read(&mut buf));
-        }
+                .and_then(|_| f.read(&mut buf))
+                .unwrap_or(0);
+            buf.truncate(n);
+            let moved = last.as_ref() != Some(&buf);
+            last = Some(buf);
+            moved
+        } else {
+            true
+        };
         guard.clear_ready();
-        notify.notify_one();
+        if moved {
+            notify.notify_one();
+        }
     }
 }
 
@@ -295,6 +319,13 @@ impl Notifiers {
     /// (cgroup files): call it off the async workers.
     pub fn watch_v2_blocking(&mut self, wanted: Vec<PathBuf>, rt: &tokio::runtime::Handle) {
         let mut keep = vec![];
+        // a watch whose task ended (not pollable, a read failed) waits too
+        for (p, t) in &self.watched {
+            if t.is_finished() && !self.failed.iter().any(|(f, _)| f == p) {
+                self.failed.push((p.clone(), std::time::Instant::now()));
+            }
+        }
+        self.failed.retain(|(_, at)| at.elapsed() < RETRY_FAILED);
         for path in wanted {
             if let Some(i) = self
                 .watched
@@ -302,6 +333,9 @@ impl Notifiers {
                 .position(|(p, t)| *p == path && !t.is_finished())
             {
                 keep.push(self.watched.swap_remove(i));
+                continue;
+            }
+            if self.failed.iter().any(|(p, _)| *p == path) {
                 continue;
             }
             let psi = path.extension().is_some_and(|e| e == "pressure");
@@ -320,7 +354,8 @@ impl Notifiers {
                     keep.push((path, task));
                 }
                 Err(e) => {
-                    warn!(path = %path.display(), error = %e, "memory notification not armed (the one-second tick remains)")
+                    warn!(path = %path.display(), error = %e, "memory notification not armed (the one-second tick remains; tried again in 5 min)");
+                    self.failed.push((path, std::time::Instant::now()));
                 }
             }
         }
@@ -387,11 +422,11 @@ mod tests {
                 ("cgroup.controllers", "cpu memory\n"),
                 ("scope/memory.pressure", ""),
                 (
-                    "scope/memory.events",
+                    "scope/memory.events.local",
                     "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n",
                 ),
                 (
-                    "scope/kubepods/memory.events",
+                    "scope/kubepods/memory.events.local",
                     "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n",
                 ),
             ],
@@ -412,8 +447,8 @@ mod tests {
             w,
             [
                 root.join("scope/memory.pressure"),
-                root.join("scope/memory.events"),
-                root.join("scope/kubepods/memory.events")
+                root.join("scope/memory.events.local"),
+                root.join("scope/kubepods/memory.events.local")
             ]
         );
         let (_f, t) = arm_psi(&w[0]).unwrap();

@@ -307,7 +307,10 @@ impl Kubelet {
                     // later kubelets: never more than the pod's own
                     self.settings.max_pod_grace_seconds.min(own)
                 } else {
-                    own
+                    // kubelet's override is evictionMaxPodGracePeriod, 0 by
+                    // default: killed at once, never the pod's own period (a
+                    // pod author's hour would hold every other eviction)
+                    HARD_EVICTION_GRACE_SECONDS
                 };
                 let (message, annotations) = message(starved, p, obs);
                 Victim {

@@ -509,6 +509,17 @@ fn a_soft_eviction_never_gives_more_than_the_pods_own_grace() {
         (pods[v[0].index].name.as_str(), v[0].grace_seconds),
         ("best-effort-low-priority-low-usage", 3)
     );
+    // evictionMaxPodGracePeriod 0 (kubelet's default): killed at once, never
+    // the pod's own period (an hour would hold every other eviction)
+    pods[4].grace_seconds = Some(3600);
+    let mut k = Kubelet::new(Settings {
+        max_pod_grace_seconds: 0,
+        ..k.settings().clone()
+    });
+    k.observe(Duration::ZERO, &o);
+    let p = k.observe(Duration::from_secs(60), &o);
+    let v = k.victims(p.starved.as_ref().unwrap(), &pods, &o);
+    assert_eq!(v[0].grace_seconds, 1);
 }
 
 #[test]

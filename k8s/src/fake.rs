@@ -1,0 +1,519 @@
+//! An in-process fake API server for tests: it speaks the real HTTP/JSON
+//! protocol a client (kube's watcher, kubectl) uses, over a TCP socket:
+//!
+//! * list (`GET <collection>`): `{"kind": "<Kind>List", "metadata":
+//!   {"resourceVersion"}, "items"}`, filtered by a `fieldSelector` of
+//!   `metadata.name=` / `spec.nodeName=`;
+//! * watch (`?watch=true&resourceVersion=N`): one JSON event per line
+//!   (`ADDED`, `MODIFIED`, `DELETED`, `BOOKMARK` when `allowWatchBookmarks`),
+//!   from the history after N; N older than the compacted history is `ERROR`
+//!   410 Expired (the client lists again); `timeoutSeconds` ends the watch;
+//! * what tests make happen: objects applied and deleted (a global
+//!   resourceVersion counter, as etcd's), every watch ended, the history
+//!   compacted, the next requests failing with a status, the server gone
+//!   (its socket closed) and back on the same port.
+//!
+//! No real kube-apiserver can run on the project's machines: this is what
+//! the cluster side is tested against, with real object JSON as fixtures.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::{Request, Response, StatusCode};
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio::sync::broadcast;
+use tokio::task::JoinHandle;
+
+type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+/// One recorded change.
+#[derive(Debug, Clone)]
+struct Change {
+    rv: u64,
+    collection: String,
+    kind: &'static str,
+    object: Value,
+}
+
+/// A request the server saw (method, path and query), for assertions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    pub method: String,
+    pub path: String,
+    pub query: String,
+}
+
+#[derive(Default)]
+struct State {
+    rv: u64,
+    /// collection path -> name -> object
+    objects: BTreeMap<String, BTreeMap<String, Value>>,
+    history: Vec<Change>,
+    /// Watches may not start before this resourceVersion (410 Expired).
+    compacted: u64,
+    /// The next requests answered with this status (count, code).
+    failing: Option<(usize, u16)>,
+    seen: Vec<Seen>,
+}
+
+/// The fake API server. Collections are paths such as
+/// `/apis/slo.koordinator.sh/v1alpha1/nodeslos` or `/api/v1/nodes`.
+pub struct FakeApiServer {
+    addr: SocketAddr,
+    state: Arc<Mutex<State>>,
+    changes: broadcast::Sender<Change>,
+    /// Closing every watch: each watch stream ends when this fires.
+    end: Arc<tokio::sync::Notify>,
+    accept: Mutex<Option<JoinHandle<()>>>,
+}
+
+fn lock(s: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
+    s.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl FakeApiServer {
+    /// Serves on 127.0.0.1, a free port.
+    pub async fn start() -> Arc<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (changes, _) = broadcast::channel(1024);
+        let me = Arc::new(Self {
+            addr,
+            state: Arc::default(),
+            changes,
+            end: Arc::default(),
+            accept: Mutex::new(None),
+        });
+        me.serve(listener);
+        me
+    }
+
+    /// `http://127.0.0.1:port`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A kubeconfig for this server (no credentials: the fake has none).
+    pub fn kubeconfig(&self) -> String {
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\n\
+             users:\n- name: fake\n  user: {{}}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n\
+             current-context: fake\n",
+            self.url()
+        )
+    }
+
+    fn serve(self: &Arc<Self>, listener: TcpListener) {
+        let me = self.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let me = me.clone();
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req| {
+                        let me = me.clone();
+                        async move { Ok::<_, Infallible>(me.handle(req).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        *self.accept.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
+    }
+
+    /// The server goes away: its socket is closed and every watch ended.
+    pub fn go_down(&self) {
+        if let Some(t) = self.accept.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            t.abort();
+        }
+        self.end_watches();
+    }
+
+    /// ... and comes back on the same port, with the same objects.
+    pub async fn come_back(self: &Arc<Self>) {
+        let mut tries = 0;
+        let listener = loop {
+            match TcpListener::bind(self.addr).await {
+                Ok(l) => break l,
+                Err(e) if tries < 50 => {
+                    tries += 1;
+                    let _ = e;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("rebind {}: {e}", self.addr),
+            }
+        };
+        self.serve(listener);
+    }
+
+    /// Ends every watch now (as an API server does at its timeout or restart).
+    pub fn end_watches(&self) {
+        self.end.notify_waiters();
+    }
+
+    /// Forgets the history: a watch from an older resourceVersion gets 410.
+    pub fn compact(&self) {
+        let mut s = lock(&self.state);
+        s.compacted = s.rv;
+        s.history.clear();
+    }
+
+    /// The next `n` requests are answered with `code` (a Status).
+    pub fn fail_next(&self, n: usize, code: u16) {
+        lock(&self.state).failing = Some((n, code));
+    }
+
+    /// Requests seen so far.
+    pub fn seen(&self) -> Vec<Seen> {
+        lock(&self.state).seen.clone()
+    }
+
+    /// Creates or replaces `object` (its `metadata.name`) in `collection`,
+    /// with a new resourceVersion; returns the object as stored.
+    pub fn apply(&self, collection: &str, mut object: Value) -> Value {
+        let mut s = lock(&self.state);
+        s.rv += 1;
+        let rv = s.rv;
+        let name = object["metadata"]["name"]
+            .as_str()
+            .expect("metadata.name")
+            .to_string();
+        object["metadata"]["resourceVersion"] = json!(rv.to_string());
+        if object["metadata"]["uid"].is_null() {
+            object["metadata"]["uid"] = json!(format!("uid-{name}-{rv}"));
+        }
+        let existed = s
+            .objects
+            .entry(collection.to_string())
+            .or_default()
+            .insert(name, object.clone())
+            .is_some();
+        let c = Change {
+            rv,
+            collection: collection.to_string(),
+            kind: if existed { "MODIFIED" } else { "ADDED" },
+            object: object.clone(),
+        };
+        s.history.push(c.clone());
+        drop(s);
+        let _ = self.changes.send(c);
+        object
+    }
+
+    /// Deletes `name` from `collection` (a DELETED event with a new resourceVersion).
+    pub fn delete(&self, collection: &str, name: &str) {
+        let mut s = lock(&self.state);
+        let Some(mut object) = s.objects.get_mut(collection).and_then(|m| m.remove(name)) else {
+            return;
+        };
+        s.rv += 1;
+        let rv = s.rv;
+        object["metadata"]["resourceVersion"] = json!(rv.to_string());
+        let c = Change {
+            rv,
+            collection: collection.to_string(),
+            kind: "DELETED",
+            object,
+        };
+        s.history.push(c.clone());
+        drop(s);
+        let _ = self.changes.send(c);
+    }
+
+    /// The stored object, if any.
+    pub fn get(&self, collection: &str, name: &str) -> Option<Value> {
+        lock(&self.state)
+            .objects
+            .get(collection)
+            .and_then(|m| m.get(name))
+            .cloned()
+    }
+
+    async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
+        let path = req.uri().path().to_string();
+        let query = req.uri().query().unwrap_or("").to_string();
+        let method = req.method().to_string();
+        {
+            let mut s = lock(&self.state);
+            s.seen.push(Seen {
+                method: method.clone(),
+                path: path.clone(),
+                query: query.clone(),
+            });
+            if let Some((n, code)) = s.failing {
+                s.failing = (n > 1).then_some((n - 1, code));
+                return status(code, "injected failure", "InternalError");
+            }
+        }
+        let params = parse_query(&query);
+        if method == "GET" {
+            if params.get("watch").is_some_and(|w| w == "true" || w == "1") {
+                return self.watch(&path, &params);
+            }
+            return self.list_or_get(&path, &params);
+        }
+        let _ = req.into_body().collect().await;
+        status(405, "method not supported by the fake", "MethodNotAllowed")
+    }
+
+    fn list_or_get(&self, path: &str, params: &BTreeMap<String, String>) -> Response<Body> {
+        let s = lock(&self.state);
+        if let Some(objs) = s.objects.get(path).or_else(|| {
+            // a collection with nothing in it yet
+            is_collection(path).then_some(&EMPTY)
+        }) {
+            let items: Vec<&Value> = objs
+                .values()
+                .filter(|o| matches(o, params.get("fieldSelector")))
+                .collect();
+            let body = json!({
+                "kind": list_kind(path),
+                "apiVersion": api_version(path),
+                "metadata": {"resourceVersion": s.rv.to_string()},
+                "items": items,
+            });
+            return ok(body);
+        }
+        // a single object: <collection>/<name>
+        if let Some((coll, name)) = path.rsplit_once('/') {
+            if let Some(o) = s.objects.get(coll).and_then(|m| m.get(name)) {
+                return ok(o.clone());
+            }
+        }
+        status(404, "not found", "NotFound")
+    }
+
+    fn watch(&self, path: &str, params: &BTreeMap<String, String>) -> Response<Body> {
+        let from: u64 = params
+            .get("resourceVersion")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let selector = params.get("fieldSelector").cloned();
+        let bookmarks = params
+            .get("allowWatchBookmarks")
+            .is_some_and(|b| b == "true");
+        let timeout = params
+            .get("timeoutSeconds")
+            .and_then(|t| t.parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(64);
+        let line = |v: Value| {
+            let mut b = serde_json::to_vec(&v).unwrap_or_default();
+            b.push(b'\n');
+            Ok(Frame::data(Bytes::from(b)))
+        };
+        let (backlog, expired, current) = {
+            let s = lock(&self.state);
+            if from != 0 && from < s.compacted {
+                (vec![], true, s.rv)
+            } else {
+                (
+                    s.history
+                        .iter()
+                        .filter(|c| c.rv > from && c.collection == path)
+                        .cloned()
+                        .collect::<Vec<_>>(),
+                    false,
+                    s.rv,
+                )
+            }
+        };
+        let mut live = self.changes.subscribe();
+        let end = self.end.clone();
+        let path = path.to_string();
+        tokio::spawn(async move {
+            let ended = end.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            if expired {
+                let _ = tx
+                    .send(line(json!({"type": "ERROR", "object": {
+                        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                        "message": format!("too old resource version: {from} ({current})"),
+                        "reason": "Expired", "code": 410}})))
+                    .await;
+                return;
+            }
+            let mut last = from;
+            for c in backlog {
+                if matches(&c.object, selector.as_ref()) {
+                    last = c.rv;
+                    if tx
+                        .send(line(json!({"type": c.kind, "object": c.object})))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            }
+            let deadline = tokio::time::sleep(timeout.unwrap_or(Duration::from_secs(3600)));
+            tokio::pin!(deadline);
+            let mut tick = tokio::time::interval(Duration::from_millis(500));
+            loop {
+                tokio::select! {
+                    _ = &mut ended => return,
+                    _ = &mut deadline => return,
+                    _ = tick.tick(), if bookmarks => {
+                        let b = json!({"type": "BOOKMARK", "object": {
+                            "kind": list_kind(&path).trim_end_matches("List"),
+                            "apiVersion": api_version(&path),
+                            "metadata": {"resourceVersion": last.max(current).to_string()}}});
+                        if tx.send(line(b)).await.is_err() {
+                            return;
+                        }
+                    }
+                    c = live.recv() => match c {
+                        Ok(c) if c.collection == path && c.rv > last => {
+                            last = c.rv;
+                            if matches(&c.object, selector.as_ref())
+                                && tx.send(line(json!({"type": c.kind, "object": c.object}))).await.is_err()
+                            {
+                                return;
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(broadcast::error::RecvError::Lagged(_)) => return,
+                        Err(broadcast::error::RecvError::Closed) => return,
+                    },
+                }
+            }
+        });
+        let stream = tokio_stream_of(rx);
+        Response::builder()
+            .status(StatusCode::OK)
+            .header("content-type", "application/json")
+            .body(BodyExt::boxed(StreamBody::new(stream)))
+            .unwrap_or_else(|_| status(500, "response", "InternalError"))
+    }
+}
+
+static EMPTY: BTreeMap<String, Value> = BTreeMap::new();
+
+fn tokio_stream_of<T: Send + 'static>(
+    mut rx: tokio::sync::mpsc::Receiver<T>,
+) -> impl futures_util::Stream<Item = T> + Send {
+    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+fn ok(v: Value) -> Response<Body> {
+    Response::builder()
+        .status(StatusCode::OK)
+        .header("content-type", "application/json")
+        .body(BodyExt::boxed(Full::new(Bytes::from(
+            serde_json::to_vec(&v).unwrap_or_default(),
+        ))))
+        .unwrap_or_else(|_| Response::new(BodyExt::boxed(Full::new(Bytes::new()))))
+}
+
+/// A Kubernetes `Status` response.
+pub(crate) fn status(code: u16, message: &str, reason: &str) -> Response<Body> {
+    let body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": message, "reason": reason, "code": code});
+    Response::builder()
+        .status(StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
+        .header("content-type", "application/json")
+        .body(BodyExt::boxed(Full::new(Bytes::from(
+            serde_json::to_vec(&body).unwrap_or_default(),
+        ))))
+        .unwrap_or_else(|_| Response::new(BodyExt::boxed(Full::new(Bytes::new()))))
+}
+
+fn is_collection(path: &str) -> bool {
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    matches!(parts.as_slice(), ["api", "v1", _] | ["apis", _, _, _])
+}
+
+fn api_version(path: &str) -> String {
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    match parts.as_slice() {
+        ["api", v, ..] => v.to_string(),
+        ["apis", g, v, ..] => format!("{g}/{v}"),
+        _ => "v1".into(),
+    }
+}
+
+fn list_kind(path: &str) -> String {
+    let plural = path.trim_matches('/').rsplit('/').next().unwrap_or("");
+    let kind = match plural {
+        "nodes" => "Node",
+        "pods" => "Pod",
+        "nodeslos" => "NodeSLO",
+        "nodemetrics" => "NodeMetric",
+        "events" => "Event",
+        _ => "Object",
+    };
+    format!("{kind}List")
+}
+
+/// A field selector of `a.b=v` terms (`,`-joined), as the API server
+/// supports for these resources.
+fn matches(o: &Value, selector: Option<&String>) -> bool {
+    let Some(sel) = selector.filter(|s| !s.is_empty()) else {
+        return true;
+    };
+    sel.split(',').all(|term| {
+        let Some((field, want)) = term.split_once('=') else {
+            return false;
+        };
+        let want = want.trim_start_matches('=');
+        let mut v = o;
+        for part in field.split('.') {
+            v = &v[part];
+        }
+        v.as_str() == Some(want)
+    })
+}
+
+fn parse_query(q: &str) -> BTreeMap<String, String> {
+    q.split('&')
+        .filter_map(|kv| {
+            let (k, v) = kv.split_once('=')?;
+            Some((decode(k), decode(v)))
+        })
+        .collect()
+}
+
+/// Percent-decoding (query values: `metadata.name%3Dnode-1`).
+fn decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' if i + 2 < b.len() => {
+                let hex = std::str::from_utf8(&b[i + 1..i + 3]).ok();
+                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                    Some(v) => {
+                        out.push(v);
+                        i += 3;
+                    }
+                    None => {
+                        out.push(b'%');
+                        i += 1;
+                    }
+                }
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}

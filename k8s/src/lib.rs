@@ -1,0 +1,99 @@
+//! The cluster side (`k8s/`, crate `qoslet-kube` so that its name does not
+//! shadow the `kube` dependency): what CRI cannot tell qoslet, from the API
+//! server. Off unless `kubernetes.enable`: without a cluster qoslet works
+//! from its config file and the runtime's state exactly as before.
+//!
+//! * [`nodeslo`]: this node's NodeSLO, the policy hub's cluster source.
+//! * `fake` (feature `testing`): an in-process fake API server speaking the
+//!   real HTTP/JSON list and watch protocol, which the tests run against.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+#[cfg(any(test, feature = "testing"))]
+pub mod fake;
+pub mod nodeslo;
+
+/// The `kubernetes:` section of the config file.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KubernetesConfig {
+    /// Off by default: a node without a cluster behaves exactly as without
+    /// this section.
+    #[serde(default)]
+    pub enable: bool,
+    /// A kubeconfig file (`None`: the in-cluster service account).
+    pub kubeconfig: Option<PathBuf>,
+    /// This node's name (`None`: the `NODE_NAME` environment variable, as
+    /// koordlet's DaemonSet sets it from `spec.nodeName`).
+    pub node_name: Option<String>,
+}
+
+/// Why the cluster side cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("kubernetes.nodeName is unset and NODE_NAME is not in the environment")]
+    NoNodeName,
+    #[error("kubernetes.nodeName {0:?} is not a node name (a DNS subdomain: lower-case alphanumerics, '-' and '.', at most 253)")]
+    BadNodeName(String),
+    #[error("kubernetes.kubeconfig {path}: {error}")]
+    Kubeconfig { path: PathBuf, error: String },
+    #[error("in-cluster configuration (no kubernetes.kubeconfig): {0}")]
+    InCluster(String),
+    #[error("kubernetes client: {0}")]
+    Client(String),
+}
+
+impl KubernetesConfig {
+    /// This node's name, checked (it goes into field selectors and names).
+    pub fn node(&self) -> Result<String, ClusterError> {
+        let n = match &self.node_name {
+            Some(n) => n.clone(),
+            None => std::env::var("NODE_NAME").map_err(|_| ClusterError::NoNodeName)?,
+        };
+        let ok = !n.is_empty()
+            && n.len() <= 253
+            && n.split('.').all(|label| {
+                !label.is_empty()
+                    && label.len() <= 63
+                    && label
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                    && !label.starts_with('-')
+                    && !label.ends_with('-')
+            });
+        if ok {
+            Ok(n)
+        } else {
+            Err(ClusterError::BadNodeName(n.chars().take(64).collect()))
+        }
+    }
+
+    /// A client of the API server this section names.
+    pub async fn client(&self) -> Result<kube::Client, ClusterError> {
+        let config = match &self.kubeconfig {
+            Some(path) => {
+                let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| {
+                    ClusterError::Kubeconfig {
+                        path: path.clone(),
+                        error: e.to_string(),
+                    }
+                })?;
+                kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                    .await
+                    .map_err(|e| ClusterError::Kubeconfig {
+                        path: path.clone(),
+                        error: e.to_string(),
+                    })?
+            }
+            None => {
+                kube::Config::incluster().map_err(|e| ClusterError::InCluster(e.to_string()))?
+            }
+        };
+        kube::Client::try_from(config).map_err(|e| ClusterError::Client(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,101 @@
+//! This node's NodeSLO (`slo.koordinator.sh/v1alpha1`, cluster-scoped, named
+//! after the node) as the policy hub's cluster source: watched with kube's
+//! watcher (list, then watch from its resourceVersion; bookmarks; a watch
+//! that ends or a 410 relists; errors back off as client-go's), read
+//! leniently (real NodeSLOs carry fields qoslet does not use: set aside and
+//! listed, never an error), validated inside parsing, and offered whole. A
+//! spec that fails validation is refused (the last good one stays, logged,
+//! shown by `qoslet plan` and `/metrics`); a deleted NodeSLO withdraws the
+//! source (the file's policy, else the defaults, is in force); an API server
+//! that cannot be reached makes the source stale (the last good policy
+//! stays).
+
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use qoslet_agent::hub::{PolicyHub, Source};
+use qoslet_qos_engine::source::PolicyConfig;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+/// Koordinator's NodeSLO as an API resource.
+pub fn resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("slo.koordinator.sh", "v1alpha1", "NodeSLO"),
+        "nodeslos",
+    )
+}
+
+/// A NodeSLO's spec as qoslet's policy: Koordinator's field names, what
+/// qoslet does not implement set aside, every value validated.
+pub fn policy_of(o: &DynamicObject) -> Result<PolicyConfig, String> {
+    let spec = o
+        .data
+        .get("spec")
+        .cloned()
+        .unwrap_or_else(|| serde_json::json!({}));
+    PolicyConfig::try_from(spec).map_err(|e| {
+        let name = o.metadata.name.as_deref().unwrap_or("?");
+        let rv = o.metadata.resource_version.as_deref().unwrap_or("?");
+        format!("NodeSLO {name} (resourceVersion {rv}): {e}")
+    })
+}
+
+/// Follows the NodeSLO named `node` into `hub` until `shutdown`.
+pub async fn follow(
+    client: kube::Client,
+    node: String,
+    hub: Arc<PolicyHub>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let api: Api<DynamicObject> = Api::all_with(client, &resource());
+    let cfg = watcher::Config::default().fields(&format!("metadata.name={node}"));
+    let stream = watcher::watcher(api, cfg).default_backoff();
+    futures_util::pin_mut!(stream);
+    // during a (re)list: whether the NodeSLO was among the objects listed
+    let mut listed = false;
+    loop {
+        let ev = tokio::select! {
+            ev = stream.next() => ev,
+            _ = shutdown.changed() => return,
+        };
+        let Some(ev) = ev else { return };
+        match ev {
+            Ok(Event::Init) => listed = false,
+            Ok(Event::InitApply(o)) | Ok(Event::Apply(o)) => {
+                listed = true;
+                offer(&hub, &o);
+            }
+            Ok(Event::InitDone) => {
+                if !listed {
+                    info!(node = %node, "no NodeSLO for this node: the file's policy (or the defaults) in force");
+                    hub.withdraw(Source::Cluster);
+                }
+            }
+            Ok(Event::Delete(_)) => {
+                info!(node = %node, "NodeSLO deleted: the file's policy (or the defaults) in force");
+                hub.withdraw(Source::Cluster);
+            }
+            Err(e) => {
+                warn!(error = %e, "NodeSLO watch failed (retried with backoff); the last good policy stays");
+                hub.stale(Source::Cluster, &format!("the API server: {e}"));
+            }
+        }
+    }
+}
+
+fn offer(hub: &PolicyHub, o: &DynamicObject) {
+    let p = policy_of(o);
+    match &p {
+        Ok(_) => info!(
+            name = o.metadata.name.as_deref().unwrap_or(""),
+            resource_version = o.metadata.resource_version.as_deref().unwrap_or(""),
+            "NodeSLO received"
+        ),
+        Err(e) => warn!(error = %e, "NodeSLO refused; the last good policy stays"),
+    }
+    hub.offer(Source::Cluster, p);
+}
