@@ -350,3 +350,81 @@ async fn real_nri_plugin_survives_runtime_and_agent_restarts() {
     drop(cleanup);
     tb.down();
 }
+
+/// Issue 30: eviction in NRI mode, the same loop as in proxy mode: qoslet as
+/// containerd 1.7's plugin; a BE pod created straight at containerd that
+/// grows past `memory.available` is stopped through the runtime's CRI
+/// socket, and while MemoryPressure lasts a new BE pod's first container is
+/// refused by the plugin with the figures.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_nri_mode_evicts_and_refuses_under_memory_pressure() {
+    let tb = Testbed::start_instance("nrievict", "1.7");
+    let root = qoslet_integration::process::kubelet_cgroup_root(&tb.sock);
+    let mut cleanup = testbed::Cleanup::new(&tb.sock);
+    let dir = scratch("nri-evict");
+    std::fs::create_dir_all(&dir).unwrap();
+    let yaml = format!(
+        "runtimeEndpoint: unix://{}\neviction:\n  memoryCapacity: 640Mi\n  cgroupScope: {root}/kubepods\n  \
+         enforceNodeAllocatable: false\n  evictionHard:\n    memory.available: 300Mi\n  \
+         evictionPressureTransitionPeriod: 60s\n",
+        tb.sock.display()
+    );
+    std::fs::write(dir.join("qoslet.yaml"), yaml).unwrap();
+    let q = QosletProcess::start_nri(
+        &dir,
+        &tb.sock,
+        &[&format!("--config={}", dir.join("qoslet.yaml").display())],
+    );
+    q.wait_registered(1).await;
+    let mut direct = Cri::connect(&tb.sock).await;
+    let name = unique("nri-grow");
+    let cgp = tb.cgroup_parent_in("besteffort", &name);
+    let cfg = pod_config(&name, &cgp);
+    let pod = direct.run_pod(&cfg).await.unwrap();
+    cleanup.pods.push(pod.clone());
+    cleanup.cgroups.push(cgp.clone());
+    let grow = "x=$(head -c 335544320 /dev/zero | tr '\\0' a); while true; do sleep 0.2; done";
+    let c = direct
+        .create(
+            &pod,
+            &cfg,
+            container_config("grow", grow, Some(besteffort())),
+        )
+        .await
+        .unwrap();
+    direct.start(&c).await.unwrap();
+    eventually(
+        "the BE pod evicted in NRI mode",
+        Duration::from_secs(40),
+        || {
+            let (mut d, pod) = (direct.clone(), pod.clone());
+            async move { (!d.sandbox_ready(&pod).await).then_some(()) }
+        },
+    )
+    .await;
+    assert!(
+        q.log_text().contains("evicted") && q.log_text().contains("memory.available"),
+        "{}",
+        q.log_text()
+    );
+    // a new BE pod: its sandbox runs (NRI sees no sandbox it could refuse),
+    // its first container is refused with the condition and the figures
+    let name = unique("nri-late");
+    let cgp = tb.cgroup_parent_in("besteffort", &name);
+    let cfg = pod_config(&name, &cgp);
+    let late = direct.run_pod(&cfg).await.unwrap();
+    cleanup.pods.push(late.clone());
+    cleanup.cgroups.push(cgp.clone());
+    let refused = direct
+        .create(
+            &late,
+            &cfg,
+            container_config("app", SLEEP_LOOP, Some(besteffort())),
+        )
+        .await
+        .expect_err("a BE container created under memory pressure");
+    assert!(refused.message().contains("MemoryPressure"), "{refused:?}");
+    drop(q);
+    drop(cleanup);
+    tb.down();
+}

@@ -61,6 +61,11 @@ struct State {
     /// The next requests answered with this status (count, code).
     failing: Option<(usize, u16)>,
     seen: Vec<Seen>,
+    /// Pods (`namespace/name`) a PodDisruptionBudget protects: their
+    /// evictions are refused with 429.
+    protected: std::collections::BTreeSet<String>,
+    /// The bodies of the evictions accepted.
+    evictions: Vec<Value>,
 }
 
 /// The fake API server. Collections are paths such as
@@ -72,6 +77,9 @@ pub struct FakeApiServer {
     /// Closing every watch: each watch stream ends when this fires.
     end: Arc<tokio::sync::Notify>,
     accept: Mutex<Option<JoinHandle<()>>>,
+    /// The connections being served (closed when the server goes down: a
+    /// client's pooled connection must not outlive it).
+    conns: Arc<Mutex<Vec<JoinHandle<()>>>>,
 }
 
 fn lock(s: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
@@ -90,6 +98,7 @@ impl FakeApiServer {
             changes,
             end: Arc::default(),
             accept: Mutex::new(None),
+            conns: Arc::default(),
         });
         me.serve(listener);
         me
@@ -117,16 +126,19 @@ impl FakeApiServer {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
-                let me = me.clone();
-                tokio::spawn(async move {
+                let me2 = me.clone();
+                let conn = tokio::spawn(async move {
                     let svc = hyper::service::service_fn(move |req| {
-                        let me = me.clone();
+                        let me = me2.clone();
                         async move { Ok::<_, Infallible>(me.handle(req).await) }
                     });
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
                         .await;
                 });
+                let mut conns = me.conns.lock().unwrap_or_else(|e| e.into_inner());
+                conns.retain(|c| !c.is_finished());
+                conns.push(conn);
             }
         });
         *self.accept.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
@@ -136,6 +148,14 @@ impl FakeApiServer {
     pub fn go_down(&self) {
         if let Some(t) = self.accept.lock().unwrap_or_else(|e| e.into_inner()).take() {
             t.abort();
+        }
+        for c in self
+            .conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            c.abort();
         }
         self.end_watches();
     }
@@ -179,19 +199,40 @@ impl FakeApiServer {
         lock(&self.state).seen.clone()
     }
 
-    /// Creates or replaces `object` (its `metadata.name`) in `collection`,
-    /// with a new resourceVersion; returns the object as stored.
+    /// A PodDisruptionBudget now protects `namespace/name`: its evictions get
+    /// 429, as the API server answers when a budget allows no disruption.
+    pub fn protect(&self, namespace: &str, name: &str) {
+        lock(&self.state)
+            .protected
+            .insert(format!("{namespace}/{name}"));
+    }
+
+    /// The eviction bodies accepted so far.
+    pub fn evictions(&self) -> Vec<Value> {
+        lock(&self.state).evictions.clone()
+    }
+
+    /// The objects of `collection` (namespaced ones keyed `namespace/name`).
+    pub fn list(&self, collection: &str) -> Vec<Value> {
+        lock(&self.state)
+            .objects
+            .get(collection)
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Creates or replaces `object` in `collection` (keyed by its
+    /// `metadata.name`, or `namespace/name` when it has a namespace: pods live
+    /// in `/api/v1/pods`), with a new resourceVersion; returns the object as
+    /// stored.
     pub fn apply(&self, collection: &str, mut object: Value) -> Value {
         let mut s = lock(&self.state);
         s.rv += 1;
         let rv = s.rv;
-        let name = object["metadata"]["name"]
-            .as_str()
-            .expect("metadata.name")
-            .to_string();
+        let name = key_of(&object);
         object["metadata"]["resourceVersion"] = json!(rv.to_string());
         if object["metadata"]["uid"].is_null() {
-            object["metadata"]["uid"] = json!(format!("uid-{name}-{rv}"));
+            object["metadata"]["uid"] = json!(format!("uid-{}-{rv}", name.replace('/', "-")));
         }
         let existed = s
             .objects
@@ -263,8 +304,81 @@ impl FakeApiServer {
             }
             return self.list_or_get(&path, &params);
         }
-        let _ = req.into_body().collect().await;
-        status(405, "method not supported by the fake", "MethodNotAllowed")
+        let body = req
+            .into_body()
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        let Ok(body) = serde_json::from_slice::<Value>(&body) else {
+            return status(400, "the body is not JSON", "BadRequest");
+        };
+        let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+        match (method.as_str(), parts.as_slice()) {
+            ("POST", ["api", "v1", "namespaces", ns, "pods", name, "eviction"]) => {
+                self.evict(ns, name, &body)
+            }
+            ("POST", ["api", "v1", "namespaces", ns, "events"]) => {
+                if body["metadata"]["namespace"]
+                    .as_str()
+                    .is_some_and(|n| n != *ns)
+                {
+                    return status(
+                        400,
+                        "the namespace of the body does not match",
+                        "BadRequest",
+                    );
+                }
+                let mut o = body;
+                o["metadata"]["namespace"] = json!(ns);
+                let stored = self.apply("/api/v1/events", o);
+                created(stored)
+            }
+            _ => status(405, "method not supported by the fake", "MethodNotAllowed"),
+        }
+    }
+
+    /// policy/v1 Eviction, as the API server answers it: 404 without the
+    /// pod, 409 when the UID precondition does not hold, 429 when a budget
+    /// protects it, else 201 and the pod deleted gracefully
+    /// (`deletionTimestamp` set: kubelet would stop it).
+    fn evict(&self, ns: &str, name: &str, body: &Value) -> Response<Body> {
+        let key = format!("{ns}/{name}");
+        let Some(pod) = self.get("/api/v1/pods", &key) else {
+            return status(404, &format!("pods \"{name}\" not found"), "NotFound");
+        };
+        if body["kind"] != "Eviction" || body["apiVersion"] != "policy/v1" {
+            return status(400, "not a policy/v1 Eviction", "BadRequest");
+        }
+        let opts = &body["deleteOptions"];
+        if let Some(uid) = opts["preconditions"]["uid"].as_str() {
+            if pod["metadata"]["uid"].as_str() != Some(uid) {
+                return status(
+                    409,
+                    &format!(
+                        "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                        pod["metadata"]["uid"].as_str().unwrap_or("")
+                    ),
+                    "Conflict",
+                );
+            }
+        }
+        if lock(&self.state).protected.contains(&key) {
+            return status(
+                429,
+                "Cannot evict pod as it would violate the pod's disruption budget.",
+                "TooManyRequests",
+            );
+        }
+        lock(&self.state).evictions.push(body.clone());
+        let mut p = pod;
+        p["metadata"]["deletionTimestamp"] = json!("2026-12-04T00:00:00Z");
+        p["metadata"]["deletionGracePeriodSeconds"] = opts["gracePeriodSeconds"]
+            .as_i64()
+            .map_or(json!(30), |g| json!(g));
+        self.apply("/api/v1/pods", p);
+        let ok = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201});
+        created(ok)
     }
 
     fn list_or_get(&self, path: &str, params: &BTreeMap<String, String>) -> Response<Body> {
@@ -408,8 +522,25 @@ fn tokio_stream_of<T: Send + 'static>(
 }
 
 fn ok(v: Value) -> Response<Body> {
+    respond(StatusCode::OK, v)
+}
+
+fn created(v: Value) -> Response<Body> {
+    respond(StatusCode::CREATED, v)
+}
+
+/// An object's key in its collection: `namespace/name`, or `name`.
+fn key_of(o: &Value) -> String {
+    let name = o["metadata"]["name"].as_str().expect("metadata.name");
+    match o["metadata"]["namespace"].as_str() {
+        Some(ns) if !ns.is_empty() => format!("{ns}/{name}"),
+        _ => name.to_string(),
+    }
+}
+
+fn respond(code: StatusCode, v: Value) -> Response<Body> {
     Response::builder()
-        .status(StatusCode::OK)
+        .status(code)
         .header("content-type", "application/json")
         .body(BodyExt::boxed(Full::new(Bytes::from(
             serde_json::to_vec(&v).unwrap_or_default(),

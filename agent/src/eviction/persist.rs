@@ -227,6 +227,66 @@ impl Persist {
     }
 }
 
+impl super::Cycle {
+    /// Takes back what a previous run kept: Koordinator's remembered pods
+    /// and cool-downs, kubelet's model's victim still being cleaned up, the
+    /// records and admission's refusals.
+    pub(super) fn restore(&mut self, r: Restored) {
+        use qoslet_eviction::koord::Feature;
+        use std::time::{Duration, Instant};
+        let now_unix = super::view::unix_now();
+        let now = self.start.elapsed();
+        let ago = |at: u64| Duration::from_secs(now_unix.saturating_sub(at));
+        for rec in &r.records {
+            let done = matches!(rec.outcome.as_str(), "stopped" | "stopping" | "gone");
+            if rec.dry_run || !done {
+                continue;
+            }
+            let at = now.saturating_sub(ago(rec.at));
+            match rec.reason {
+                "be-memory" => self
+                    .koord
+                    .remember_evicted(rec.uid.clone(), Feature::BeMemory, at),
+                "be-cpu-satisfaction" => {
+                    self.koord
+                        .remember_evicted(rec.uid.clone(), Feature::BeCpu, at)
+                }
+                _ => {}
+            }
+        }
+        if let Some(v) = r.victim {
+            let ago = ago(v.at);
+            let cg = qoslet_cgroups::CgroupPath::parse(&v.cgroup);
+            if let (true, Ok(cgroup), Some(since)) = (
+                ago < qoslet_eviction::kubelet::CLEANUP_WAIT,
+                cg,
+                Instant::now().checked_sub(ago),
+            ) {
+                tracing::info!(uid = %v.uid, cgroup = %v.cgroup, ago_s = ago.as_secs(), "restart: waiting for the last victim's memory before evicting another pod");
+                self.kubelet.evicted(&v.uid, now.saturating_sub(ago));
+                self.cleanup = Some(super::Cleanup {
+                    uid: v.uid.clone(),
+                    signal: v
+                        .signal
+                        .as_deref()
+                        .and_then(Signal::parse)
+                        .unwrap_or(Signal::MemoryAvailable),
+                    cgroup,
+                    working_set: v.working_set,
+                    since,
+                });
+            }
+        }
+        if !r.records.is_empty() {
+            tracing::info!(
+                records = r.records.len(),
+                "eviction records of the previous run restored"
+            );
+        }
+        self.view.restore(r.records, now_unix);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -293,65 +353,5 @@ mod tests {
             assert!(r.records.is_empty() && r.victim.is_none());
         }
         let _ = std::fs::remove_dir_all(&dir);
-    }
-}
-
-impl super::Cycle {
-    /// Takes back what a previous run kept: Koordinator's remembered pods
-    /// and cool-downs, kubelet's model's victim still being cleaned up, the
-    /// records and admission's refusals.
-    pub(super) fn restore(&mut self, r: Restored) {
-        use qoslet_eviction::koord::Feature;
-        use std::time::{Duration, Instant};
-        let now_unix = super::view::unix_now();
-        let now = self.start.elapsed();
-        let ago = |at: u64| Duration::from_secs(now_unix.saturating_sub(at));
-        for rec in &r.records {
-            let done = matches!(rec.outcome.as_str(), "stopped" | "stopping" | "gone");
-            if rec.dry_run || !done {
-                continue;
-            }
-            let at = now.saturating_sub(ago(rec.at));
-            match rec.reason {
-                "be-memory" => self
-                    .koord
-                    .remember_evicted(rec.uid.clone(), Feature::BeMemory, at),
-                "be-cpu-satisfaction" => {
-                    self.koord
-                        .remember_evicted(rec.uid.clone(), Feature::BeCpu, at)
-                }
-                _ => {}
-            }
-        }
-        if let Some(v) = r.victim {
-            let ago = ago(v.at);
-            let cg = qoslet_cgroups::CgroupPath::parse(&v.cgroup);
-            if let (true, Ok(cgroup), Some(since)) = (
-                ago < qoslet_eviction::kubelet::CLEANUP_WAIT,
-                cg,
-                Instant::now().checked_sub(ago),
-            ) {
-                tracing::info!(uid = %v.uid, cgroup = %v.cgroup, ago_s = ago.as_secs(), "restart: waiting for the last victim's memory before evicting another pod");
-                self.kubelet.evicted(&v.uid, now.saturating_sub(ago));
-                self.cleanup = Some(super::Cleanup {
-                    uid: v.uid.clone(),
-                    signal: v
-                        .signal
-                        .as_deref()
-                        .and_then(Signal::parse)
-                        .unwrap_or(Signal::MemoryAvailable),
-                    cgroup,
-                    working_set: v.working_set,
-                    since,
-                });
-            }
-        }
-        if !r.records.is_empty() {
-            tracing::info!(
-                records = r.records.len(),
-                "eviction records of the previous run restored"
-            );
-        }
-        self.view.restore(r.records, now_unix);
     }
 }
