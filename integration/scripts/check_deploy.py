@@ -1,0 +1,940 @@
+#!/usr/bin/env python3
+"""The checks behind integration/scripts/check-deploy.sh (which installs this script's
+dependencies in a venv, renders every kustomization under deploy/ with `kubectl kustomize`
+and then runs this). Offline: no cluster, no network.
+
+  check_deploy.py --repo ROOT --rendered DIR [--kubernetes-version 1.33.0]
+
+DIR holds the rendered kustomizations and index.tsv ("<kustomization dir>\t<file>" lines).
+Every check appends to a list of errors; the script exits 1 if any, after printing them all.
+Before the real checks, self-tests feed each check a broken input (a bogus metric name, an
+unknown field, Requires=, an extra RBAC verb, an unknown config key) and fail the run if
+the check does not catch it: a check that cannot fail checks nothing.
+"""
+
+import argparse
+import copy
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+import kubernetes_validate.utils as kv
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python < 3.11
+    import tomli as tomllib
+
+IMAGE = "ghcr.io/qoslet/qoslet:0.1.0"
+NAMESPACE = "qoslet-system"
+
+# ---------------------------------------------------------------------------------------
+# Reading qoslet's Rust sources: string literals of non-test code
+# ---------------------------------------------------------------------------------------
+
+
+def rust_files(repo):
+    """Non-test Rust sources: no target/, integration/, tests/ or benches/ directories,
+    no tests.rs, no src/bin/ (benchmarks), and each file cut at its inline test module."""
+    for path in sorted(repo.rglob("*.rs")):
+        rel = path.relative_to(repo).parts
+        if rel[0] in ("target", "integration") or "tests" in rel or "benches" in rel:
+            continue
+        if path.name == "tests.rs" or (len(rel) > 2 and rel[-2] == "bin"):
+            continue
+        text = path.read_text(encoding="utf-8")
+        cut = re.search(r"^#\[cfg\(test\)\]\s*(pub(\([^)]*\))?\s+)?mod \w+\s*\{", text, re.M)
+        if cut:
+            text = text[: cut.start()]
+        yield path, text
+
+
+def string_literals(src):
+    """The contents of the string literals of Rust source `src` (comments, char literals and
+    lifetimes skipped; raw and byte strings included; escapes left as written)."""
+    out, i, n = [], 0, len(src)
+    while i < n:
+        c = src[i]
+        if src.startswith("//", i):
+            j = src.find("\n", i)
+            i = n if j < 0 else j
+        elif src.startswith("/*", i):
+            depth, i = 1, i + 2
+            while i < n and depth:
+                if src.startswith("/*", i):
+                    depth, i = depth + 1, i + 2
+                elif src.startswith("*/", i):
+                    depth, i = depth - 1, i + 2
+                else:
+                    i += 1
+        elif c == "r" and re.match(r'r#*"', src[i:]) and (i == 0 or not (src[i - 1].isalnum() or src[i - 1] == "_")):
+            hashes = len(re.match(r"r(#*)", src[i:]).group(1))
+            start = i + 2 + hashes
+            end = src.find('"' + "#" * hashes, start)
+            out.append(src[start:end])
+            i = end + 1 + hashes
+        elif c == '"':
+            j = i + 1
+            while j < n and src[j] != '"':
+                j += 2 if src[j] == "\\" else 1
+            out.append(src[i + 1 : j])
+            i = j + 1
+        elif c == "'":
+            if src.startswith("\\", i + 1):  # '\n', '\'', '\u{..}'
+                j = src.find("'", i + 3)
+                i = j + 1
+            elif i + 2 < n and src[i + 2] == "'":  # 'x'
+                i += 3
+            else:  # a lifetime
+                i += 1
+        else:
+            i += 1
+    return out
+
+
+def exported_metrics(repo):
+    """The metric names qoslet exports, and the label names its samples carry.
+
+    Names: every `qoslet_...` word in a string literal of non-test code. Words ending in
+    `_` are prefixes (`qoslet_pod_`, `qoslet_container_`): metrics/src/prom.rs builds
+    `{prefix}{suffix}` from its per-cgroup families, whose suffixes are the first string
+    of each tuple ending in a unit (`_total`, `_bytes`, `_cores`, `_seconds`) plus the
+    `{prefix}...` names it formats. Labels: the first string of a (label, value) pair whose
+    value is not a string literal, e.g. `("reason", m.as_str())`, or that opens a label
+    slice, e.g. `&[("result", "sent")]`."""
+    names, prefixes, labels, suffixes = set(), set(), set(), set()
+    for path, text in rust_files(repo):
+        for lit in string_literals(text):
+            for word in re.findall(r"(?<![A-Za-z0-9_])qoslet_[a-z0-9_]*", lit):
+                (prefixes if word.endswith("_") else names).add(word)
+        labels.update(re.findall(r'\(\s*"([a-z_][a-z0-9_]*)"\s*,\s*(?=[^"\s])', text))
+        labels.update(re.findall(r'&\[\s*\(\s*"([a-z_][a-z0-9_]*)"\s*,', text))  # &[("result", "sent")]
+        if path.parts[-3:] == ("metrics", "src", "prom.rs"):
+            for s in re.findall(r'\(\s*"([a-z][a-z0-9_]*)"\s*,', text):
+                if re.search(r"_(total|bytes|cores|seconds)$", s) and not s.startswith("qoslet_"):
+                    suffixes.add(s)
+            for lit in string_literals(text):
+                suffixes.update(re.findall(r"\{prefix\}([a-z][a-z0-9_]*)", lit))
+    names |= {p + s for p in prefixes for s in suffixes}
+    return names, prefixes, suffixes, labels
+
+
+# Samples every working extractor must find: if one is missing, the extraction broke (a
+# refactor of prom.rs, a new way of naming metrics) and the dashboard check would be
+# comparing against the wrong set.
+SENTINEL_METRICS = {
+    "qoslet_node_cpu_usage_cores",
+    "qoslet_pod_cpu_usage_cores",
+    "qoslet_container_memory_working_set_bytes",
+    "qoslet_pod_pressure_stalled_seconds_total",
+    "qoslet_pod_io_read_bytes_total",
+    "qoslet_evictions_total",
+    "qoslet_front_calls_total",
+    "qoslet_engine_tick_seconds",
+    "qoslet_policy_source_state",
+    "qoslet_metrics_stale",
+    "qoslet_nri_events_total",
+}
+
+# Labels Prometheus adds to every target: prometheus-scrape.yaml and servicemonitor.yaml set
+# node and instance (job comes from the job name).
+TARGET_LABELS = {"node", "instance", "job", "__name__"}
+
+# ---------------------------------------------------------------------------------------
+# PromQL: metric and label names of a query
+# ---------------------------------------------------------------------------------------
+
+PROMQL_KEYWORDS = {
+    "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or",
+    "unless", "offset", "atan2", "inf", "nan", "start", "end",
+}
+
+
+def promql_names(expr):
+    """(metric names, label names) used by a PromQL expression with Grafana variables."""
+    labels = set()
+    e = re.sub(r"\$\{[^}]*\}|\$__\w+|\$\w+", "", expr)  # Grafana variables
+    e = re.sub(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`', '""', e)  # string literals
+    for block in re.findall(r"\{([^}]*)\}", e):  # label matchers
+        labels.update(re.findall(r"([A-Za-z_][A-Za-z0-9_]*)\s*(?:=~|!~|!=|=)", block))
+    e = re.sub(r"\{[^}]*\}", " ", e)
+    e = re.sub(r"\[[^\]]*\]", " ", e)  # ranges and subqueries
+    for kw in ("by", "without", "on", "ignoring", "group_left", "group_right"):
+        for block in re.findall(r"\b%s\s*\(([^)]*)\)" % kw, e):
+            labels.update(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", block))
+        e = re.sub(r"\b%s\s*\([^)]*\)" % kw, " ", e)
+    metrics = set()
+    for m in re.finditer(r"(?<![\w.])([A-Za-z_:][A-Za-z0-9_:]*)", e):
+        word = m.group(1)
+        if word.lower() in PROMQL_KEYWORDS:
+            continue
+        if re.match(r"\s*\(", e[m.end():]):  # a function or an aggregation
+            continue
+        metrics.add(word)
+    return metrics, labels
+
+
+def dashboard_queries(dash):
+    """(where, expr, legendFormat) of every panel target and templating query."""
+    out = []
+
+    def panels(ps):
+        for p in ps:
+            yield p
+            yield from panels(p.get("panels", []))
+
+    for p in panels(dash.get("panels", [])):
+        for t in p.get("targets", []):
+            out.append((f"panel {p.get('title')!r} target {t.get('refId')}", t.get("expr", ""), t.get("legendFormat", "")))
+        if p.get("type") != "row" and not p.get("targets"):
+            out.append((f"panel {p.get('title')!r}", "", ""))
+    for v in dash.get("templating", {}).get("list", []):
+        if v.get("type") == "query":
+            q = v.get("query")
+            q = q.get("query", "") if isinstance(q, dict) else (q or "")
+            m = re.fullmatch(r"\s*label_values\(\s*(.*)\s*,\s*([A-Za-z_]\w*)\s*\)\s*", q)
+            if m:
+                out.append((f"variable {v['name']}", m.group(1), "{{%s}}" % m.group(2)))
+            else:
+                out.append((f"variable {v['name']}", q, ""))
+    return out
+
+
+def check_dashboard(dash, exported, labels):
+    errors = []
+    known_labels = labels | TARGET_LABELS
+    queries = dashboard_queries(dash)
+    if not queries:
+        errors.append("the dashboard has no queries")
+    for where, expr, legend in queries:
+        if not expr.strip():
+            errors.append(f"{where}: no query")
+            continue
+        metrics, used_labels = promql_names(expr)
+        used_labels |= set(re.findall(r"\{\{\s*([A-Za-z_]\w*)\s*\}\}", legend))
+        if not any(m.startswith("qoslet_") for m in metrics):
+            errors.append(f"{where}: names no qoslet metric: {expr}")
+        for m in sorted(metrics - exported):
+            errors.append(f"{where}: metric {m} is not exported by qoslet")
+        for label in sorted(used_labels - known_labels):
+            errors.append(f"{where}: label {label} is on no qoslet sample nor target")
+    return errors
+
+
+def check_dashboard_layout(dash):
+    errors, cells = [], {}
+    for p in dash.get("panels", []):
+        g = p.get("gridPos", {})
+        if g.get("x", 0) + g.get("w", 0) > 24:
+            errors.append(f"panel {p.get('title')!r} is wider than the grid")
+        for y in range(g.get("y", 0), g.get("y", 0) + g.get("h", 0)):
+            for x in range(g.get("x", 0), g.get("x", 0) + g.get("w", 0)):
+                if (x, y) in cells:
+                    errors.append(f"panel {p.get('title')!r} overlaps {cells[(x, y)]!r}")
+                    break
+                cells[(x, y)] = p.get("title")
+    ids = [p.get("id") for p in dash.get("panels", [])]
+    if len(ids) != len(set(ids)):
+        errors.append("panel ids are not unique")
+    return errors
+
+
+# ---------------------------------------------------------------------------------------
+# Kubernetes objects
+# ---------------------------------------------------------------------------------------
+
+# monitoring.coreos.com/v1 ServiceMonitor: the fields of prometheus-operator's CRD
+# (monitoring.coreos.com_servicemonitors.yaml, operator v0.84) that a qoslet ServiceMonitor
+# may use, strict (additionalProperties: false): a subset, written here because
+# kubernetes-validate has Kubernetes' own schemas only.
+_DURATION = r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
+_LABEL_NAME = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
+_RELABEL = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "action": {"enum": [
+            "replace", "Replace", "keep", "Keep", "drop", "Drop", "hashmod", "HashMod",
+            "labelmap", "LabelMap", "labeldrop", "LabelDrop", "labelkeep", "LabelKeep",
+            "lowercase", "Lowercase", "uppercase", "Uppercase", "keepequal", "KeepEqual",
+            "dropequal", "DropEqual"]},
+        "modulus": {"type": "integer"},
+        "regex": {"type": "string"},
+        "replacement": {"type": "string"},
+        "separator": {"type": "string"},
+        "sourceLabels": {"type": "array", "items": {"type": "string", "pattern": _LABEL_NAME}},
+        "targetLabel": {"type": "string"},
+    },
+}
+_LABEL_SELECTOR = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}},
+        "matchExpressions": {"type": "array", "items": {
+            "type": "object", "additionalProperties": False, "required": ["key", "operator"],
+            "properties": {"key": {"type": "string"}, "operator": {"type": "string"},
+                           "values": {"type": "array", "items": {"type": "string"}}}}},
+    },
+}
+SERVICEMONITOR_SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "ServiceMonitor"},
+        "metadata": {
+            "type": "object", "additionalProperties": False, "required": ["name", "namespace"],
+            "properties": {"name": {"type": "string"}, "namespace": {"type": "string"},
+                           "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                           "annotations": {"type": "object", "additionalProperties": {"type": "string"}}}},
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["selector", "endpoints"],
+            "properties": {
+                "selector": _LABEL_SELECTOR,
+                "namespaceSelector": {"type": "object", "additionalProperties": False, "properties": {
+                    "any": {"type": "boolean"},
+                    "matchNames": {"type": "array", "items": {"type": "string"}}}},
+                "jobLabel": {"type": "string"},
+                "targetLabels": {"type": "array", "items": {"type": "string"}},
+                "podTargetLabels": {"type": "array", "items": {"type": "string"}},
+                "sampleLimit": {"type": "integer"},
+                "endpoints": {"type": "array", "minItems": 1, "items": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "port": {"type": "string"},
+                        "targetPort": {"type": ["string", "integer"]},
+                        "path": {"type": "string"},
+                        "scheme": {"enum": ["http", "https", "HTTP", "HTTPS"]},
+                        "params": {"type": "object"},
+                        "interval": {"type": "string", "pattern": _DURATION},
+                        "scrapeTimeout": {"type": "string", "pattern": _DURATION},
+                        "honorLabels": {"type": "boolean"},
+                        "honorTimestamps": {"type": "boolean"},
+                        "followRedirects": {"type": "boolean"},
+                        "enableHttp2": {"type": "boolean"},
+                        "filterRunning": {"type": "boolean"},
+                        "relabelings": {"type": "array", "items": _RELABEL},
+                        "metricRelabelings": {"type": "array", "items": _RELABEL},
+                    }}},
+            },
+        },
+    },
+}
+OWN_SCHEMAS = {("monitoring.coreos.com/v1", "ServiceMonitor"): SERVICEMONITOR_SCHEMA}
+
+# Custom kinds with neither a schema here nor their CRD in the same render: skipped with a
+# note, each for a stated reason. Anything else without a schema is an error.
+SKIP_KINDS = {
+    ("slo.koordinator.sh/v1alpha1", "NodeSLO"): "its CRD (deploy/kubernetes/base/crds, from `qoslet crd`) is not generated yet",
+    ("slo.koordinator.sh/v1alpha1", "NodeMetric"): "its CRD (deploy/kubernetes/base/crds, from `qoslet crd`) is not generated yet",
+}
+
+
+def strict_crd_schema(schema):
+    """A CRD's openAPIV3Schema made strict: objects with properties take no others (as the
+    API server prunes them), unless x-kubernetes-preserve-unknown-fields."""
+    s = copy.deepcopy(schema)
+
+    def walk(node):
+        if isinstance(node, dict):
+            if node.get("type") == "object" and "properties" in node and not node.get("x-kubernetes-preserve-unknown-fields"):
+                node.setdefault("additionalProperties", False)
+                node["properties"].setdefault("apiVersion", {"type": "string"})
+                node["properties"].setdefault("kind", {"type": "string"})
+                node["properties"].setdefault("metadata", {"type": "object"})
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(s)
+    return s
+
+
+def validate_objects(objs, version, notes):
+    """Every object against Kubernetes `version`'s schemas, strict (kubernetes-validate's
+    own validate(), as `kubernetes-validate --strict` runs it)."""
+    errors = []
+    crds = {}
+    for o in objs:
+        if o.get("kind") == "CustomResourceDefinition":
+            spec = o.get("spec", {})
+            for v in spec.get("versions", []):
+                key = (f"{spec.get('group')}/{v.get('name')}", spec.get("names", {}).get("kind"))
+                crds[key] = strict_crd_schema(v.get("schema", {}).get("openAPIV3Schema", {}))
+    for o in objs:
+        key = (o.get("apiVersion"), o.get("kind"))
+        name = f"{o.get('kind')}/{o.get('metadata', {}).get('name')}"
+        if key in OWN_SCHEMAS or key in crds:
+            schema = OWN_SCHEMAS.get(key) or crds[key]
+            try:
+                jsonschema.validate(o, schema)
+            except jsonschema.ValidationError as e:
+                errors.append(f"{name}: {'.'.join(map(str, e.path))}: {e.message}")
+            continue
+        try:
+            kv.validate(o, version, strict=True)
+        except kv.ValidationError as e:
+            errors.append(f"{name}: {'.'.join(map(str, e.path))}: {e.message}")
+        except kv.SchemaNotFoundError:
+            if key in SKIP_KINDS:
+                notes.append(f"{name} ({key[0]}) not validated: {SKIP_KINDS[key]}")
+            else:
+                errors.append(f"{name}: no schema for {key[0]} {key[1]} in Kubernetes {version}, "
+                              "none in check_deploy.py (OWN_SCHEMAS) and no CRD in the render")
+    return errors
+
+
+# The ClusterRole, rule by rule: (apiGroup, resource) -> verbs. Exactly these: a rule or a
+# verb more (or fewer) fails the check, so widening qoslet's rights is a visible change here.
+EXPECTED_RULES = {
+    ("", "pods"): {"get", "list", "watch"},
+    ("", "nodes"): {"get", "list", "watch"},
+    ("slo.koordinator.sh", "nodeslos"): {"get", "list", "watch"},
+    ("slo.koordinator.sh", "nodemetrics"): {"get", "create"},
+    ("slo.koordinator.sh", "nodemetrics/status"): {"update"},
+    ("", "pods/eviction"): {"create"},
+    ("", "events"): {"create"},
+    ("events.k8s.io", "events"): {"create"},
+}
+
+
+def check_rbac(objs):
+    errors = []
+    roles = [o for o in objs if o.get("kind") in ("ClusterRole", "Role")]
+    if [r["metadata"]["name"] for r in roles] != ["qoslet"] or roles[0]["kind"] != "ClusterRole":
+        return [f"expected one ClusterRole qoslet and no other role, found {[r['kind'] + '/' + r['metadata']['name'] for r in roles]}"]
+    got = {}
+    for rule in roles[0].get("rules", []):
+        if set(rule) - {"apiGroups", "resources", "verbs"}:
+            errors.append(f"ClusterRole qoslet: rule with {sorted(set(rule) - {'apiGroups', 'resources', 'verbs'})}: {rule}")
+        for g in rule.get("apiGroups", []):
+            for r in rule.get("resources", []):
+                got.setdefault((g, r), set()).update(rule.get("verbs", []))
+    for key in sorted(set(got) | set(EXPECTED_RULES)):
+        want, have = EXPECTED_RULES.get(key, set()), got.get(key, set())
+        if want != have:
+            errors.append(f"ClusterRole qoslet: {key[0] or 'core'}/{key[1]}: verbs {sorted(have)}, expected {sorted(want)}")
+    binds = [o for o in objs if o.get("kind") in ("ClusterRoleBinding", "RoleBinding")]
+    ok = [b for b in binds if b["kind"] == "ClusterRoleBinding" and b["roleRef"]["name"] == "qoslet"
+          and b.get("subjects") == [{"kind": "ServiceAccount", "name": "qoslet", "namespace": NAMESPACE}]]
+    if len(binds) != 1 or len(ok) != 1:
+        errors.append(f"expected one ClusterRoleBinding of ClusterRole qoslet to ServiceAccount {NAMESPACE}/qoslet, found {binds}")
+    return errors
+
+
+# Each DaemonSet's container security: the capabilities added, whether privileged.
+EXPECTED_SECURITY = {
+    "qoslet": {"add": ["SYS_RESOURCE"], "privileged": False},
+    "qoslet-installer": {"add": None, "privileged": True},
+}
+
+
+def check_workloads(objs, where):
+    errors = []
+    by_kind = {}
+    for o in objs:
+        by_kind.setdefault(o["kind"], {})[o["metadata"]["name"]] = o
+    cms = by_kind.get("ConfigMap", {})
+    for ds in by_kind.get("DaemonSet", {}).values():
+        name = ds["metadata"]["name"]
+        spec = ds["spec"]["template"]["spec"]
+        if ds["metadata"].get("namespace") != NAMESPACE:
+            errors.append(f"{where}: DaemonSet {name} is not in {NAMESPACE}")
+        if spec.get("serviceAccountName") != "qoslet" or "qoslet" not in by_kind.get("ServiceAccount", {}):
+            errors.append(f"{where}: DaemonSet {name} does not run as the qoslet ServiceAccount of this render")
+        if spec.get("priorityClassName") != "system-node-critical":
+            errors.append(f"{where}: DaemonSet {name}: priorityClassName is not system-node-critical")
+        if {"operator": "Exists"} not in spec.get("tolerations", []):
+            errors.append(f"{where}: DaemonSet {name} does not tolerate every taint")
+        for v in spec.get("volumes", []):
+            cm = v.get("configMap", {}).get("name")
+            if cm and cm not in cms:
+                errors.append(f"{where}: DaemonSet {name}: volume {v['name']} names ConfigMap {cm}, not in the render")
+            for src in v.get("projected", {}).get("sources", []):
+                cm = src.get("configMap", {}).get("name")
+                if cm and cm != "kube-root-ca.crt" and cm not in cms:
+                    errors.append(f"{where}: DaemonSet {name}: projected ConfigMap {cm} not in the render")
+        want = EXPECTED_SECURITY.get(name)
+        if want is None:
+            errors.append(f"{where}: DaemonSet {name}: no expected security context in check_deploy.py")
+            continue
+        for c in spec.get("containers", []) + spec.get("initContainers", []):
+            sc = c.get("securityContext", {})
+            if c.get("image") != IMAGE:
+                errors.append(f"{where}: {name}/{c['name']}: image {c.get('image')}, expected {IMAGE} (kustomize images:)")
+            if sc.get("readOnlyRootFilesystem") is not True:
+                errors.append(f"{where}: {name}/{c['name']}: readOnlyRootFilesystem is not true")
+            if bool(sc.get("privileged")) != want["privileged"]:
+                errors.append(f"{where}: {name}/{c['name']}: privileged is {sc.get('privileged')}, expected {want['privileged']}")
+            if want["add"] is not None:
+                caps = sc.get("capabilities", {})
+                if caps.get("drop") != ["ALL"] or sorted(caps.get("add", [])) != sorted(want["add"]):
+                    errors.append(f"{where}: {name}/{c['name']}: capabilities {caps}, expected drop [ALL] add {want['add']}")
+                if sc.get("allowPrivilegeEscalation") is not False:
+                    errors.append(f"{where}: {name}/{c['name']}: allowPrivilegeEscalation is not false")
+            for r in ("requests", "limits"):
+                if not {"cpu", "memory"} <= set(c.get("resources", {}).get(r, {})):
+                    errors.append(f"{where}: {name}/{c['name']}: no cpu and memory {r}")
+            if not c.get("readinessProbe"):
+                errors.append(f"{where}: {name}/{c['name']}: no readinessProbe")
+    return errors
+
+
+def config_of(objs):
+    """The qoslet.yaml of the render's qoslet-config ConfigMap."""
+    for o in objs:
+        if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("qoslet-config"):
+            return o["data"]["qoslet.yaml"]
+    return None
+
+
+# ---------------------------------------------------------------------------------------
+# qoslet's config files: every key must be one qoslet knows (it refuses unknown keys)
+# ---------------------------------------------------------------------------------------
+
+# Maps whose keys are not checked: kubelet's signal names (data, not keys), and policy:,
+# which takes any Koordinator NodeSLO spec leniently (fields qoslet does not implement are
+# set aside with a warning, never refused: docs/configuration.md).
+FREE_FORM = {"evictionHard", "evictionSoft", "evictionSoftGracePeriod", "evictionMinimumReclaim", "policy"}
+
+
+def rust_config_keys(repo):
+    """Every camelCase name a serde field of non-test code could have: field names turned
+    camelCase, plus every `rename`/`alias` given."""
+    keys = set()
+    for _, text in rust_files(repo):
+        for f in re.findall(r"^\s*(?:pub(?:\([^)]*\))?\s+)?([a-z_][a-z0-9_]*)\s*:\s*[A-Za-z&(\[]", text, re.M):
+            parts = f.split("_")
+            keys.add(parts[0] + "".join(p[:1].upper() + p[1:] for p in parts[1:]))
+        keys.update(re.findall(r'(?:rename|alias)\s*=\s*"([^"]*)"', text))
+    return keys
+
+
+def check_config_keys(cfg, known, where):
+    errors = []
+
+    def walk(node, path):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                p = f"{path}.{k}" if path else str(k)
+                if str(k) not in known:
+                    errors.append(f"{where}: key {p} is not a qoslet config key (qoslet refuses unknown keys)")
+                if str(k) not in FREE_FORM:
+                    walk(v, p)
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, f"{path}[{i}]")
+
+    walk(cfg, "")
+    return errors
+
+
+def flatten(cfg, path=""):
+    out = {}
+    if isinstance(cfg, dict):
+        for k, v in cfg.items():
+            out.update(flatten(v, f"{path}.{k}" if path else k))
+    else:
+        out[path] = cfg
+    return out
+
+
+# The proxy overlay's config may differ from base's in these keys only.
+PROXY_ONLY_DIFFERENCES = {"metricsListen", "resctrlRoot", "kubernetes.kubeconfig"}
+
+
+def check_mode_configs(base_cfg, proxy_cfg):
+    errors = []
+    b, p = flatten(base_cfg), flatten(proxy_cfg)
+    for key in sorted(set(b) | set(p)):
+        if b.get(key) != p.get(key) and key not in PROXY_ONLY_DIFFERENCES:
+            errors.append(f"proxy/qoslet.yaml differs from base/qoslet.yaml in {key} ({b.get(key)!r} vs {p.get(key)!r}); "
+                          f"only {sorted(PROXY_ONLY_DIFFERENCES)} may")
+    if base_cfg.get("kubernetes", {}).get("enable") is not True:
+        errors.append("base/qoslet.yaml: kubernetes.enable is not true")
+    if base_cfg.get("metricsListen") != "0.0.0.0:9316":
+        errors.append("base/qoslet.yaml: metricsListen is not 0.0.0.0:9316 (the pod's network: probes and Prometheus)")
+    if proxy_cfg.get("metricsListen") != "${HOST_IP}:9316":
+        errors.append("proxy/qoslet.yaml: metricsListen is not ${HOST_IP}:9316 (the installer fills in the node IP)")
+    if proxy_cfg.get("kubernetes", {}).get("kubeconfig") != "/var/lib/qoslet/kube/kubeconfig":
+        errors.append("proxy/qoslet.yaml: kubernetes.kubeconfig is not the installer's /var/lib/qoslet/kube/kubeconfig")
+    return errors
+
+
+# ---------------------------------------------------------------------------------------
+# systemd, kubelet and containerd snippets
+# ---------------------------------------------------------------------------------------
+
+
+def unit_directives(text):
+    out = []
+    section = None
+    for line in text.splitlines():
+        s = line.strip()
+        if not s or s.startswith(("#", ";")):
+            continue
+        if s.startswith("["):
+            section = s
+            continue
+        k, _, v = s.partition("=")
+        out.append((section, k.strip(), v.strip()))
+    return out
+
+
+def check_kubelet_dropin(text, where):
+    errors = []
+    d = unit_directives(text)
+    have = {(s, k): v for s, k, v in d}
+    for k in ("Wants", "After"):
+        if "qoslet.service" not in have.get(("[Unit]", k), "").split():
+            errors.append(f"{where}: no {k}=qoslet.service in [Unit]")
+    for s, k, v in d:
+        if k in ("Requires", "Requisite", "BindsTo", "PartOf") and "qoslet.service" in v.split():
+            errors.append(f"{where}: {k}=qoslet.service: a restart or stop of qoslet would restart or stop kubelet (use Wants=)")
+        if "container-runtime-endpoint" in v:
+            errors.append(f"{where}: sets the deprecated --container-runtime-endpoint flag (use containerRuntimeEndpoint in KubeletConfiguration)")
+    return errors
+
+
+def check_snippets(repo):
+    errors = []
+    deploy = repo / "deploy"
+    errors += check_kubelet_dropin((deploy / "kubelet-drop-in.conf").read_text(), "deploy/kubelet-drop-in.conf")
+    for copy_, orig in (("kubernetes/proxy/qoslet.service", "systemd/qoslet.service"),
+                        ("kubernetes/proxy/20-qoslet.conf", "kubelet-drop-in.conf")):
+        if (deploy / copy_).read_bytes() != (deploy / orig).read_bytes():
+            errors.append(f"deploy/{copy_} is not a copy of deploy/{orig}: cp deploy/{orig} deploy/{copy_}")
+    unit = dict(((s, k), v) for s, k, v in unit_directives((deploy / "systemd/qoslet.service").read_text()))
+    if not unit.get(("[Service]", "ExecStart"), "").startswith("/usr/local/bin/qoslet proxy"):
+        errors.append("deploy/systemd/qoslet.service: ExecStart is not /usr/local/bin/qoslet proxy ...")
+    frag = yaml.safe_load((deploy / "kubelet-config.d/50-qoslet.conf").read_text())
+    if frag != {"apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+                "containerRuntimeEndpoint": "unix:///run/qoslet/qoslet.sock"}:
+        errors.append(f"deploy/kubelet-config.d/50-qoslet.conf: not the one-key KubeletConfiguration fragment: {frag}")
+    nri = tomllib.loads((deploy / "kubernetes/nri/containerd-nri.toml").read_text())
+    sec = nri.get("plugins", {}).get("io.containerd.nri.v1.nri", {})
+    want = {"disable": False, "socket_path": "/var/run/nri/nri.sock",
+            "plugin_registration_timeout": "5s", "plugin_request_timeout": "2s"}
+    for k, v in want.items():
+        if sec.get(k) != v:
+            errors.append(f"deploy/kubernetes/nri/containerd-nri.toml: {k} = {sec.get(k)!r}, expected {v!r}")
+    scrape = yaml.safe_load((deploy / "monitoring/prometheus-scrape.yaml").read_text())
+    jobs = scrape.get("scrape_configs", [])
+    if [j.get("job_name") for j in jobs] != ["qoslet"]:
+        errors.append("deploy/monitoring/prometheus-scrape.yaml: expected one scrape job, qoslet")
+    for j in jobs:
+        for r in j.get("relabel_configs", []):
+            try:
+                re.compile(r.get("regex", "(.*)"))
+            except re.error as e:
+                errors.append(f"prometheus-scrape.yaml: relabel regex {r.get('regex')!r}: {e}")
+            targets = r.get("target_label")
+            if targets in ("namespace", "pod", "container"):
+                errors.append(f"prometheus-scrape.yaml: target label {targets} would clash with qoslet's own labels")
+    return errors
+
+
+# ---------------------------------------------------------------------------------------
+# The proxy installer, run against a fake host
+# ---------------------------------------------------------------------------------------
+
+HOST_EXEC_STUB = r"""#!/bin/sh
+# stands in for `nsenter --target 1 --mount --` on a fake host ($FAKE/host)
+case "$1" in
+systemctl)
+    shift
+    echo "$*" >>"$FAKE/systemctl.log"
+    case "$1" in
+    --version) echo "systemd 252" ;;
+    is-active) [ -f "$FAKE/active" ] ;;
+    start | restart)
+        touch "$FAKE/active"
+        python3 -c 'import os, socket, sys; p = sys.argv[1]; os.path.exists(p) or socket.socket(socket.AF_UNIX).bind(p)' \
+            "$FAKE/host/run/qoslet/qoslet.sock"
+        ;;
+    esac
+    ;;
+/*)
+    p=$1
+    shift
+    exec "$FAKE/host$p" "$@"
+    ;;
+*) exec "$@" ;;
+esac
+"""
+
+
+def check_installer(repo, proxy_config_text):
+    """install.sh against a fake host: first install, an idle re-run, a token refresh, an
+    upgrade, a local edit, a ConfigMap change, the unmanaged marker, a binary that does not
+    run on the host, readiness, IPv6 addresses."""
+    errors = []
+    src = repo / "deploy/kubernetes/proxy"
+    tmp = Path(tempfile.mkdtemp(prefix="qoslet-installer-"))
+    try:
+        def setup(name, host_ip="10.0.0.5", service_host="10.96.0.1"):
+            fake = tmp / name
+            for d in ("host/usr/local/bin", "host/etc/systemd/system", "host/var/lib/qoslet",
+                      "host/run/qoslet", "img", "config", "sa", "tmp"):
+                (fake / d).mkdir(parents=True)
+            (fake / "config/qoslet.yaml").write_text(proxy_config_text)
+            (fake / "sa/token").write_text("token-1")
+            (fake / "sa/ca.crt").write_text("CA\n")
+            stub = fake / "host-exec"
+            stub.write_text(HOST_EXEC_STUB)
+            stub.chmod(0o755)
+            image(fake, "0.1.0")
+            env = dict(os.environ, FAKE=str(fake), QOSLET_INSTALLER_HOST=str(fake / "host"),
+                       QOSLET_INSTALLER_HOST_EXEC=str(stub), QOSLET_INSTALLER_BINARY=str(fake / "img/qoslet"),
+                       QOSLET_INSTALLER_SOURCES=str(src), QOSLET_INSTALLER_CONFIG=str(fake / "config/qoslet.yaml"),
+                       QOSLET_INSTALLER_CREDENTIALS=str(fake / "sa"), TMPDIR=str(fake / "tmp"),
+                       NODE_NAME="node-1", HOST_IP=host_ip, KUBERNETES_SERVICE_HOST=service_host,
+                       KUBERNETES_SERVICE_PORT="443", QOSLET_API_SERVER="")
+            return fake, env
+
+        def image(fake, version, runs=True):
+            b = fake / "img/qoslet"
+            b.write_text(f'#!/bin/sh\necho "qoslet {version}"\n' if runs else "#!/bin/sh\necho 'cannot execute: GLIBC_2.38 not found' >&2\nexit 127\n")
+            b.chmod(0o755)
+
+        def run(fake, env, arg="once"):
+            log = fake / "systemctl.log"
+            if log.exists():
+                log.unlink()
+            r = subprocess.run(["sh", str(src / "install.sh"), arg], env=env, capture_output=True, text=True, timeout=120)
+            calls = log.read_text().splitlines() if log.exists() else []
+            return r, calls
+
+        def expect(cond, what):
+            if not cond:
+                errors.append(f"installer: {what}")
+
+        host = lambda fake, p: fake / "host" / p.lstrip("/")
+
+        fake, env = setup("v4")
+        r, calls = run(fake, env, "ready")
+        expect(r.returncode != 0, "ready before any install answered ready")
+        r, calls = run(fake, env)
+        expect(r.returncode == 0, f"first install failed: {r.stdout}{r.stderr}")
+        expect(host(fake, "/usr/local/bin/qoslet").read_text() == (fake / "img/qoslet").read_text(), "binary not installed")
+        cfg_text = host(fake, "/etc/qoslet/qoslet.yaml").read_text()
+        cfg = yaml.safe_load(cfg_text)
+        expect(cfg.get("metricsListen") == "10.0.0.5:9316" and "${HOST_IP}" not in cfg_text, f"metricsListen not filled in: {cfg.get('metricsListen')}")
+        expect(host(fake, "/etc/systemd/system/qoslet.service").read_bytes() == (repo / "deploy/systemd/qoslet.service").read_bytes(), "qoslet.service not installed as deploy/systemd/qoslet.service")
+        expect(host(fake, "/etc/systemd/system/kubelet.service.d/20-qoslet.conf").read_bytes() == (repo / "deploy/kubelet-drop-in.conf").read_bytes(), "kubelet drop-in not installed")
+        expect("Environment=NODE_NAME=node-1" in host(fake, "/etc/systemd/system/qoslet.service.d/10-qoslet-installer.conf").read_text(), "NODE_NAME drop-in missing")
+        kube = host(fake, "/var/lib/qoslet/kube")
+        expect(stat.S_IMODE(kube.stat().st_mode) == 0o700, "/var/lib/qoslet/kube is not 0700")
+        expect((kube / "token").read_text() == "token-1" and stat.S_IMODE((kube / "token").stat().st_mode) == 0o600, "token not copied 0600")
+        kc = yaml.safe_load((kube / "kubeconfig").read_text())
+        expect(kc["clusters"][0]["cluster"] == {"server": "https://10.96.0.1:443", "certificate-authority": "/var/lib/qoslet/kube/ca.crt"}
+               and kc["users"][0]["user"] == {"tokenFile": "/var/lib/qoslet/kube/token"}
+               and kc["current-context"] == "qoslet", f"kubeconfig: {kc}")
+        expect(cfg.get("kubernetes", {}).get("kubeconfig") == "/var/lib/qoslet/kube/kubeconfig", "config does not point at the installer's kubeconfig")
+        expect("daemon-reload" in calls and "enable --quiet qoslet.service" in calls and "start qoslet.service" in calls, f"first install: systemctl calls {calls}")
+        expect(not any("kubelet" in c for c in calls), f"the installer touched kubelet: {calls}")
+        r, _ = run(fake, env, "ready")
+        expect(r.returncode == 0, "not ready after the install")
+
+        r, calls = run(fake, env)
+        expect(r.returncode == 0 and "daemon-reload" not in calls and not any(c.startswith("restart") for c in calls),
+               f"an idle re-run reloaded or restarted: {calls}")
+
+        (fake / "sa/token").write_text("token-2")
+        r, calls = run(fake, env)
+        expect((kube / "token").read_text() == "token-2", "token not refreshed")
+        expect(not any(c.startswith("restart") for c in calls), f"a token refresh restarted qoslet: {calls}")
+
+        old = host(fake, "/usr/local/bin/qoslet").read_text()
+        image(fake, "0.2.0")
+        r, calls = run(fake, env)
+        expect(host(fake, "/usr/local/bin/qoslet.previous").read_text() == old, "previous binary not kept")
+        expect("0.2.0" in host(fake, "/usr/local/bin/qoslet").read_text(), "upgrade not installed")
+        expect("restart qoslet.service" in calls, f"upgrade did not restart qoslet: {calls}")
+
+        f = host(fake, "/etc/qoslet/qoslet.yaml")
+        f.write_text(f.read_text() + "# a local edit\n")
+        r, calls = run(fake, env)
+        kept = list(f.parent.glob("qoslet.yaml.*Z"))
+        expect(len(kept) == 1 and "# a local edit" in kept[0].read_text(), f"a local edit was not kept: {kept}")
+        expect("# a local edit" not in f.read_text() and "restart qoslet.service" in calls, "the ConfigMap's file did not replace a local edit")
+
+        (fake / "config/qoslet.yaml").write_text(proxy_config_text.replace("logLevel: info", "logLevel: debug"))
+        r, calls = run(fake, env)
+        expect("logLevel: debug" in f.read_text() and "restart qoslet.service" in calls, "a ConfigMap change was not applied")
+        expect(len(list(f.parent.glob("qoslet.yaml.*Z"))) == 1, "a ConfigMap change made a backup (only local edits should)")
+
+        f.write_text("# qoslet-installer: unmanaged\nlogLevel: warn\n")
+        (fake / "config/qoslet.yaml").write_text(proxy_config_text)
+        r, calls = run(fake, env)
+        expect(f.read_text() == "# qoslet-installer: unmanaged\nlogLevel: warn\n" and not any(c.startswith("restart") for c in calls),
+               "an unmanaged config was touched")
+
+        before = host(fake, "/usr/local/bin/qoslet").read_text()
+        image(fake, "0.3.0", runs=False)
+        r, calls = run(fake, env)
+        expect(r.returncode != 0 and "does not run on this host" in r.stdout, f"a binary that does not run was not refused: {r.stdout}")
+        expect(host(fake, "/usr/local/bin/qoslet").read_text() == before and not host(fake, "/usr/local/bin/qoslet.new").exists(),
+               "a binary that does not run replaced the old one")
+
+        fake6, env6 = setup("v6", host_ip="fd00::5", service_host="fd00::1")
+        r, _ = run(fake6, env6)
+        expect(r.returncode == 0, f"IPv6 install failed: {r.stdout}{r.stderr}")
+        if r.returncode == 0:
+            expect(yaml.safe_load(host(fake6, "/etc/qoslet/qoslet.yaml").read_text())["metricsListen"] == "[fd00::5]:9316", "IPv6 metricsListen")
+            kc6 = yaml.safe_load(host(fake6, "/var/lib/qoslet/kube/kubeconfig").read_text())
+            expect(kc6["clusters"][0]["cluster"]["server"] == "https://[fd00::1]:443", "IPv6 API server")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return errors
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def self_tests(exported, labels, dash, objs_nri, version, config_keys, base_cfg):
+    """Each check must fail on a broken input."""
+    errors = []
+
+    bad = copy.deepcopy(dash)
+    for p in bad["panels"]:
+        if p.get("targets"):
+            p["targets"][0]["expr"] = p["targets"][0]["expr"].replace("qoslet_", "qoslet_bogus_", 1)
+            break
+    if not any("qoslet_bogus_" in e for e in check_dashboard(bad, exported, labels)):
+        errors.append("self-test: a bogus metric name in the dashboard was not caught")
+    bad = copy.deepcopy(dash)
+    bad["panels"][1]["targets"].append({"expr": "up", "refId": "Z"})
+    if not check_dashboard(bad, exported, labels):
+        errors.append("self-test: a query naming no qoslet metric was not caught")
+    bad = copy.deepcopy(dash)
+    bad["panels"][1]["targets"][0]["legendFormat"] = "{{bogus_label}}"
+    if not check_dashboard(bad, exported, labels):
+        errors.append("self-test: an unknown label in a legend was not caught")
+
+    ds = copy.deepcopy(next(o for o in objs_nri if o["kind"] == "DaemonSet"))
+    ds["spec"]["template"]["spec"]["containers"][0]["bogusField"] = True
+    if not validate_objects([ds], version, []):
+        errors.append("self-test: kubernetes-validate --strict accepted an unknown field")
+    sm = {"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor", "metadata": {"name": "x", "namespace": "y"},
+          "spec": {"selector": {}, "endpoints": [{"port": "metrics", "bogus": 1}]}}
+    if not validate_objects([sm], version, []):
+        errors.append("self-test: the ServiceMonitor schema accepted an unknown field")
+    if not validate_objects([{"apiVersion": "example.com/v1", "kind": "Unknown", "metadata": {"name": "x"}}], version, []):
+        errors.append("self-test: an object of a kind without a schema was accepted")
+
+    if not check_kubelet_dropin("[Unit]\nRequires=qoslet.service\nAfter=qoslet.service\n", "test"):
+        errors.append("self-test: a kubelet drop-in with Requires= was accepted")
+    if not check_kubelet_dropin("[Unit]\nAfter=qoslet.service\n", "test"):
+        errors.append("self-test: a kubelet drop-in without Wants= was accepted")
+
+    objs = copy.deepcopy(objs_nri)
+    next(o for o in objs if o["kind"] == "ClusterRole")["rules"][0]["verbs"].append("delete")
+    if not check_rbac(objs):
+        errors.append("self-test: an extra RBAC verb was accepted")
+
+    if not check_config_keys(dict(base_cfg, createNodeMetrics=True), config_keys, "test"):
+        errors.append("self-test: an unknown config key was accepted")
+    return errors
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repo", required=True, type=Path)
+    ap.add_argument("--rendered", required=True, type=Path)
+    ap.add_argument("--kubernetes-version", default="1.33.0")
+    a = ap.parse_args()
+    repo, version = a.repo.resolve(), a.kubernetes_version
+    errors, notes = [], []
+
+    def section(title, errs):
+        print(f"--- {title}: {'ok' if not errs else f'{len(errs)} error(s)'}")
+        for e in errs:
+            print(f"    {e}")
+        errors.extend(errs)
+
+    renders = {}
+    for line in (a.rendered / "index.tsv").read_text().splitlines():
+        d, f = line.split("\t")
+        renders[d] = [o for o in yaml.safe_load_all((a.rendered / f).read_text()) if o]
+
+    # 1. every rendered object against Kubernetes' schemas, strict
+    for d, objs in renders.items():
+        errs = validate_objects(objs, version, notes)
+        section(f"{d}: {len(objs)} objects, Kubernetes {version} schemas (strict)", errs)
+    for n in notes:
+        print(f"    note: {n}")
+
+    # 2. least privilege, workloads, configs
+    nri, proxy = renders["deploy/kubernetes/nri"], renders["deploy/kubernetes/proxy"]
+    for d, objs in renders.items():
+        if d.startswith("deploy/kubernetes/"):
+            section(f"{d}: RBAC exactly as documented", check_rbac(objs))
+            section(f"{d}: DaemonSets", check_workloads(objs, d))
+    for comp in sorted((repo / "deploy").rglob("kustomization.yaml")):
+        k = yaml.safe_load(comp.read_text())
+        if k.get("kind") == "Component":
+            users = [d for d in renders if any((repo / d / c).resolve() == comp.parent.resolve()
+                                               for c in yaml.safe_load((repo / d / "kustomization.yaml").read_text()).get("components", []))]
+            section(f"component {comp.parent.relative_to(repo)} rendered through {users}",
+                    [] if users else ["no kustomization uses it: it is never rendered nor validated"])
+
+    config_keys = rust_config_keys(repo)
+    base_cfg = yaml.safe_load(config_of(nri))
+    proxy_cfg = yaml.safe_load(config_of(proxy))
+    errs = []
+    for where, cfg in (("base/qoslet.yaml", base_cfg), ("proxy/qoslet.yaml", proxy_cfg),
+                       ("deploy/qoslet.yaml", yaml.safe_load((repo / "deploy/qoslet.yaml").read_text()))):
+        errs += check_config_keys(cfg, config_keys, where)
+    errs += check_mode_configs(base_cfg, proxy_cfg)
+    section("qoslet config files: keys qoslet knows; proxy differs from base only where it must", errs)
+
+    # 3. snippets: kubelet drop-in (Wants=, not Requires=), copies, KubeletConfiguration, NRI, scrape config
+    section("systemd, kubelet, containerd and Prometheus snippets", check_snippets(repo))
+
+    # 4. the dashboard against the metrics qoslet exports
+    exported, prefixes, suffixes, labels = exported_metrics(repo)
+    errs = [f"metric {m} not found in the Rust sources: the extraction in check_deploy.py is broken"
+            for m in sorted(SENTINEL_METRICS - exported)]
+    print(f"    {len(exported)} metric names exported ({len(prefixes)} prefixes x {len(suffixes)} suffixes among them), "
+          f"{len(labels)} label names")
+    dash = json.loads((repo / "deploy/monitoring/grafana-dashboard.json").read_text())
+    errs += check_dashboard(dash, exported, labels) + check_dashboard_layout(dash)
+    cm = next((o for o in renders.get("deploy/monitoring", []) if o["kind"] == "ConfigMap"), None)
+    if cm is None or json.loads(cm["data"]["qoslet.json"]) != dash:
+        errs.append("deploy/monitoring's dashboard ConfigMap does not hold grafana-dashboard.json")
+    section(f"grafana dashboard: {len(dashboard_queries(dash))} queries name only exported metrics and labels", errs)
+
+    # 5. the installer against a fake host
+    proxy_text = config_of(proxy)
+    section("proxy installer (install.sh) against a fake host", check_installer(repo, proxy_text))
+
+    # 6. each check catches what it is for
+    section("self-tests: every check fails on a broken input",
+            self_tests(exported, labels, dash, nri, version, config_keys, base_cfg))
+
+    if errors:
+        print(f"check-deploy: {len(errors)} error(s)")
+        return 1
+    print("check-deploy: all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
