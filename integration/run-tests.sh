@@ -56,4 +56,7 @@ GRPCURL=$QOSLET_TESTBED/bin/grpcurl integration/scripts/grpcurl-smoke.sh "$D/qos
 kill -TERM "$QPID"; wait "$QPID"; rc=$?; QPID=
 [ "$rc" = 0 ] || { echo "qoslet exited $rc after SIGTERM" >&2; exit 1; }
 
+lap "Kubernetes manifests (deploy/), offline against the 1.33 schemas"
+integration/scripts/check-deploy.sh
+
 lap "all tests passed"

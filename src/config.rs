@@ -398,6 +398,22 @@ mod tests {
         assert!(load(p, true).is_err());
     }
 
+    /// The config files the Kubernetes install mounts parse, with the
+    /// cluster side on.
+    #[test]
+    fn the_daemonset_configs_parse() {
+        for text in [
+            include_str!("../deploy/kubernetes/base/qoslet.yaml"),
+            include_str!("../deploy/kubernetes/proxy/qoslet.yaml"),
+        ] {
+            // the proxy installer fills in the node's address
+            let c = parse(&text.replace("${HOST_IP}", "10.0.0.11")).unwrap();
+            let k = c.kubernetes.as_ref().unwrap();
+            assert!(k.enable && k.eviction_api);
+            c.eviction.as_ref().unwrap().validate().unwrap();
+        }
+    }
+
     #[test]
     fn the_shipped_example_parses() {
         let c = parse(include_str!("../deploy/qoslet.yaml")).unwrap();

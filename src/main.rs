@@ -308,20 +308,40 @@ impl Prepared {
     /// The cluster side when `kubernetes.enable`: this node's NodeSLO
     /// followed into the policy hub. A section that cannot start (no node
     /// name, no credentials) is an error at start, not a silent local mode.
-    async fn start_cluster(&self, agent: &qoslet_agent::Agent) -> Result<()> {
+    async fn start_cluster(
+        &self,
+        agent: &qoslet_agent::Agent,
+    ) -> Result<Option<qoslet_kube::Cluster>> {
         let Some(k) = self.file.kubernetes.as_ref().filter(|k| k.enable) else {
-            return Ok(());
+            return Ok(None);
         };
         let node = k.node().context("kubernetes:")?;
         let client = k.client().await.context("kubernetes:")?;
-        tracing::info!(node = %node, "cluster side on: following this node's NodeSLO");
+        tracing::info!(node = %node, "cluster side on: following this node's NodeSLO and pods");
+        let status = std::sync::Arc::new(qoslet_kube::status::ClusterStatus::default());
         agent.add_task(tokio::spawn(qoslet_kube::nodeslo::follow(
-            client,
-            node,
+            client.clone(),
+            node.clone(),
             agent.policy().clone(),
             agent.shutdown_signal(),
         )));
-        Ok(())
+        agent.add_task(tokio::spawn(qoslet_kube::pods::follow(
+            client.clone(),
+            node.clone(),
+            agent.store().clone(),
+            status.clone(),
+            agent.shutdown_signal(),
+        )));
+        let s = status.clone();
+        agent
+            .views()
+            .set_cluster(std::sync::Arc::new(move |out: &mut String| s.render(out)));
+        Ok(Some(qoslet_kube::Cluster {
+            client,
+            node,
+            status,
+            eviction_api: k.eviction_api,
+        }))
     }
 
     fn watch_policy(&self, agent: &qoslet_agent::Agent) {
@@ -369,6 +389,7 @@ impl Prepared {
         &self,
         agent: &qoslet_agent::Agent,
         runtime_socket: Option<PathBuf>,
+        cluster: Option<&qoslet_kube::Cluster>,
     ) -> Option<std::sync::Arc<qoslet_agent::eviction::EvictionView>> {
         // on unless `eviction.enable: false`: kubelet's model acts once
         // thresholds are set, Koordinator's BE model when the policy enables it
@@ -425,7 +446,19 @@ impl Prepared {
                 evictor.watch_images(std::time::Duration::from_secs(300), agent.shutdown_signal()),
             );
         }
-        let evictor = std::sync::Arc::new(evictor);
+        let evictor: std::sync::Arc<dyn qoslet_eviction::evictor::Evictor> =
+            std::sync::Arc::new(evictor);
+        // in a cluster: the Eviction API (PodDisruptionBudgets, Events); the
+        // runtime keeps node-level disk reclaim
+        let evictor = match cluster.filter(|c| c.eviction_api) {
+            Some(c) => std::sync::Arc::new(qoslet_kube::evict::ApiEvictor::new(
+                c.client.clone(),
+                c.node.clone(),
+                evictor,
+                c.status.clone(),
+            )),
+            None => evictor,
+        };
         Some(agent.start_eviction(
             qoslet_agent::eviction::EvictionLoop {
                 config: e,
@@ -502,10 +535,11 @@ async fn run_proxy(a: ProxyArgs) -> Result<()> {
     let agent_cfg = p.agent_config(cfg.agent(p.metrics.is_some()));
     let agent = qoslet_agent::Agent::start(agent_cfg).await?;
     p.watch_policy(&agent);
-    p.start_cluster(&agent).await?;
+    let cluster = p.start_cluster(&agent).await?;
     let eviction = p.start_eviction(
         &agent,
         qoslet_state::endpoint::unix_path(&cfg.runtime_endpoint),
+        cluster.as_ref(),
     );
     let mut hooks: Vec<(
         std::sync::Arc<dyn qoslet_proxy::Hook>,

@@ -84,7 +84,7 @@ pub async fn run(a: NriArgs) -> Result<()> {
     });
     let agent = qoslet_agent::Agent::start(agent_cfg).await?;
     p.watch_policy(&agent);
-    p.start_cluster(&agent).await?;
+    let cluster = p.start_cluster(&agent).await?;
     let iso = p.isolation(&agent).map(Arc::new);
     let runtime_socket = p
         .file
@@ -93,7 +93,7 @@ pub async fn run(a: NriArgs) -> Result<()> {
         .or(Some("unix:///run/containerd/containerd.sock"))
         .and_then(qoslet_state::endpoint::unix_path);
     let mut handler = NriHandler::new(agent.store().clone(), iso);
-    if let Some(view) = p.start_eviction(&agent, runtime_socket) {
+    if let Some(view) = p.start_eviction(&agent, runtime_socket, cluster.as_ref()) {
         handler = handler.with_admission(view, p.trust.clone());
     }
     let handler = Arc::new(handler);

@@ -28,7 +28,12 @@ pub struct Views {
     metrics: OnceLock<Arc<qoslet_metrics::service::Metrics>>,
     engine: OnceLock<Arc<qoslet_qos_engine::runner::Shared>>,
     eviction: OnceLock<Arc<crate::eviction::EvictionView>>,
+    /// The cluster side's lines on `/metrics` (`None`: no cluster).
+    cluster: OnceLock<Render>,
 }
+
+/// Something that adds its lines to a `/metrics` scrape.
+pub type Render = Arc<dyn Fn(&mut String) + Send + Sync>;
 
 impl Views {
     pub fn new(metrics_on: bool) -> Self {
@@ -37,7 +42,18 @@ impl Views {
             metrics: OnceLock::new(),
             engine: OnceLock::new(),
             eviction: OnceLock::new(),
+            cluster: OnceLock::new(),
         }
+    }
+
+    /// The cluster side's `/metrics` lines, from now on.
+    pub fn set_cluster(&self, r: Render) {
+        let _ = self.cluster.set(r);
+    }
+
+    /// The cluster side's `/metrics` lines (`None`: no cluster).
+    pub fn cluster(&self) -> Option<&Render> {
+        self.cluster.get()
     }
 
     pub fn set_eviction(&self, e: Arc<crate::eviction::EvictionView>) {

@@ -105,6 +105,9 @@ impl crate::Agent {
             if let Some(e) = views.eviction() {
                 e.render(out);
             }
+            if let Some(c) = views.cluster() {
+                c(out);
+            }
             hub.render(out);
             render_front(&front, out);
         }));

@@ -549,6 +549,7 @@ mod tests {
             labels: Default::default(),
             created_at: 0,
             priority: None,
+            cluster: None,
             cgroup: CgroupPath::parse("/kubepods/podplsr").unwrap(),
             class: Some(lsr_class()),
             annotations: [(

@@ -4,6 +4,11 @@
 //! from its config file and the runtime's state exactly as before.
 //!
 //! * [`nodeslo`]: this node's NodeSLO, the policy hub's cluster source.
+//! * [`pods`]: this node's Pods, joined to the store by UID (priority,
+//!   requests, tolerations).
+//! * [`evict`]: the Eviction API as the eviction room's evictor, with
+//!   Events on the pods.
+//! * [`status`]: each watch ok or stale, the API's answers counted (`/metrics`).
 //! * `fake` (feature `testing`): an in-process fake API server speaking the
 //!   real HTTP/JSON list and watch protocol, which the tests run against.
 
@@ -11,12 +16,20 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+pub mod evict;
 #[cfg(any(test, feature = "testing"))]
 pub mod fake;
 pub mod nodeslo;
+pub mod pods;
+pub mod status;
+
+/// While a watch is stale, how often the API server is asked whether it is
+/// back (a watch resumed from its resourceVersion says nothing until an
+/// object changes).
+pub const PROBE_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The `kubernetes:` section of the config file.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct KubernetesConfig {
     /// Off by default: a node without a cluster behaves exactly as without
@@ -28,6 +41,34 @@ pub struct KubernetesConfig {
     /// This node's name (`None`: the `NODE_NAME` environment variable, as
     /// koordlet's DaemonSet sets it from `spec.nodeName`).
     pub node_name: Option<String>,
+    /// Evictions through the Eviction API (PodDisruptionBudgets honoured,
+    /// Events recorded); `false`: a CRI stop, as without a cluster.
+    #[serde(default = "yes")]
+    pub eviction_api: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// The cluster side once started: what the rest of the agent uses of it.
+#[derive(Clone)]
+pub struct Cluster {
+    pub client: kube::Client,
+    pub node: String,
+    pub status: std::sync::Arc<status::ClusterStatus>,
+    pub eviction_api: bool,
+}
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        Self {
+            enable: false,
+            kubeconfig: None,
+            node_name: None,
+            eviction_api: true,
+        }
+    }
 }
 
 /// Why the cluster side cannot start.
@@ -91,6 +132,13 @@ impl KubernetesConfig {
                 kube::Config::incluster().map_err(|e| ClusterError::InCluster(e.to_string()))?
             }
         };
+        let mut config = config;
+        // kube 5 retries 429, 503 and 504 up to 15 times, up to 1000 s
+        // apart: a PodDisruptionBudget's 429 on an eviction would hold the
+        // eviction loop for minutes. Every caller here has its own policy
+        // (the watchers back off, an eviction refused moves to the next
+        // candidate, status writes retry at their interval).
+        config.default_retry = false;
         kube::Client::try_from(config).map_err(|e| ClusterError::Client(e.to_string()))
     }
 }

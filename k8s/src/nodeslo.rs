@@ -52,34 +52,58 @@ pub async fn follow(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let api: Api<DynamicObject> = Api::all_with(client, &resource());
-    let cfg = watcher::Config::default().fields(&format!("metadata.name={node}"));
-    let stream = watcher::watcher(api, cfg).default_backoff();
+    let fields = format!("metadata.name={node}");
+    let cfg = watcher::Config::default().fields(&fields);
+    let stream = watcher::watcher(api.clone(), cfg).default_backoff();
     futures_util::pin_mut!(stream);
     // during a (re)list: whether the NodeSLO was among the objects listed
     let mut listed = false;
+    // the NodeSLO in force (offered again once a stale API server answers)
+    let mut last: Option<DynamicObject> = None;
+    let mut stale = false;
+    let mut probe = tokio::time::interval(crate::PROBE_EVERY);
     loop {
         let ev = tokio::select! {
             ev = stream.next() => ev,
             _ = shutdown.changed() => return,
+            _ = probe.tick(), if stale => {
+                let lp = kube::api::ListParams::default().fields(&fields).limit(1);
+                if api.list_metadata(&lp).await.is_ok() {
+                    info!("the API server answers again: the NodeSLO watch resumes");
+                    stale = false;
+                    match &last {
+                        Some(o) => offer(&hub, o),
+                        None => hub.withdraw(Source::Cluster),
+                    }
+                }
+                continue;
+            }
         };
         let Some(ev) = ev else { return };
+        if ev.is_ok() {
+            stale = false;
+        }
         match ev {
             Ok(Event::Init) => listed = false,
             Ok(Event::InitApply(o)) | Ok(Event::Apply(o)) => {
                 listed = true;
                 offer(&hub, &o);
+                last = Some(o);
             }
             Ok(Event::InitDone) => {
                 if !listed {
                     info!(node = %node, "no NodeSLO for this node: the file's policy (or the defaults) in force");
                     hub.withdraw(Source::Cluster);
+                    last = None;
                 }
             }
             Ok(Event::Delete(_)) => {
                 info!(node = %node, "NodeSLO deleted: the file's policy (or the defaults) in force");
                 hub.withdraw(Source::Cluster);
+                last = None;
             }
             Err(e) => {
+                stale = true;
                 warn!(error = %e, "NodeSLO watch failed (retried with backoff); the last good policy stays");
                 hub.stale(Source::Cluster, &format!("the API server: {e}"));
             }

@@ -13,6 +13,7 @@ use qoslet_cgroups::{CgroupPath, PodRoot};
 use qoslet_hooks::class::PodClass;
 use qoslet_hooks::{decide, Trust};
 
+use crate::cluster::ClusterPod;
 use crate::store::{ContainerState, PodState, Store};
 
 /// The ready pods and their running containers at one store generation.
@@ -40,6 +41,9 @@ pub struct PodEntry {
     /// The pod's `spec.priority`, when a source knows it (the cluster side);
     /// CRI does not carry it.
     pub priority: Option<i32>,
+    /// What the API server says of it (joined by UID; `None`: no cluster, or
+    /// a pod the cluster does not know, such as a static pod's sandbox).
+    pub cluster: Option<Arc<ClusterPod>>,
     /// Its own cgroup, validated (never empty, never outside the kubelet root).
     pub cgroup: CgroupPath,
     /// Its class with where it came from (`None`: not qoslet's to touch:
@@ -158,7 +162,7 @@ impl Inventories {
 
 /// Builds the inventory of `store` (taken as at `generation`).
 pub fn build(store: &Store, generation: u64, trust: &Trust, pod_root: &PodRoot) -> Inventory {
-    let mut pods = store.read_all(|pods, containers| {
+    let mut pods = store.read_all_with_cluster(|pods, containers, cluster| {
         let mut by_pod: HashMap<&str, Vec<ContainerEntry>> = HashMap::new();
         let mut out: Vec<PodEntry> = Vec::new();
         let mut cgs: HashMap<&str, CgroupPath> = HashMap::new();
@@ -215,7 +219,10 @@ pub fn build(store: &Store, generation: u64, trust: &Trust, pod_root: &PodRoot) 
                 uid: p.uid.clone(),
                 labels: p.labels.clone(),
                 created_at: p.created_at,
-                priority: p.priority,
+                priority: p
+                    .priority
+                    .or_else(|| cluster.get(&p.uid).and_then(|c| c.priority)),
+                cluster: cluster.get(&p.uid).cloned(),
                 cgroup: cg,
                 class,
                 annotations: p.annotations.clone(),

@@ -13,16 +13,20 @@
 //!   capped reads, the instance lock).
 //! * [`inventory`]: the ready pods and running containers with validated
 //!   cgroup paths and classes, built once per store generation for every room.
+//! * [`cluster`]: what the API server says of a pod (priority, requests,
+//!   tolerations), joined to the records by pod UID.
 //! * [`endpoint`]: how a runtime endpoint is spelled (the checkpoint names its runtime).
 
 #![forbid(unsafe_code)]
 
 pub mod checkpoint;
+pub mod cluster;
 pub mod endpoint;
 pub mod inventory;
 pub mod statefile;
 pub mod store;
 
+pub use cluster::{ClusterPod, PodAmounts};
 pub use inventory::{ContainerEntry, Inventories, Inventory, InventorySource, PodEntry};
 pub use store::{
     ContainerRecord, ContainerState, PodRecord, PodState, Resources, Snapshot, Source, Store,

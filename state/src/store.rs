@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
+use crate::cluster::ClusterPod;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
@@ -214,6 +215,8 @@ struct Inner {
     /// Entry id -> `seq` of kubelet's last change to it, removals included (a
     /// tombstone), kept until no resync that started earlier can still apply.
     touched: HashMap<String, u64>,
+    /// The cluster's pods of this node by UID (not checkpointed).
+    cluster: HashMap<String, Arc<ClusterPod>>,
 }
 
 impl Inner {
@@ -256,6 +259,17 @@ impl Default for Store {
             generation: Arc::default(),
             changes: Arc::new(watch::Sender::new(0)),
         }
+    }
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (pods, containers) = self.counts();
+        f.debug_struct("Store")
+            .field("generation", &self.generation())
+            .field("pods", &pods)
+            .field("containers", &containers)
+            .finish()
     }
 }
 
@@ -477,6 +491,51 @@ impl Store {
         })
     }
 
+    /// The cluster's pods of this node, all at once (after a list): a new
+    /// generation only when something the agent reads changed.
+    pub fn replace_cluster_pods(&self, pods: Vec<ClusterPod>) {
+        self.write_if(|s| {
+            let next: HashMap<String, Arc<ClusterPod>> = pods
+                .into_iter()
+                .map(|p| (p.uid.clone(), Arc::new(p)))
+                .collect();
+            let changed = next.len() != s.cluster.len()
+                || next
+                    .iter()
+                    .any(|(uid, p)| s.cluster.get(uid).is_none_or(|q| q != p));
+            if changed {
+                s.cluster = next;
+            }
+            ((), changed)
+        });
+    }
+
+    /// One cluster pod added or changed (a new generation only when it differs).
+    pub fn upsert_cluster_pod(&self, pod: ClusterPod) {
+        self.write_if(|s| {
+            if s.cluster.get(&pod.uid).is_some_and(|q| **q == pod) {
+                return ((), false);
+            }
+            s.cluster.insert(pod.uid.clone(), Arc::new(pod));
+            ((), true)
+        });
+    }
+
+    /// One cluster pod deleted.
+    pub fn remove_cluster_pod(&self, uid: &str) {
+        self.write_if(|s| ((), s.cluster.remove(uid).is_some()));
+    }
+
+    /// What the cluster says of the pod with this UID.
+    pub fn cluster_pod(&self, uid: &str) -> Option<Arc<ClusterPod>> {
+        self.read(|s| s.cluster.get(uid).cloned())
+    }
+
+    /// How many cluster pods are known.
+    pub fn cluster_pods(&self) -> usize {
+        self.read(|s| s.cluster.len())
+    }
+
     pub fn pod(&self, id: &str) -> Option<PodRecord> {
         self.read(|s| s.pods.get(id).map(|p| PodRecord::clone(p)))
     }
@@ -502,6 +561,18 @@ impl Store {
         f: impl FnOnce(&HashMap<String, Arc<PodRecord>>, &HashMap<String, Arc<ContainerRecord>>) -> R,
     ) -> R {
         self.read(|s| f(&s.pods, &s.containers))
+    }
+
+    /// [`Store::read_all`] with the cluster's pods by UID.
+    pub fn read_all_with_cluster<R>(
+        &self,
+        f: impl FnOnce(
+            &HashMap<String, Arc<PodRecord>>,
+            &HashMap<String, Arc<ContainerRecord>>,
+            &HashMap<String, Arc<ClusterPod>>,
+        ) -> R,
+    ) -> R {
+        self.read(|s| f(&s.pods, &s.containers, &s.cluster))
     }
 
     /// (pods, containers)

@@ -109,6 +109,16 @@ fn memory_request(
     }
 }
 
+/// Kubernetes QoS as the API server spells it in `status.qosClass`.
+fn kube_qos(s: &str) -> Option<KubeQos> {
+    match s {
+        "Guaranteed" => Some(KubeQos::Guaranteed),
+        "Burstable" => Some(KubeQos::Burstable),
+        "BestEffort" => Some(KubeQos::BestEffort),
+        _ => None,
+    }
+}
+
 /// The eviction models' view of the inventory's pods, with their memory
 /// read now. Pods a trusted label tells qoslet to leave alone are none.
 fn candidates(inv: &[PodEntry], sources: &Sources, store: &Store) -> Vec<Candidate> {
@@ -117,11 +127,16 @@ fn candidates(inv: &[PodEntry], sources: &Sources, store: &Store) -> Vec<Candida
         .filter(|e| !(e.class.is_none() && e.labels.get(LABEL_SKIP).is_some_and(|v| v == "true")))
         .map(|e| {
             let class = e.class.map(|c| c.class);
-            let kube = e.class.and_then(|c| c.kube).or_else(|| {
-                e.cgroup
-                    .parent()
-                    .and_then(|p| KubeQos::from_cgroup_parent(p.as_str()))
-            });
+            let cluster = e.cluster.as_deref();
+            let kube = e
+                .class
+                .and_then(|c| c.kube)
+                .or_else(|| {
+                    e.cgroup
+                        .parent()
+                        .and_then(|p| KubeQos::from_cgroup_parent(p.as_str()))
+                })
+                .or_else(|| cluster.and_then(|c| kube_qos(c.qos_class.as_deref()?)));
             let mem = sources.cgroup_memory(&e.cgroup).ok();
             let annotations = e.annotations.iter().map(|(k, v)| (k.as_str(), v.as_str()));
             let node_critical = kube != Some(KubeQos::Guaranteed)
@@ -138,6 +153,7 @@ fn candidates(inv: &[PodEntry], sources: &Sources, store: &Store) -> Vec<Candida
                 .iter()
                 .filter_map(|c| store.container(&c.id))
                 .filter_map(|c| c.annotations.get(ANNOTATION_GRACE)?.parse::<i64>().ok())
+                .chain(cluster.and_then(|c| c.grace_seconds))
                 .map(|g| g.clamp(0, 86_400))
                 .max();
             let pod = Pod {
@@ -162,10 +178,14 @@ fn candidates(inv: &[PodEntry], sources: &Sources, store: &Store) -> Vec<Candida
                 } else {
                     EvictionPolicy::Any
                 },
-                tolerates_memory_pressure: false,
+                tolerates_memory_pressure: cluster.is_some_and(|c| c.tolerates_memory_pressure),
                 grace_seconds,
                 requests: Requests {
-                    memory: memory_request(kube, &e.containers, machine),
+                    // the pod's spec when the cluster has it; else what
+                    // kubelet's CRI settings tell
+                    memory: cluster
+                        .map(|c| c.requests.memory)
+                        .unwrap_or_else(|| memory_request(kube, &e.containers, machine)),
                     ..Default::default()
                 },
                 stats: mem.map(|m| PodStats {
@@ -608,7 +628,7 @@ impl Cycle {
             let released = if c.signal.is_memory() {
                 victim_ws.is_none_or(|ws| ws <= c.working_set / 2)
             } else {
-                !self.acting.as_ref().is_some_and(|(_, t)| !t.is_finished())
+                self.acting.as_ref().is_none_or(|(_, t)| t.is_finished())
             };
             if released || c.since.elapsed() >= CLEANUP_WAIT {
                 self.cleanup = None;
@@ -808,6 +828,7 @@ impl crate::Agent {
         view.dry_run.store(cfg.config.dry_run, Ordering::Relaxed);
         self.views().set_eviction(view.clone());
         let store = self.store().clone();
+        let _ = view.store.set(store.clone());
         let inventories = self.inventory().clone();
         let mut shutdown = self.shutdown_signal();
         let mut policy = self.policy().subscribe();

@@ -94,6 +94,9 @@ pub struct EvictionView {
     /// From the kernel's notification to the evictor's call, for the last
     /// evictions a notification led to (at most [`MAX_RECORDS`]).
     pub(super) latencies: Mutex<VecDeque<Duration>>,
+    /// The store, for what the cluster says of a pod at admission (its
+    /// priority, its tolerations).
+    pub(super) store: std::sync::OnceLock<qoslet_state::Store>,
 }
 
 pub(super) fn model_index(m: Model) -> usize {
@@ -293,9 +296,24 @@ impl EvictionView {
         if !be || a.critical {
             return Ok(());
         }
+        // what the cluster says: kubelet admits critical pods (priority at
+        // least system-cluster-critical's), and under memory pressure alone a
+        // pod that tolerates the memory-pressure taint
+        let cluster = self.store.get().and_then(|s| s.cluster_pod(a.uid));
+        if cluster.as_ref().and_then(|c| c.priority).unwrap_or(0)
+            >= qoslet_eviction::pod::SYSTEM_CRITICAL_PRIORITY
+        {
+            return Ok(());
+        }
         let (namespace, name) = (a.namespace, a.name);
         let subject = format!("{namespace}/{name}");
         let (conditions, met) = self.pressure();
+        if cluster.is_some_and(|c| c.tolerates_memory_pressure)
+            && !conditions.is_empty()
+            && conditions.iter().all(|c| *c == Condition::MemoryPressure)
+        {
+            return Ok(());
+        }
         let recent = self
             .recent
             .lock()

@@ -56,6 +56,7 @@ fn inventory(pods: &[Pod]) -> Inventory {
                 labels: Default::default(),
                 created_at: 0,
                 priority: None,
+                cluster: None,
                 cgroup: p.cgroup.clone(),
                 class: Some(PodClass {
                     class: p.class,

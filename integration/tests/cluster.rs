@@ -1,0 +1,165 @@
+//! The cluster side with the real containerd 1.6 + runc and cgroup v1, and
+//! the in-process fake API server (real HTTP/JSON list, watch and the
+//! Eviction API; no real kube-apiserver can run on these machines): under
+//! real memory pressure qoslet evicts through the Eviction API, a pod a
+//! PodDisruptionBudget protects survives (never stopped through CRI) while
+//! the next candidate is evicted, each with its Event.
+
+use std::time::Duration;
+
+use qoslet_integration::process::{kubelet_cgroup_root, QosletProcess};
+use qoslet_integration::testbed::{container_config, pod_config, Cleanup, Cri, Testbed};
+use qoslet_integration::{eventually, free_port, http_get, scratch, unique};
+use qoslet_kube::fake::FakeApiServer;
+use serde_json::{json, Value};
+
+const PODS: &str = "/api/v1/pods";
+
+/// The pod as the API server would have it on node-1 (the UID the sandbox
+/// metadata carries, BestEffort, priority 0).
+fn api_pod(name: &str) -> Value {
+    json!({
+        "kind": "Pod", "apiVersion": "v1",
+        "metadata": {"name": name, "namespace": "qoslet-e2e", "uid": format!("uid-{name}"),
+                     "creationTimestamp": "2026-12-04T10:00:00Z"},
+        "spec": {"nodeName": "node-1", "priority": 0, "terminationGracePeriodSeconds": 3,
+                 "containers": [{"name": "hold", "image": "busybox", "resources": {}}]},
+        "status": {"phase": "Running", "qosClass": "BestEffort"}
+    })
+}
+
+fn usage_mib(parent: &str) -> u64 {
+    qoslet_integration::testbed::cgroup_v1("memory", parent, "memory.usage_in_bytes")
+        .parse::<u64>()
+        .unwrap_or(0)
+        >> 20
+}
+
+/// A BE pod through qoslet holding `mib` MiB.
+async fn holding(
+    through: &mut Cri,
+    tb: &Testbed,
+    cleanup: &mut Cleanup,
+    name: &str,
+    mib: u64,
+) -> (String, String) {
+    let parent = tb.cgroup_parent_in("besteffort", name);
+    let id = through.run_pod(&pod_config(name, &parent)).await.unwrap();
+    cleanup.pods.push(id.clone());
+    cleanup.cgroups.push(parent.clone());
+    let script = format!(
+        "x=$(head -c {} /dev/zero | tr '\\0' a); while true; do sleep 0.2; done",
+        mib << 20
+    );
+    let c = through
+        .create(
+            &id,
+            &pod_config(name, &parent),
+            container_config("hold", &script, None),
+        )
+        .await
+        .unwrap();
+    through.start(&c).await.unwrap();
+    (id, parent)
+}
+
+/// Issue 31: two BE pods press the node (260 and 110 MiB of a 640 MiB node
+/// with `memory.available: 300Mi` hard); kubelet's ranking picks the larger,
+/// which a PodDisruptionBudget protects: the Eviction API refuses it (429),
+/// it keeps running (no CRI stop), an EvictionRefused Event is recorded and
+/// the smaller is evicted through the API with its UID (an Evicted Event). The pods' watch joined them by UID first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_pressure_evicts_through_the_api_and_a_budget_protects() {
+    let tb = Testbed::main();
+    let root = kubelet_cgroup_root(&tb.sock);
+    let fake = FakeApiServer::start().await;
+    let dir = scratch("cluster-evict");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("kubeconfig"), fake.kubeconfig()).unwrap();
+    let big_name = unique("api-big");
+    let small_name = unique("api-small");
+    fake.apply(PODS, api_pod(&big_name));
+    fake.apply(PODS, api_pod(&small_name));
+    fake.protect("qoslet-e2e", &big_name);
+    let port = free_port();
+    // no threshold until both pods hold their memory (the larger must be
+    // the larger when pressure is met), then set by editing the file
+    let yaml = format!(
+        "kubernetes:\n  enable: true\n  kubeconfig: {}\n  nodeName: node-1\n\
+         eviction:\n  memoryCapacity: 640Mi\n  cgroupScope: {root}/kubepods\n  enforceNodeAllocatable: false\n  \
+         evictionPressureTransitionPeriod: 30s\n",
+        dir.join("kubeconfig").display()
+    );
+    let listen = format!("--metrics-listen=127.0.0.1:{port}");
+    let q = QosletProcess::with_config(&dir, &tb.sock, &yaml, &[listen.as_str()]);
+    let mut cleanup = Cleanup::new(&tb.sock);
+    let mut direct = Cri::connect(&tb.sock).await;
+    let mut through = Cri::connect(&q.sock).await;
+    let (big, big_cg) = holding(&mut through, &tb, &mut cleanup, &big_name, 260).await;
+    let (small, small_cg) = holding(&mut through, &tb, &mut cleanup, &small_name, 110).await;
+    eventually(
+        "both pods hold their memory",
+        Duration::from_secs(60),
+        || {
+            let (b, s) = (big_cg.clone(), small_cg.clone());
+            async move { (usage_mib(&b) >= 255 && usage_mib(&s) >= 105).then_some(()) }
+        },
+    )
+    .await;
+    std::fs::write(
+        dir.join("qoslet.yaml"),
+        format!("{yaml}  evictionHard:\n    memory.available: 300Mi\n"),
+    )
+    .unwrap();
+    let evicted = eventually(
+        "the smaller pod evicted through the API",
+        Duration::from_secs(90),
+        || {
+            let f = fake.clone();
+            let uid = format!("uid-{small_name}");
+            async move {
+                f.evictions()
+                    .into_iter()
+                    .find(|e| e["deleteOptions"]["preconditions"]["uid"] == json!(uid))
+            }
+        },
+    )
+    .await;
+    // a hard threshold: kubelet kills without the pod's grace period; qoslet
+    // asks for 1 s, not 0 (0 through the API is a force deletion, before
+    // kubelet has stopped anything)
+    assert_eq!(evicted["deleteOptions"]["gracePeriodSeconds"], json!(1));
+    assert!(
+        fake.evictions()
+            .iter()
+            .all(|e| e["metadata"]["name"] != json!(big_name)),
+        "the protected pod's eviction was accepted"
+    );
+    // the Eviction API deletes; kubelet (absent here) would stop: qoslet
+    // stops neither pod through CRI
+    assert!(
+        direct.sandbox_ready(&big).await,
+        "the protected pod was stopped"
+    );
+    assert!(
+        direct.sandbox_ready(&small).await,
+        "the evicted pod was stopped through CRI"
+    );
+    let events = fake.list("/api/v1/events");
+    let on = |name: &str, reason: &str| {
+        events
+            .iter()
+            .any(|e| e["involvedObject"]["name"] == json!(name) && e["reason"] == json!(reason))
+    };
+    assert!(on(&big_name, "EvictionRefused"), "{events:?}");
+    assert!(on(&small_name, "Evicted"), "{events:?}");
+    let (_, metrics) = http_get(port, "/metrics");
+    assert!(
+        metrics.contains("qoslet_cluster_evictions_total{outcome=\"refused\"}")
+            && !metrics.contains("qoslet_cluster_evictions_total{outcome=\"refused\"} 0\n"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("qoslet_cluster_watch_state{watch=\"pods\",state=\"ok\"} 1"));
+    drop(q);
+    drop(cleanup);
+}

@@ -1,0 +1,199 @@
+//! This node's Pods from the API server (`fieldSelector=spec.nodeName=<node>`,
+//! as kubelet watches them), joined to the store by pod UID: what CRI cannot
+//! tell (priority, priority class, Kubernetes QoS, requests and limits,
+//! tolerations, grace period) reaches isolation, the engine and eviction
+//! through the inventory. Only that extract is kept, never the object (a
+//! pod's spec carries its author's env values, secrets' names, images).
+
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::{Container, Pod, ResourceRequirements, Toleration};
+use kube::api::Api;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use qoslet_hooks::quantity::Quantity;
+use qoslet_state::{ClusterPod, PodAmounts, Store};
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use crate::status::{ClusterStatus, WatchName};
+
+/// The taint kubelet sets under memory pressure: a BestEffort pod that
+/// tolerates it is admitted anyway.
+pub const MEMORY_PRESSURE_TAINT: &str = "node.kubernetes.io/memory-pressure";
+
+/// What qoslet keeps of a pod (`None`: no UID, not a pod qoslet can join).
+pub fn cluster_pod(p: &Pod) -> Option<ClusterPod> {
+    let uid = p.metadata.uid.clone().filter(|u| !u.is_empty())?;
+    let spec = p.spec.as_ref();
+    let containers = spec.map(|s| s.containers.as_slice()).unwrap_or_default();
+    let init = spec
+        .and_then(|s| s.init_containers.as_deref())
+        .unwrap_or_default();
+    let overhead = spec.and_then(|s| s.overhead.as_ref());
+    let amounts = |which: Which| PodAmounts {
+        cpu_milli: pod_amount(containers, init, overhead, which, "cpu"),
+        memory: pod_amount(containers, init, overhead, which, "memory"),
+    };
+    let tolerations = spec
+        .and_then(|s| s.tolerations.as_deref())
+        .unwrap_or_default();
+    Some(ClusterPod {
+        uid,
+        namespace: p.metadata.namespace.clone().unwrap_or_default(),
+        name: p.metadata.name.clone().unwrap_or_default(),
+        priority: spec.and_then(|s| s.priority),
+        priority_class: spec.and_then(|s| s.priority_class_name.clone()),
+        qos_class: p.status.as_ref().and_then(|s| s.qos_class.clone()),
+        requests: amounts(Which::Requests),
+        limits: amounts(Which::Limits),
+        grace_seconds: spec.and_then(|s| s.termination_grace_period_seconds),
+        tolerates_memory_pressure: tolerations.iter().any(tolerates_memory_pressure),
+        deleting: p.metadata.deletion_timestamp.is_some(),
+    })
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Which {
+    Requests,
+    Limits,
+}
+
+type ResourceList =
+    std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>;
+
+/// A quantity of `name`: CPU in millicores, others in whole units.
+fn amount(list: Option<&ResourceList>, name: &str) -> Option<i64> {
+    let q = Quantity::parse(list?.get(name)?.0.trim()).ok()?;
+    if name == "cpu" {
+        q.milli_value()
+    } else {
+        q.value()
+    }
+}
+
+fn container_amount(c: &Container, which: Which, name: &str) -> Option<i64> {
+    let r: Option<&ResourceRequirements> = c.resources.as_ref();
+    amount(
+        r.and_then(|r| match which {
+            Which::Requests => r.requests.as_ref(),
+            Which::Limits => r.limits.as_ref(),
+        }),
+        name,
+    )
+}
+
+/// A pod's amount of `name` as the scheduler and kubelet count it
+/// (`PodRequests`/`PodLimits`): the regular containers and the sidecars
+/// (init containers that keep running) summed, at least any other init
+/// container's (they run one at a time, before), plus the overhead. A limit
+/// missing on a regular container is none for the pod (0).
+fn pod_amount(
+    containers: &[Container],
+    init: &[Container],
+    overhead: Option<&ResourceList>,
+    which: Which,
+    name: &str,
+) -> i64 {
+    if which == Which::Limits
+        && containers
+            .iter()
+            .any(|c| container_amount(c, which, name).is_none())
+    {
+        return 0;
+    }
+    let (sidecars, plain): (Vec<&Container>, Vec<&Container>) = init
+        .iter()
+        .partition(|c| c.restart_policy.as_deref() == Some("Always"));
+    let sum = containers
+        .iter()
+        .chain(sidecars.iter().copied())
+        .filter_map(|c| container_amount(c, which, name))
+        .fold(0i64, i64::saturating_add);
+    let init_max = plain
+        .iter()
+        .filter_map(|c| container_amount(c, which, name))
+        .max()
+        .unwrap_or(0);
+    sum.max(init_max)
+        .saturating_add(amount(overhead, name).unwrap_or(0))
+        .max(0)
+}
+
+/// Whether a toleration tolerates kubelet's memory-pressure NoSchedule taint
+/// (the taint has no value: `Equal` matches only an empty one).
+fn tolerates_memory_pressure(t: &Toleration) -> bool {
+    let effect_ok = t
+        .effect
+        .as_deref()
+        .is_none_or(|e| e.is_empty() || e == "NoSchedule");
+    let key = t.key.as_deref().unwrap_or("");
+    let op = t.operator.as_deref().unwrap_or("Equal");
+    effect_ok
+        && match op {
+            "Exists" => key.is_empty() || key == MEMORY_PRESSURE_TAINT,
+            "Equal" => key == MEMORY_PRESSURE_TAINT && t.value.as_deref().unwrap_or("").is_empty(),
+            _ => false,
+        }
+}
+
+/// Follows this node's pods into `store` until `shutdown`.
+pub async fn follow(
+    client: kube::Client,
+    node: String,
+    store: Store,
+    status: Arc<ClusterStatus>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let api: Api<Pod> = Api::all(client);
+    let fields = format!("spec.nodeName={node}");
+    let cfg = watcher::Config::default().fields(&fields);
+    let stream = watcher::watcher(api.clone(), cfg).default_backoff();
+    futures_util::pin_mut!(stream);
+    // the pods of a (re)list, put in place when it is done
+    let mut listing: Vec<ClusterPod> = Vec::new();
+    let mut probe = tokio::time::interval(crate::PROBE_EVERY);
+    loop {
+        let ev = tokio::select! {
+            ev = stream.next() => ev,
+            _ = shutdown.changed() => return,
+            _ = probe.tick(), if status.state(WatchName::Pods) == "stale" => {
+                let lp = kube::api::ListParams::default().fields(&fields).limit(1);
+                if api.list_metadata(&lp).await.is_ok() {
+                    info!("the API server answers again: the pods watch resumes");
+                    status.ok(WatchName::Pods, store.cluster_pods() as u64);
+                }
+                continue;
+            }
+        };
+        let Some(ev) = ev else { return };
+        match ev {
+            Ok(Event::Init) => listing.clear(),
+            Ok(Event::InitApply(p)) => listing.extend(cluster_pod(&p)),
+            Ok(Event::InitDone) => {
+                let n = listing.len();
+                store.replace_cluster_pods(std::mem::take(&mut listing));
+                status.ok(WatchName::Pods, n as u64);
+                info!(node = %node, pods = n, "this node's pods listed from the API server");
+            }
+            Ok(Event::Apply(p)) => {
+                if let Some(c) = cluster_pod(&p) {
+                    debug!(pod = %format!("{}/{}", c.namespace, c.name), "pod from the API server");
+                    store.upsert_cluster_pod(c);
+                }
+                status.ok(WatchName::Pods, store.cluster_pods() as u64);
+            }
+            Ok(Event::Delete(p)) => {
+                if let Some(uid) = p.metadata.uid.as_deref() {
+                    store.remove_cluster_pod(uid);
+                }
+                status.ok(WatchName::Pods, store.cluster_pods() as u64);
+            }
+            Err(e) => {
+                warn!(error = %e, "pods watch failed (retried with backoff); the last pods listed stay");
+                status.stale(WatchName::Pods);
+            }
+        }
+    }
+}
