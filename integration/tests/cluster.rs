@@ -67,7 +67,9 @@ async fn holding(
 /// with `memory.available: 300Mi` hard); kubelet's ranking picks the larger,
 /// which a PodDisruptionBudget protects: the Eviction API refuses it (429),
 /// it keeps running (no CRI stop), an EvictionRefused Event is recorded and
-/// the smaller is evicted through the API with its UID (an Evicted Event). The pods' watch joined them by UID first.
+/// the smaller is evicted through the API with its UID (an Evicted Event),
+/// and over the next 20 s of lasting pressure (no kubelet stops it) neither
+/// is asked for again. The pods' watch joined them by UID first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_pressure_evicts_through_the_api_and_a_budget_protects() {
     let tb = Testbed::main();
@@ -153,6 +155,15 @@ async fn real_pressure_evicts_through_the_api_and_a_budget_protects() {
     };
     assert!(on(&big_name, "EvictionRefused"), "{events:?}");
     assert!(on(&small_name, "Evicted"), "{events:?}");
+    // no kubelet here: the evicted pod keeps running with its deletion
+    // requested, the pressure stays. qoslet follows the pod it evicted (not
+    // evicted again while it terminates) and passes the protected one over
+    // (no second refusal, no second Event)
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert_eq!(fake.evictions().len(), 1, "{:?}", fake.evictions());
+    let events = fake.list("/api/v1/events");
+    assert_eq!(events.len(), 2, "{events:?}");
+    assert!(direct.sandbox_ready(&big).await && direct.sandbox_ready(&small).await);
     let (_, metrics) = http_get(port, "/metrics");
     assert!(
         metrics.contains("qoslet_cluster_evictions_total{outcome=\"refused\"}")

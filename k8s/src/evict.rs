@@ -10,8 +10,18 @@
 //! The request is built here, not with `kube::Api::evict`: kube 5 sends the
 //! delete options under `delete_options`, a key the API server ignores, so
 //! neither the UID precondition nor the grace period would reach it.
+//!
+//! Fail-safe for the node: a pod the cluster view does not hold (a static
+//! pod's sandbox, an orphan, a name that is no Kubernetes name) cannot be
+//! protected by a budget and is stopped through the runtime; so is a pod
+//! when the API server cannot be asked (no answer within [`API_TIMEOUT`],
+//! 5xx, 403, a 429 that is the API server's own throttling): kubelet's
+//! node-pressure eviction does not ask budgets either. Events are sent off
+//! the loop, at most one per pod and reason every [`EVENT_EVERY`].
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
@@ -24,28 +34,72 @@ use crate::status::{ClusterStatus, EvictOutcome};
 
 /// Who the Events say recorded them.
 pub const COMPONENT: &str = "qoslet";
+/// An Eviction API call (or an Event) not answered by then is given up.
+pub const API_TIMEOUT: Duration = Duration::from_secs(10);
+/// At most one Event per pod and reason this often.
+pub const EVENT_EVERY: Duration = Duration::from_secs(600);
 
-/// Evicts through the API server; disk reclaim stays the runtime's (CRI).
+/// Evicts through the API server; disk reclaim, and pods the API server
+/// cannot decide on, stay the runtime's (CRI).
 pub struct ApiEvictor {
     client: kube::Client,
     node: String,
     runtime: Arc<dyn Evictor>,
     status: Arc<ClusterStatus>,
+    store: qoslet_state::Store,
+    /// (pod UID, reason) -> when its last Event was sent.
+    events: Arc<Mutex<HashMap<(String, &'static str), Instant>>>,
+}
+
+/// A Kubernetes namespace (a DNS label) and pod name (a DNS subdomain):
+/// what may go into the URL.
+fn is_kube_name(namespace: &str, name: &str) -> bool {
+    let label = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    label(namespace) && !name.is_empty() && name.len() <= 253 && name.split('.').all(label)
+}
+
+/// Whether a 429 is a PodDisruptionBudget's (the API server's own
+/// throttling answers 429 too).
+fn is_budget(s: &kube::core::Status) -> bool {
+    s.details
+        .as_ref()
+        .is_some_and(|d| d.causes.iter().any(|c| c.reason == "DisruptionBudget"))
+        || s.message.contains("disruption budget")
+}
+
+/// `s` cut to at most `max` bytes, on a character boundary.
+fn cut(s: &str, max: usize) -> String {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
 }
 
 impl ApiEvictor {
-    /// `runtime`: the CRI evictor, kept for node-level disk reclaim.
+    /// `runtime`: the CRI evictor (disk reclaim, and the fallback);
+    /// `store`: the cluster view (which pods the API server has).
     pub fn new(
         client: kube::Client,
         node: String,
         runtime: Arc<dyn Evictor>,
         status: Arc<ClusterStatus>,
+        store: qoslet_state::Store,
     ) -> Self {
         Self {
             client,
             node,
             runtime,
             status,
+            store,
+            events: Arc::default(),
         }
     }
 
@@ -78,19 +132,53 @@ impl ApiEvictor {
         Ok(())
     }
 
-    /// Records an Event on the pod (failures are logged and counted, never
-    /// in the way of the eviction).
-    pub async fn record(&self, req: &EvictRequest, reason: &str, message: &str) {
+    /// Records an Event on the pod off the loop (at most one per pod and
+    /// reason every [`EVENT_EVERY`]; failures are logged and counted).
+    fn record(&self, req: &EvictRequest, reason: &'static str, message: &str) {
+        {
+            let mut sent = self.events.lock().unwrap_or_else(|e| e.into_inner());
+            sent.retain(|_, at| at.elapsed() < EVENT_EVERY);
+            if sent.contains_key(&(req.uid.clone(), reason)) {
+                return;
+            }
+            sent.insert((req.uid.clone(), reason), Instant::now());
+        }
+        let ev = self.event(req, reason, message);
+        let (client, status, namespace) = (
+            self.client.clone(),
+            self.status.clone(),
+            req.namespace.clone(),
+        );
+        let pod = format!("{}/{}", req.namespace, req.name);
+        tokio::spawn(async move {
+            let api: Api<Event> = Api::namespaced(client, &namespace);
+            match tokio::time::timeout(API_TIMEOUT, api.create(&PostParams::default(), &ev)).await {
+                Ok(Ok(_)) => status.count_event(true),
+                Ok(Err(e)) => {
+                    status.count_event(false);
+                    warn!(pod = %pod, reason, error = %e, "event not recorded");
+                }
+                Err(_) => {
+                    status.count_event(false);
+                    warn!(pod = %pod, reason, "event not recorded: no answer in 10 s");
+                }
+            }
+        });
+    }
+
+    /// The Event (core/v1, as kubelet records its evictions), within the
+    /// API server's limits.
+    pub fn event(&self, req: &EvictRequest, reason: &str, message: &str) -> Event {
         let now = jiff_now();
         let name = format!(
             "{}.{:x}",
-            req.name,
+            cut(&req.name, 200),
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_nanos())
                 .unwrap_or(0)
         );
-        let ev = Event {
+        Event {
             metadata: ObjectMeta {
                 name: Some(name),
                 namespace: Some(req.namespace.clone()),
@@ -106,7 +194,7 @@ impl ApiEvictor {
             },
             reason: Some(reason.into()),
             // the API server caps an Event's message at 1 KiB
-            message: Some(message.chars().take(1024).collect()),
+            message: Some(cut(message, 1024)),
             type_: Some("Warning".into()),
             source: Some(EventSource {
                 component: Some(COMPONENT.into()),
@@ -118,17 +206,16 @@ impl ApiEvictor {
             count: Some(1),
             action: Some("Evict".into()),
             reporting_component: Some(COMPONENT.into()),
-            reporting_instance: Some(self.node.clone()),
+            // at most 128 characters
+            reporting_instance: Some(cut(&self.node, 128)),
             ..Default::default()
-        };
-        let api: Api<Event> = Api::namespaced(self.client.clone(), &req.namespace);
-        match api.create(&PostParams::default(), &ev).await {
-            Ok(_) => self.status.count_event(true),
-            Err(e) => {
-                self.status.count_event(false);
-                warn!(pod = %format!("{}/{}", req.namespace, req.name), reason, error = %e, "event not recorded");
-            }
         }
+    }
+
+    /// The runtime stops the pod instead (logged with why).
+    async fn through_runtime(&self, req: &EvictRequest, why: &str) -> Result<Evicted, EvictError> {
+        warn!(pod = %format!("{}/{}", req.namespace, req.name), why, "evicted through the runtime (CRI), not the Eviction API");
+        self.runtime.evict(req).await
     }
 }
 
@@ -144,15 +231,33 @@ impl Evictor for ApiEvictor {
     fn evict<'a>(&'a self, req: &'a EvictRequest) -> BoxFuture<'a, Result<Evicted, EvictError>> {
         Box::pin(async move {
             let pod = format!("{}/{}", req.namespace, req.name);
-            match self.post(req).await {
+            let known = self
+                .store
+                .cluster_pod(&req.uid)
+                .is_some_and(|c| c.namespace == req.namespace && c.name == req.name);
+            if !known || !is_kube_name(&req.namespace, &req.name) {
+                return self
+                    .through_runtime(req, "the API server's view of this node has no such pod (no budget can protect it)")
+                    .await;
+            }
+            let answer = match tokio::time::timeout(API_TIMEOUT, self.post(req)).await {
+                Ok(a) => a,
+                Err(_) => {
+                    self.status.count_eviction(EvictOutcome::Failed);
+                    return self
+                        .through_runtime(req, "the Eviction API did not answer in 10 s")
+                        .await;
+                }
+            };
+            match answer {
                 Ok(()) => {
                     self.status.count_eviction(EvictOutcome::Evicted);
                     info!(pod = %pod, reason = req.model.as_str(), "evicted through the Eviction API");
-                    self.record(req, "Evicted", &req.message).await;
+                    self.record(req, "Evicted", &req.message);
                     // the API server deletes it; kubelet stops it
                     Ok(Evicted::Stopping)
                 }
-                Err(kube::Error::Api(s)) if s.code == 429 => {
+                Err(kube::Error::Api(s)) if s.code == 429 && is_budget(&s) => {
                     self.status.count_eviction(EvictOutcome::Refused);
                     let why = format!("the Eviction API refused: {}", s.message);
                     warn!(pod = %pod, message = %s.message, "eviction refused (a PodDisruptionBudget); the next candidate is tried");
@@ -160,8 +265,7 @@ impl Evictor for ApiEvictor {
                         req,
                         "EvictionRefused",
                         &format!("{why} (qoslet wanted to evict it: {})", req.message),
-                    )
-                    .await;
+                    );
                     Ok(Evicted::Refused(why))
                 }
                 // no such pod, or a pod of that name with another UID: the
@@ -171,12 +275,12 @@ impl Evictor for ApiEvictor {
                     info!(pod = %pod, code = s.code, message = %s.message, "pod gone before its eviction");
                     Ok(Evicted::Gone)
                 }
+                // the API server cannot decide (throttled, failing, no
+                // permission, unreachable): the node is not left to the OOM killer
                 Err(e) => {
                     self.status.count_eviction(EvictOutcome::Failed);
-                    Err(EvictError {
-                        pod,
-                        reason: format!("the Eviction API: {e}"),
-                    })
+                    self.through_runtime(req, &format!("the Eviction API failed: {e}"))
+                        .await
                 }
             }
         })

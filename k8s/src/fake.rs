@@ -66,6 +66,11 @@ struct State {
     protected: std::collections::BTreeSet<String>,
     /// The bodies of the evictions accepted.
     evictions: Vec<Value>,
+    /// Status writes accepted: (when, path, body).
+    status_writes: Vec<(std::time::Instant, String, Value)>,
+    /// The next status writes answered 409 Conflict (as when another
+    /// writer changed the object), however current their resourceVersion.
+    conflicts: usize,
 }
 
 /// The fake API server. Collections are paths such as
@@ -212,6 +217,16 @@ impl FakeApiServer {
         lock(&self.state).evictions.clone()
     }
 
+    /// Status writes accepted so far: (when, path, body).
+    pub fn status_writes(&self) -> Vec<(std::time::Instant, String, Value)> {
+        lock(&self.state).status_writes.clone()
+    }
+
+    /// The next `n` status writes get 409 Conflict.
+    pub fn conflict_next(&self, n: usize) {
+        lock(&self.state).conflicts = n;
+    }
+
     /// The objects of `collection` (namespaced ones keyed `namespace/name`).
     pub fn list(&self, collection: &str) -> Vec<Value> {
         lock(&self.state)
@@ -318,6 +333,19 @@ impl FakeApiServer {
             ("POST", ["api", "v1", "namespaces", ns, "pods", name, "eviction"]) => {
                 self.evict(ns, name, &body)
             }
+            ("PUT", [.., "status"]) => self.put_status(&path, body),
+            ("POST", _) if is_collection(&path) => {
+                let name = body["metadata"]["name"].as_str().unwrap_or("").to_string();
+                if name.is_empty() {
+                    return status(422, "metadata.name: Required value", "Invalid");
+                }
+                if self.get(&path, &name).is_some() {
+                    return status(409, &format!("\"{name}\" already exists"), "AlreadyExists");
+                }
+                let mut o = body;
+                o["metadata"]["creationTimestamp"] = json!("2026-12-04T00:00:00Z");
+                created(self.apply(&path, o))
+            }
             ("POST", ["api", "v1", "namespaces", ns, "events"]) => {
                 if body["metadata"]["namespace"]
                     .as_str()
@@ -336,6 +364,37 @@ impl FakeApiServer {
             }
             _ => status(405, "method not supported by the fake", "MethodNotAllowed"),
         }
+    }
+
+    /// PUT `<collection>/<name>/status`: optimistic concurrency on
+    /// `metadata.resourceVersion` (409 when stale), only `status` taken
+    /// (the spec stays as stored), a new resourceVersion.
+    fn put_status(&self, path: &str, body: Value) -> Response<Body> {
+        let Some(object_path) = path.strip_suffix("/status") else {
+            return status(404, "not found", "NotFound");
+        };
+        let Some((coll, name)) = object_path.rsplit_once('/') else {
+            return status(404, "not found", "NotFound");
+        };
+        let Some(mut stored) = self.get(coll, name) else {
+            return status(404, &format!("\"{name}\" not found"), "NotFound");
+        };
+        {
+            let mut s = lock(&self.state);
+            if s.conflicts > 0 {
+                s.conflicts -= 1;
+                return status(409, "the object has been modified; please apply your changes to the latest version and try again", "Conflict");
+            }
+        }
+        let rv = body["metadata"]["resourceVersion"].as_str().unwrap_or("");
+        if !rv.is_empty() && stored["metadata"]["resourceVersion"].as_str() != Some(rv) {
+            return status(409, "the object has been modified; please apply your changes to the latest version and try again", "Conflict");
+        }
+        stored["status"] = body["status"].clone();
+        lock(&self.state)
+            .status_writes
+            .push((std::time::Instant::now(), path.to_string(), body));
+        ok(self.apply(coll, stored))
     }
 
     /// policy/v1 Eviction, as the API server answers it: 404 without the
@@ -364,11 +423,13 @@ impl FakeApiServer {
             }
         }
         if lock(&self.state).protected.contains(&key) {
-            return status(
-                429,
-                "Cannot evict pod as it would violate the pod's disruption budget.",
-                "TooManyRequests",
-            );
+            // as the API server answers it: the cause names the budget
+            let body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": "Cannot evict pod as it would violate the pod's disruption budget.",
+                "reason": "TooManyRequests", "code": 429,
+                "details": {"causes": [{"reason": "DisruptionBudget",
+                    "message": format!("The disruption budget {name}-pdb needs 1 healthy pods and has 1 currently")}]}});
+            return respond(StatusCode::TOO_MANY_REQUESTS, body);
         }
         lock(&self.state).evictions.push(body.clone());
         let mut p = pod;

@@ -61,14 +61,15 @@ pub async fn follow(
     // the NodeSLO in force (offered again once a stale API server answers)
     let mut last: Option<DynamicObject> = None;
     let mut stale = false;
-    let mut probe = tokio::time::interval(crate::PROBE_EVERY);
+    let mut no_crd = false;
+    let mut probe = crate::probe_interval();
     loop {
         let ev = tokio::select! {
             ev = stream.next() => ev,
             _ = shutdown.changed() => return,
             _ = probe.tick(), if stale => {
                 let lp = kube::api::ListParams::default().fields(&fields).limit(1);
-                if api.list_metadata(&lp).await.is_ok() {
+                if crate::answers(api.list_metadata(&lp)).await {
                     info!("the API server answers again: the NodeSLO watch resumes");
                     stale = false;
                     match &last {
@@ -102,7 +103,20 @@ pub async fn follow(
                 hub.withdraw(Source::Cluster);
                 last = None;
             }
+            // no NodeSLO resource in this cluster (Koordinator's CRDs not
+            // installed): no NodeSLO, not an API server gone
+            Err(watcher::Error::InitialListFailed(kube::Error::Api(s))) if s.code == 404 => {
+                if !no_crd {
+                    info!("the API server has no NodeSLO resource (Koordinator's CRDs are not installed): the file's policy (or the defaults) in force");
+                    no_crd = true;
+                }
+                hub.withdraw(Source::Cluster);
+                last = None;
+            }
             Err(e) => {
+                if !stale {
+                    probe.reset();
+                }
                 stale = true;
                 warn!(error = %e, "NodeSLO watch failed (retried with backoff); the last good policy stays");
                 hub.stale(Source::Cluster, &format!("the API server: {e}"));

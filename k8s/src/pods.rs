@@ -84,11 +84,12 @@ fn container_amount(c: &Container, which: Which, name: &str) -> Option<i64> {
     )
 }
 
-/// A pod's amount of `name` as the scheduler and kubelet count it
-/// (`PodRequests`/`PodLimits`): the regular containers and the sidecars
-/// (init containers that keep running) summed, at least any other init
-/// container's (they run one at a time, before), plus the overhead. A limit
-/// missing on a regular container is none for the pod (0).
+/// A pod's amount of `name` as kubelet counts it (`PodRequests` /
+/// `PodLimits`): the regular containers summed with the sidecars (init
+/// containers that keep running); each other init container runs alone with
+/// the sidecars started before it, and the pod needs at least the most of
+/// those; the overhead is added to a total that is not zero. A limit missing
+/// on a regular container is none for the pod (0).
 fn pod_amount(
     containers: &[Container],
     init: &[Container],
@@ -103,22 +104,27 @@ fn pod_amount(
     {
         return 0;
     }
-    let (sidecars, plain): (Vec<&Container>, Vec<&Container>) = init
+    let of = |c: &Container| container_amount(c, which, name).unwrap_or(0);
+    let mut sidecars = 0i64;
+    let mut init_max = 0i64;
+    for c in init {
+        if c.restart_policy.as_deref() == Some("Always") {
+            sidecars = sidecars.saturating_add(of(c));
+            init_max = init_max.max(sidecars);
+        } else {
+            init_max = init_max.max(sidecars.saturating_add(of(c)));
+        }
+    }
+    let regular = containers
         .iter()
-        .partition(|c| c.restart_policy.as_deref() == Some("Always"));
-    let sum = containers
-        .iter()
-        .chain(sidecars.iter().copied())
-        .filter_map(|c| container_amount(c, which, name))
-        .fold(0i64, i64::saturating_add);
-    let init_max = plain
-        .iter()
-        .filter_map(|c| container_amount(c, which, name))
-        .max()
-        .unwrap_or(0);
-    sum.max(init_max)
-        .saturating_add(amount(overhead, name).unwrap_or(0))
-        .max(0)
+        .map(of)
+        .fold(0i64, i64::saturating_add)
+        .saturating_add(sidecars);
+    let total = regular.max(init_max).max(0);
+    if total == 0 {
+        return 0;
+    }
+    total.saturating_add(amount(overhead, name).unwrap_or(0))
 }
 
 /// Whether a toleration tolerates kubelet's memory-pressure NoSchedule taint
@@ -153,14 +159,14 @@ pub async fn follow(
     futures_util::pin_mut!(stream);
     // the pods of a (re)list, put in place when it is done
     let mut listing: Vec<ClusterPod> = Vec::new();
-    let mut probe = tokio::time::interval(crate::PROBE_EVERY);
+    let mut probe = crate::probe_interval();
     loop {
         let ev = tokio::select! {
             ev = stream.next() => ev,
             _ = shutdown.changed() => return,
             _ = probe.tick(), if status.state(WatchName::Pods) == "stale" => {
                 let lp = kube::api::ListParams::default().fields(&fields).limit(1);
-                if api.list_metadata(&lp).await.is_ok() {
+                if crate::answers(api.list_metadata(&lp)).await {
                     info!("the API server answers again: the pods watch resumes");
                     status.ok(WatchName::Pods, store.cluster_pods() as u64);
                 }
@@ -192,6 +198,9 @@ pub async fn follow(
             }
             Err(e) => {
                 warn!(error = %e, "pods watch failed (retried with backoff); the last pods listed stay");
+                if status.state(WatchName::Pods) != "stale" {
+                    probe.reset();
+                }
                 status.stale(WatchName::Pods);
             }
         }

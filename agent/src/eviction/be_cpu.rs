@@ -170,7 +170,11 @@ impl Cycle {
         let round = koord::execute(
             std::slice::from_ref(&task),
             &plain,
-            |p| self.koord.was_evicted(&p.uid, now),
+            |p| {
+                self.koord.was_evicted(&p.uid, now)
+                    || self.terminating.contains_key(&p.uid)
+                    || self.refused.contains_key(&p.uid)
+            },
             |_, _| true,
         );
         let satisfaction = if w.avg.request > 0.0 {

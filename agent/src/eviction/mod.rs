@@ -227,7 +227,32 @@ struct Cleanup {
     since: Instant,
 }
 
-/// A victim whose eviction failed or was refused is passed over this long.
+/// How an eviction ended, as the loop settles it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    /// Stopped, gone, or (dry run) what would have been.
+    Done,
+    /// Accepted and under way (the Eviction API deletes the pod; kubelet
+    /// stops it within its grace period): followed until the pod is gone.
+    Stopping(Duration),
+    /// A PodDisruptionBudget refused it: passed over [`REFUSED_BACKOFF`].
+    Refused,
+    Failed,
+}
+
+impl Outcome {
+    fn accepted(self) -> bool {
+        matches!(self, Self::Done | Self::Stopping(_))
+    }
+}
+
+/// A victim a budget refused is passed over this long (the next candidate
+/// is taken; budgets change slowly).
+const REFUSED_BACKOFF: Duration = Duration::from_secs(300);
+/// A pod being deleted is followed this long past its grace period before
+/// it may be chosen again.
+const TERMINATING_MARGIN: Duration = Duration::from_secs(30);
+/// A victim whose eviction failed is passed over this long.
 const FAILED_BACKOFF: Duration = Duration::from_secs(30);
 /// Readings slower than this are given up on for the cycle.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
@@ -249,7 +274,7 @@ struct Acting {
 
 impl Acting {
     /// Evicts (or, in dry run, says it would) and records it.
-    async fn evict(self, req: EvictRequest, latency: Option<Duration>) -> bool {
+    async fn evict(self, req: EvictRequest, latency: Option<Duration>) -> Outcome {
         if let Some(l) = latency {
             let mut q = self.view.latencies.lock().unwrap();
             if q.len() >= MAX_RECORDS {
@@ -280,6 +305,15 @@ impl Acting {
             outcome
         };
         let done = matches!(outcome.as_str(), "stopped" | "stopping" | "gone");
+        let settled = if self.dry_run || matches!(outcome.as_str(), "stopped" | "gone") {
+            Outcome::Done
+        } else if outcome == "stopping" {
+            Outcome::Stopping(Duration::from_secs(req.grace_seconds.max(1) as u64))
+        } else if outcome.starts_with("refused") {
+            Outcome::Refused
+        } else {
+            Outcome::Failed
+        };
         if done || self.dry_run {
             // in dry run: what would have been
             self.view.evictions[model_index(req.model)].fetch_add(1, Ordering::Relaxed);
@@ -306,7 +340,7 @@ impl Acting {
             let view = self.view.clone();
             p.save(move || view.records()).await;
         }
-        done || self.dry_run
+        settled
     }
 }
 
@@ -327,12 +361,18 @@ struct Cycle {
     /// When the kernel's notification woke this cycle (`None`: the tick did).
     woke_at: Option<Instant>,
     /// kubelet's model: the eviction under way (one at a time), by pod UID.
-    acting: Option<(String, JoinHandle<bool>)>,
-    /// kubelet's model: victims whose eviction failed or was refused lately.
+    acting: Option<(String, JoinHandle<Outcome>)>,
+    /// Pods an evictor is deleting (the Eviction API accepted them), by UID,
+    /// until when they are followed: never chosen again meanwhile, and the
+    /// cleanup of a non-memory victim waits for them.
+    terminating: HashMap<String, Instant>,
+    /// Pods a budget refused lately, by UID (every model passes them over).
+    refused: HashMap<String, Instant>,
+    /// kubelet's model: victims whose eviction failed lately.
     failed: HashMap<String, Instant>,
-    /// Koordinator-model evictions that failed (their pod UIDs).
-    outcomes: tokio::sync::mpsc::UnboundedSender<String>,
-    outcomes_rx: tokio::sync::mpsc::UnboundedReceiver<String>,
+    /// How Koordinator-model evictions ended (their pod UIDs).
+    outcomes: tokio::sync::mpsc::UnboundedSender<(String, Outcome)>,
+    outcomes_rx: tokio::sync::mpsc::UnboundedReceiver<(String, Outcome)>,
     /// kubelet's model: the last victim, until its memory is released.
     cleanup: Option<Cleanup>,
     /// When the last reading succeeded.
@@ -619,6 +659,9 @@ impl Cycle {
             return;
         };
         let plain: Vec<Pod> = candidates.iter().map(|c| c.pod.clone()).collect();
+        // a pod being deleted is gone once its sandbox left the inventory
+        self.terminating
+            .retain(|uid, _| plain.iter().any(|p| p.uid == *uid));
         // kubelet's model: one pod at a time, and none until the last one is
         // cleaned up (memory: its cgroup gone or its working set halved;
         // other signals: its processes gone), 30 s at most
@@ -629,6 +672,7 @@ impl Cycle {
                 victim_ws.is_none_or(|ws| ws <= c.working_set / 2)
             } else {
                 self.acting.as_ref().is_none_or(|(_, t)| t.is_finished())
+                    && !self.terminating.contains_key(&c.uid)
             };
             if released || c.since.elapsed() >= CLEANUP_WAIT {
                 self.cleanup = None;
@@ -652,7 +696,12 @@ impl Cycle {
                     let round = koord::execute(
                         std::slice::from_ref(&task),
                         &plain,
-                        |p| self.koord.was_evicted(&p.uid, now) || victim.as_ref() == Some(&p.uid),
+                        |p| {
+                            self.koord.was_evicted(&p.uid, now)
+                                || victim.as_ref() == Some(&p.uid)
+                                || self.terminating.contains_key(&p.uid)
+                                || self.refused.contains_key(&p.uid)
+                        },
                         |_, _| true,
                     );
                     let latency = self.woke_at.map(|t| t.elapsed());
@@ -705,6 +754,9 @@ impl Cycle {
                     .iter()
                     .map(|p| {
                         !self.failed.contains_key(&p.uid)
+                            && !self.refused.contains_key(&p.uid)
+                            && !self.terminating.contains_key(&p.uid)
+                            && !store.cluster_pod(&p.uid).is_some_and(|c| c.deleting)
                             && !self.koord.was_evicted(&p.uid, now)
                             && (!be_only || is_be(p))
                     })
@@ -776,6 +828,22 @@ impl Cycle {
         }
     }
 
+    /// Notes how an eviction ended: a pod being deleted is followed until it
+    /// is gone (or its grace period and a margin passed), a refused one is
+    /// passed over.
+    fn note(&mut self, uid: &str, outcome: Outcome, now: Instant) {
+        match outcome {
+            Outcome::Stopping(grace) => {
+                self.terminating
+                    .insert(uid.to_string(), now + grace + TERMINATING_MARGIN);
+            }
+            Outcome::Refused => {
+                self.refused.insert(uid.to_string(), now);
+            }
+            Outcome::Done | Outcome::Failed => {}
+        }
+    }
+
     /// A Koordinator-model eviction on its own task; a failure is reported
     /// back so the pod is forgotten (not counted as released) next cycle.
     pub(super) fn spawn_koord(&self, store: &Store, req: EvictRequest, latency: Option<Duration>) {
@@ -783,9 +851,7 @@ impl Cycle {
         let tx = self.outcomes.clone();
         let uid = req.uid.clone();
         tokio::spawn(async move {
-            if !acting.evict(req, latency).await {
-                let _ = tx.send(uid);
-            }
+            let _ = tx.send((uid, acting.evict(req, latency).await));
         });
     }
 
@@ -793,13 +859,24 @@ impl Cycle {
     /// failed are forgotten; kubelet's model's failed or refused victim
     /// stops the cleanup wait and is passed over for [`FAILED_BACKOFF`].
     async fn settle(&mut self) {
-        while let Ok(uid) = self.outcomes_rx.try_recv() {
-            self.koord.forget(&uid);
+        let now = Instant::now();
+        self.refused
+            .retain(|_, at| now.duration_since(*at) < REFUSED_BACKOFF);
+        self.terminating.retain(|_, until| now < *until);
+        while let Ok((uid, outcome)) = self.outcomes_rx.try_recv() {
+            self.note(&uid, outcome, now);
+            if !outcome.accepted() {
+                self.koord.forget(&uid);
+            }
         }
         if self.acting.as_ref().is_some_and(|(_, t)| t.is_finished()) {
             if let Some((uid, t)) = self.acting.take() {
-                if !t.await.unwrap_or(false) {
-                    self.failed.insert(uid, Instant::now());
+                let outcome = t.await.unwrap_or(Outcome::Failed);
+                self.note(&uid, outcome, now);
+                if !outcome.accepted() {
+                    if outcome == Outcome::Failed {
+                        self.failed.insert(uid, Instant::now());
+                    }
                     self.cleanup = None;
                     if let Some(p) = &self.cfg.persist {
                         p.set_victim(None);
@@ -852,6 +929,8 @@ impl crate::Agent {
             woke_at: None,
             acting: None,
             failed: HashMap::new(),
+            terminating: HashMap::new(),
+            refused: HashMap::new(),
             outcomes,
             outcomes_rx,
             cleanup: None,

@@ -308,12 +308,6 @@ impl EvictionView {
         let (namespace, name) = (a.namespace, a.name);
         let subject = format!("{namespace}/{name}");
         let (conditions, met) = self.pressure();
-        if cluster.is_some_and(|c| c.tolerates_memory_pressure)
-            && !conditions.is_empty()
-            && conditions.iter().all(|c| *c == Condition::MemoryPressure)
-        {
-            return Ok(());
-        }
         let recent = self
             .recent
             .lock()
@@ -322,6 +316,14 @@ impl EvictionView {
             .filter(|(at, _)| at.elapsed() < READMIT_AFTER)
             .map(|(at, reason)| (at.elapsed(), *reason));
         if conditions.is_empty() && recent.is_none() {
+            return Ok(());
+        }
+        // a pod qoslet evicted lately is kept off whatever it tolerates (it
+        // would be stopped again at once)
+        if recent.is_none()
+            && cluster.is_some_and(|c| c.tolerates_memory_pressure)
+            && conditions.iter().all(|c| *c == Condition::MemoryPressure)
+        {
             return Ok(());
         }
         if conditions.is_empty() {
@@ -483,6 +485,39 @@ mod tests {
         assert_eq!(recs.len(), 1);
         assert_eq!(recs[0].signal, Some(Signal::MemoryAvailable));
         assert_eq!(v.refusals.load(Ordering::Relaxed), 7);
+    }
+
+    /// With the cluster side: kubelet's admission rules that need the pod
+    /// spec. System-critical priority is admitted; a pod that tolerates the
+    /// memory-pressure taint is admitted under MemoryPressure alone, not
+    /// under DiskPressure, and not when qoslet evicted it lately.
+    #[test]
+    fn admission_with_the_clusters_priority_and_tolerations() {
+        let v = EvictionView::default();
+        let store = qoslet_state::Store::new();
+        let _ = v.store.set(store.clone());
+        let cp = |uid: &str, priority: i32, tolerates: bool| qoslet_state::ClusterPod {
+            uid: uid.into(),
+            namespace: "ns".into(),
+            name: uid.into(),
+            priority: Some(priority),
+            tolerates_memory_pressure: tolerates,
+            ..Default::default()
+        };
+        store.upsert_cluster_pod(cp("crit", 2_000_000_000, false));
+        store.upsert_cluster_pod(cp("ds", 0, true));
+        store.upsert_cluster_pod(cp("plain", 0, false));
+        pressed(&v);
+        let be = |n| pod(Some(QosClass::Be), Some(KubeQos::BestEffort), n);
+        assert!(v.admit(&be("crit")).is_ok(), "system-critical priority");
+        assert!(v.admit(&be("ds")).is_ok(), "tolerates memory pressure");
+        assert!(v.admit(&be("plain")).is_err());
+        v.evicted_uid("ds", "node-pressure");
+        assert!(v.admit(&be("ds")).is_err(), "evicted lately");
+        v.set_pressure(vec![Condition::MemoryPressure, Condition::DiskPressure], vec![]);
+        store.upsert_cluster_pod(cp("ds2", 0, true));
+        assert!(v.admit(&be("ds2")).is_err(), "DiskPressure too");
+        assert!(v.admit(&be("crit")).is_ok());
     }
 
     #[test]
