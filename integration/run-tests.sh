@@ -56,6 +56,10 @@ GRPCURL=$QOSLET_TESTBED/bin/grpcurl integration/scripts/grpcurl-smoke.sh "$D/qos
 kill -TERM "$QPID"; wait "$QPID"; rc=$?; QPID=
 [ "$rc" = 0 ] || { echo "qoslet exited $rc after SIGTERM" >&2; exit 1; }
 
+lap "the cluster demo (fake API server, NodeSLO edit, NodeMetric report) on containerd 1.6"
+integration/demo-cluster.sh > "$QOSLET_TESTBED/demo-cluster.out" 2>&1 \
+  || { tail -40 "$QOSLET_TESTBED/demo-cluster.out"; exit 1; }
+
 lap "Kubernetes manifests (deploy/), offline against the 1.33 schemas"
 integration/scripts/check-deploy.sh
 

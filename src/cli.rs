@@ -51,7 +51,7 @@ pub async fn status(a: AdminArgs) -> Result<()> {
         .context("GetStatus")?
         .into_inner();
     if a.json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({
                 "version": s.version, "mode": s.mode, "policySource": s.policy_source,
@@ -70,21 +70,29 @@ pub async fn status(a: AdminArgs) -> Result<()> {
     }
     let b = s.backend.unwrap_or_default();
     let c = s.counters.unwrap_or_default();
-    println!(
+    outln!(
         "qoslet {} ({}), up {}s, listening on {}",
-        s.version, s.mode, s.uptime_seconds, s.listen
+        s.version,
+        s.mode,
+        s.uptime_seconds,
+        s.listen
     );
     if b.reachable {
-        println!(
+        outln!(
             "runtime: {} {} {} at {} (reachable)",
-            b.runtime_name, b.runtime_version, b.runtime_api_version, b.endpoint
+            b.runtime_name,
+            b.runtime_version,
+            b.runtime_api_version,
+            b.endpoint
         );
     } else {
-        println!("runtime: {} UNREACHABLE: {}", b.endpoint, b.error);
+        outln!("runtime: {} UNREACHABLE: {}", b.endpoint, b.error);
     }
-    println!(
+    outln!(
         "store: {} pods, {} containers (checkpoint in {})",
-        c.pods, c.containers, s.state_dir
+        c.pods,
+        c.containers,
+        s.state_dir
     );
     if s.mode == "nri" {
         let mut events: Vec<String> = c
@@ -93,11 +101,11 @@ pub async fn status(a: AdminArgs) -> Result<()> {
             .map(|(k, v)| format!("{k} {v}"))
             .collect();
         events.sort();
-        println!(
+        outln!(
             "nri: {} registrations, {} reconnects, {} adjustments, {} updates, {} timeouts, {} errors, {} refused",
             c.nri_registrations, c.nri_reconnects, c.nri_adjustments, c.nri_updates, c.nri_timeouts, c.nri_errors, c.hook_refusals
         );
-        println!(
+        outln!(
             "events: {}",
             if events.is_empty() {
                 "none yet".to_string()
@@ -106,17 +114,20 @@ pub async fn status(a: AdminArgs) -> Result<()> {
             }
         );
     } else {
-        println!(
+        outln!(
             "calls: {} total, {} passed through, {} intercepted, {} in flight, {} backend unavailable, {} reset by the runtime, {} refused, {} oversized",
             c.calls_total, c.calls_passthrough, c.calls_intercepted, c.calls_in_flight, c.backend_unavailable, c.backend_resets, c.calls_refused, c.oversized_messages
         );
-        println!(
+        outln!(
             "hooks: {} errors, {} timeouts, {} panics, {} calls refused by a hook (admission)",
-            c.hook_errors, c.hook_timeouts, c.hook_panics, c.hook_refusals
+            c.hook_errors,
+            c.hook_timeouts,
+            c.hook_panics,
+            c.hook_refusals
         );
-        println!("connections: {}", c.connections_terminated);
+        outln!("connections: {}", c.connections_terminated);
     }
-    println!("{}", policy_line(&s.policy_source, &s.policy_sources));
+    outln!("{}", policy_line(&s.policy_source, &s.policy_sources));
     Ok(())
 }
 
@@ -138,15 +149,18 @@ pub async fn pods(a: PodsArgs) -> Result<()> {
                     "cpuPeriod": r.cpu_period, "memoryLimitInBytes": r.memory_limit_in_bytes, "cpusetCpus": r.cpuset_cpus})),
                 "applied": c.applied})).collect::<Vec<_>>(),
         })).collect();
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
-    println!(
+    outln!(
         "{:<14} {:<28} {:<9} {:<36}",
-        "POD", "NAMESPACE/NAME", "STATE", "CGROUP PARENT"
+        "POD",
+        "NAMESPACE/NAME",
+        "STATE",
+        "CGROUP PARENT"
     );
     for p in &r.pods {
-        println!(
+        outln!(
             "{:<14} {:<28} {:<9} {:<36}",
             short(&p.id),
             format!("{}/{}", p.namespace, p.name),
@@ -154,11 +168,11 @@ pub async fn pods(a: PodsArgs) -> Result<()> {
             p.cgroup_parent
         );
         for (k, v) in &p.applied {
-            println!("    applied {k} = {v}");
+            outln!("    applied {k} = {v}");
         }
         for c in &p.containers {
             let req = c.requested.clone().unwrap_or_default();
-            println!(
+            outln!(
                 "  └ {:<12} {:<16} {:<8} shares={} quota={}/{} mem={} cpus={:?}",
                 short(&c.id),
                 c.name,
@@ -170,7 +184,7 @@ pub async fn pods(a: PodsArgs) -> Result<()> {
                 req.cpuset_cpus
             );
             for (k, v) in &c.applied {
-                println!("      applied {k} = {v}");
+                outln!("      applied {k} = {v}");
             }
         }
     }
@@ -233,7 +247,7 @@ pub async fn explain(a: ExplainArgs) -> Result<()> {
     let p = match matches.as_slice() {
         [p] => *p,
         [] if !evictions.is_empty() => {
-            println!(
+            outln!(
                 "pod {} is not in qoslet's store (not running here); what qoslet did to it:",
                 a.pod
             );
@@ -248,7 +262,7 @@ pub async fn explain(a: ExplainArgs) -> Result<()> {
         ),
     };
     if a.admin.json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({
                 "pod": format!("{}/{}", p.namespace, p.name), "id": p.id, "cgroupParent": p.cgroup_parent, "applied": p.applied,
@@ -257,7 +271,7 @@ pub async fn explain(a: ExplainArgs) -> Result<()> {
         );
         return Ok(());
     }
-    println!(
+    outln!(
         "pod {}/{} ({}), cgroup parent {}",
         p.namespace,
         p.name,
@@ -265,8 +279,8 @@ pub async fn explain(a: ExplainArgs) -> Result<()> {
         p.cgroup_parent
     );
     match p.applied.get("class") {
-        Some(class) => println!("  class {class}, from {}", p.applied.get("class-source").map(String::as_str).unwrap_or("?")),
-        None => println!("  no class: qoslet leaves this pod as kubelet asked (no class label, not a kubepods cgroup, or labelled to be left alone)"),
+        Some(class) => outln!("  class {class}, from {}", p.applied.get("class-source").map(String::as_str).unwrap_or("?")),
+        None => outln!("  no class: qoslet leaves this pod as kubelet asked (no class label, not a kubepods cgroup, or labelled to be left alone)"),
     }
     let show = |applied: &std::collections::HashMap<String, String>, indent: &str| {
         let mut keys: Vec<_> = applied
@@ -276,19 +290,19 @@ pub async fn explain(a: ExplainArgs) -> Result<()> {
         keys.sort();
         for k in keys {
             let (v, rule) = value_and_rule(&applied[k]);
-            println!("{indent}{k} = {v}    <- {rule}");
+            outln!("{indent}{k} = {v}    <- {rule}");
         }
     };
     show(&p.applied, "    pod cgroup: ");
     for c in &p.containers {
-        println!("  container {} ({}):", c.name, short(&c.id));
+        outln!("  container {} ({}):", c.name, short(&c.id));
         if c.applied.len() <= 1 {
-            println!("    nothing changed: runs as kubelet asked");
+            outln!("    nothing changed: runs as kubelet asked");
         }
         show(&c.applied, "    ");
     }
     if !evictions.is_empty() {
-        println!("  eviction:");
+        outln!("  eviction:");
         print_evictions(&evictions, "    ");
     }
     Ok(())
@@ -307,7 +321,7 @@ fn print_evictions(records: &[qoslet_proto::admin::EvictionRecord], indent: &str
         } else {
             format!(": {} {} < threshold {}", r.signal, r.observed, r.threshold)
         };
-        println!(
+        outln!(
             "{indent}{} {what}{figures}{} -> {}\n{indent}  {}",
             r.timestamp,
             if r.dry_run { " [dry run]" } else { "" },
@@ -346,7 +360,7 @@ pub async fn evictions(a: EvictionsArgs) -> Result<()> {
         let met: Vec<_> = r.met.iter().map(|m| serde_json::json!({
             "signal": m.signal, "observed": m.observed, "threshold": m.threshold, "hard": m.hard,
         })).collect();
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({
                 "enabled": r.enabled, "dryRun": r.dry_run, "conditions": r.conditions, "met": met, "records": records,
@@ -355,10 +369,10 @@ pub async fn evictions(a: EvictionsArgs) -> Result<()> {
         return Ok(());
     }
     if !r.enabled {
-        println!("eviction is off in this qoslet (no eviction: thresholds in its config)");
+        outln!("eviction is off in this qoslet (no eviction: thresholds in its config)");
         return Ok(());
     }
-    println!(
+    outln!(
         "conditions: {}{}",
         if r.conditions.is_empty() {
             "none".to_string()
@@ -368,7 +382,7 @@ pub async fn evictions(a: EvictionsArgs) -> Result<()> {
         if r.dry_run { " (dry run)" } else { "" }
     );
     for m in &r.met {
-        println!(
+        outln!(
             "  {} {} < {} ({})",
             m.signal,
             m.observed,
@@ -377,7 +391,7 @@ pub async fn evictions(a: EvictionsArgs) -> Result<()> {
         );
     }
     for e in &r.records {
-        println!("{}/{}:", e.namespace, e.name);
+        outln!("{}/{}:", e.namespace, e.name);
         print_evictions(std::slice::from_ref(e), "  ");
     }
     Ok(())
@@ -418,7 +432,7 @@ pub async fn plan(a: PlanArgs) -> Result<()> {
                 "files": w.files.iter().map(|f| serde_json::json!({"path": f.path, "value": f.value})).collect::<Vec<_>>()})
             })
             .collect();
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({
                 "tick": p.tick, "timestamp": p.timestamp, "dryRun": p.dry_run, "suppressPolicy": p.suppress_policy,
@@ -435,9 +449,9 @@ pub async fn plan(a: PlanArgs) -> Result<()> {
         return Ok(());
     }
     if p.tick == 0 {
-        println!("the QoS engine has not ticked yet (it waits for the first metrics)");
+        outln!("the QoS engine has not ticked yet (it waits for the first metrics)");
     } else {
-        println!(
+        outln!(
             "tick {} ({}), {:.2} ms{}",
             p.tick,
             p.timestamp,
@@ -448,7 +462,7 @@ pub async fn plan(a: PlanArgs) -> Result<()> {
                 ""
             }
         );
-        println!(
+        outln!(
             "CPU: {:.2} cores; LS and others use {:.2}, BE {:.2}, system {:.2} (reserved {:.2})",
             p.capacity_cores,
             p.non_be_usage_cores,
@@ -456,7 +470,7 @@ pub async fn plan(a: PlanArgs) -> Result<()> {
             p.system_usage_cores,
             p.reserved_cores
         );
-        println!(
+        outln!(
             "BE suppress ({}): allowance {:.2} cores, level {}; {} quota {}{}",
             p.suppress_policy,
             p.allowance_cores,
@@ -473,32 +487,34 @@ pub async fn plan(a: PlanArgs) -> Result<()> {
                 format!("; share pool {}", p.share_pool)
             }
         );
-        println!(
+        outln!(
             "files: {} written, {} unchanged, {} not re-read (applied before)",
-            p.written, p.unchanged, p.skipped
+            p.written,
+            p.unchanged,
+            p.skipped
         );
     }
-    println!("{}", policy_line(&p.policy_source, &p.policy_sources));
+    outln!("{}", policy_line(&p.policy_source, &p.policy_sources));
     if !p.policy_error.is_empty() {
-        println!(
+        outln!(
             "POLICY INVALID (the last good policy is in force): {}",
             p.policy_error
         );
     }
     if !p.not_implemented.is_empty() {
-        println!("NodeSLO fields not implemented by qoslet (kept aside, no effect):");
+        outln!("NodeSLO fields not implemented by qoslet (kept aside, no effect):");
         for f in &p.not_implemented {
-            println!("  {f}");
+            outln!("  {f}");
         }
     }
     for d in &p.drift {
-        println!("drift put back: {d}");
+        outln!("drift put back: {d}");
     }
     for e in &p.errors {
-        println!("error: {e}");
+        outln!("error: {e}");
     }
     for w in &p.warnings {
-        println!("warning: {w}");
+        outln!("warning: {w}");
     }
     for w in &p.writes {
         let files: Vec<String> = w
@@ -506,11 +522,11 @@ pub async fn plan(a: PlanArgs) -> Result<()> {
             .iter()
             .map(|f| format!("{} = {}", f.path, f.value))
             .collect();
-        println!("[{}] {} {}: {}", w.state, w.plugin, w.cgroup, w.setting);
+        outln!("[{}] {} {}: {}", w.state, w.plugin, w.cgroup, w.setting);
         for f in files {
-            println!("    {f}");
+            outln!("    {f}");
         }
-        println!("    because: {}", w.rule);
+        outln!("    because: {}", w.rule);
     }
     Ok(())
 }

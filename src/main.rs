@@ -2,6 +2,28 @@
 //! pods on shared Kubernetes nodes. This binary holds the CLI, config loading,
 //! wiring and signal handling; the work happens in the library crates.
 
+/// `println!` for the CLI's output: a reader that went away (`qoslet plan |
+/// head`) ends qoslet quietly instead of a panic.
+macro_rules! outln {
+    ($($t:tt)*) => { $crate::out_fmt(format_args!("{}\n", format_args!($($t)*))) };
+}
+
+/// `print!`, likewise.
+macro_rules! out {
+    ($($t:tt)*) => { $crate::out_fmt(format_args!($($t)*)) };
+}
+
+fn out_fmt(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    if let Err(e) = std::io::stdout().write_fmt(args) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("qoslet: writing to stdout: {e}");
+        std::process::exit(1);
+    }
+}
+
 mod cli;
 mod config;
 mod engine;
@@ -49,6 +71,9 @@ enum Cmd {
     /// Put every cgroup file qoslet changed back to the runtime's values (before
     /// uninstalling; refused while qoslet runs).
     Restore(restore::RestoreArgs),
+    /// Print the CustomResourceDefinitions qoslet uses (Koordinator's NodeSLO and
+    /// NodeMetric), as YAML for `kubectl apply -f -`.
+    Crd,
 }
 
 #[derive(clap::Args)]
@@ -116,6 +141,10 @@ fn main() -> std::process::ExitCode {
             Cmd::Top(a) => top::run(a).await,
             Cmd::Plan(a) => cli::plan(a).await,
             Cmd::Restore(a) => restore::run(a).await,
+            Cmd::Crd => {
+                out!("{}", qoslet_kube::crd::crds_yaml());
+                Ok(())
+            }
         }
     });
     // a hook stuck in the kernel (a write in D state) must not keep qoslet from exiting
@@ -317,7 +346,7 @@ impl Prepared {
         };
         let node = k.node().context("kubernetes:")?;
         let client = k.client().await.context("kubernetes:")?;
-        tracing::info!(node = %node, "cluster side on: following this node's NodeSLO and pods");
+        tracing::info!(node = %node, "cluster side on: following this node's NodeSLO and pods, reporting its NodeMetric");
         let status = std::sync::Arc::new(qoslet_kube::status::ClusterStatus::default());
         agent.add_task(tokio::spawn(qoslet_kube::nodeslo::follow(
             client.clone(),
@@ -332,6 +361,23 @@ impl Prepared {
             status.clone(),
             agent.shutdown_signal(),
         )));
+        if k.report_node_metric {
+            let source = std::sync::Arc::new(qoslet_kube::nodemetric::AgentMetrics {
+                views: agent.views().clone(),
+                inventory: agent.inventory().clone(),
+            });
+            agent.add_task(tokio::spawn(qoslet_kube::nodemetric::report(
+                client.clone(),
+                node.clone(),
+                source,
+                qoslet_kube::nodemetric::ReportSettings {
+                    create: k.create_node_metric,
+                    interval: k.report_interval,
+                },
+                status.clone(),
+                agent.shutdown_signal(),
+            )));
+        }
         let s = status.clone();
         agent
             .views()
@@ -456,6 +502,7 @@ impl Prepared {
                 c.node.clone(),
                 evictor,
                 c.status.clone(),
+                agent.store().clone(),
             )),
             None => evictor,
         };

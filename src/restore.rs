@@ -141,7 +141,7 @@ pub async fn run(a: RestoreArgs) -> Result<()> {
                 .iter()
                 .map(|(f, v)| format!("{f} = {v:?}"))
                 .collect();
-            println!(
+            outln!(
                 "{:<11} {} {}",
                 p.state().as_str(),
                 w.cgroup,
@@ -151,7 +151,7 @@ pub async fn run(a: RestoreArgs) -> Result<()> {
         return Ok(());
     }
     let r = engine::restore(&cgroups, &settings, &inv, &policy, &env);
-    println!(
+    outln!(
         "qoslet restore: {} files written, {} already right, {} in cgroups gone since, {} errors",
         r.written,
         r.unchanged,

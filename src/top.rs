@@ -47,11 +47,11 @@ pub async fn run(a: TopArgs) -> Result<()> {
             .pods;
         let frame = render(&sum, &pods, a.namespace.as_deref());
         if a.once {
-            print!("{frame}");
+            out!("{frame}");
             return Ok(());
         }
         // home, clear, frame
-        print!("\x1b[H\x1b[2J{frame}");
+        out!("\x1b[H\x1b[2J{frame}");
         use std::io::Write as _;
         let _ = std::io::stdout().flush();
         tokio::select! {

@@ -339,8 +339,8 @@ OWN_SCHEMAS = {("monitoring.coreos.com/v1", "ServiceMonitor"): SERVICEMONITOR_SC
 # Custom kinds with neither a schema here nor their CRD in the same render: skipped with a
 # note, each for a stated reason. Anything else without a schema is an error.
 SKIP_KINDS = {
-    ("slo.koordinator.sh/v1alpha1", "NodeSLO"): "its CRD (deploy/kubernetes/base/crds, from `qoslet crd`) is not generated yet",
-    ("slo.koordinator.sh/v1alpha1", "NodeMetric"): "its CRD (deploy/kubernetes/base/crds, from `qoslet crd`) is not generated yet",
+    ("slo.koordinator.sh/v1alpha1", "NodeSLO"): "a custom resource (its CRD: deploy/kubernetes/crds, from `qoslet crd`)",
+    ("slo.koordinator.sh/v1alpha1", "NodeMetric"): "a custom resource (its CRD: deploy/kubernetes/crds, from `qoslet crd`)",
 }
 
 
@@ -884,7 +884,11 @@ def main():
     # 2. least privilege, workloads, configs
     nri, proxy = renders["deploy/kubernetes/nri"], renders["deploy/kubernetes/proxy"]
     for d, objs in renders.items():
-        if d.startswith("deploy/kubernetes/"):
+        if d == "deploy/kubernetes/crds":
+            kinds = sorted({o.get("kind") for o in objs})
+            section(f"{d}: only CustomResourceDefinitions (applied where missing)",
+                    [] if kinds == ["CustomResourceDefinition"] else [f"unexpected kinds {kinds}"])
+        elif d.startswith("deploy/kubernetes/"):
             section(f"{d}: RBAC exactly as documented", check_rbac(objs))
             section(f"{d}: DaemonSets", check_workloads(objs, d))
     for comp in sorted((repo / "deploy").rglob("kustomization.yaml")):

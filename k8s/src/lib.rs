@@ -6,8 +6,12 @@
 //! * [`nodeslo`]: this node's NodeSLO, the policy hub's cluster source.
 //! * [`pods`]: this node's Pods, joined to the store by UID (priority,
 //!   requests, tolerations).
+//! * [`crd`]: Koordinator's NodeSLO and NodeMetric as Rust types, the CRDs
+//!   `qoslet crd` prints.
 //! * [`evict`]: the Eviction API as the eviction room's evictor, with
 //!   Events on the pods.
+//! * [`nodemetric`]: this node's NodeMetric status, reported from the
+//!   metrics cache with Koordinator's keys.
 //! * [`status`]: each watch ok or stale, the API's answers counted (`/metrics`).
 //! * `fake` (feature `testing`): an in-process fake API server speaking the
 //!   real HTTP/JSON list and watch protocol, which the tests run against.
@@ -16,9 +20,11 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+pub mod crd;
 pub mod evict;
 #[cfg(any(test, feature = "testing"))]
 pub mod fake;
+pub mod nodemetric;
 pub mod nodeslo;
 pub mod pods;
 pub mod status;
@@ -27,6 +33,19 @@ pub mod status;
 /// back (a watch resumed from its resourceVersion says nothing until an
 /// object changes).
 pub const PROBE_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The probe's clock: ticks missed while a watch was ok are not fired in a
+/// burst when it goes stale.
+fn probe_interval() -> tokio::time::Interval {
+    let mut i = tokio::time::interval(PROBE_EVERY);
+    i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    i
+}
+
+/// Whether a probe of the API server was answered within 10 s.
+async fn answers<T>(f: impl std::future::Future<Output = Result<T, kube::Error>>) -> bool {
+    matches!(tokio::time::timeout(evict::API_TIMEOUT, f).await, Ok(Ok(_)))
+}
 
 /// The `kubernetes:` section of the config file.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -45,6 +64,39 @@ pub struct KubernetesConfig {
     /// Events recorded); `false`: a CRI stop, as without a cluster.
     #[serde(default = "yes")]
     pub eviction_api: bool,
+    /// Create this node's NodeMetric when it is missing (nodes without
+    /// koord-manager); off: reporting waits for one, as koordlet does.
+    #[serde(default)]
+    pub create_node_metric: bool,
+    /// Report NodeMetric status this often instead of the spec's
+    /// `reportIntervalSeconds` (at least 10 s).
+    #[serde(default, with = "opt_secs")]
+    pub report_interval: Option<std::time::Duration>,
+    /// Turn NodeMetric reporting off.
+    #[serde(default = "yes")]
+    pub report_node_metric: bool,
+}
+
+/// A duration such as `60s`, `5m` or `1h` (Go's spelling).
+mod opt_secs {
+    use serde::{Deserialize, Deserializer};
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<std::time::Duration>, D::Error> {
+        let Some(s) = Option::<String>::deserialize(d)? else {
+            return Ok(None);
+        };
+        let v = crate::nodemetric::parse_go_duration(&s).ok_or_else(|| {
+            serde::de::Error::custom(format!("{s:?} is not a duration (60s, 5m, 1h)"))
+        })?;
+        if v < std::time::Duration::from_secs(10) {
+            return Err(serde::de::Error::custom(format!(
+                "{s:?}: at least 10s (the API server takes one status write per node per interval)"
+            )));
+        }
+        Ok(Some(v))
+    }
 }
 
 fn yes() -> bool {
@@ -67,6 +119,9 @@ impl Default for KubernetesConfig {
             kubeconfig: None,
             node_name: None,
             eviction_api: true,
+            create_node_metric: false,
+            report_interval: None,
+            report_node_metric: true,
         }
     }
 }

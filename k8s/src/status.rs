@@ -62,7 +62,11 @@ pub struct ClusterStatus {
     evictions: [AtomicU64; 4],
     events_sent: AtomicU64,
     events_failed: AtomicU64,
+    /// NodeMetric status writes: written, conflict, failed.
+    reports: [AtomicU64; 3],
 }
+
+const REPORTS: [&str; 3] = ["written", "conflict", "failed"];
 
 impl ClusterStatus {
     fn watch(&self, w: WatchName) -> &Watch {
@@ -107,6 +111,20 @@ impl ClusterStatus {
             &self.events_failed
         }
         .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A NodeMetric status write: `written`, `conflict` or `failed`.
+    pub fn count_report(&self, what: &str) {
+        if let Some(i) = REPORTS.iter().position(|r| *r == what) {
+            self.reports[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn reports(&self, what: &str) -> u64 {
+        REPORTS
+            .iter()
+            .position(|r| *r == what)
+            .map_or(0, |i| self.reports[i].load(Ordering::Relaxed))
     }
 
     /// Prometheus lines.
@@ -163,6 +181,18 @@ impl ClusterStatus {
             &[("result", "failed")],
             self.events_failed.load(Ordering::Relaxed) as f64,
         );
+        o.family(
+            "qoslet_cluster_nodemetric_reports_total",
+            "counter",
+            "NodeMetric status writes by result: written, conflict (read again and retried), failed.",
+        );
+        for (i, r) in REPORTS.iter().enumerate() {
+            o.sample(
+                "qoslet_cluster_nodemetric_reports_total",
+                &[("result", r)],
+                self.reports[i].load(Ordering::Relaxed) as f64,
+            );
+        }
         *out = o.into_text();
     }
 }

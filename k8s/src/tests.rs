@@ -369,10 +369,11 @@ async fn this_nodes_pods_join_the_store_by_uid() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A runtime evictor that must not be called (the Eviction API evicts).
-struct NoRuntime;
+/// The runtime's evictor: counts the pods it is asked to stop.
+#[derive(Default)]
+struct Runtime(std::sync::Mutex<Vec<String>>);
 
-impl qoslet_eviction::evictor::Evictor for NoRuntime {
+impl qoslet_eviction::evictor::Evictor for Runtime {
     fn name(&self) -> &'static str {
         "cri"
     }
@@ -383,7 +384,8 @@ impl qoslet_eviction::evictor::Evictor for NoRuntime {
         'a,
         Result<qoslet_eviction::evictor::Evicted, qoslet_eviction::evictor::EvictError>,
     > {
-        panic!("a CRI stop of {}", req.name)
+        self.0.lock().unwrap().push(req.name.clone());
+        Box::pin(async { Ok(qoslet_eviction::evictor::Evicted::Stopped) })
     }
 }
 
@@ -407,9 +409,10 @@ fn request(p: &Value, grace: i64) -> qoslet_eviction::evictor::EvictRequest {
 /// Issue 31: the Eviction API evictor: policy/v1 Eviction with the UID
 /// precondition and the grace period (201: the pod deleted gracefully, an
 /// Evicted Event); a PodDisruptionBudget's 429 is Refused (an
-/// EvictionRefused Event, counted) and the pod is never stopped through
-/// CRI; a pod gone (404) or replaced (409, another UID) is Gone; a 5xx
-/// fails.
+/// EvictionRefused Event, once per 10 min, counted) and the pod is never
+/// stopped through CRI; a pod gone (404) or replaced (409, another UID) is
+/// Gone. The API server unable to decide (5xx, its own throttling's 429) or
+/// a pod it does not have: the runtime stops it (fail-safe for the node).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn evictions_go_through_the_eviction_api_and_respect_budgets() {
     use qoslet_eviction::evictor::{Evicted, Evictor};
@@ -418,14 +421,22 @@ async fn evictions_go_through_the_eviction_api_and_respect_budgets() {
     std::fs::create_dir_all(&dir).unwrap();
     let client = client_of(&fake, &dir).await;
     let status = std::sync::Arc::new(crate::status::ClusterStatus::default());
+    let runtime = std::sync::Arc::new(Runtime::default());
+    let store = qoslet_state::Store::new();
     let ev = crate::evict::ApiEvictor::new(
         client,
         "node-1".into(),
-        std::sync::Arc::new(NoRuntime),
+        runtime.clone(),
         status.clone(),
+        store.clone(),
     );
     let web = fake.apply(PODS, fixture("burstable"));
     let ds = fake.apply(PODS, fixture("daemonset"));
+    // the cluster view (the pods watch) has both
+    for o in [&web, &ds] {
+        let p: k8s_openapi::api::core::v1::Pod = serde_json::from_value(o.clone()).unwrap();
+        store.upsert_cluster_pod(crate::pods::cluster_pod(&p).unwrap());
+    }
     fake.protect("shop", "web-7d9c5b7f6b-x2kqp");
     // protected: refused, not stopped
     let r = ev.evict(&request(&web, 45)).await.unwrap();
@@ -438,6 +449,11 @@ async fn evictions_go_through_the_eviction_api_and_respect_budgets() {
         fake.get(PODS, "shop/web-7d9c5b7f6b-x2kqp").unwrap()["metadata"]["deletionTimestamp"]
             .is_null()
     );
+    // refused again: no second Event within 10 min
+    assert!(matches!(
+        ev.evict(&request(&web, 45)).await.unwrap(),
+        Evicted::Refused(_)
+    ));
     // the other: evicted with its UID and grace period
     let r = ev.evict(&request(&ds, 7)).await.unwrap();
     assert_eq!(r, Evicted::Stopping);
@@ -453,7 +469,12 @@ async fn evictions_go_through_the_eviction_api_and_respect_budgets() {
         !fake.get(PODS, "monitoring/node-exporter-4kx7d").unwrap()["metadata"]["deletionTimestamp"]
             .is_null()
     );
-    // the Events, on each pod
+    // the Events, on each pod (sent off the loop)
+    until("two events", Duration::from_secs(10), || {
+        fake.list("/api/v1/events").len() >= 2
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
     let events = fake.list("/api/v1/events");
     let reasons: Vec<(String, String)> = events
         .iter()
@@ -467,6 +488,11 @@ async fn evictions_go_through_the_eviction_api_and_respect_budgets() {
             )
         })
         .collect();
+    assert_eq!(
+        reasons.len(),
+        2,
+        "one Event per pod and reason: {reasons:?}"
+    );
     assert!(
         reasons.contains(&("web-7d9c5b7f6b-x2kqp".into(), "EvictionRefused".into())),
         "{reasons:?}"
@@ -481,21 +507,379 @@ async fn evictions_go_through_the_eviction_api_and_respect_budgets() {
     assert_eq!(evicted["source"]["component"], "qoslet");
     assert_eq!(evicted["source"]["host"], "node-1");
     assert!(evicted["message"].as_str().unwrap().contains("memory"));
-    // a pod of that name with another UID (recreated): gone
+    // the view has a pod of that name with an older UID (recreated): 409, gone
     let mut other = request(&ds, 7);
     other.uid = "someone-else".into();
+    store.upsert_cluster_pod(qoslet_state::ClusterPod {
+        uid: "someone-else".into(),
+        namespace: other.namespace.clone(),
+        name: other.name.clone(),
+        ..Default::default()
+    });
     assert_eq!(ev.evict(&other).await.unwrap(), Evicted::Gone);
-    // no such pod: gone
+    // the view has it, the API server no more: 404, gone
     let mut missing = request(&ds, 7);
     missing.name = "nope".into();
+    missing.uid = "uid-nope".into();
+    store.upsert_cluster_pod(qoslet_state::ClusterPod {
+        uid: "uid-nope".into(),
+        namespace: missing.namespace.clone(),
+        name: "nope".into(),
+        ..Default::default()
+    });
     assert_eq!(ev.evict(&missing).await.unwrap(), Evicted::Gone);
-    // the API server failing: an error (the loop passes the pod over, then retries)
+    assert!(
+        runtime.0.lock().unwrap().is_empty(),
+        "nothing stopped through CRI yet"
+    );
+    // a pod the cluster view does not have (a static pod's sandbox): the runtime
+    let mut unknown = request(&ds, 7);
+    unknown.uid = "uid-static".into();
+    unknown.name = "etcd-node-1".into();
+    assert_eq!(ev.evict(&unknown).await.unwrap(), Evicted::Stopped);
+    // the API server failing, or throttling (a 429 without a budget): the runtime
     fake.fail_next(1, 503);
-    assert!(ev.evict(&request(&web, 45)).await.is_err());
+    assert_eq!(ev.evict(&request(&ds, 7)).await.unwrap(), Evicted::Stopped);
+    fake.fail_next(1, 429);
+    assert_eq!(ev.evict(&request(&ds, 7)).await.unwrap(), Evicted::Stopped);
+    assert_eq!(
+        *runtime.0.lock().unwrap(),
+        vec![
+            "etcd-node-1".to_string(),
+            "node-exporter-4kx7d".into(),
+            "node-exporter-4kx7d".into()
+        ]
+    );
+    // never the protected pod
+    assert!(!runtime
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|n| n.starts_with("web")));
     use crate::status::EvictOutcome::*;
     assert_eq!(
         [Evicted, Refused, Gone, Failed].map(|o| status.evictions(o)),
-        [1, 1, 2, 1]
+        [1, 2, 2, 2]
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+mod nodemetric {
+    use super::*;
+    use crate::nodemetric::*;
+    use crate::status::ClusterStatus;
+    use std::sync::Arc;
+
+    const NODEMETRICS: &str = "/apis/slo.koordinator.sh/v1alpha1/nodemetrics";
+
+    #[test]
+    fn quantities_and_durations_as_kubernetes_prints_them() {
+        assert_eq!(cpu_quantity(2.35), "2350m");
+        assert_eq!(cpu_quantity(2.0), "2");
+        assert_eq!(cpu_quantity(0.0004), "0");
+        assert_eq!(cpu_quantity(12_000.0), "12k");
+        assert_eq!(memory_quantity((10u64 << 30) as f64), "10Gi");
+        assert_eq!(memory_quantity((1536u64 << 20) as f64), "1536Mi");
+        assert_eq!(memory_quantity(1000.0), "1000");
+        assert_eq!(memory_quantity(1025.0), "1025");
+        assert_eq!(go_duration(Duration::from_secs(300)), "5m0s");
+        assert_eq!(go_duration(Duration::from_secs(3600)), "1h0m0s");
+        assert_eq!(go_duration(Duration::from_secs(45)), "45s");
+        for (s, secs) in [
+            ("5m0s", 300.0),
+            ("10m", 600.0),
+            ("1h30m", 5400.0),
+            ("1.5h", 5400.0),
+            ("90s", 90.0),
+        ] {
+            assert_eq!(
+                parse_go_duration(s),
+                Some(Duration::from_secs_f64(secs)),
+                "{s}"
+            );
+        }
+        for bad in ["", "5", "5x", "m", "-5m"] {
+            assert_eq!(parse_go_duration(bad), None, "{bad}");
+        }
+        assert_eq!(priority_class(9500), Some("koord-prod"));
+        assert_eq!(priority_class(5000), Some("koord-batch"));
+        assert_eq!(priority_class(0), None);
+    }
+
+    #[test]
+    fn the_collect_policy_with_koordlets_defaults_and_minimums() {
+        assert_eq!(CollectPolicy::of_spec(&json!({})), CollectPolicy::default());
+        let p = CollectPolicy::of_spec(&json!({"metricCollectPolicy": {
+            "aggregateDurationSeconds": 120, "reportIntervalSeconds": 45,
+            "nodeAggregatePolicy": {"durations": ["1m0s", "15m0s", "bogus"]}}}));
+        assert_eq!(p.aggregate, Duration::from_secs(120));
+        assert_eq!(p.report_interval, Duration::from_secs(45));
+        assert_eq!(
+            p.durations,
+            vec![Duration::from_secs(60), Duration::from_secs(900)]
+        );
+        // under koordlet's minimums: the defaults
+        let p = CollectPolicy::of_spec(&json!({"metricCollectPolicy": {
+            "aggregateDurationSeconds": 10, "reportIntervalSeconds": 5}}));
+        assert_eq!(p, CollectPolicy::default());
+    }
+
+    fn figures() -> Collected {
+        let u = |cpu: f64, gib: u64| Usage {
+            cpu,
+            memory: (gib << 30) as f64,
+        };
+        Collected {
+            node: u(2.35, 10),
+            node_aggregated: vec![(
+                Duration::from_secs(300),
+                [
+                    Some(u(2.0, 9)),
+                    Some(u(2.0, 9)),
+                    Some(u(3.0, 10)),
+                    Some(u(3.5, 10)),
+                    None,
+                ],
+            )],
+            system: Usage {
+                cpu: 0.3,
+                memory: (1u64 << 30) as f64,
+            },
+            system_aggregated: vec![],
+            pods: vec![
+                PodUsage {
+                    namespace: "shop".into(),
+                    name: "web-1".into(),
+                    usage: Usage {
+                        cpu: 0.5,
+                        memory: (512u64 << 20) as f64,
+                    },
+                    priority: Some("koord-prod"),
+                    qos: Some("LS"),
+                },
+                PodUsage {
+                    namespace: "batch".into(),
+                    name: "job-1".into(),
+                    usage: Usage {
+                        cpu: 1.25,
+                        memory: (2u64 << 30) as f64,
+                    },
+                    priority: None,
+                    qos: Some("BE"),
+                },
+            ],
+        }
+    }
+
+    /// Koordinator's status keys exactly, pods sorted by namespace and name,
+    /// an aggregation the cache cannot answer left out (omitempty).
+    #[test]
+    fn the_status_has_koordinators_keys() {
+        let got = status_json(&figures(), "2026-12-04T10:00:00Z");
+        let want = json!({
+            "updateTime": "2026-12-04T10:00:00Z",
+            "nodeMetric": {
+                "nodeUsage": {"resources": {"cpu": "2350m", "memory": "10Gi"}},
+                "aggregatedNodeUsages": [{"usage": {
+                    "avg": {"resources": {"cpu": "2", "memory": "9Gi"}},
+                    "p50": {"resources": {"cpu": "2", "memory": "9Gi"}},
+                    "p90": {"resources": {"cpu": "3", "memory": "10Gi"}},
+                    "p95": {"resources": {"cpu": "3500m", "memory": "10Gi"}}},
+                    "duration": "5m0s"}],
+                "systemUsage": {"resources": {"cpu": "300m", "memory": "1Gi"}}
+            },
+            "podsMetric": [
+                {"namespace": "batch", "name": "job-1", "podUsage": {"resources": {"cpu": "1250m", "memory": "2Gi"}}, "qos": "BE"},
+                {"namespace": "shop", "name": "web-1", "podUsage": {"resources": {"cpu": "500m", "memory": "512Mi"}}, "priority": "koord-prod", "qos": "LS"}
+            ]
+        });
+        assert_eq!(got, want);
+    }
+
+    struct Table(Option<Collected>);
+
+    impl MetricsSource for Table {
+        fn collect(&self, _: &CollectPolicy) -> Option<Collected> {
+            self.0.clone()
+        }
+    }
+
+    fn nodemetric(spec: Value) -> Value {
+        json!({"apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeMetric",
+               "metadata": {"name": "node-1"}, "spec": spec})
+    }
+
+    /// Issue 31: a report reads the NodeMetric (its spec is the policy) and
+    /// writes its status once; a conflict reads it again and retries; a
+    /// missing NodeMetric waits unless createNodeMetric; no figures, no write.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_report_writes_the_status_once_and_retries_conflicts() {
+        let fake = FakeApiServer::start().await;
+        let dir = std::env::temp_dir().join(format!("qoslet-kube-nm-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let client = client_of(&fake, &dir).await;
+        let api: kube::Api<kube::api::DynamicObject> = kube::Api::all_with(client, &resource());
+        let status = ClusterStatus::default();
+        let source = Table(Some(figures()));
+        let wait = ReportSettings {
+            create: false,
+            interval: None,
+        };
+        // missing: waits, writes nothing
+        let (r, _) = report_once(&api, "node-1", &source, &wait, &status)
+            .await
+            .unwrap();
+        assert_eq!(r, Reported::Missing);
+        assert!(fake.status_writes().is_empty());
+        // created when asked
+        let create = ReportSettings {
+            create: true,
+            interval: None,
+        };
+        let (r, p) = report_once(&api, "node-1", &source, &create, &status)
+            .await
+            .unwrap();
+        assert_eq!((r, p), (Reported::Written, CollectPolicy::default()));
+        let stored = fake.get(NODEMETRICS, "node-1").unwrap();
+        assert_eq!(
+            stored["status"]["nodeMetric"]["nodeUsage"]["resources"]["cpu"],
+            "2350m"
+        );
+        assert_eq!(stored["status"]["podsMetric"][0]["name"], "job-1");
+        // the spec is the policy; a conflict is read again and retried
+        let mut o = stored.clone();
+        o["spec"] = json!({"metricCollectPolicy": {"reportIntervalSeconds": 90}});
+        fake.apply(NODEMETRICS, o);
+        fake.conflict_next(1);
+        let (r, p) = report_once(&api, "node-1", &source, &wait, &status)
+            .await
+            .unwrap();
+        assert_eq!(r, Reported::Written);
+        assert_eq!(p.report_interval, Duration::from_secs(90));
+        assert_eq!(status.reports("conflict"), 1);
+        assert_eq!(status.reports("written"), 2);
+        assert_eq!(fake.status_writes().len(), 2);
+        // the spec as stored is kept
+        assert_eq!(
+            fake.get(NODEMETRICS, "node-1").unwrap()["spec"]["metricCollectPolicy"]
+                ["reportIntervalSeconds"],
+            90
+        );
+        // no figures (metrics off or stale): no write
+        let (r, _) = report_once(&api, "node-1", &Table(None), &wait, &status)
+            .await
+            .unwrap();
+        assert_eq!(r, Reported::NoFigures);
+        assert_eq!(fake.status_writes().len(), 2);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The reporter writes once per interval (jitter under 10 %) and never
+    /// between, and survives the API server failing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_reporter_writes_at_the_interval_and_not_between() {
+        let fake = FakeApiServer::start().await;
+        let dir = std::env::temp_dir().join(format!("qoslet-kube-nm2-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let client = client_of(&fake, &dir).await;
+        fake.apply(NODEMETRICS, nodemetric(json!({})));
+        let status = Arc::new(ClusterStatus::default());
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let every = Duration::from_millis(1000);
+        let task = tokio::spawn(report(
+            client,
+            "node-1".into(),
+            Arc::new(Table(Some(figures()))),
+            ReportSettings {
+                create: false,
+                interval: Some(every),
+            },
+            status.clone(),
+            stopped,
+        ));
+        tokio::time::sleep(Duration::from_millis(4_600)).await;
+        let writes = fake.status_writes();
+        assert!(
+            (3..=4).contains(&writes.len()),
+            "{} writes in 4.6 s at 1 s",
+            writes.len()
+        );
+        for w in writes.windows(2) {
+            let gap = w[1].0 - w[0].0;
+            assert!(
+                gap >= Duration::from_millis(950) && gap <= Duration::from_millis(1_250),
+                "{gap:?}"
+            );
+        }
+        // the API server failing: counted, retried, and writing resumes
+        fake.fail_next(2, 500);
+        tokio::time::sleep(Duration::from_millis(3_500)).await;
+        assert!(status.reports("failed") >= 1);
+        let n = fake.status_writes().len();
+        assert!(n > writes.len(), "no write after the failures");
+        stop.send(true).unwrap();
+        let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+mod crds {
+    use super::*;
+
+    /// The committed CRDs are what `qoslet crd` prints now (regenerate:
+    /// `qoslet crd > deploy/kubernetes/crds/koordinator-slo.yaml`).
+    #[test]
+    fn the_committed_crds_are_current() {
+        let want = crate::crd::crds_yaml();
+        let have = include_str!("../../deploy/kubernetes/crds/koordinator-slo.yaml");
+        if have != want {
+            let _ = std::fs::write(std::env::temp_dir().join("qoslet-crds.yaml"), &want);
+            panic!("deploy/kubernetes/crds/koordinator-slo.yaml is stale: `qoslet crd` prints otherwise (written to $TMPDIR/qoslet-crds.yaml)");
+        }
+    }
+
+    /// Koordinator's objects are accepted by the types: the default NodeSLO,
+    /// the status example of KUBE.md, and the status qoslet's reporter writes.
+    #[test]
+    fn koordinators_objects_fit_the_types() {
+        let slo = nodeslo("node-1", 65);
+        let o: crate::crd::NodeSLO = serde_json::from_value(slo).unwrap();
+        assert!(o.spec.resource_qos_strategy.is_some());
+        let example = json!({"updateTime":"2026-07-24T06:52:45Z",
+         "nodeMetric":{"nodeUsage":{"resources":{"cpu":"2350m","memory":"10Gi"}},
+           "aggregatedNodeUsages":[{"usage":{"avg":{"resources":{"cpu":"2","memory":"9Gi"}},"p50":{"resources":{}},
+              "p90":{"resources":{}},"p95":{"resources":{}},"p99":{"resources":{}}},"duration":"5m0s"}],
+           "systemUsage":{"resources":{"cpu":"300m","memory":"1Gi"}},
+           "aggregatedSystemUsages":[{"usage":{"avg":{"resources":{}}},"duration":"5m0s"}]},
+         "podsMetric":[{"name":"web-0","namespace":"default","podUsage":{"resources":{"cpu":"500m","memory":"512Mi"}},
+           "priority":"koord-prod","qos":"LS"}],
+         "hostApplicationMetric":[{"name":"nginx","usage":{"resources":{}},"priority":"koord-prod","qos":"LS"}],
+         "prodReclaimableMetric":{"resource":{"resources":{"cpu":"1","memory":"2Gi"}}}});
+        let s: crate::crd::NodeMetricStatus = serde_json::from_value(example).unwrap();
+        assert_eq!(s.pods_metric[0].qos.as_deref(), Some("LS"));
+        // what the reporter writes fits Koordinator's status exactly: read
+        // into the types and written again, nothing lost or added
+        let mut c = crate::nodemetric::Collected::default();
+        c.pods.push(crate::nodemetric::PodUsage {
+            namespace: "a".into(),
+            name: "b".into(),
+            usage: Default::default(),
+            priority: Some("koord-batch"),
+            qos: Some("BE"),
+        });
+        c.node_aggregated
+            .push((Duration::from_secs(300), [Some(Default::default()); 5]));
+        let written = crate::nodemetric::status_json(&c, "2026-12-04T10:00:00Z");
+        let s: crate::crd::NodeMetricStatus = serde_json::from_value(written.clone()).unwrap();
+        assert_eq!(serde_json::to_value(&s).unwrap(), written);
+        // the CRDs: cluster-scoped, the status subresource, served and stored v1alpha1
+        use kube::CustomResourceExt;
+        for crd in [crate::crd::NodeSLO::crd(), crate::crd::NodeMetric::crd()] {
+            assert_eq!(crd.spec.scope, "Cluster");
+            assert_eq!(crd.spec.group, "slo.koordinator.sh");
+            let v = &crd.spec.versions[0];
+            assert!(v.served && v.storage && v.subresources.as_ref().unwrap().status.is_some());
+        }
+    }
 }

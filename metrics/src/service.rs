@@ -770,6 +770,26 @@ impl Metrics {
         })
     }
 
+    /// Aggregations of `entity`'s `metric` over the last `window` seconds,
+    /// one per `aggs` (`None`: the cache cannot answer it). All `None` while
+    /// collection is stale or not started: no old figures served as current.
+    pub fn aggregate(
+        &self,
+        entity: &str,
+        metric: Metric,
+        window: u32,
+        aggs: &[Agg],
+    ) -> Vec<Option<f64>> {
+        if self.healthy().is_err() {
+            return vec![None; aggs.len()];
+        }
+        let now = self.series_now();
+        match lock(&self.tsdb).query_many(entity, metric, window, aggs, now) {
+            Ok(v) => v.into_iter().map(Result::ok).collect(),
+            Err(_) => vec![None; aggs.len()],
+        }
+    }
+
     /// Answers the admin API's `NodeSummary`.
     pub fn node_summary(&self) -> admin::NodeSummaryResponse {
         let Some(t) = lock(&self.latest).clone() else {
