@@ -32,7 +32,7 @@ pub fn settings(
             .map(CgroupPath::parse)
             .transpose()
             .context("qosEngine.beParent")?,
-        reserved_cores: c.reserved_cpus.unwrap_or(0.0),
+        reserved: qoslet_qos_engine::runner::Reserved::from_file(c.reserved_cpus),
         verify_every: (drift_every.as_secs() / interval.as_secs()).max(1),
         sys_root,
         trust,

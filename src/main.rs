@@ -354,6 +354,13 @@ impl Prepared {
             agent.policy().clone(),
             agent.shutdown_signal(),
         )));
+        agent.add_task(tokio::spawn(qoslet_kube::node::follow(
+            client.clone(),
+            node.clone(),
+            self.engine.reserved.clone(),
+            status.clone(),
+            agent.shutdown_signal(),
+        )));
         agent.add_task(tokio::spawn(qoslet_kube::pods::follow(
             client.clone(),
             node.clone(),

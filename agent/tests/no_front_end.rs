@@ -78,7 +78,7 @@ async fn the_agent_serves_metrics_and_the_engine_with_no_front_end() {
                     interval: Duration::from_secs(1),
                     dry_run: true,
                     be_parent: Some(synth::be_parent()),
-                    reserved_cores: 0.0,
+                    reserved: Default::default(),
                     verify_every: 10,
                     sys_root: "/sys".into(),
                     trust: Default::default(),

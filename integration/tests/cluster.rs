@@ -15,6 +15,9 @@ use serde_json::{json, Value};
 
 const PODS: &str = "/api/v1/pods";
 
+/// The eviction test evicts from the test bed's whole kubepods: one at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// The pod as the API server would have it on node-1 (the UID the sandbox
 /// metadata carries, BestEffort, priority 0).
 fn api_pod(name: &str) -> Value {
@@ -72,6 +75,7 @@ async fn holding(
 /// is asked for again. The pods' watch joined them by UID first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_pressure_evicts_through_the_api_and_a_budget_protects() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let tb = Testbed::main();
     let root = kubelet_cgroup_root(&tb.sock);
     let fake = FakeApiServer::start().await;
@@ -171,6 +175,83 @@ async fn real_pressure_evicts_through_the_api_and_a_budget_protects() {
         "{metrics}"
     );
     assert!(metrics.contains("qoslet_cluster_watch_state{watch=\"pods\",state=\"ok\"} 1"));
+    drop(q);
+    drop(cleanup);
+}
+
+/// This node's NodeSLO with BE `cpuQOS` off, then turned on mid-run.
+fn be_cpu_qos_nodeslo(enable: bool) -> Value {
+    json!({"apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeSLO",
+           "metadata": {"name": "node-1"},
+           "spec": {"resourceQOSStrategy": {"beClass": {"cpuQOS": {"enable": enable}}}}})
+}
+
+/// Issue 31: a NodeSLO changed mid-run reaches the hooks and the engine: BE
+/// `cpuQOS` off, a BE pod runs with `cpu.idle` 0; the NodeSLO turns it on
+/// (the file says nothing of it): the engine puts SCHED_IDLE on the running
+/// BE pod, and a BE pod created now gets it at its runtime hook.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_nodeslo_edit_reaches_the_hooks_and_the_engine() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let tb = Testbed::main();
+    let fake = FakeApiServer::start().await;
+    let dir = scratch("cluster-nodeslo");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("kubeconfig"), fake.kubeconfig()).unwrap();
+    const NODESLOS: &str = "/apis/slo.koordinator.sh/v1alpha1/nodeslos";
+    fake.apply(NODESLOS, be_cpu_qos_nodeslo(false));
+    let yaml = format!(
+        "kubernetes:\n  enable: true\n  kubeconfig: {}\n  nodeName: node-1\n  reportNodeMetric: false\n",
+        dir.join("kubeconfig").display()
+    );
+    let q = QosletProcess::with_config(&dir, &tb.sock, &yaml, &[]);
+    let mut cleanup = Cleanup::new(&tb.sock);
+    let mut through = Cri::connect(&q.sock).await;
+    // the NodeSLO is listed before the first pod (the watch starts with qoslet)
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let idle = |parent: String| {
+        qoslet_integration::testbed::cgroup_v1("cpu", &parent, "cpu.idle")
+            .trim()
+            .to_string()
+    };
+    let be = |name: String| {
+        let parent = tb.cgroup_parent_in("besteffort", &name);
+        (name, parent)
+    };
+    let (n1, p1) = be(unique("slo-be1"));
+    let id1 = through.run_pod(&pod_config(&n1, &p1)).await.unwrap();
+    cleanup.pods.push(id1.clone());
+    cleanup.cgroups.push(p1.clone());
+    let c = through
+        .create(
+            &id1,
+            &pod_config(&n1, &p1),
+            container_config("app", qoslet_integration::testbed::SLEEP_LOOP, None),
+        )
+        .await
+        .unwrap();
+    through.start(&c).await.unwrap();
+    assert_eq!(idle(p1.clone()), "0", "BE cpuQOS is off in the NodeSLO");
+    // turned on in the cluster
+    fake.apply(NODESLOS, be_cpu_qos_nodeslo(true));
+    eventually(
+        "the engine puts SCHED_IDLE on the running BE pod",
+        Duration::from_secs(20),
+        || {
+            let p = p1.clone();
+            async move { (idle(p) == "1").then_some(()) }
+        },
+    )
+    .await;
+    let (n2, p2) = be(unique("slo-be2"));
+    let id2 = through.run_pod(&pod_config(&n2, &p2)).await.unwrap();
+    cleanup.pods.push(id2.clone());
+    cleanup.cgroups.push(p2.clone());
+    assert_eq!(
+        idle(p2.clone()),
+        "1",
+        "the hook at RunPodSandbox follows the NodeSLO"
+    );
     drop(q);
     drop(cleanup);
 }

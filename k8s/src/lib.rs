@@ -4,6 +4,7 @@
 //! from its config file and the runtime's state exactly as before.
 //!
 //! * [`nodeslo`]: this node's NodeSLO, the policy hub's cluster source.
+//! * [`node`]: this node's Node: kubelet's reserved CPU for the QoS engine.
 //! * [`pods`]: this node's Pods, joined to the store by UID (priority,
 //!   requests, tolerations).
 //! * [`crd`]: Koordinator's NodeSLO and NodeMetric as Rust types, the CRDs
@@ -24,6 +25,7 @@ pub mod crd;
 pub mod evict;
 #[cfg(any(test, feature = "testing"))]
 pub mod fake;
+pub mod node;
 pub mod nodemetric;
 pub mod nodeslo;
 pub mod pods;

@@ -51,7 +51,7 @@ pub async fn follow(
     hub: Arc<PolicyHub>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let api: Api<DynamicObject> = Api::all_with(client, &resource());
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource());
     let fields = format!("metadata.name={node}");
     let cfg = watcher::Config::default().fields(&fields);
     let stream = watcher::watcher(api.clone(), cfg).default_backoff();
@@ -62,6 +62,8 @@ pub async fn follow(
     let mut last: Option<DynamicObject> = None;
     let mut stale = false;
     let mut no_crd = false;
+    // the last refusal sent as an Event
+    let mut refused: Option<String> = None;
     let mut probe = crate::probe_interval();
     loop {
         let ev = tokio::select! {
@@ -89,6 +91,15 @@ pub async fn follow(
             Ok(Event::InitApply(o)) | Ok(Event::Apply(o)) => {
                 listed = true;
                 offer(&hub, &o);
+                // a refusal is an Event on the node, once per distinct reason
+                match policy_of(&o) {
+                    Err(e) if refused.as_ref() != Some(&e) => {
+                        node_event(&client, &node, "NodeSLORefused", &format!("qoslet refused this node's NodeSLO; the last good policy stays: {e}"));
+                        refused = Some(e);
+                    }
+                    Err(_) => {}
+                    Ok(_) => refused = None,
+                }
                 last = Some(o);
             }
             Ok(Event::InitDone) => {
@@ -123,6 +134,61 @@ pub async fn follow(
             }
         }
     }
+}
+
+/// A Warning Event on this node (in `default`, where kubelet records its
+/// node's Events), sent off the watch with a timeout.
+fn node_event(client: &kube::Client, node: &str, reason: &'static str, message: &str) {
+    use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let mut msg = message.to_string();
+    let mut end = msg.len().min(1024);
+    while !msg.is_char_boundary(end) {
+        end -= 1;
+    }
+    msg.truncate(end);
+    let ev = Event {
+        metadata: ObjectMeta {
+            name: Some(format!(
+                "{}.{:x}",
+                node.chars().take(200).collect::<String>(),
+                now.as_nanosecond()
+            )),
+            namespace: Some("default".into()),
+            ..Default::default()
+        },
+        involved_object: ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(node.into()),
+            ..Default::default()
+        },
+        reason: Some(reason.into()),
+        message: Some(msg),
+        type_: Some("Warning".into()),
+        source: Some(EventSource {
+            component: Some(crate::evict::COMPONENT.into()),
+            host: Some(node.into()),
+        }),
+        first_timestamp: Some(Time(now)),
+        last_timestamp: Some(Time(now)),
+        event_time: Some(MicroTime(now)),
+        count: Some(1),
+        action: Some("ApplyPolicy".into()),
+        reporting_component: Some(crate::evict::COMPONENT.into()),
+        reporting_instance: Some(node.chars().take(128).collect()),
+        ..Default::default()
+    };
+    let api: Api<Event> = Api::namespaced(client.clone(), "default");
+    tokio::spawn(async move {
+        let pp = kube::api::PostParams::default();
+        match tokio::time::timeout(crate::evict::API_TIMEOUT, api.create(&pp, &ev)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => warn!(reason, error = %e, "event on the node not recorded"),
+            Err(_) => warn!(reason, "event on the node not recorded: no answer in 10 s"),
+        }
+    });
 }
 
 fn offer(hub: &PolicyHub, o: &DynamicObject) {

@@ -8,13 +8,15 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WatchName {
     Pods,
+    Node,
 }
 
 impl WatchName {
-    pub const ALL: [Self; 1] = [Self::Pods];
+    pub const ALL: [Self; 2] = [Self::Pods, Self::Node];
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Pods => "pods",
+            Self::Node => "node",
         }
     }
 }
@@ -59,6 +61,7 @@ impl EvictOutcome {
 #[derive(Debug, Default)]
 pub struct ClusterStatus {
     pods: Watch,
+    node: Watch,
     evictions: [AtomicU64; 4],
     events_sent: AtomicU64,
     events_failed: AtomicU64,
@@ -72,6 +75,7 @@ impl ClusterStatus {
     fn watch(&self, w: WatchName) -> &Watch {
         match w {
             WatchName::Pods => &self.pods,
+            WatchName::Node => &self.node,
         }
     }
 
@@ -145,7 +149,7 @@ impl ClusterStatus {
         o.family(
             "qoslet_cluster_objects",
             "gauge",
-            "Objects each cluster watch holds (the pods of this node).",
+            "Objects each cluster watch holds (the pods of this node; this node's Node).",
         );
         for w in WatchName::ALL {
             o.sample(

@@ -117,6 +117,18 @@ async fn a_nodeslo_drives_the_policy_through_every_api_server_mishap() {
     })
     .await;
     assert_eq!(suppress(&hub), (25, "cluster"));
+    // ... and said on the node, once
+    until("an Event on the node", s, || {
+        fake.list("/api/v1/events").iter().any(|e| {
+            e["reason"] == "NodeSLORefused"
+                && e["involvedObject"]["kind"] == "Node"
+                && e["involvedObject"]["name"] == "node-1"
+                && e["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("cpuSuppressThresholdPercent"))
+        })
+    })
+    .await;
     assert!(hub
         .current()
         .error
@@ -882,4 +894,52 @@ mod crds {
             assert!(v.served && v.storage && v.subresources.as_ref().unwrap().status.is_some());
         }
     }
+}
+
+/// Issue 31: kubelet's reserved CPU from this node's Node (capacity −
+/// allocatable) reaches the QoS engine's setting when the file has none;
+/// the file's value wins; a change is followed, a deletion withdraws it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_nodes_allocatable_is_the_engines_reserved_cpu() {
+    use qoslet_qos_engine::runner::Reserved;
+    let node: Value = serde_json::from_str(include_str!("../tests/fixtures/node.json")).unwrap();
+    let n: k8s_openapi::api::core::v1::Node = serde_json::from_value(node.clone()).unwrap();
+    assert_eq!(crate::node::reserved_cores(&n), Some(0.5));
+    // the file's value wins
+    let fixed = Reserved::from_file(Some(1.5));
+    fixed.set_cluster(Some(0.5));
+    assert_eq!(fixed.cores(), 1.5);
+
+    let fake = FakeApiServer::start().await;
+    let dir = std::env::temp_dir().join(format!("qoslet-kube-node-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let client = client_of(&fake, &dir).await;
+    let mut other = node.clone();
+    other["metadata"]["name"] = json!("node-2");
+    other["status"]["allocatable"]["cpu"] = json!("1");
+    fake.apply("/api/v1/nodes", other);
+    fake.apply("/api/v1/nodes", node.clone());
+    let reserved = Reserved::from_file(None);
+    assert_eq!(reserved.cores(), 0.0);
+    let status = std::sync::Arc::new(crate::status::ClusterStatus::default());
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(crate::node::follow(
+        client,
+        "node-1".into(),
+        reserved.clone(),
+        status.clone(),
+        stopped,
+    ));
+    let s = Duration::from_secs(10);
+    until("the Node's reserved CPU", s, || reserved.cores() == 0.5).await;
+    let mut changed = node.clone();
+    changed["status"]["allocatable"]["cpu"] = json!("2750m");
+    fake.apply("/api/v1/nodes", changed);
+    until("the change", s, || reserved.cores() == 1.25).await;
+    fake.delete("/api/v1/nodes", "node-1");
+    until("withdrawn", s, || reserved.cores() == 0.0).await;
+    assert_eq!(status.state(crate::status::WatchName::Node), "ok");
+    stop.send(true).unwrap();
+    let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+    let _ = std::fs::remove_dir_all(&dir);
 }

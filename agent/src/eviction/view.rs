@@ -514,7 +514,10 @@ mod tests {
         assert!(v.admit(&be("plain")).is_err());
         v.evicted_uid("ds", "node-pressure");
         assert!(v.admit(&be("ds")).is_err(), "evicted lately");
-        v.set_pressure(vec![Condition::MemoryPressure, Condition::DiskPressure], vec![]);
+        v.set_pressure(
+            vec![Condition::MemoryPressure, Condition::DiskPressure],
+            vec![],
+        );
         store.upsert_cluster_pod(cp("ds2", 0, true));
         assert!(v.admit(&be("ds2")).is_err(), "DiskPressure too");
         assert!(v.admit(&be("crit")).is_ok());

@@ -47,6 +47,53 @@ pub use observe::{restore, restore_preview};
 use step::{Input, Step};
 use view::Last;
 
+/// kubelet's system and kube reserved CPU, in cores: the config file's
+/// `qosEngine.reservedCpus` when it sets one, else what the cluster side
+/// reads off this node's Node (capacity − allocatable), else none. Clones
+/// share the cluster's value.
+#[derive(Debug, Clone)]
+pub struct Reserved {
+    file: Option<f64>,
+    /// f64 bits; NaN: the cluster has said nothing.
+    cluster: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Default for Reserved {
+    fn default() -> Self {
+        Self::from_file(None)
+    }
+}
+
+impl Reserved {
+    pub fn from_file(file: Option<f64>) -> Self {
+        Self {
+            file,
+            cluster: std::sync::Arc::new(std::sync::atomic::AtomicU64::new(f64::NAN.to_bits())),
+        }
+    }
+
+    /// What the Node says (`None`: nothing, or no longer).
+    pub fn set_cluster(&self, cores: Option<f64>) {
+        let v = cores
+            .filter(|c| c.is_finite() && *c >= 0.0)
+            .unwrap_or(f64::NAN);
+        self.cluster
+            .store(v.to_bits(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The reserved cores in force.
+    pub fn cores(&self) -> f64 {
+        self.file.unwrap_or_else(|| {
+            let c = f64::from_bits(self.cluster.load(std::sync::atomic::Ordering::Relaxed));
+            if c.is_nan() {
+                0.0
+            } else {
+                c
+            }
+        })
+    }
+}
+
 /// Settings from flags and the config file.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -54,7 +101,8 @@ pub struct Settings {
     pub dry_run: bool,
     /// `None`: found at run time (`kubepods/besteffort` or the systemd slice).
     pub be_parent: Option<CgroupPath>,
-    pub reserved_cores: f64,
+    /// kubelet's reserved CPU (the file's `reservedCpus`, or the cluster's Node).
+    pub reserved: Reserved,
     /// Re-read each owned file once every this many ticks.
     pub verify_every: u64,
     pub sys_root: PathBuf,

@@ -309,7 +309,7 @@ fn restore_plan(
         qos_dirs: &find_qos_dirs(cgroups, &s.pod_root, systemd),
         cpu_manager: &s.cpu_manager.read(),
         capacity,
-        reserved: s.reserved_cores,
+        reserved: s.reserved.cores(),
     };
     let state = look.node_state(k.pods, None);
     let mut found = crate::engine::Found::default();

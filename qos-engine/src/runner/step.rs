@@ -254,7 +254,7 @@ impl Step {
             qos_dirs: &self.qos_dirs,
             cpu_manager: &cpu_manager,
             capacity,
-            reserved: s.reserved_cores,
+            reserved: s.reserved.cores(),
         };
         let mut state = look.node_state(pods, Some(generation));
         // the capacity as measured (0 while the collector has none)

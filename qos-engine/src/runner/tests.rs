@@ -274,7 +274,7 @@ fn synthetic(tag: &str) -> (PathBuf, Cgroups, Inventory, Settings, Env) {
         interval: Duration::from_secs(1),
         dry_run: false,
         be_parent: Some(crate::synth::be_parent()),
-        reserved_cores: 0.0,
+        reserved: Default::default(),
         verify_every: 10,
         sys_root: d.join("sys"),
         trust: Default::default(),
