@@ -46,12 +46,12 @@ apipod() { # NAME QOS PRIORITY
     status:{phase:"Running", qosClass:$q}}'
 }
 jq -n '{apiVersion:"v1", kind:"Node", metadata:{name:"node-1"},
-  status:{capacity:{cpu:"2", memory:"24Gi"}, allocatable:{cpu:"2", memory:"23Gi"}}}' > "$D/objects/node.json"
+  status:{capacity:{cpu:"2", memory:"24Gi"}, allocatable:{cpu:"1500m", memory:"23Gi"}}}' > "$D/objects/node.json"
 nodeslo 65 > "$D/objects/nodeslo.json"
-apipod demo-ls Burstable 9000 > "$D/objects/pod-ls.json"
+apipod demo-ls Burstable 0 > "$D/objects/pod-ls.json"
 apipod demo-be BestEffort 5000 > "$D/objects/pod-be.json"
 
-say "starting the fake API server with a Node, two pods and this node's NodeSLO (cpuSuppressThresholdPercent 65)"
+say "starting the fake API server with a Node (kubelet reserves 0.5 CPU), two pods and this node's NodeSLO (cpuSuppressThresholdPercent 65)"
 "$FAKE" --dir "$D/objects" --kubeconfig "$D/kubeconfig" > "$D/fake.url" 2>"$D/fake.log" &
 FPID=$!
 for _ in $(seq 1 100); do [ -s "$D/fake.url" ] && break; sleep 0.05; done
@@ -66,7 +66,7 @@ kubernetes:
   kubeconfig: $D/kubeconfig
   nodeName: node-1
   createNodeMetric: true      # no koord-manager here to create it
-  reportInterval: 10s         # koordlet's default is the NodeMetric spec's 60 s
+  reportInterval: 30s         # koordlet's minimum; the NodeMetric spec's default is 60 s
 YAML
 say "starting qoslet in front of containerd, with the cluster side on (no policy: in its file)"
 "$Q" proxy --listen "unix://$QSOCK" --admin-listen "unix://$ASOCK" \
@@ -103,7 +103,7 @@ say "the policy in force comes from the NodeSLO (qoslet plan)"
 "$Q" plan --admin "unix://$ASOCK" --plugin cpu-suppress | head -4 | sed 's/^/  /'
 curl -s 127.0.0.1:19317/metrics | grep -E '^qoslet_policy_in_force|^qoslet_cluster_(watch_state|objects)' | sed 's/^/  /'
 q1=$(cat /sys/fs/cgroup/cpu$BEPARENT/cpu.cfs_quota_us)
-echo "  BE parent $BEPARENT cpu.cfs_quota_us = $q1 (BE may use 65% of the node minus LS and system)"
+echo "  BE parent $BEPARENT cpu.cfs_quota_us = $q1 (BE may use 65% of the node minus LS and max(system, the Node's 0.5 reserved))"
 
 say "editing the NodeSLO: cpuSuppressThresholdPercent 65 -> 20 (watched, no restart)"
 nodeslo 20 > "$D/objects/nodeslo.json.tmp" && mv "$D/objects/nodeslo.json.tmp" "$D/objects/nodeslo.json"
@@ -114,8 +114,8 @@ done
 echo "  BE parent cpu.cfs_quota_us = $q2 (was $q1)"
 [ "$q2" != "$q1" ] || { echo "FAIL: the NodeSLO edit did not reach the BE cgroup" >&2; exit 1; }
 
-say "the NodeMetric qoslet reports (created, status written every 10 s; Koordinator's keys)"
-for _ in $(seq 1 60); do
+say "the NodeMetric qoslet reports (created, status written every 30 s; Koordinator's keys)"
+for _ in $(seq 1 90); do
   NM=$(curl -s "$URL/apis/slo.koordinator.sh/v1alpha1/nodemetrics/node-1")
   [ "$(jq -r 'select(.kind == "NodeMetric") | .status.updateTime // empty' <<<"$NM")" != "" ] && break; sleep 0.5
 done
@@ -123,6 +123,9 @@ jq '.status | {updateTime, nodeUsage: .nodeMetric.nodeUsage, systemUsage: .nodeM
   aggregatedNodeUsages: [.nodeMetric.aggregatedNodeUsages[]? | {duration, avg: .usage.avg, p99: .usage.p99}],
   podsMetric: [.podsMetric[]? | select(.namespace == "default")]}' <<<"$NM" | sed 's/^/  /'
 [ "$(jq -r 'select(.kind == "NodeMetric") | .status.updateTime // empty' <<<"$NM")" != "" ] || { echo "FAIL: no NodeMetric status" >&2; exit 1; }
+# the LS pod has priority 0: Koordinator's default for its QoS class is koord-prod
+[ "$(jq -r '.status.podsMetric[] | select(.name == "demo-ls") | .priority' <<<"$NM")" = koord-prod ] \
+  || { echo "FAIL: demo-ls is not koord-prod in podsMetric" >&2; exit 1; }
 
 say "stopping and removing both pods through qoslet"
 remove_pods

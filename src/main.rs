@@ -71,6 +71,13 @@ enum Cmd {
     /// Put every cgroup file qoslet changed back to the runtime's values (before
     /// uninstalling; refused while qoslet runs).
     Restore(restore::RestoreArgs),
+    /// Check a config file as `qoslet proxy` and `qoslet nri` would read it
+    /// (every key, every value, the eviction and kubernetes sections); exit 1
+    /// with the key and the reason when it is refused.
+    CheckConfig {
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
+    },
     /// Print the CustomResourceDefinitions qoslet uses (Koordinator's NodeSLO and
     /// NodeMetric), as YAML for `kubectl apply -f -`.
     Crd,
@@ -141,6 +148,7 @@ fn main() -> std::process::ExitCode {
             Cmd::Top(a) => top::run(a).await,
             Cmd::Plan(a) => cli::plan(a).await,
             Cmd::Restore(a) => restore::run(a).await,
+            Cmd::CheckConfig { config } => check_config(&config),
             Cmd::Crd => {
                 out!("{}", qoslet_kube::crd::crds_yaml());
                 Ok(())
@@ -345,6 +353,7 @@ impl Prepared {
             return Ok(None);
         };
         let node = k.node().context("kubernetes:")?;
+        qoslet_kube::set_limiter(std::sync::Arc::new(k.limiter().context("kubernetes:")?));
         let client = k.client().await.context("kubernetes:")?;
         tracing::info!(node = %node, "cluster side on: following this node's NodeSLO and pods, reporting its NodeMetric");
         let status = std::sync::Arc::new(qoslet_kube::status::ClusterStatus::default());
@@ -385,10 +394,7 @@ impl Prepared {
                 agent.shutdown_signal(),
             )));
         }
-        let s = status.clone();
-        agent
-            .views()
-            .set_cluster(std::sync::Arc::new(move |out: &mut String| s.render(out)));
+        agent.views().set_cluster(status.clone());
         Ok(Some(qoslet_kube::Cluster {
             client,
             node,
@@ -548,6 +554,27 @@ impl Prepared {
                 }),
         }
     }
+}
+
+/// `qoslet check-config`: what a start would refuse, without starting.
+fn check_config(path: &std::path::Path) -> Result<()> {
+    let file = config::load(path, true)?;
+    if let Some(e) = &file.eviction {
+        e.clone().validate().context("eviction:")?;
+    }
+    if let Some(k) = file.kubernetes.as_ref().filter(|k| k.enable) {
+        k.limiter()?;
+        if let Some(n) = &k.node_name {
+            qoslet_kube::KubernetesConfig {
+                node_name: Some(n.clone()),
+                ..Default::default()
+            }
+            .node()
+            .context("kubernetes:")?;
+        }
+    }
+    outln!("{}: ok", path.display());
+    Ok(())
 }
 
 async fn run_proxy(a: ProxyArgs) -> Result<()> {

@@ -28,12 +28,17 @@ pub struct Views {
     metrics: OnceLock<Arc<qoslet_metrics::service::Metrics>>,
     engine: OnceLock<Arc<qoslet_qos_engine::runner::Shared>>,
     eviction: OnceLock<Arc<crate::eviction::EvictionView>>,
-    /// The cluster side's lines on `/metrics` (`None`: no cluster).
-    cluster: OnceLock<Render>,
+    /// The cluster side (`None`: no cluster).
+    cluster: OnceLock<Arc<dyn ClusterView>>,
 }
 
-/// Something that adds its lines to a `/metrics` scrape.
-pub type Render = Arc<dyn Fn(&mut String) + Send + Sync>;
+/// What the cluster side shows: its `/metrics` lines and, for `qoslet
+/// status`, each watch's state.
+pub trait ClusterView: Send + Sync {
+    fn render(&self, out: &mut String);
+    /// (watch, state, objects held)
+    fn watches(&self) -> Vec<(&'static str, &'static str, u64)>;
+}
 
 impl Views {
     pub fn new(metrics_on: bool) -> Self {
@@ -46,13 +51,13 @@ impl Views {
         }
     }
 
-    /// The cluster side's `/metrics` lines, from now on.
-    pub fn set_cluster(&self, r: Render) {
-        let _ = self.cluster.set(r);
+    /// The cluster side, from now on.
+    pub fn set_cluster(&self, c: Arc<dyn ClusterView>) {
+        let _ = self.cluster.set(c);
     }
 
-    /// The cluster side's `/metrics` lines (`None`: no cluster).
-    pub fn cluster(&self) -> Option<&Render> {
+    /// The cluster side (`None`: no cluster).
+    pub fn cluster(&self) -> Option<&Arc<dyn ClusterView>> {
         self.cluster.get()
     }
 
@@ -167,6 +172,18 @@ impl Admin for AdminService {
             listen: front.as_ref().map(|f| f.listen()).unwrap_or_default(),
             state_dir: self.state_dir.clone(),
             counters: Some(counters),
+            cluster: self
+                .views
+                .cluster()
+                .map(|c| c.watches())
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(watch, state, objects)| admin::ClusterWatch {
+                    watch: watch.into(),
+                    state: state.into(),
+                    objects,
+                })
+                .collect(),
         }))
     }
 

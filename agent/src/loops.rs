@@ -106,7 +106,7 @@ impl crate::Agent {
                 e.render(out);
             }
             if let Some(c) = views.cluster() {
-                c(out);
+                c.render(out);
             }
             hub.render(out);
             render_front(&front, out);

@@ -403,14 +403,13 @@ def validate_objects(objs, version, notes):
 # The ClusterRole, rule by rule: (apiGroup, resource) -> verbs. Exactly these: a rule or a
 # verb more (or fewer) fails the check, so widening qoslet's rights is a visible change here.
 EXPECTED_RULES = {
-    ("", "pods"): {"get", "list", "watch"},
-    ("", "nodes"): {"get", "list", "watch"},
-    ("slo.koordinator.sh", "nodeslos"): {"get", "list", "watch"},
+    ("", "pods"): {"list", "watch"},
+    ("", "nodes"): {"list", "watch"},
+    ("slo.koordinator.sh", "nodeslos"): {"list", "watch"},
     ("slo.koordinator.sh", "nodemetrics"): {"get", "create"},
     ("slo.koordinator.sh", "nodemetrics/status"): {"update"},
     ("", "pods/eviction"): {"create"},
     ("", "events"): {"create"},
-    ("events.k8s.io", "events"): {"create"},
 }
 
 
@@ -708,9 +707,11 @@ def check_installer(repo, proxy_config_text):
                        KUBERNETES_SERVICE_PORT="443", QOSLET_API_SERVER="")
             return fake, env
 
-        def image(fake, version, runs=True):
+        def image(fake, version, runs=True, refuses_config=False):
             b = fake / "img/qoslet"
-            b.write_text(f'#!/bin/sh\necho "qoslet {version}"\n' if runs else "#!/bin/sh\necho 'cannot execute: GLIBC_2.38 not found' >&2\nexit 127\n")
+            refuse = ('[ "$1" = check-config ] && { echo "key kubernetes.qps: 0 is not within 0.1 and 1000" >&2; exit 1; }\n'
+                      if refuses_config else "")
+            b.write_text(f'#!/bin/sh\n{refuse}echo "qoslet {version}"\n' if runs else "#!/bin/sh\necho 'cannot execute: GLIBC_2.38 not found' >&2\nexit 127\n")
             b.chmod(0o755)
 
         def run(fake, env, arg="once"):
@@ -785,6 +786,18 @@ def check_installer(repo, proxy_config_text):
         r, calls = run(fake, env)
         expect(f.read_text() == "# qoslet-installer: unmanaged\nlogLevel: warn\n" and not any(c.startswith("restart") for c in calls),
                "an unmanaged config was touched")
+
+        # a config qoslet refuses: not installed, no restart (kubelet keeps its runtime)
+        f.write_text("logLevel: info\n")
+        (fake / "config/qoslet.yaml").write_text(proxy_config_text.replace("logLevel: info", "logLevel: warn"))
+        image(fake, "0.2.1", refuses_config=True)
+        r, calls = run(fake, env)
+        expect(r.returncode != 0 and "refuses the ConfigMap's config" in r.stdout, f"a refused config was not refused: {r.stdout}")
+        expect(f.read_text() == "logLevel: info\n" and not any(c.startswith("restart") for c in calls),
+               f"a refused config replaced the running one or restarted qoslet: {calls}")
+        expect(not host(fake, "/etc/qoslet/qoslet.yaml.check").exists(), "the check file was left behind")
+        image(fake, "0.2.1")
+        (fake / "config/qoslet.yaml").write_text(proxy_config_text)
 
         before = host(fake, "/usr/local/bin/qoslet").read_text()
         image(fake, "0.3.0", runs=False)

@@ -174,8 +174,9 @@ pub struct PodMetricInfo {
     pub priority: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub qos: Option<String>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub extensions: BTreeMap<String, Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "open_object")]
+    pub extensions: Option<Value>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]

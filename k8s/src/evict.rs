@@ -11,13 +11,14 @@
 //! delete options under `delete_options`, a key the API server ignores, so
 //! neither the UID precondition nor the grace period would reach it.
 //!
-//! Fail-safe for the node: a pod the cluster view does not hold (a static
-//! pod's sandbox, an orphan, a name that is no Kubernetes name) cannot be
-//! protected by a budget and is stopped through the runtime; so is a pod
-//! when the API server cannot be asked (no answer within [`API_TIMEOUT`],
-//! 5xx, 403, a 429 that is the API server's own throttling): kubelet's
-//! node-pressure eviction does not ask budgets either. Events are sent off
-//! the loop, at most one per pod and reason every [`EVENT_EVERY`].
+//! A pod the cluster view does not hold (a static pod's sandbox, an orphan,
+//! a name that is no Kubernetes name) cannot be protected by a budget and is
+//! stopped through the runtime. A pod the API server cannot decide on (no
+//! answer within [`API_TIMEOUT`], 5xx, 403, a 429 that is its own
+//! throttling) is never stopped through CRI (a budget may protect it): the
+//! eviction fails, the loop passes the pod over for a while and takes the
+//! next candidate, and asks again later. Events are sent off the loop, at
+//! most one per pod and reason every [`EVENT_EVERY`].
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -119,6 +120,7 @@ impl ApiEvictor {
     }
 
     async fn post(&self, req: &EvictRequest) -> Result<(), kube::Error> {
+        crate::limited().await;
         let path = format!(
             "/api/v1/namespaces/{}/pods/{}/eviction",
             req.namespace, req.name
@@ -152,6 +154,7 @@ impl ApiEvictor {
         let pod = format!("{}/{}", req.namespace, req.name);
         tokio::spawn(async move {
             let api: Api<Event> = Api::namespaced(client, &namespace);
+            crate::limited().await;
             match tokio::time::timeout(API_TIMEOUT, api.create(&PostParams::default(), &ev)).await {
                 Ok(Ok(_)) => status.count_event(true),
                 Ok(Err(e)) => {
@@ -244,9 +247,10 @@ impl Evictor for ApiEvictor {
                 Ok(a) => a,
                 Err(_) => {
                     self.status.count_eviction(EvictOutcome::Failed);
-                    return self
-                        .through_runtime(req, "the Eviction API did not answer in 10 s")
-                        .await;
+                    return Err(EvictError {
+                        pod,
+                        reason: "the Eviction API did not answer in 10 s".into(),
+                    });
                 }
             };
             match answer {
@@ -276,11 +280,14 @@ impl Evictor for ApiEvictor {
                     Ok(Evicted::Gone)
                 }
                 // the API server cannot decide (throttled, failing, no
-                // permission, unreachable): the node is not left to the OOM killer
+                // permission, unreachable): a budget may protect the pod, so
+                // no CRI stop; tried again after the loop's backoff
                 Err(e) => {
                     self.status.count_eviction(EvictOutcome::Failed);
-                    self.through_runtime(req, &format!("the Eviction API failed: {e}"))
-                        .await
+                    Err(EvictError {
+                        pod,
+                        reason: format!("the Eviction API: {e}"),
+                    })
                 }
             }
         })

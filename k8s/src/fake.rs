@@ -66,6 +66,9 @@ struct State {
     protected: std::collections::BTreeSet<String>,
     /// The bodies of the evictions accepted.
     evictions: Vec<Value>,
+    /// Resources (collection paths) the server does not serve (a CRD not
+    /// installed): every request under them is 404 naming nothing.
+    unserved: std::collections::BTreeSet<String>,
     /// Status writes accepted: (when, path, body).
     status_writes: Vec<(std::time::Instant, String, Value)>,
     /// The next status writes answered 409 Conflict (as when another
@@ -217,6 +220,11 @@ impl FakeApiServer {
         lock(&self.state).evictions.clone()
     }
 
+    /// The server stops serving `collection` (its CRD removed).
+    pub fn unserve(&self, collection: &str) {
+        lock(&self.state).unserved.insert(collection.to_string());
+    }
+
     /// Status writes accepted so far: (when, path, body).
     pub fn status_writes(&self) -> Vec<(std::time::Instant, String, Value)> {
         lock(&self.state).status_writes.clone()
@@ -310,6 +318,16 @@ impl FakeApiServer {
             if let Some((n, code)) = s.failing {
                 s.failing = (n > 1).then_some((n - 1, code));
                 return status(code, "injected failure", "InternalError");
+            }
+            if s.unserved
+                .iter()
+                .any(|c| path == *c || path.starts_with(&format!("{c}/")))
+            {
+                return status(
+                    404,
+                    "the server could not find the requested resource",
+                    "NotFound",
+                );
             }
         }
         let params = parse_query(&query);
@@ -465,8 +483,20 @@ impl FakeApiServer {
             if let Some(o) = s.objects.get(coll).and_then(|m| m.get(name)) {
                 return ok(o.clone());
             }
+            if is_collection(coll) {
+                // as the API server names a missing object
+                let plural = coll.rsplit('/').next().unwrap_or("");
+                let body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                    "message": format!("{plural} \"{name}\" not found"), "reason": "NotFound",
+                    "details": {"name": name, "kind": plural}, "code": 404});
+                return respond(StatusCode::NOT_FOUND, body);
+            }
         }
-        status(404, "not found", "NotFound")
+        status(
+            404,
+            "the server could not find the requested resource",
+            "NotFound",
+        )
     }
 
     fn watch(&self, path: &str, params: &BTreeMap<String, String>) -> Response<Body> {

@@ -25,6 +25,7 @@ pub mod crd;
 pub mod evict;
 #[cfg(any(test, feature = "testing"))]
 pub mod fake;
+pub mod limit;
 pub mod node;
 pub mod nodemetric;
 pub mod nodeslo;
@@ -46,7 +47,25 @@ fn probe_interval() -> tokio::time::Interval {
 
 /// Whether a probe of the API server was answered within 10 s.
 async fn answers<T>(f: impl std::future::Future<Output = Result<T, kube::Error>>) -> bool {
+    limited().await;
     matches!(tokio::time::timeout(evict::API_TIMEOUT, f).await, Ok(Ok(_)))
+}
+
+/// The limiter every cluster-side request waits on (set once at start; the
+/// default, koordlet's QPS 20 burst 30, for the tests that set none).
+static LIMITER: std::sync::OnceLock<std::sync::Arc<limit::Limiter>> = std::sync::OnceLock::new();
+
+/// Sets the process's limiter (the first call wins).
+pub fn set_limiter(l: std::sync::Arc<limit::Limiter>) -> std::sync::Arc<limit::Limiter> {
+    LIMITER.get_or_init(|| l).clone()
+}
+
+/// Waits for the rate limit.
+pub async fn limited() {
+    LIMITER
+        .get_or_init(|| std::sync::Arc::new(limit::Limiter::default()))
+        .acquire()
+        .await;
 }
 
 /// The `kubernetes:` section of the config file.
@@ -71,12 +90,27 @@ pub struct KubernetesConfig {
     #[serde(default)]
     pub create_node_metric: bool,
     /// Report NodeMetric status this often instead of the spec's
-    /// `reportIntervalSeconds` (at least 10 s).
+    /// `reportIntervalSeconds` (30 s to 150 s).
     #[serde(default, with = "opt_secs")]
     pub report_interval: Option<std::time::Duration>,
     /// Turn NodeMetric reporting off.
     #[serde(default = "yes")]
     pub report_node_metric: bool,
+    /// qoslet's requests to the API server a second (client-go's token
+    /// bucket; the watches are not counted), 0.1 to 1000.
+    #[serde(default = "default_qps")]
+    pub qps: f64,
+    /// ... and at most this many at once (1 to 10000).
+    #[serde(default = "default_burst")]
+    pub burst: u32,
+}
+
+fn default_qps() -> f64 {
+    5.0
+}
+
+fn default_burst() -> u32 {
+    10
 }
 
 /// A duration such as `60s`, `5m` or `1h` (Go's spelling).
@@ -92,9 +126,12 @@ mod opt_secs {
         let v = crate::nodemetric::parse_go_duration(&s).ok_or_else(|| {
             serde::de::Error::custom(format!("{s:?} is not a duration (60s, 5m, 1h)"))
         })?;
-        if v < std::time::Duration::from_secs(10) {
+        // koordlet's minimum; and under the scheduler's default
+        // nodeMetricExpirationSeconds (180) with room for the jitter
+        if !(std::time::Duration::from_secs(30)..=std::time::Duration::from_secs(150)).contains(&v)
+        {
             return Err(serde::de::Error::custom(format!(
-                "{s:?}: at least 10s (the API server takes one status write per node per interval)"
+                "{s:?}: 30s to 150s (koordlet's minimum; the scheduler takes a NodeMetric older than 180 s as expired)"
             )));
         }
         Ok(Some(v))
@@ -124,6 +161,8 @@ impl Default for KubernetesConfig {
             create_node_metric: false,
             report_interval: None,
             report_node_metric: true,
+            qps: default_qps(),
+            burst: default_burst(),
         }
     }
 }
@@ -141,9 +180,28 @@ pub enum ClusterError {
     InCluster(String),
     #[error("kubernetes client: {0}")]
     Client(String),
+    #[error("{0}")]
+    Limit(String),
 }
 
 impl KubernetesConfig {
+    /// The rate limit, checked.
+    pub fn limiter(&self) -> Result<limit::Limiter, ClusterError> {
+        if !(0.1..=1000.0).contains(&self.qps) {
+            return Err(ClusterError::Limit(format!(
+                "kubernetes.qps {} is not within 0.1 and 1000",
+                self.qps
+            )));
+        }
+        if !(1..=10_000).contains(&self.burst) {
+            return Err(ClusterError::Limit(format!(
+                "kubernetes.burst {} is not within 1 and 10000",
+                self.burst
+            )));
+        }
+        Ok(limit::Limiter::new(self.qps, self.burst))
+    }
+
     /// This node's name, checked (it goes into field selectors and names).
     pub fn node(&self) -> Result<String, ClusterError> {
         let n = match &self.node_name {

@@ -35,6 +35,12 @@ pub struct CollectPolicy {
     pub aggregate: Duration,
     pub report_interval: Duration,
     pub durations: Vec<Duration>,
+    /// `nodeMemoryCollectPolicy: usageWithPageCache`: node memory is MemTotal
+    /// − MemFree and pods' their cgroup usage (page cache included); else
+    /// (`usageWithoutPageCache`, the default, and `usageWithHotPageCache`,
+    /// as koordlet reads it without cold-page data) without page cache and
+    /// pods' working set.
+    pub with_page_cache: bool,
 }
 
 impl Default for CollectPolicy {
@@ -43,6 +49,7 @@ impl Default for CollectPolicy {
             aggregate: Duration::from_secs(300),
             report_interval: Duration::from_secs(60),
             durations: [300, 600, 1800].map(Duration::from_secs).to_vec(),
+            with_page_cache: false,
         }
     }
 }
@@ -51,16 +58,16 @@ impl Default for CollectPolicy {
 const MAX_WINDOW: Duration = Duration::from_secs(86_400);
 
 impl CollectPolicy {
-    /// From a NodeMetric's spec: a field missing, malformed or under
-    /// koordlet's minimum (aggregate 60 s, report 30 s) takes its default
-    /// (logged by the caller when it differs from what was asked).
+    /// From a NodeMetric's spec: a field missing or malformed takes its
+    /// default; one under koordlet's minimum (aggregate 60 s, report 30 s) is
+    /// raised to it, as koordlet does.
     pub fn of_spec(spec: &Value) -> Self {
         let d = Self::default();
         let p = &spec["metricCollectPolicy"];
         let secs = |v: &Value, min: u64, def: Duration| {
             v.as_u64()
-                .filter(|s| *s >= min)
-                .map(Duration::from_secs)
+                .filter(|s| *s > 0)
+                .map(|s| Duration::from_secs(s.max(min)))
                 .map_or(def, |s| s.min(MAX_WINDOW))
         };
         let durations: Vec<Duration> = p["nodeAggregatePolicy"]["durations"]
@@ -80,6 +87,7 @@ impl CollectPolicy {
             } else {
                 durations
             },
+            with_page_cache: p["nodeMemoryCollectPolicy"].as_str() == Some("usageWithPageCache"),
         }
     }
 }
@@ -159,6 +167,31 @@ pub struct Collected {
     pub system: Usage,
     pub system_aggregated: Vec<(Duration, [Option<Usage>; 5])>,
     pub pods: Vec<PodUsage>,
+}
+
+/// Koordinator's priority class of a pod (`GetPodPriorityClassWithDefault`):
+/// its label, else its `spec.priority`'s range, else by its QoS class
+/// (BE: `koord-batch`; LSE, LSR, LS, SYSTEM: `koord-prod`).
+pub fn priority_class_with_default(
+    label: Option<&str>,
+    priority: Option<i32>,
+    qos: Option<&str>,
+) -> Option<&'static str> {
+    let named = |l: &str| match l {
+        "koord-prod" => Some("koord-prod"),
+        "koord-mid" => Some("koord-mid"),
+        "koord-batch" => Some("koord-batch"),
+        "koord-free" => Some("koord-free"),
+        _ => None,
+    };
+    label
+        .and_then(named)
+        .or_else(|| priority.and_then(priority_class))
+        .or(match qos {
+            Some("BE") => Some("koord-batch"),
+            Some(_) => Some("koord-prod"),
+            None => None,
+        })
 }
 
 /// Koordinator's priority class of a `spec.priority`.
@@ -286,6 +319,9 @@ pub enum Reported {
     Written,
     /// No NodeMetric and not ours to create.
     Missing,
+    /// The API server has no NodeMetric resource (Koordinator's CRDs are
+    /// not installed).
+    NoResource,
     /// Nothing to report (metrics not ready).
     NoFigures,
 }
@@ -301,11 +337,25 @@ pub async fn report_once(
     status: &ClusterStatus,
 ) -> Result<(Reported, CollectPolicy), kube::Error> {
     for attempt in 0..4u32 {
-        let current = match api.get_opt(node).await? {
+        crate::limited().await;
+        let found = match api.get(node).await {
+            Ok(o) => Some(o),
+            // a 404 naming the object: no such NodeMetric; one naming
+            // nothing: no such resource (the CRD is not installed)
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                if s.details.as_ref().is_none_or(|d| d.name.is_empty()) {
+                    return Ok((Reported::NoResource, CollectPolicy::default()));
+                }
+                None
+            }
+            Err(e) => return Err(e),
+        };
+        let current = match found {
             Some(o) => o,
             None if settings.create => {
                 let mut o = DynamicObject::new(node, &resource());
                 o.data = json!({"spec": {}});
+                crate::limited().await;
                 match api.create(&PostParams::default(), &o).await {
                     Ok(o) => {
                         info!(node, "NodeMetric created (kubernetes.createNodeMetric)");
@@ -326,6 +376,7 @@ pub async fn report_once(
         let update_time = format!("{}", now.strftime("%Y-%m-%dT%H:%M:%SZ"));
         let mut next = current.clone();
         next.data["status"] = status_json(&figures, &update_time);
+        crate::limited().await;
         match api
             .replace_status(node, &PostParams::default(), &next)
             .await
@@ -387,6 +438,11 @@ pub async fn report(
                             info!(node = %node, "no NodeMetric for this node: reporting waits for it (koord-manager creates it; or kubernetes.createNodeMetric)");
                         }
                         Reported::Missing => {}
+                        Reported::NoResource if !warned_missing => {
+                            warned_missing = true;
+                            info!(node = %node, "the API server has no NodeMetric resource (Koordinator's CRDs are not installed): no report");
+                        }
+                        Reported::NoResource => {}
                         _ => warned_missing = false,
                     }
                     break;
@@ -460,32 +516,38 @@ impl MetricsSource for AgentMetrics {
                 .collect()
         };
         // the node's memory without page cache (koordlet's default
-        // usageWithoutPageCache), the system's and pods' working set
-        let node = avg("node", Metric::MemoryUsage)?;
+        // usageWithoutPageCache), the system's and pods' working set; with
+        // page cache: the node's used + cache, pods' cgroup usage
+        let pod_memory = if policy.with_page_cache {
+            Metric::MemoryUsage
+        } else {
+            Metric::MemoryWorkingSet
+        };
+        let mut node = avg("node", Metric::MemoryUsage)?;
+        if policy.with_page_cache {
+            node.memory +=
+                m.aggregate("node", Metric::MemoryCache, aggregate, &[Agg::Avg])[0].unwrap_or(0.0);
+        }
         let system = avg("system", Metric::MemoryWorkingSet).unwrap_or_default();
         let inv = self.inventory.current();
         let pods = inv
             .pods
             .iter()
             .filter_map(|p| {
-                let usage = avg(&format!("pod/{}", p.id), Metric::MemoryWorkingSet)?;
-                let label = p
-                    .labels
-                    .get("koordinator.sh/priority-class")
-                    .map(String::as_str)
-                    .and_then(|l| match l {
-                        "koord-prod" => Some("koord-prod"),
-                        "koord-mid" => Some("koord-mid"),
-                        "koord-batch" => Some("koord-batch"),
-                        "koord-free" => Some("koord-free"),
-                        _ => None,
-                    });
+                let usage = avg(&format!("pod/{}", p.id), pod_memory)?;
+                let qos = p.class.map(|c| c.class.as_str());
                 Some(PodUsage {
                     namespace: p.namespace.clone(),
                     name: p.name.clone(),
                     usage,
-                    priority: label.or_else(|| p.priority.and_then(priority_class)),
-                    qos: p.class.map(|c| c.class.as_str()),
+                    priority: priority_class_with_default(
+                        p.labels
+                            .get("koordinator.sh/priority-class")
+                            .map(String::as_str),
+                        p.priority,
+                        qos,
+                    ),
+                    qos,
                 })
             })
             .collect();

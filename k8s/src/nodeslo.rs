@@ -162,6 +162,9 @@ fn node_event(client: &kube::Client, node: &str, reason: &'static str, message: 
             api_version: Some("v1".into()),
             kind: Some("Node".into()),
             name: Some(node.into()),
+            // kubelet's convention for its node's Events (`kubectl describe
+            // node` finds them by this uid)
+            uid: Some(node.into()),
             ..Default::default()
         },
         reason: Some(reason.into()),
@@ -183,6 +186,7 @@ fn node_event(client: &kube::Client, node: &str, reason: &'static str, message: 
     let api: Api<Event> = Api::namespaced(client.clone(), "default");
     tokio::spawn(async move {
         let pp = kube::api::PostParams::default();
+        crate::limited().await;
         match tokio::time::timeout(crate::evict::API_TIMEOUT, api.create(&pp, &ev)).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => warn!(reason, error = %e, "event on the node not recorded"),

@@ -200,3 +200,22 @@ impl ClusterStatus {
         *out = o.into_text();
     }
 }
+
+impl qoslet_agent::admin::ClusterView for ClusterStatus {
+    fn render(&self, out: &mut String) {
+        ClusterStatus::render(self, out);
+    }
+
+    fn watches(&self) -> Vec<(&'static str, &'static str, u64)> {
+        WatchName::ALL
+            .iter()
+            .map(|w| {
+                (
+                    w.as_str(),
+                    self.state(*w),
+                    self.watch(*w).objects.load(Ordering::Relaxed),
+                )
+            })
+            .collect()
+    }
+}

@@ -423,8 +423,8 @@ fn request(p: &Value, grace: i64) -> qoslet_eviction::evictor::EvictRequest {
 /// Evicted Event); a PodDisruptionBudget's 429 is Refused (an
 /// EvictionRefused Event, once per 10 min, counted) and the pod is never
 /// stopped through CRI; a pod gone (404) or replaced (409, another UID) is
-/// Gone. The API server unable to decide (5xx, its own throttling's 429) or
-/// a pod it does not have: the runtime stops it (fail-safe for the node).
+/// Gone. The API server unable to decide (5xx, its own throttling's 429):
+/// an error, never a CRI stop; a pod it does not have: the runtime stops it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn evictions_go_through_the_eviction_api_and_respect_budgets() {
     use qoslet_eviction::evictor::{Evicted, Evictor};
@@ -549,19 +549,13 @@ async fn evictions_go_through_the_eviction_api_and_respect_budgets() {
     unknown.uid = "uid-static".into();
     unknown.name = "etcd-node-1".into();
     assert_eq!(ev.evict(&unknown).await.unwrap(), Evicted::Stopped);
-    // the API server failing, or throttling (a 429 without a budget): the runtime
+    // the API server failing, or throttling (a 429 without a budget): an
+    // error, never a CRI stop (a budget may protect the pod)
     fake.fail_next(1, 503);
-    assert_eq!(ev.evict(&request(&ds, 7)).await.unwrap(), Evicted::Stopped);
+    assert!(ev.evict(&request(&web, 45)).await.is_err());
     fake.fail_next(1, 429);
-    assert_eq!(ev.evict(&request(&ds, 7)).await.unwrap(), Evicted::Stopped);
-    assert_eq!(
-        *runtime.0.lock().unwrap(),
-        vec![
-            "etcd-node-1".to_string(),
-            "node-exporter-4kx7d".into(),
-            "node-exporter-4kx7d".into()
-        ]
-    );
+    assert!(ev.evict(&request(&ds, 7)).await.is_err());
+    assert_eq!(*runtime.0.lock().unwrap(), vec!["etcd-node-1".to_string()]);
     // never the protected pod
     assert!(!runtime
         .0
@@ -631,13 +625,35 @@ mod nodemetric {
             p.durations,
             vec![Duration::from_secs(60), Duration::from_secs(900)]
         );
-        // under koordlet's minimums: the defaults
+        // under koordlet's minimums: raised to them, as koordlet does
         let p = CollectPolicy::of_spec(&json!({"metricCollectPolicy": {
-            "aggregateDurationSeconds": 10, "reportIntervalSeconds": 5}}));
-        assert_eq!(p, CollectPolicy::default());
+            "aggregateDurationSeconds": 10, "reportIntervalSeconds": 5,
+            "nodeMemoryCollectPolicy": "usageWithPageCache"}}));
+        assert_eq!(p.aggregate, Duration::from_secs(60));
+        assert_eq!(p.report_interval, Duration::from_secs(30));
+        assert!(p.with_page_cache);
+        assert!(!CollectPolicy::default().with_page_cache);
+        // koordlet's GetPodPriorityClassWithDefault
+        assert_eq!(
+            priority_class_with_default(Some("koord-mid"), Some(9000), Some("LS")),
+            Some("koord-mid")
+        );
+        assert_eq!(
+            priority_class_with_default(Some("bogus"), Some(5500), Some("LS")),
+            Some("koord-batch")
+        );
+        assert_eq!(
+            priority_class_with_default(None, Some(0), Some("LS")),
+            Some("koord-prod")
+        );
+        assert_eq!(
+            priority_class_with_default(None, None, Some("BE")),
+            Some("koord-batch")
+        );
+        assert_eq!(priority_class_with_default(None, None, None), None);
     }
 
-    fn figures() -> Collected {
+    pub(super) fn figures() -> Collected {
         let u = |cpu: f64, gib: u64| Usage {
             cpu,
             memory: (gib << 30) as f64,
@@ -709,7 +725,7 @@ mod nodemetric {
         assert_eq!(got, want);
     }
 
-    struct Table(Option<Collected>);
+    pub(super) struct Table(pub(super) Option<Collected>);
 
     impl MetricsSource for Table {
         fn collect(&self, _: &CollectPolicy) -> Option<Collected> {
@@ -783,6 +799,14 @@ mod nodemetric {
             .await
             .unwrap();
         assert_eq!(r, Reported::NoFigures);
+        assert_eq!(fake.status_writes().len(), 2);
+        // no NodeMetric resource at all (the CRDs not installed): nothing
+        // created, nothing written
+        fake.unserve(NODEMETRICS);
+        let (r, _) = report_once(&api, "node-1", &source, &create, &status)
+            .await
+            .unwrap();
+        assert_eq!(r, Reported::NoResource);
         assert_eq!(fake.status_writes().len(), 2);
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -941,5 +965,107 @@ async fn the_nodes_allocatable_is_the_engines_reserved_cpu() {
     assert_eq!(status.state(crate::status::WatchName::Node), "ok");
     stop.send(true).unwrap();
     let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 31: the API server gone for a minute and back, with every
+/// cluster-side follower running: while it is gone, each watch says stale,
+/// the last NodeSLO, pods, reserved CPU stay in force and NodeMetric writes
+/// fail (counted); once it is back, all are ok again, status writes resume
+/// and a NodeSLO changed meanwhile is followed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_server_gone_for_a_minute_and_back() {
+    use crate::status::WatchName;
+    use std::sync::Arc;
+    let fake = FakeApiServer::start().await;
+    let dir = std::env::temp_dir().join(format!("qoslet-kube-minute-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let client = client_of(&fake, &dir).await;
+    fake.apply(NODESLOS, nodeslo("node-1", 30));
+    let web = fake.apply(PODS, fixture("burstable"));
+    let web_uid = web["metadata"]["uid"].as_str().unwrap().to_string();
+    let node: Value = serde_json::from_str(include_str!("../tests/fixtures/node.json")).unwrap();
+    fake.apply("/api/v1/nodes", node);
+    fake.apply(
+        "/apis/slo.koordinator.sh/v1alpha1/nodemetrics",
+        json!({"apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeMetric",
+               "metadata": {"name": "node-1"}, "spec": {}}),
+    );
+    let hub = PolicyHub::new(None);
+    let store = qoslet_state::Store::new();
+    let reserved = qoslet_qos_engine::runner::Reserved::from_file(None);
+    let status = Arc::new(crate::status::ClusterStatus::default());
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let tasks = vec![
+        tokio::spawn(crate::nodeslo::follow(
+            client.clone(),
+            "node-1".into(),
+            hub.clone(),
+            stopped.clone(),
+        )),
+        tokio::spawn(crate::pods::follow(
+            client.clone(),
+            "node-1".into(),
+            store.clone(),
+            status.clone(),
+            stopped.clone(),
+        )),
+        tokio::spawn(crate::node::follow(
+            client.clone(),
+            "node-1".into(),
+            reserved.clone(),
+            status.clone(),
+            stopped.clone(),
+        )),
+        tokio::spawn(crate::nodemetric::report(
+            client,
+            "node-1".into(),
+            Arc::new(nodemetric::Table(Some(nodemetric::figures()))),
+            crate::nodemetric::ReportSettings {
+                create: false,
+                interval: Some(Duration::from_secs(2)),
+            },
+            status.clone(),
+            stopped,
+        )),
+    ];
+    let s = Duration::from_secs(10);
+    until("everything followed", s, || {
+        suppress(&hub) == (30, "cluster")
+            && store.cluster_pod(&web_uid).is_some()
+            && reserved.cores() == 0.5
+            && !fake.status_writes().is_empty()
+    })
+    .await;
+    fake.go_down();
+    let gone = Instant::now();
+    until("stale while gone", Duration::from_secs(40), || {
+        state(&hub) == "stale"
+            && status.state(WatchName::Pods) == "stale"
+            && status.state(WatchName::Node) == "stale"
+            && status.reports("failed") >= 1
+    })
+    .await;
+    // the last good view in force
+    assert_eq!(suppress(&hub), (30, "cluster"));
+    assert!(store.cluster_pod(&web_uid).is_some());
+    assert_eq!(reserved.cores(), 0.5);
+    let writes = fake.status_writes().len();
+    tokio::time::sleep(Duration::from_secs(60).saturating_sub(gone.elapsed())).await;
+    // changed while the API server was away (etcd keeps it)
+    fake.apply(NODESLOS, nodeslo("node-1", 22));
+    fake.come_back().await;
+    until("all back", Duration::from_secs(60), || {
+        suppress(&hub) == (22, "cluster")
+            && state(&hub) == "ok"
+            && status.state(WatchName::Pods) == "ok"
+            && status.state(WatchName::Node) == "ok"
+            && fake.status_writes().len() > writes
+    })
+    .await;
+    stop.send(true).unwrap();
+    for t in tasks {
+        let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

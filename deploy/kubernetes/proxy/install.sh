@@ -158,6 +158,14 @@ config() {
         cp -p "$f" "$kept" || die "cannot keep ${kept#"$HOST"}"
         log "/etc/qoslet/qoslet.yaml was edited on the node: kept as ${kept#"$HOST"}, replaced by the ConfigMap's"
     fi
+    # what qoslet would refuse at start is refused here, before a restart could take
+    # kubelet's runtime away: the node keeps its running config
+    cp "$TMP/qoslet.yaml" "$ETC/qoslet.yaml.check" || die "cannot write /etc/qoslet/qoslet.yaml.check"
+    if ! why=$(host /usr/local/bin/qoslet check-config --config /etc/qoslet/qoslet.yaml.check 2>&1); then
+        rm -f "$ETC/qoslet.yaml.check"
+        die "qoslet refuses the ConfigMap's config ($why); the node keeps its running config"
+    fi
+    rm -f "$ETC/qoslet.yaml.check"
     if put "$TMP/qoslet.yaml" "$f" 0644; then
         digest "$f" >"$ETC/.qoslet-installer.sha256" || die "cannot write /etc/qoslet/.qoslet-installer.sha256"
         log "wrote /etc/qoslet/qoslet.yaml"
