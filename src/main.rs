@@ -496,6 +496,7 @@ impl Prepared {
             memory_capacity: e.memory_capacity,
             nodefs: Some(e.nodefs_path.clone()),
             imagefs: Some(e.imagefs_path.clone()),
+            pod_logs: Some(e.pod_logs_path.clone()),
         };
         let evictor = qoslet_agent::eviction::cri::CriEvictor::new(socket)
             .with_image_minimum_gc_age(e.image_minimum_gc_age);

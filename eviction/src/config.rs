@@ -53,6 +53,9 @@ pub struct EvictionConfig {
     /// The directory whose filesystem is imagefs (the runtime's root dir,
     /// default `/var/lib/containerd`).
     pub imagefs_path: Option<std::path::PathBuf>,
+    /// kubelet's pod logs directory (default `/var/log/pods`): a pod's logs
+    /// count in its disk use for disk ranking.
+    pub pod_logs_path: Option<std::path::PathBuf>,
     /// kubelet's `imageMinimumGCAge` (Go duration, default 2m): an image
     /// first seen more lately is not removed by disk reclaim (kubelet may
     /// have just pulled it for a container it has not created yet).
@@ -79,6 +82,7 @@ pub struct Eviction {
     pub cgroup_scope: Option<String>,
     pub nodefs_path: std::path::PathBuf,
     pub imagefs_path: std::path::PathBuf,
+    pub pod_logs_path: std::path::PathBuf,
     pub image_minimum_gc_age: Duration,
     pub be_memory_evict: bool,
     pub be_cpu_evict: bool,
@@ -170,6 +174,10 @@ impl EvictionConfig {
                 .imagefs_path
                 .clone()
                 .unwrap_or_else(|| "/var/lib/containerd".into()),
+            pod_logs_path: self
+                .pod_logs_path
+                .clone()
+                .unwrap_or_else(|| "/var/log/pods".into()),
             image_minimum_gc_age,
             be_memory_evict: self.be_memory_evict,
             be_cpu_evict: self.be_cpu_evict,

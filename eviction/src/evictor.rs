@@ -91,4 +91,13 @@ pub trait Evictor: Send + Sync + 'static {
     fn reclaim_disk(&self) -> Option<BoxFuture<'_, Reclaimed>> {
         None
     }
+
+    /// The containers' writable layers by container id (the runtime's
+    /// `ListContainerStats`): kubelet's rootfs figure for disk ranking
+    /// (`None`: this evictor cannot tell).
+    fn writable_layers(
+        &self,
+    ) -> Option<BoxFuture<'_, std::collections::HashMap<String, crate::pod::FsUse>>> {
+        None
+    }
 }

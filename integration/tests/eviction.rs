@@ -777,3 +777,120 @@ async fn real_reloaded_soft_threshold_waits_its_grace_and_takes_the_larger_pod()
     assert_eq!(ev[0].threshold, 300 << 20);
     eprintln!("soft threshold met -> eviction: {waited:?}");
 }
+
+/// Issue 30: disk pressure ranks pods by their own disk use, as kubelet's
+/// summary counts it (the containers' writable layers from the runtime,
+/// logs, emptyDir volumes): of two BE pods, the one that wrote 16 MiB into
+/// its container's filesystem goes first, with kubelet's message naming the
+/// container and its use; the other still runs then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_disk_pressure_ranks_pods_by_their_disk_use() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let tb = Testbed::main();
+    let dir = scratch("eviction-disk-rank");
+    let fs = dir.join("nodefs");
+    std::fs::create_dir_all(&fs).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=64m", "tmpfs"])
+        .arg(&fs)
+        .status()
+        .unwrap();
+    assert!(mounted.success(), "mount a tmpfs for nodefs");
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(fs.clone());
+    // images first seen an hour ago at most are kept: node-level reclaim
+    // frees nothing here, pods go
+    let config = format!(
+        "eviction:\n  nodefsPath: {}\n  imagefsPath: {}\n  evictionHard:\n    nodefs.available: 40Mi\n  \
+         evictionPressureTransitionPeriod: 5s\n  imageMinimumGCAge: 1h\n",
+        fs.display(),
+        fs.display()
+    );
+    let q = QosletProcess::with_config(&dir, &tb.sock, &config, &[]);
+    let mut cleanup = Cleanup::new(&tb.sock);
+    let mut direct = Cri::connect(&tb.sock).await;
+    let mut through = Cri::connect(&q.sock).await;
+    let pod = |tag: &str, script: String| {
+        let name = unique(tag);
+        let parent = tb.cgroup_parent_in("besteffort", &name);
+        (name, parent, script)
+    };
+    let light = pod("disk-light", SLEEP_LOOP.to_string());
+    let heavy = pod(
+        "disk-heavy",
+        format!("head -c {} /dev/zero > /big; {SLEEP_LOOP}", 16 << 20),
+    );
+    let mut ids = vec![];
+    for (name, parent, script) in [&light, &heavy] {
+        let id = through.run_pod(&pod_config(name, parent)).await.unwrap();
+        cleanup.pods.push(id.clone());
+        cleanup.cgroups.push(parent.clone());
+        let c = through
+            .create(
+                &id,
+                &pod_config(name, parent),
+                container_config("writer", script, None),
+            )
+            .await
+            .unwrap();
+        through.start(&c).await.unwrap();
+        ids.push(id);
+    }
+    let (light_id, heavy_id) = (ids[0].clone(), ids[1].clone());
+    // the heavy pod's 16 MiB written, and seen by the runtime (containerd
+    // refreshes its snapshot usage every 10 s)
+    eventually(
+        "the runtime reports the heavy writable layer",
+        Duration::from_secs(40),
+        || {
+            let (mut d, heavy) = (direct.clone(), heavy_id.clone());
+            async move {
+                let stats =
+                    d.rt.list_container_stats(cri::ListContainerStatsRequest {
+                        filter: Some(cri::ContainerStatsFilter {
+                            pod_sandbox_id: heavy,
+                            ..Default::default()
+                        }),
+                    })
+                    .await
+                    .ok()?
+                    .into_inner()
+                    .stats;
+                stats
+                    .iter()
+                    .any(|s| {
+                        s.writable_layer
+                            .as_ref()
+                            .and_then(|w| w.used_bytes.as_ref())
+                            .is_some_and(|u| u.value >= 16 << 20)
+                    })
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    std::fs::write(fs.join("fill"), vec![1u8; 30 << 20]).unwrap();
+    eventually("a pod evicted for disk", Duration::from_secs(30), || {
+        let (mut d, a, b) = (direct.clone(), light_id.clone(), heavy_id.clone());
+        async move { (!d.sandbox_ready(&a).await || !d.sandbox_ready(&b).await).then_some(()) }
+    })
+    .await;
+    let light_ready = direct.sandbox_ready(&light_id).await;
+    let heavy_ready = direct.sandbox_ready(&heavy_id).await;
+    drop(q);
+    std::fs::remove_file(fs.join("fill")).unwrap();
+    assert!(
+        !heavy_ready && light_ready,
+        "the pod with more disk use goes first (heavy ready {heavy_ready}, light ready {light_ready})"
+    );
+    let log = std::fs::read_to_string(dir.join("qoslet.log")).unwrap_or_default();
+    assert!(
+        log.contains("Container writer was using 16") && log.contains("ephemeral-storage"),
+        "{log}"
+    );
+}

@@ -296,4 +296,10 @@ impl Evictor for ApiEvictor {
     fn reclaim_disk(&self) -> Option<BoxFuture<'_, Reclaimed>> {
         self.runtime.reclaim_disk()
     }
+
+    fn writable_layers(
+        &self,
+    ) -> Option<BoxFuture<'_, std::collections::HashMap<String, qoslet_eviction::FsUse>>> {
+        self.runtime.writable_layers()
+    }
 }

@@ -312,6 +312,35 @@ impl Evictor for CriEvictor {
         "cri"
     }
 
+    fn writable_layers(
+        &self,
+    ) -> Option<BoxFuture<'_, std::collections::HashMap<String, qoslet_eviction::FsUse>>> {
+        Some(Box::pin(async move {
+            let mut client = self.client.clone();
+            let mut out: std::collections::HashMap<String, qoslet_eviction::FsUse> =
+                std::collections::HashMap::new();
+            let Ok(r) = client
+                .list_container_stats(cri::ListContainerStatsRequest::default())
+                .await
+            else {
+                return out;
+            };
+            for s in r.into_inner().stats {
+                let (Some(attrs), Some(layer)) = (s.attributes, s.writable_layer) else {
+                    continue;
+                };
+                let u = out.entry(attrs.id).or_default();
+                u.bytes = u
+                    .bytes
+                    .saturating_add(layer.used_bytes.map_or(0, |v| v.value as i64));
+                u.inodes = u
+                    .inodes
+                    .saturating_add(layer.inodes_used.map_or(0, |v| v.value as i64));
+            }
+            out
+        }))
+    }
+
     fn evict<'a>(&'a self, req: &'a EvictRequest) -> BoxFuture<'a, Result<Evicted, EvictError>> {
         Box::pin(async move {
             // the stop runs to its end on its own task: past the deadline it

@@ -28,10 +28,10 @@ use qoslet_eviction::koord::{
 };
 use qoslet_eviction::kubelet::CLEANUP_WAIT;
 use qoslet_eviction::kubelet::{Kubelet, Observations, Pressure};
-use qoslet_eviction::{Eviction, Pod, PodStats, Requests, Signal};
+use qoslet_eviction::{Eviction, FsUse, Pod, PodStats, Requests, Signal};
 use qoslet_hooks::class::{KubeQos, QosClass, LABEL_SKIP};
 use qoslet_state::inventory::{ContainerEntry, Inventories, PodEntry};
-use qoslet_state::store::Store;
+use qoslet_state::store::{ContainerState, Store};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
@@ -108,6 +108,39 @@ fn memory_request(
         _ => 0,
     }
 }
+
+/// Disk use under `dir` (`du`: bytes of disk, and inodes), not following
+/// symlinks, at most [`DU_ENTRIES`] entries (a tenant's million files are
+/// not walked each cycle).
+fn du(dir: &std::path::Path) -> FsUse {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = FsUse::default();
+    let mut stack = vec![dir.to_path_buf()];
+    let mut seen = 0usize;
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            seen += 1;
+            if seen > DU_ENTRIES {
+                return out;
+            }
+            let Ok(m) = e.path().symlink_metadata() else {
+                continue;
+            };
+            out.inodes += 1;
+            out.bytes = out.bytes.saturating_add((m.blocks() * 512) as i64);
+            if m.is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    out
+}
+
+/// Entries [`du`] walks at most per directory tree.
+const DU_ENTRIES: usize = 200_000;
 
 /// Kubernetes QoS as the API server spells it in `status.qosClass`.
 fn kube_qos(s: &str) -> Option<KubeQos> {
@@ -598,6 +631,97 @@ impl Cycle {
         }
     }
 
+    /// Each BE candidate's disk use: its containers' writable layers (the
+    /// runtime's), its logs (`<podLogsPath>/<ns>_<name>_<uid>`) and its
+    /// emptyDir volumes (`<nodefsPath>/pods/<uid>/volumes/kubernetes.io~empty-dir`),
+    /// in bytes of disk and inodes, as kubelet's summary counts them.
+    async fn fill_disk(&mut self, candidates: &mut [Candidate], store: &Store) {
+        let layers = match self.cfg.evictor.writable_layers() {
+            Some(f) => tokio::time::timeout(READ_TIMEOUT, f)
+                .await
+                .unwrap_or_default(),
+            None => HashMap::new(),
+        };
+        let logs_root = self.cfg.sources.pod_logs.clone();
+        let kubelet_root = self.cfg.sources.nodefs.clone();
+        let be: Vec<(usize, String, String, String)> = candidates
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| is_be(&c.pod))
+            .map(|(i, c)| {
+                (
+                    i,
+                    c.pod.namespace.clone(),
+                    c.pod.name.clone(),
+                    c.pod.uid.clone(),
+                )
+            })
+            .collect();
+        let task = tokio::task::spawn_blocking(move || {
+            be.into_iter()
+                .map(|(i, ns, name, uid)| {
+                    let safe = |s: &str| !s.is_empty() && !s.contains('/') && s != "." && s != "..";
+                    if !(safe(&ns) && safe(&name) && safe(&uid)) {
+                        return (i, FsUse::default(), FsUse::default());
+                    }
+                    let logs = logs_root
+                        .as_ref()
+                        .map(|r| du(&r.join(format!("{ns}_{name}_{uid}"))))
+                        .unwrap_or_default();
+                    let volumes = kubelet_root
+                        .as_ref()
+                        .map(|r| {
+                            du(&r
+                                .join("pods")
+                                .join(&uid)
+                                .join("volumes")
+                                .join("kubernetes.io~empty-dir"))
+                        })
+                        .unwrap_or_default();
+                    (i, logs, volumes)
+                })
+                .collect::<Vec<_>>()
+        });
+        let walked = match tokio::time::timeout(READ_TIMEOUT, task).await {
+            Ok(Ok(w)) => w,
+            _ => {
+                self.warn_once(
+                    "pods' disk".into(),
+                    "reading the pods' disk use took over 5 s: disk ranking by priority only",
+                );
+                return;
+            }
+        };
+        for (i, logs, volumes) in walked {
+            let c = &mut candidates[i];
+            let mut rootfs = FsUse::default();
+            let containers = store.read_all(|_, cs| {
+                cs.values()
+                    .filter(|x| x.pod_id == c.sandbox_id && x.state == ContainerState::Running)
+                    .map(|x| (x.id.clone(), x.name.clone()))
+                    .collect::<Vec<_>>()
+            });
+            let st = c.pod.stats.get_or_insert_with(PodStats::default);
+            for (id, name) in containers {
+                let Some(l) = layers.get(&id) else { continue };
+                rootfs.bytes = rootfs.bytes.saturating_add(l.bytes);
+                rootfs.inodes = rootfs.inodes.saturating_add(l.inodes);
+                // kubelet's per-container figure in the eviction message
+                match st.containers.iter_mut().find(|x| x.name == name) {
+                    Some(x) => x.disk_used = Some(l.bytes),
+                    None => st.containers.push(qoslet_eviction::ContainerStats {
+                        name,
+                        disk_used: Some(l.bytes),
+                        ..Default::default()
+                    }),
+                }
+            }
+            st.rootfs = rootfs;
+            st.logs = logs;
+            st.local_volumes = volumes;
+        }
+    }
+
     async fn run_once(
         &mut self,
         store: &Store,
@@ -655,9 +779,18 @@ impl Cycle {
             }
             return;
         }
-        let Some(candidates) = self.candidates(inventories, store).await else {
+        let Some(mut candidates) = self.candidates(inventories, store).await else {
             return;
         };
+        // a disk signal: kubelet ranks by each pod's disk use (writable
+        // layers, logs, emptyDir volumes); read for the pods that may go (BE)
+        if pressure
+            .starved
+            .as_ref()
+            .is_some_and(|s| !s.signal.is_memory() && s.signal != Signal::PidAvailable)
+        {
+            self.fill_disk(&mut candidates, store).await;
+        }
         let plain: Vec<Pod> = candidates.iter().map(|c| c.pod.clone()).collect();
         // a pod being deleted is gone once its sandbox left the inventory
         self.terminating

@@ -441,6 +441,7 @@ mod tests {
             memory_capacity: None,
             nodefs: None,
             imagefs: None,
+            pod_logs: None,
         };
         let w = wanted_v2(&s);
         assert_eq!(

@@ -48,6 +48,8 @@ pub struct Sources {
     pub memory_capacity: Option<i64>,
     pub nodefs: Option<PathBuf>,
     pub imagefs: Option<PathBuf>,
+    /// kubelet's pod logs (`/var/log/pods`): a pod's logs for disk ranking.
+    pub pod_logs: Option<PathBuf>,
 }
 
 /// Why a reading failed (logged once per kind by the loop).
@@ -90,6 +92,7 @@ impl Sources {
             memory_capacity: e.memory_capacity,
             nodefs: Some(e.nodefs_path.clone()),
             imagefs: Some(e.imagefs_path.clone()),
+            pod_logs: Some(e.pod_logs_path.clone()),
             ..self.clone()
         })
     }
@@ -369,6 +372,7 @@ mod tests {
             memory_capacity: Some(2 << 30),
             nodefs: Some(root.clone()),
             imagefs: None,
+            pod_logs: None,
         };
         let (obs, errors) = s.observe(Duration::from_secs(5));
         assert!(errors.is_empty(), "{errors:?}");
@@ -411,6 +415,7 @@ mod tests {
             memory_capacity: None,
             nodefs: Some(root.join("missing")),
             imagefs: None,
+            pod_logs: None,
         };
         let (obs, errors) = s.observe(Duration::ZERO);
         assert!(obs.is_empty());
