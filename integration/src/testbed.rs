@@ -332,6 +332,15 @@ pub fn container_config(
 pub const SLEEP_LOOP: &str = "while true; do sleep 0.2; done";
 
 /// Reads a cgroup v1 file: `/sys/fs/cgroup/<controller>/<cgroup path>/<file>`.
+/// A cgroup's `memory.usage_in_bytes` in MiB (0 when unreadable).
+pub fn usage_mib(cgroup: &str) -> u64 {
+    cgroup_v1("memory", cgroup, "memory.usage_in_bytes")
+        .trim()
+        .parse::<u64>()
+        .unwrap_or(0)
+        >> 20
+}
+
 pub fn cgroup_v1(controller: &str, cgroup: &str, file: &str) -> String {
     let p = Path::new("/sys/fs/cgroup")
         .join(controller)

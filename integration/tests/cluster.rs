@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use qoslet_integration::process::{kubelet_cgroup_root, QosletProcess};
-use qoslet_integration::testbed::{container_config, pod_config, Cleanup, Cri, Testbed};
+use qoslet_integration::testbed::{container_config, pod_config, usage_mib, Cleanup, Cri, Testbed};
 use qoslet_integration::{eventually, free_port, http_get, scratch, unique};
 use qoslet_kube::fake::FakeApiServer;
 use serde_json::{json, Value};
@@ -29,13 +29,6 @@ fn api_pod(name: &str) -> Value {
                  "containers": [{"name": "hold", "image": "busybox", "resources": {}}]},
         "status": {"phase": "Running", "qosClass": "BestEffort"}
     })
-}
-
-fn usage_mib(parent: &str) -> u64 {
-    qoslet_integration::testbed::cgroup_v1("memory", parent, "memory.usage_in_bytes")
-        .parse::<u64>()
-        .unwrap_or(0)
-        >> 20
 }
 
 /// A BE pod through qoslet holding `mib` MiB.

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use k8s_cri::v1 as cri;
 use qoslet_integration::process::{kubelet_cgroup_root, QosletProcess};
 use qoslet_integration::testbed::{
-    container_config, pod_config, Cleanup, Cri, Testbed, SLEEP_LOOP,
+    container_config, pod_config, usage_mib, Cleanup, Cri, Testbed, SLEEP_LOOP,
 };
 use qoslet_integration::{channel, eventually, free_port, http_get, scratch, unique};
 use qoslet_proto::admin::{admin_client::AdminClient, ListEvictionsRequest};
@@ -244,6 +244,28 @@ async fn real_dry_run_evicts_nothing_and_refuses_nothing() {
     assert!(q.log_text().contains("dry run: would refuse"));
 }
 
+/// A 64 MiB tmpfs under `dir` to stand for nodefs (small enough to fill),
+/// unmounted when the guard drops.
+fn tmpfs_nodefs(dir: &std::path::Path) -> (std::path::PathBuf, Unmount) {
+    let fs = dir.join("nodefs");
+    std::fs::create_dir_all(&fs).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=64m", "tmpfs"])
+        .arg(&fs)
+        .status()
+        .unwrap();
+    assert!(mounted.success(), "mount a tmpfs for nodefs");
+    (fs.clone(), Unmount(fs))
+}
+
+struct Unmount(std::path::PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
 fn ctr(sock: &std::path::Path, args: &[&str]) -> String {
     let out = std::process::Command::new("ctr")
         .args(["--connect-timeout", "2s", "-a"])
@@ -280,21 +302,7 @@ async fn real_disk_pressure_collects_an_unused_image_before_any_pod() {
     let _one = ONE_AT_A_TIME.lock().await;
     let tb = Testbed::main();
     let dir = scratch("eviction-disk");
-    let fs = dir.join("nodefs");
-    std::fs::create_dir_all(&fs).unwrap();
-    let mounted = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=64m", "tmpfs"])
-        .arg(&fs)
-        .status()
-        .unwrap();
-    assert!(mounted.success(), "mount a tmpfs for nodefs");
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount").arg(&self.0).status();
-        }
-    }
-    let _unmount = Unmount(fs.clone());
+    let (fs, _unmount) = tmpfs_nodefs(&dir);
     // an image no container uses (its own id; a tag of an image in use would
     // be in use): the test bed's spare image, imported again (a run before
     // this one collected it)
@@ -677,13 +685,6 @@ async fn holding(
     (id, parent)
 }
 
-fn usage_mib(parent: &str) -> u64 {
-    qoslet_integration::testbed::cgroup_v1("memory", parent, "memory.usage_in_bytes")
-        .parse::<u64>()
-        .unwrap_or(0)
-        >> 20
-}
-
 /// Issue 30: the `eviction:` section is reloaded while qoslet runs, and a
 /// soft threshold waits its grace period: two BE pods hold 260 and 110 MiB
 /// of a 640 MiB node while no threshold is set; the file then sets
@@ -788,21 +789,7 @@ async fn real_disk_pressure_ranks_pods_by_their_disk_use() {
     let _one = ONE_AT_A_TIME.lock().await;
     let tb = Testbed::main();
     let dir = scratch("eviction-disk-rank");
-    let fs = dir.join("nodefs");
-    std::fs::create_dir_all(&fs).unwrap();
-    let mounted = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=64m", "tmpfs"])
-        .arg(&fs)
-        .status()
-        .unwrap();
-    assert!(mounted.success(), "mount a tmpfs for nodefs");
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount").arg(&self.0).status();
-        }
-    }
-    let _unmount = Unmount(fs.clone());
+    let (fs, _unmount) = tmpfs_nodefs(&dir);
     // images first seen an hour ago at most are kept: node-level reclaim
     // frees nothing here, pods go
     let config = format!(
