@@ -121,7 +121,8 @@ impl RawConn {
 /// Connections to the backend runtime.
 #[derive(Clone)]
 pub struct Backend {
-    endpoint: String,
+    /// Shared: a `Backend` is cloned for every call.
+    endpoint: Arc<str>,
     path: Arc<PathBuf>,
     raw: Arc<RawConn>,
     typed: Channel,
@@ -145,7 +146,7 @@ impl Backend {
                 async move { UnixStream::connect(&*p).await.map(TokioIo::new) }
             }));
         Ok(Self {
-            endpoint: endpoint.to_string(),
+            endpoint: Arc::from(endpoint),
             path,
             raw,
             typed,

@@ -175,15 +175,47 @@ async fn main() {
         .unwrap_or(if quick { 50 } else { 1000 });
     let scale = if quick { 5 } else { 1 };
     if let Some(i) = args.iter().position(|a| a == "--loop") {
-        // diagnostic: N sequential Version calls on SOCK, for CPU accounting from outside
+        // diagnostic: N sequential calls on SOCK (Version, or `list`: ListContainers,
+        // `status`: ContainerStatus of the first container), for CPU accounting from outside
         let (sock, n): (&str, usize) = (&args[i + 1], args[i + 2].parse().unwrap());
+        let what = args.get(i + 3).map(String::as_str).unwrap_or("version");
         let mut c = Cri::connect(sock).await;
+        let first = match what {
+            "status" => {
+                c.rt.list_containers(cri::ListContainersRequest::default())
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .containers
+                    .first()
+                    .map(|x| x.id.clone())
+                    .expect("a container on the node")
+            }
+            _ => String::new(),
+        };
         let t = Instant::now();
         for _ in 0..n {
-            c.rt.version(cri::VersionRequest::default()).await.unwrap();
+            match what {
+                "list" => {
+                    c.rt.list_containers(cri::ListContainersRequest::default())
+                        .await
+                        .unwrap();
+                }
+                "status" => {
+                    c.rt.container_status(cri::ContainerStatusRequest {
+                        container_id: first.clone(),
+                        verbose: false,
+                    })
+                    .await
+                    .unwrap();
+                }
+                _ => {
+                    c.rt.version(cri::VersionRequest::default()).await.unwrap();
+                }
+            }
         }
         println!(
-            "{n} Version calls on {sock}: {:.1} us each",
+            "{n} {what} calls on {sock}: {:.1} us each",
             t.elapsed().as_secs_f64() * 1e6 / n as f64
         );
         return;
