@@ -178,8 +178,9 @@ pub fn parse(text: &str) -> Result<FileConfig> {
     if text.trim().is_empty() {
         return Ok(FileConfig::default());
     }
-    let cfg: FileConfig = match serde_saphyr::from_str(text) {
-        Ok(c) => c,
+    // a file that is only `~` or `null` is empty too
+    let cfg: FileConfig = match serde_saphyr::from_str::<Option<FileConfig>>(text) {
+        Ok(c) => c.unwrap_or_default(),
         Err(e) => {
             // name the key the value belongs to: the YAML parser's own errors
             // do not, for values refused by their type (a duration names the
@@ -372,6 +373,27 @@ mod tests {
             Some(qoslet_proxy::FailurePolicy::FailClosed)
         );
         assert_eq!(parse("").unwrap(), FileConfig::default());
+    }
+
+    /// A key written with no value reads as empty (as serde-saphyr 0.0 read
+    /// it; 2.x asks for a real list or map), and so does a file of one null.
+    #[test]
+    fn keys_without_a_value_are_empty() {
+        for doc in ["~\n", "null\n", "# only a comment\n"] {
+            assert_eq!(parse(doc).unwrap(), FileConfig::default(), "{doc:?}");
+        }
+        let c = parse("trust:\n  namespaces:\n  controlPlane: true\n").unwrap();
+        let t = c.trust.unwrap();
+        assert!(t.namespaces.is_empty() && t.control_plane);
+        let c = parse(
+            "eviction:\n  evictionHard:\n  evictionSoft: ~\n  evictionSoftGracePeriod: {}\n  evictionMinimumReclaim:\n",
+        )
+        .unwrap();
+        let e = c.eviction.unwrap();
+        assert!(e.eviction_hard.is_empty() && e.eviction_soft.is_empty());
+        // a value of the wrong kind is still refused
+        assert!(parse("trust:\n  namespaces: 3\n").is_err());
+        assert!(parse("eviction:\n  evictionHard: [a]\n").is_err());
     }
 
     #[test]

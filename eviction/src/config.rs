@@ -24,13 +24,13 @@ pub struct EvictionConfig {
     /// Decide, log and show, but stop nothing and refuse nothing.
     #[serde(default)]
     pub dry_run: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "qoslet_hooks::serde_null::empty")]
     pub eviction_hard: BTreeMap<String, String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "qoslet_hooks::serde_null::empty")]
     pub eviction_soft: BTreeMap<String, String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "qoslet_hooks::serde_null::empty")]
     pub eviction_soft_grace_period: BTreeMap<String, String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "qoslet_hooks::serde_null::empty")]
     pub eviction_minimum_reclaim: BTreeMap<String, String>,
     /// Go duration; kubelet's default 5m.
     pub eviction_pressure_transition_period: Option<String>,

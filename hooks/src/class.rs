@@ -76,7 +76,7 @@ impl QosClass {
 pub struct Trust {
     /// Pods in these namespaces may set any class and the skip label, and their
     /// `scheduling.koordinator.sh/resource-status` cpuset is taken as it is.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::serde_null::empty")]
     pub namespaces: Vec<String>,
     /// The cluster's control plane validates these labels and annotations (a
     /// Koordinator webhook and scheduler): trust every pod's, as koordlet does.

@@ -9,6 +9,7 @@
 //! * [`quantity`]: Kubernetes resource quantities, parsed exactly.
 //! * [`policy`]: the policy config, with Koordinator's NodeSLO names and defaults.
 //! * [`warning`]: what was wrong with a pod's input or the host, typed.
+//! * [`serde_null`]: a config key written with no value reads as empty.
 //! * [`decide`]: per pod and container, what to override in CRI resources and
 //!   which cgroup settings to write, each with the rule behind it.
 //!
@@ -22,6 +23,7 @@ pub mod decide;
 pub mod nodeslo;
 pub mod policy;
 pub mod quantity;
+pub mod serde_null;
 pub mod warning;
 
 pub use class::{classify, ClassDecision, ClassSource, KubeQos, PodClass, QosClass, Trust};
