@@ -31,6 +31,7 @@ pub mod nodemetric;
 pub mod nodeslo;
 pub mod pods;
 pub mod status;
+pub mod view;
 
 /// While a watch is stale, how often the API server is asked whether it is
 /// back (a watch resumed from its resourceVersion says nothing until an

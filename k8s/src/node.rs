@@ -6,7 +6,6 @@
 use std::sync::Arc;
 
 use futures_util::StreamExt;
-use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
@@ -16,17 +15,14 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::status::{ClusterStatus, WatchName};
+use crate::view::{NodeView, ResourceList};
 
 /// The CPU kubelet reserves on `n`, in cores (capacity − allocatable;
 /// `None`: the Node does not say).
-pub fn reserved_cores(n: &Node) -> Option<f64> {
+pub fn reserved_cores(n: &NodeView) -> Option<f64> {
     let st = n.status.as_ref()?;
-    let milli = |l: Option<
-        &std::collections::BTreeMap<
-            String,
-            k8s_openapi::apimachinery::pkg::api::resource::Quantity,
-        >,
-    >| { Quantity::parse(l?.get("cpu")?.0.trim()).ok()?.milli_value() };
+    let milli =
+        |l: Option<&ResourceList>| Quantity::parse(l?.get("cpu")?.trim()).ok()?.milli_value();
     let cap = milli(st.capacity.as_ref())?;
     let alloc = milli(st.allocatable.as_ref())?;
     (cap >= alloc && alloc >= 0).then(|| (cap - alloc) as f64 / 1000.0)
@@ -40,7 +36,7 @@ pub async fn follow(
     status: Arc<ClusterStatus>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let api: Api<Node> = Api::all(client);
+    let api: Api<NodeView> = Api::all(client);
     let fields = format!("metadata.name={node}");
     let stream =
         watcher::watcher(api.clone(), watcher::Config::default().fields(&fields)).default_backoff();

@@ -8,7 +8,6 @@
 use std::sync::Arc;
 
 use futures_util::StreamExt;
-use k8s_openapi::api::core::v1::{Container, Pod, ResourceRequirements, Toleration};
 use kube::api::Api;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
@@ -18,16 +17,19 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::status::{ClusterStatus, WatchName};
+use crate::view::{ContainerView, PodView, ResourceList, ResourcesView, TolerationView};
 
 /// The taint kubelet sets under memory pressure: a BestEffort pod that
 /// tolerates it is admitted anyway.
 pub const MEMORY_PRESSURE_TAINT: &str = "node.kubernetes.io/memory-pressure";
 
 /// What qoslet keeps of a pod (`None`: no UID, not a pod qoslet can join).
-pub fn cluster_pod(p: &Pod) -> Option<ClusterPod> {
+pub fn cluster_pod(p: &PodView) -> Option<ClusterPod> {
     let uid = p.metadata.uid.clone().filter(|u| !u.is_empty())?;
     let spec = p.spec.as_ref();
-    let containers = spec.map(|s| s.containers.as_slice()).unwrap_or_default();
+    let containers = spec
+        .and_then(|s| s.containers.as_deref())
+        .unwrap_or_default();
     let init = spec
         .and_then(|s| s.init_containers.as_deref())
         .unwrap_or_default();
@@ -60,12 +62,9 @@ enum Which {
     Limits,
 }
 
-type ResourceList =
-    std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>;
-
 /// A quantity of `name`: CPU in millicores, others in whole units.
 fn amount(list: Option<&ResourceList>, name: &str) -> Option<i64> {
-    let q = Quantity::parse(list?.get(name)?.0.trim()).ok()?;
+    let q = Quantity::parse(list?.get(name)?.trim()).ok()?;
     if name == "cpu" {
         q.milli_value()
     } else {
@@ -73,8 +72,8 @@ fn amount(list: Option<&ResourceList>, name: &str) -> Option<i64> {
     }
 }
 
-fn container_amount(c: &Container, which: Which, name: &str) -> Option<i64> {
-    let r: Option<&ResourceRequirements> = c.resources.as_ref();
+fn container_amount(c: &ContainerView, which: Which, name: &str) -> Option<i64> {
+    let r: Option<&ResourcesView> = c.resources.as_ref();
     amount(
         r.and_then(|r| match which {
             Which::Requests => r.requests.as_ref(),
@@ -91,8 +90,8 @@ fn container_amount(c: &Container, which: Which, name: &str) -> Option<i64> {
 /// those; the overhead is added to a total that is not zero. A limit missing
 /// on a regular container is none for the pod (0).
 fn pod_amount(
-    containers: &[Container],
-    init: &[Container],
+    containers: &[ContainerView],
+    init: &[ContainerView],
     overhead: Option<&ResourceList>,
     which: Which,
     name: &str,
@@ -104,7 +103,7 @@ fn pod_amount(
     {
         return 0;
     }
-    let of = |c: &Container| container_amount(c, which, name).unwrap_or(0);
+    let of = |c: &ContainerView| container_amount(c, which, name).unwrap_or(0);
     let mut sidecars = 0i64;
     let mut init_max = 0i64;
     for c in init {
@@ -129,7 +128,7 @@ fn pod_amount(
 
 /// Whether a toleration tolerates kubelet's memory-pressure NoSchedule taint
 /// (the taint has no value: `Equal` matches only an empty one).
-fn tolerates_memory_pressure(t: &Toleration) -> bool {
+fn tolerates_memory_pressure(t: &TolerationView) -> bool {
     let effect_ok = t
         .effect
         .as_deref()
@@ -152,7 +151,7 @@ pub async fn follow(
     status: Arc<ClusterStatus>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let api: Api<Pod> = Api::all(client);
+    let api: Api<PodView> = Api::all(client);
     let fields = format!("spec.nodeName={node}");
     let cfg = watcher::Config::default().fields(&fields);
     let stream = watcher::watcher(api.clone(), cfg).default_backoff();

@@ -232,7 +232,7 @@ fn fixture(name: &str) -> Value {
 /// toleration, and nothing of the spec's env.
 #[test]
 fn a_pod_as_the_api_server_serves_it() {
-    let p: k8s_openapi::api::core::v1::Pod = serde_json::from_value(fixture("burstable")).unwrap();
+    let p: crate::view::PodView = serde_json::from_value(fixture("burstable")).unwrap();
     let c = crate::pods::cluster_pod(&p).unwrap();
     assert_eq!(c.uid, "3b0e8f5c-6a59-4f63-9f7a-1d4e2c9b8a01");
     assert_eq!(
@@ -253,7 +253,7 @@ fn a_pod_as_the_api_server_serves_it() {
     assert!(!c.deleting);
     assert!(!format!("{c:?}").contains("DB_PASSWORD"));
 
-    let p: k8s_openapi::api::core::v1::Pod = serde_json::from_value(fixture("daemonset")).unwrap();
+    let p: crate::view::PodView = serde_json::from_value(fixture("daemonset")).unwrap();
     let c = crate::pods::cluster_pod(&p).unwrap();
     assert_eq!(c.qos_class.as_deref(), Some("BestEffort"));
     assert_eq!(c.requests, qoslet_state::PodAmounts::default());
@@ -265,7 +265,7 @@ fn a_pod_as_the_api_server_serves_it() {
     let tol = |t: Value| {
         let mut o = fixture("burstable");
         o["spec"]["tolerations"] = json!([t]);
-        let p: k8s_openapi::api::core::v1::Pod = serde_json::from_value(o).unwrap();
+        let p: crate::view::PodView = serde_json::from_value(o).unwrap();
         crate::pods::cluster_pod(&p)
             .unwrap()
             .tolerates_memory_pressure
@@ -286,8 +286,154 @@ fn a_pod_as_the_api_server_serves_it() {
     // no UID: nothing to join
     let mut o = fixture("burstable");
     o["metadata"]["uid"] = json!(null);
-    let p: k8s_openapi::api::core::v1::Pod = serde_json::from_value(o).unwrap();
+    let p: crate::view::PodView = serde_json::from_value(o).unwrap();
     assert!(crate::pods::cluster_pod(&p).is_none());
+}
+
+/// The views read what k8s-openapi's whole `Pod` and `Node` read, field for
+/// field, on the fixtures and on the shapes the fixtures lack (null lists, no
+/// spec, no status); and an object k8s-openapi refuses for a field qoslet
+/// keeps is refused by the view too.
+#[test]
+fn the_views_read_what_k8s_openapi_reads() {
+    use k8s_openapi::api::core::v1::{Node, Pod};
+    fn rl(
+        l: Option<
+            &std::collections::BTreeMap<
+                String,
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity,
+            >,
+        >,
+    ) -> Option<Vec<(String, String)>> {
+        l.map(|l| l.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect())
+    }
+    fn rv(l: Option<&crate::view::ResourceList>) -> Option<Vec<(String, String)>> {
+        l.map(|l| l.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+    }
+    fn same_pod(o: Value) {
+        let full: Pod = serde_json::from_value(o.clone()).unwrap();
+        let view: crate::view::PodView = serde_json::from_value(o.clone()).unwrap();
+        assert_eq!(full.metadata, view.metadata, "{o}");
+        let (fs, vs) = (full.spec.as_ref(), view.spec.as_ref());
+        assert_eq!(fs.is_some(), vs.is_some());
+        if let (Some(f), Some(v)) = (fs, vs) {
+            assert_eq!(f.priority, v.priority);
+            assert_eq!(f.priority_class_name, v.priority_class_name);
+            assert_eq!(
+                f.termination_grace_period_seconds,
+                v.termination_grace_period_seconds
+            );
+            assert_eq!(rl(f.overhead.as_ref()), rv(v.overhead.as_ref()));
+            let fc = |cs: &[k8s_openapi::api::core::v1::Container]| {
+                cs.iter()
+                    .map(|c| {
+                        let r = c.resources.as_ref();
+                        (
+                            c.name.clone(),
+                            c.restart_policy.clone(),
+                            rl(r.and_then(|r| r.requests.as_ref())),
+                            rl(r.and_then(|r| r.limits.as_ref())),
+                        )
+                    })
+                    .collect::<Vec<_>>()
+            };
+            let vc = |cs: &[crate::view::ContainerView]| {
+                cs.iter()
+                    .map(|c| {
+                        let r = c.resources.as_ref();
+                        (
+                            c.name.clone().unwrap_or_default(),
+                            c.restart_policy.clone(),
+                            rv(r.and_then(|r| r.requests.as_ref())),
+                            rv(r.and_then(|r| r.limits.as_ref())),
+                        )
+                    })
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(
+                fc(&f.containers),
+                vc(v.containers.as_deref().unwrap_or_default())
+            );
+            assert_eq!(
+                fc(f.init_containers.as_deref().unwrap_or_default()),
+                vc(v.init_containers.as_deref().unwrap_or_default())
+            );
+            let ft: Vec<_> = f
+                .tolerations
+                .iter()
+                .flatten()
+                .map(|t| {
+                    (
+                        t.key.clone(),
+                        t.operator.clone(),
+                        t.effect.clone(),
+                        t.value.clone(),
+                    )
+                })
+                .collect();
+            let vt: Vec<_> = v
+                .tolerations
+                .iter()
+                .flatten()
+                .map(|t| {
+                    (
+                        t.key.clone(),
+                        t.operator.clone(),
+                        t.effect.clone(),
+                        t.value.clone(),
+                    )
+                })
+                .collect();
+            assert_eq!(ft, vt);
+        }
+        assert_eq!(
+            full.status.as_ref().and_then(|s| s.qos_class.clone()),
+            view.status.as_ref().and_then(|s| s.qos_class.clone())
+        );
+    }
+    for name in ["burstable", "daemonset"] {
+        let o = fixture(name);
+        same_pod(o.clone());
+        for (path, v) in [
+            ("tolerations", json!(null)),
+            ("initContainers", json!(null)),
+            ("overhead", json!(null)),
+            ("priority", json!(null)),
+        ] {
+            let mut o = o.clone();
+            o["spec"][path] = v;
+            same_pod(o);
+        }
+        let mut o2 = o.clone();
+        o2.as_object_mut().unwrap().remove("status");
+        same_pod(o2);
+        // a kept field of the wrong type: both refuse the object
+        let mut bad = o.clone();
+        bad["spec"]["priority"] = json!("high");
+        assert!(serde_json::from_value::<Pod>(bad.clone()).is_err());
+        assert!(serde_json::from_value::<crate::view::PodView>(bad).is_err());
+    }
+    let node = json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "n1", "uid": "u1", "resourceVersion": "7", "labels": {"a": "b"}},
+        "spec": {"podCIDR": "10.0.0.0/24"},
+        "status": {
+            "capacity": {"cpu": "8", "memory": "32Gi", "pods": "110"},
+            "allocatable": {"cpu": "7500m", "memory": "31Gi", "pods": "110"},
+            "images": [{"names": ["busybox"], "sizeBytes": 1}],
+            "conditions": [{"type": "Ready", "status": "True"}]
+        }
+    });
+    let full: Node = serde_json::from_value(node.clone()).unwrap();
+    let view: crate::view::NodeView = serde_json::from_value(node).unwrap();
+    assert_eq!(full.metadata, view.metadata);
+    let (fs, vs) = (full.status.clone().unwrap(), view.status.unwrap());
+    assert_eq!(rl(fs.capacity.as_ref()), rv(vs.capacity.as_ref()));
+    assert_eq!(rl(fs.allocatable.as_ref()), rv(vs.allocatable.as_ref()));
+    assert_eq!(crate::node::reserved_cores(&view_of(&full)), Some(0.5));
+    fn view_of(n: &Node) -> crate::view::NodeView {
+        serde_json::from_value(serde_json::to_value(n).unwrap()).unwrap()
+    }
 }
 
 /// Issue 31: this node's pods join the store by UID (other nodes' never),
@@ -446,7 +592,7 @@ async fn evictions_go_through_the_eviction_api_and_respect_budgets() {
     let ds = fake.apply(PODS, fixture("daemonset"));
     // the cluster view (the pods watch) has both
     for o in [&web, &ds] {
-        let p: k8s_openapi::api::core::v1::Pod = serde_json::from_value(o.clone()).unwrap();
+        let p: crate::view::PodView = serde_json::from_value(o.clone()).unwrap();
         store.upsert_cluster_pod(crate::pods::cluster_pod(&p).unwrap());
     }
     fake.protect("shop", "web-7d9c5b7f6b-x2kqp");
@@ -927,7 +1073,7 @@ mod crds {
 async fn the_nodes_allocatable_is_the_engines_reserved_cpu() {
     use qoslet_qos_engine::runner::Reserved;
     let node: Value = serde_json::from_str(include_str!("../tests/fixtures/node.json")).unwrap();
-    let n: k8s_openapi::api::core::v1::Node = serde_json::from_value(node.clone()).unwrap();
+    let n: crate::view::NodeView = serde_json::from_value(node.clone()).unwrap();
     assert_eq!(crate::node::reserved_cores(&n), Some(0.5));
     // the file's value wins
     let fixed = Reserved::from_file(Some(1.5));
