@@ -288,11 +288,16 @@ pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> 
 
 /// VmRSS of a process in KiB.
 pub fn rss_kib(pid: i32) -> u64 {
+    status_kib(pid, "VmRSS")
+}
+
+/// A `kB` field of `/proc/<pid>/status` (`VmRSS`, `RssAnon`, `RssFile`, ...); 0 when absent.
+pub fn status_kib(pid: i32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
+                .find(|l| l.strip_prefix(field).is_some_and(|r| r.starts_with(':')))
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|v| v.parse().ok())
         })

@@ -531,6 +531,10 @@ fn main() {
         );
     }
     let rss = qoslet_integration::process::rss_kib(pid);
+    let (anon, file) = (
+        qoslet_integration::process::status_kib(pid, "RssAnon"),
+        qoslet_integration::process::status_kib(pid, "RssFile"),
+    );
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = mover.join();
     qoslet_integration::process::signal(pid, libc::SIGTERM);
@@ -538,11 +542,13 @@ fn main() {
     let log = std::fs::read_to_string(dir.join("qoslet.log")).unwrap_or_default();
     let loaded = !log.contains("snapshot ignored");
     println!(
-        "agent: qoslet proxy with {} pods / {} containers in its store, {hours} h cache loaded from a {snap_mib:.1} MiB snapshot ({}), collecting every 1 s (realistic mix): RSS {:.1} MiB (target 64), CPU {:.2}% of a core over {:.0} s (target < 2%)",
+        "agent: qoslet proxy with {} pods / {} containers in its store, {hours} h cache loaded from a {snap_mib:.1} MiB snapshot ({}), collecting every 1 s (realistic mix): RSS {:.1} MiB (target 64; anonymous {:.1}, file-backed {:.1}), CPU {:.2}% of a core over {:.0} s (target < 2%)",
         PODS,
         PODS * PER_POD,
         if loaded { "loaded" } else { "NOT loaded" },
         rss as f64 / 1024.0,
+        anon as f64 / 1024.0,
+        file as f64 / 1024.0,
         (c1 - c0) as f64 / hz / w1.as_secs_f64() * 100.0,
         w1.as_secs_f64()
     );

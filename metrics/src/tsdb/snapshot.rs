@@ -430,7 +430,9 @@ impl Tsdb {
             if ns > Metric::ALL.len() as u64 {
                 return Err(SnapshotError::Corrupt);
             }
-            let mut series: Vec<(Metric, Series)> = Vec::new();
+            // exactly as many as the entity has (ns is bounded above): a vector
+            // grown by doubling would keep a quarter of its slots empty for good
+            let mut series: Vec<(Metric, Series)> = Vec::with_capacity(ns as usize);
             for _ in 0..ns {
                 let m = Metric::from_id(r.take(1)?[0]).ok_or(SnapshotError::Corrupt)?;
                 if series.iter().any(|(x, _)| *x == m) {
