@@ -399,6 +399,7 @@ mod tests {
             ..s
         };
         assert_eq!(s.capacity().unwrap(), 16384 * 1024);
+        let _ = std::fs::remove_dir_all(&root);
     }
 
     #[test]
@@ -428,5 +429,6 @@ mod tests {
                 Signal::NodefsAvailable
             ]
         );
+        let _ = std::fs::remove_dir_all(&root);
     }
 }
