@@ -16,7 +16,12 @@ say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 say "installing and starting a private containerd 1.6 + runc"
 $TB up | sed 's/^/  /'
 say "building qoslet and the fake API server"
-cargo build --workspace --bins --locked 2>&1 | tail -1
+# the last line on success; the compiler's whole complaint on failure
+BUILD_LOG=$(mktemp)
+if ! cargo build --workspace --bins --locked >"$BUILD_LOG" 2>&1; then
+  tail -60 "$BUILD_LOG" >&2; rm -f "$BUILD_LOG"; exit 1
+fi
+tail -1 "$BUILD_LOG"; rm -f "$BUILD_LOG"
 Q="${CARGO_TARGET_DIR:-target}/debug/qoslet"
 FAKE="${CARGO_TARGET_DIR:-target}/debug/fake_apiserver"
 
