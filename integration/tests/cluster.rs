@@ -10,7 +10,7 @@ use std::time::Duration;
 use qoslet_integration::process::{kubelet_cgroup_root, QosletProcess};
 use qoslet_integration::testbed::{container_config, pod_config, usage_mib, Cleanup, Cri, Testbed};
 use qoslet_integration::{eventually, free_port, http_get, scratch, unique};
-use qoslet_kube::fake::FakeApiServer;
+use qoslet_kube_fake::FakeApiServer;
 use serde_json::{json, Value};
 
 const PODS: &str = "/api/v1/pods";

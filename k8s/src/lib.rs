@@ -14,8 +14,9 @@
 //! * [`nodemetric`]: this node's NodeMetric status, reported from the
 //!   metrics cache with Koordinator's keys.
 //! * [`status`]: each watch ok or stale, the API's answers counted (`/metrics`).
-//! * `fake` (feature `testing`): an in-process fake API server speaking the
-//!   real HTTP/JSON list and watch protocol, which the tests run against.
+//!
+//! The tests run against an in-process fake API server speaking the real
+//! HTTP/JSON list and watch protocol (crate `qoslet-kube-fake`, `k8s/fake/`).
 
 use std::path::PathBuf;
 
@@ -23,8 +24,6 @@ use serde::Deserialize;
 
 pub mod crd;
 pub mod evict;
-#[cfg(any(test, feature = "testing"))]
-pub mod fake;
 pub mod limit;
 pub mod node;
 pub mod nodemetric;

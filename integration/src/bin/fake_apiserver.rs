@@ -1,4 +1,4 @@
-//! The in-process fake API server (`qoslet_kube::fake`) as a process, for
+//! The in-process fake API server (`qoslet_kube_fake`) as a process, for
 //! `integration/demo-cluster.sh`: it serves the real HTTP/JSON list, watch,
 //! status and Eviction API on 127.0.0.1 and keeps its objects in step with a
 //! directory of JSON files, one object each (`Node`, `Pod`, `NodeSLO`,
@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use qoslet_kube::fake::FakeApiServer;
+use qoslet_kube_fake::FakeApiServer;
 use serde_json::Value;
 
 fn arg(name: &str) -> Option<String> {

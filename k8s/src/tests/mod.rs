@@ -5,9 +5,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::fake::FakeApiServer;
 use crate::KubernetesConfig;
 use qoslet_agent::hub::PolicyHub;
+use qoslet_kube_fake::FakeApiServer;
 
 const NODESLOS: &str = "/apis/slo.koordinator.sh/v1alpha1/nodeslos";
 
