@@ -22,7 +22,7 @@ if ! cargo build --workspace --bins --locked >"$BUILD_LOG" 2>&1; then
   tail -60 "$BUILD_LOG" >&2; rm -f "$BUILD_LOG"; exit 1
 fi
 tail -1 "$BUILD_LOG"; rm -f "$BUILD_LOG"
-Q="${CARGO_TARGET_DIR:-target}/debug/qoslet"
+Q="${QOSLET_BIN:-${CARGO_TARGET_DIR:-target}/debug/qoslet}" # QOSLET_BIN: another build (or a wrapper)
 FAKE="${CARGO_TARGET_DIR:-target}/debug/fake_apiserver"
 
 D=$WORK/demo-cluster; rm -rf "$D"; mkdir -p "$D/objects"
@@ -78,7 +78,7 @@ say "starting qoslet in front of containerd, with the cluster side on (no policy
   --runtime-endpoint "unix://$WORK/main/containerd.sock" --state-dir "$D/state" \
   --metrics-listen 127.0.0.1:19317 --config "$D/qoslet.yaml" 2>"$D/qoslet.log" &
 QPID=$!
-for _ in $(seq 1 100); do [ -S "$ASOCK" ] && break; sleep 0.05; done
+for _ in $(seq 1 600); do [ -S "$ASOCK" ] && [ -S "$QSOCK" ] && break; sleep 0.05; done
 GRPCURL=$WORK/bin/grpcurl
 . integration/scripts/lib.sh
 run() { # name class cgroup-parent resources

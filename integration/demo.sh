@@ -22,10 +22,11 @@ if ! cargo build --workspace --bins --locked >"$BUILD_LOG" 2>&1; then
 fi
 tail -1 "$BUILD_LOG"; rm -f "$BUILD_LOG"
 
-Q="${CARGO_TARGET_DIR:-target}/debug/qoslet"
+Q="${QOSLET_BIN:-${CARGO_TARGET_DIR:-target}/debug/qoslet}" # QOSLET_BIN: another build (or a wrapper)
 D=$WORK/demo; mkdir -p "$D"
 QSOCK=$D/qoslet.sock; ASOCK=$D/admin.sock
 pkill -f "qoslet proxy --listen unix://$QSOCK" 2>/dev/null || true; sleep 0.2
+rm -f "$QSOCK" "$ASOCK" # a socket file left by an earlier run would pass for the new one
 # the QoS engine: BE may use 65% of the node minus what LS and the system use (a CFS quota on the
 # demo's besteffort parent); Koordinator's NodeSLO names, hot-reloaded when this file changes
 cat > "$D/qoslet.yaml" <<YAML
@@ -46,7 +47,7 @@ say "starting qoslet in front of containerd (kubelet would use --container-runti
   --runtime-endpoint "unix://$WORK/main/containerd.sock" --state-dir "$D/state" \
   --metrics-listen 127.0.0.1:19316 --config "$D/qoslet.yaml" 2>"$D/qoslet.log" &
 QPID=$!
-for _ in $(seq 1 100); do [ -S "$ASOCK" ] && break; sleep 0.05; done
+for _ in $(seq 1 600); do [ -S "$ASOCK" ] && [ -S "$QSOCK" ] && break; sleep 0.05; done
 GRPCURL=$WORK/bin/grpcurl
 . integration/scripts/lib.sh
 echo "  qoslet pid $QPID; services on its socket (from qoslet's reflection, no .proto file):"

@@ -63,4 +63,10 @@ integration/demo-cluster.sh > "$QOSLET_TESTBED/demo-cluster.out" 2>&1 \
 lap "Kubernetes manifests (deploy/), offline against the 1.33 schemas"
 integration/scripts/check-deploy.sh
 
+lap "the release binary: built as shipped, its code layout (link/qoslet.order) applies"
+REL_LOG=$QOSLET_TESTBED/release-build.log
+cargo build --release --locked -p qoslet --bin qoslet > "$REL_LOG" 2>&1 || { tail -40 "$REL_LOG"; exit 1; }
+grep -i "warning: qoslet" "$REL_LOG" || true # build.rs says when the linker keeps the default layout
+python3 integration/scripts/order_file.py --check "${CARGO_TARGET_DIR:-target}/release/qoslet"
+
 lap "all tests passed"
