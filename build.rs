@@ -16,8 +16,10 @@
 //!
 //! The names in the file carry hashes of the toolchain and of the crates' versions, features and
 //! profile: a name this build does not have is skipped (a stale file costs resident pages, not a
-//! failed build). `integration/run-tests.sh` checks that a `cargo build --release --locked` finds
-//! them; the file is made again when it does not.
+//! failed build). `integration/run-tests.sh` checks that `cargo build --release --locked -p qoslet`
+//! finds them and places them first; the file is made again when it does not. A linker set in a
+//! config file that changes may need `cargo clean -p qoslet --release` (cargo does not rerun this
+//! script for it).
 
 use std::{env, path::Path, process::Command};
 
@@ -25,6 +27,12 @@ fn main() {
     println!("cargo:rerun-if-changed=link/qoslet.order");
     println!("cargo:rerun-if-env-changed=QOSLET_LINK_ORDER");
     let var = |k: &str| env::var(k).unwrap_or_default();
+    // cargo does not rerun a build script when only the target's linker changed
+    let target_linker = format!(
+        "CARGO_TARGET_{}_LINKER",
+        var("TARGET").to_uppercase().replace(['-', '.'], "_")
+    );
+    println!("cargo:rerun-if-env-changed={target_linker}");
     if var("PROFILE") != "release" || var("QOSLET_LINK_ORDER") == "0" {
         return;
     }
@@ -39,9 +47,9 @@ fn main() {
         "-Xlinker".to_string(),
         "--no-warn-symbol-ordering".to_string(),
     ];
-    if !linker_takes(&args) {
+    if let Err(why) = linker_takes(&args) {
         println!(
-            "cargo:warning=the linker does not take --symbol-ordering-file (not lld?): qoslet keeps the default code layout (docs/benchmarks.md, \"Code layout\")"
+            "cargo:warning=a trial link with --symbol-ordering-file failed ({why}): qoslet keeps the default code layout (docs/benchmarks.md, \"Code layout\")"
         );
         return;
     }
@@ -51,23 +59,21 @@ fn main() {
 }
 
 /// Whether an empty program links with these linker arguments, built as this build builds
-/// (rustc, target, RUSTFLAGS, the configured linker).
-fn linker_takes(args: &[String]) -> bool {
+/// (rustc, target, RUSTFLAGS, the configured linker); if not, the first line rustc printed.
+fn linker_takes(args: &[String]) -> Result<(), String> {
     let var = |k: &str| env::var(k).unwrap_or_default();
-    let Some(rustc) = env::var_os("RUSTC") else {
-        return false;
-    };
+    let rustc = env::var_os("RUSTC").ok_or("no RUSTC")?;
     let dir = Path::new(&var("OUT_DIR")).join("link-probe");
-    if std::fs::create_dir_all(&dir).is_err()
-        || std::fs::write(dir.join("probe.rs"), "fn main() {}\n").is_err()
-    {
-        return false;
-    }
+    std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::write(dir.join("probe.rs"), "fn main() {}\n"))
+        .map_err(|e| e.to_string())?;
     let mut cmd = Command::new(rustc);
     cmd.arg(dir.join("probe.rs"))
         .arg("-o")
         .arg(dir.join("probe"))
-        .args(["--crate-type", "bin", "--target", &var("TARGET")]);
+        // RUSTFLAGS may deny lints (missing docs) the probe has no business meeting
+        .args(["--cap-lints", "allow", "--crate-type", "bin"])
+        .args(["--target", &var("TARGET")]);
     for flag in var("CARGO_ENCODED_RUSTFLAGS")
         .split('\x1f')
         .filter(|f| !f.is_empty())
@@ -81,5 +87,17 @@ fn linker_takes(args: &[String]) -> bool {
     for arg in args {
         cmd.arg(format!("-Clink-arg={arg}"));
     }
-    cmd.output().map(|o| o.status.success()).unwrap_or(false)
+    let out = cmd.output().map_err(|e| e.to_string())?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    Err(err
+        .lines()
+        .find(|l| l.contains("error"))
+        .unwrap_or("rustc failed")
+        .trim()
+        .chars()
+        .take(200)
+        .collect())
 }

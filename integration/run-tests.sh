@@ -2,7 +2,8 @@
 # qoslet's whole test suite, as CI runs it: unit tests, then end-to-end tests against a
 # real containerd 1.6 + runc and containerd 1.7 (Debian packages), and containerd 2.1 for
 # NRI v0.8 (registration only: its pods do not start here), then a grpcurl smoke
-# run through a real qoslet process. Needs root (cgroups, containerd) and Rust.
+# run through a real qoslet process, the cluster demo, the manifests' checks, and the release
+# binary as shipped with its code layout checked. Needs root (cgroups, containerd) and Rust.
 # Installs what is missing (apt: containerd runc jq protobuf-compiler; PyPI: grpcurl; promtool),
 # starts the containerds on private sockets, and tears them down at the end.
 set -euo pipefail

@@ -6,11 +6,10 @@
   order_file.py --check BINARY [ORDER_FILE]                      exit 1 unless the binary has >= 90 %
                                                                  of the names and they lead its code
 
-Each function sits at the mean position of the workloads that ran it, on the line
-demo (-2) - cluster (-1) - agent (0) - nri (+2): code only the CRI front end runs at one end, code
-only the NRI front end runs at the other, what every agent runs in the middle. Functions that ran in
-the same workloads form one stretch, most instructions first, so that an agent that runs none of a
-stretch's code has at most its two edge pages resident."""
+Functions that ran in the same workloads form one stretch, most instructions first, so that an
+agent that runs none of a stretch's code has at most its two edge pages resident. The stretches are
+ordered by the mean position of their workloads on the line demo (-2) - cluster (-1) - agent (0) -
+nri (+2): code only the CRI front end runs first, code only the NRI front end runs last."""
 import collections
 import os
 import re
@@ -40,10 +39,19 @@ def check(binary, order_path):
     lowest = sorted(a for a, _ in have.values())[: len(found)]
     placed = sum(1 for n in found if have[n][0] <= lowest[-1]) / max(len(found), 1) if found else 0
     print(f"{binary}: {len(found)} of {len(names)} functions of {order_path} found ({share:.1%}), "
-          f"{placed:.1%} of them placed first")
-    if share < 0.9 or placed < 0.9:
-        print("the code layout does not apply to this build: re-run integration/scripts/order-file.sh "
-              "(rustc, Cargo.lock, features or the profile changed since it was made)", file=sys.stderr)
+          f"{placed:.1%} of them placed first", flush=True)
+    if share < 0.9:
+        made = [l[len("# made with: "):].strip() for l in open(order_path) if l.startswith("# made with: ")]
+        rustc = subprocess.run([os.environ.get("RUSTC", "rustc"), "-V"], capture_output=True,
+                               text=True).stdout.strip()
+        print(f"the functions have other names in this build (the file was made with {made}; this "
+              f"is {rustc}): rustc, Cargo.lock, a feature or the profile changed since; make the file "
+              "again with integration/scripts/order-file.sh", file=sys.stderr)
+        sys.exit(1)
+    if placed < 0.9:
+        print("the linker did not place them first: it ignored the file (see build.rs's warning in "
+              "the build's output; the layout needs lld, rustc's default linker on x86_64 Linux "
+              "since 1.90)", file=sys.stderr)
         sys.exit(1)
 
 
@@ -97,6 +105,12 @@ def make(binary, workloads):
         if not files:
             sys.exit(f"no callgrind output for {workload} in {directory}")
         for path in files:
+            with open(path, "rb") as f:
+                f.seek(max(0, os.path.getsize(path) - 4096))
+                complete = b"\ntotals:" in f.read()
+            if not complete:  # the process was killed while callgrind wrote this dump
+                print(f"skipped, incomplete: {path}", file=sys.stderr)
+                continue
             self_cost(path, binary, per)
         for name, c in per.items():
             if name in sizes:
