@@ -116,7 +116,37 @@ def base_headers(path):
     ]
 
 
-def h2_case(sock, cid, name, headers, body=grpc_frame(b"")):
+def send_request(c, sid, headers, body, ending):
+    """Sends one request on stream `sid`, its body ended the way `ending` says
+    (issue 48: each ending is answered differently by the runtime, and qoslet
+    must forward it as it came):
+      data          the body, END_STREAM on its last DATA frame
+      headers       END_STREAM on the HEADERS: no body at all
+      empty-data    the body (may be b""), then an empty DATA frame with END_STREAM
+      padded-empty  the body, then an empty DATA frame with 16 bytes of padding and END_STREAM
+      trailers      the body (may be b""), then trailers (HEADERS with END_STREAM)
+      reset         the body, an empty DATA frame with END_STREAM, then RST_STREAM CANCEL
+    """
+    if ending == "headers":
+        c.send_headers(sid, headers, end_stream=True)
+        return
+    c.send_headers(sid, headers)
+    if ending == "data":
+        c.send_data(sid, body, end_stream=True)
+        return
+    if body:
+        c.send_data(sid, body)
+    if ending == "trailers":
+        c.send_headers(sid, [(b"x-trailer", b"1")], end_stream=True)
+    elif ending == "padded-empty":
+        c.send_data(sid, b"", end_stream=True, pad_length=16)
+    else:
+        c.send_data(sid, b"", end_stream=True)
+        if ending == "reset":
+            c.reset_stream(sid, 8)
+
+
+def h2_case(sock, cid, name, headers, body=grpc_frame(b""), ending="data", wait=30):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.connect(sock)
     cfg = h2.config.H2Configuration(
@@ -179,13 +209,15 @@ def h2_case(sock, cid, name, headers, body=grpc_frame(b"")):
     time.sleep(0.2)
     sid = c.get_next_available_stream_id()
     try:
-        c.send_headers(sid, headers)
-        c.send_data(sid, body, end_stream=True)
+        send_request(c, sid, headers, body, ending)
         s.sendall(c.data_to_send())
     except OSError as e:
         answers["send_error"] = type(e).__name__
     done = lambda n: n in answers and ("reset" in answers[n] or answers[n].get("ended") or "grpc" in answers[n])
-    pump(lambda: done(sid) and done(ex) or "goaway" in answers, 30)
+    # a stream that gets no answer either way (no deadline, or reset by the client)
+    # is waited on for `wait` seconds; the ExecSync still gets its full 30 s
+    t_case = time.monotonic()
+    pump(lambda: done(sid) and done(ex) or "goaway" in answers or (done(ex) and time.monotonic() - t_case > wait), 30)
     a = answers.get(sid, {})
     if "reset" in a:
         outcome = "reset:%d" % a["reset"]
@@ -237,6 +269,24 @@ def cases(cid, sandbox):
     yield "strict-te-gzip", ("h2", [x for x in h if x[0] != b"te"] + [(b"te", b"gzip")])
     yield "strict-no-path", ("h2", [x for x in h if x[0] != b":path"])
     yield "strict-bad-method", ("h2", [(b":method", b"P OST")] + h[1:])
+    # issue 48: every way a request body can end, for a passed-through call (Version),
+    # an intercepted one (CreateContainer) and a service the runtime does not serve (a
+    # streaming pass-through): each forwarded as it came, so answered as direct answers it. An empty body ended by an empty DATA frame is UNKNOWN at once; a
+    # body that ends on its HEADERS waits for its deadline (grpc-go), so it carries one;
+    # trailers from a client are a stream error.
+    paths = [("version", VERSION), ("create", CREATE), ("unknown", "/qoslet.test.Nothing/Call")]
+    yield "end-version-padded-empty-data", ("h2", h, b"", "padded-empty")
+    for tag, path in paths:
+        hp = base_headers(path)
+        yield "end-%s-empty-data" % tag, ("h2", hp, b"", "empty-data")
+        yield "end-%s-message-then-empty-data" % tag, ("h2", hp, grpc_frame(b""), "empty-data")
+        yield "end-%s-headers-deadline" % tag, ("h2", hp + [(b"grpc-timeout", b"1S")], b"", "headers")
+        yield "end-%s-trailers-only" % tag, ("h2", hp, b"", "trailers")
+        yield "end-%s-message-then-trailers" % tag, ("h2", hp, grpc_frame(b""), "trailers")
+    # no deadline and no body: grpc-go waits for ever, so does the call through qoslet
+    # (answered neither way within 2 s); a client reset: no answer either way
+    yield "end-version-headers-no-deadline", ("h2", h, b"", "headers", 2)
+    yield "end-version-reset-after-empty-data", ("h2", h, b"", "reset", 2)
 
 
 def main():
@@ -249,7 +299,7 @@ def main():
             _, method, payload, opts, *md = spec
             grpcio_case(sock, cid, name, method, payload, opts, md[0] if md else None)
         else:
-            h2_case(sock, cid, name, spec[1])
+            h2_case(sock, cid, name, *spec[1:])
 
 
 if __name__ == "__main__":

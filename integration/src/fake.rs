@@ -19,6 +19,19 @@ pub struct Seen {
     pub path: String,
     pub headers: HeaderMap,
     pub body: Bytes,
+    /// How the request's body ended.
+    pub ended: Ended,
+}
+
+/// How a request's body ended on the wire.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ended {
+    /// END_STREAM on the HEADERS (no DATA frame at all).
+    Headers,
+    /// END_STREAM on a DATA frame.
+    Data,
+    /// Trailers (a second HEADERS frame) ended it.
+    Trailers(HeaderMap),
 }
 
 /// What the backend answers.
@@ -157,15 +170,24 @@ async fn handle(
     respond: Responder,
 ) -> Response<Body> {
     let (parts, body) = req.into_parts();
-    let body = body
-        .collect()
-        .await
-        .map(|c| c.to_bytes())
-        .unwrap_or_default();
+    // before anything is read, h2 tells whether the HEADERS carried END_STREAM
+    let on_headers = hyper::body::Body::is_end_stream(&body);
+    let (body, ended) = match body.collect().await {
+        Ok(c) => {
+            let ended = match (on_headers, c.trailers()) {
+                (true, _) => Ended::Headers,
+                (false, Some(t)) => Ended::Trailers(t.clone()),
+                (false, None) => Ended::Data,
+            };
+            (c.to_bytes(), ended)
+        }
+        Err(_) => (Bytes::new(), Ended::Data),
+    };
     let s = Seen {
         path: parts.uri.path().to_string(),
         headers: parts.headers,
         body,
+        ended,
     };
     let reply = respond(&s);
     seen.lock().unwrap().push(s);

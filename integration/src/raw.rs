@@ -9,7 +9,8 @@ use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
-/// One HTTP/2 connection.
+/// One HTTP/2 connection (a clone calls on the same connection).
+#[derive(Clone)]
 pub struct RawClient {
     sender: SendRequest<Full<Bytes>>,
 }

@@ -68,8 +68,12 @@ async fn the_same_hostile_requests_end_the_same_way_direct_and_through_qoslet() 
     let q = QosletProcess::start(&dir, &tb.sock);
     let mut cleanup = Cleanup::new(&tb.sock);
     let (pod, container, _) = running_container(&tb, &mut cleanup).await;
-    let direct = outcomes(&tb.sock, &container, &pod);
-    let via = outcomes(&q.sock, &container, &pod);
+    // both ways at once: each case mostly waits (on its ExecSync, a deadline)
+    let (direct, via) = std::thread::scope(|s| {
+        let direct = s.spawn(|| outcomes(&tb.sock, &container, &pod));
+        let via = outcomes(&q.sock, &container, &pod);
+        (direct.join().expect("direct peer"), via)
+    });
     assert_eq!(
         direct.keys().collect::<Vec<_>>(),
         via.keys().collect::<Vec<_>>()
@@ -101,6 +105,29 @@ async fn the_same_hostile_requests_end_the_same_way_direct_and_through_qoslet() 
     assert_eq!(o("request-block-16k-frames-15728640"), "grpc:0");
     assert_eq!(o("reset-no-content-type"), "reset:1");
     assert_eq!(o("malformed-uppercase-name"), "reset:1");
+    // issue 48: an empty body ended by an empty DATA frame is answered at once
+    // (UNKNOWN), passed through, intercepted or streamed; one that ends on its
+    // HEADERS waits for its deadline (grpc-go); client trailers are a stream error
+    for tag in ["version", "create", "unknown"] {
+        // UNKNOWN, or UNIMPLEMENTED for a service the runtime does not serve
+        let want = if tag == "unknown" {
+            "grpc:12"
+        } else {
+            "grpc:2"
+        };
+        assert_eq!(o(&format!("end-{tag}-empty-data")), want, "{tag}");
+        assert_eq!(o(&format!("end-{tag}-trailers-only")), "reset:1", "{tag}");
+        assert_eq!(
+            o(&format!("end-{tag}-message-then-trailers")),
+            "reset:1",
+            "{tag}"
+        );
+    }
+    assert_eq!(o("end-version-headers-deadline"), "grpc:4");
+    assert_eq!(o("end-create-headers-deadline"), "grpc:4");
+    assert_eq!(o("end-version-message-then-empty-data"), "grpc:0");
+    assert_eq!(o("end-version-padded-empty-data"), "grpc:2");
+    assert_eq!(o("end-version-headers-no-deadline"), "none");
     // the message kubelet's own error carries, repeated whole (1 MiB of id)
     assert_eq!(
         via["trailers-status-id-1048576"]["details_len"],
@@ -171,4 +198,52 @@ async fn a_create_the_runtime_cannot_survive_is_refused_and_the_runtime_lives() 
         .version(cri::VersionRequest::default())
         .await
         .unwrap();
+}
+
+/// Issue 48: a call the runtime never answers (no body, END_STREAM on its
+/// HEADERS, no deadline: grpc-go waits for ever) is held through qoslet as it
+/// is direct, and released when its client gives up (RST_STREAM): nothing of
+/// it stays in flight, and the connection serves the next call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_its_client_gives_up_on_is_not_left_in_flight() {
+    use bytes::Bytes;
+    use qoslet_integration::raw::{frame, RawClient};
+    use std::time::Duration;
+    let tb = Testbed::main();
+    let dir = scratch("differential-give-up");
+    let q = QosletProcess::start(&dir, &tb.sock);
+    let raw = RawClient::connect(&q.sock).await.unwrap();
+    let mut admin = AdminClient::new(qoslet_integration::channel(&q.admin).await);
+    let mut in_flight = async || {
+        admin
+            .get_status(GetStatusRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .counters
+            .unwrap()
+            .calls_in_flight
+    };
+    const VERSION: &str = "/runtime.v1.RuntimeService/Version";
+    let held = {
+        let mut raw = raw.clone();
+        // an empty body: hyper ends the stream on the HEADERS
+        tokio::spawn(async move { raw.call(VERSION, &[], Bytes::new()).await })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!held.is_finished(), "answered: {:?}", held.await);
+    assert_eq!(in_flight().await, 1, "the held call is in flight");
+    // the client gives up: its stream is reset (the call's future dropped)
+    held.abort();
+    let mut left = 1;
+    for _ in 0..50 {
+        left = in_flight().await;
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(left, 0, "the given-up call is still in flight after 5 s");
+    let r = raw.clone().call(VERSION, &[], frame(&[])).await.unwrap();
+    assert_eq!(r.grpc_status().map(|s| s.0), Some(0), "{r:?}");
 }

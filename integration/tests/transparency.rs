@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use k8s_cri::v1 as cri;
 use prost::Message;
-use qoslet_integration::fake::{FakeBackend, Reply};
+use qoslet_integration::fake::{Ended, FakeBackend, Reply};
 use qoslet_integration::raw::{frame, unknown_field, RawClient};
 use qoslet_integration::{scratch, start_proxy};
 use qoslet_proxy::cri::{CriRequest, HookPoint};
@@ -765,4 +765,76 @@ async fn a_cut_pod_keeps_its_known_containers() {
         c[0].1["cpu.cfs_quota_us"], "50000",
         "with what qoslet applied"
     );
+}
+
+/// Issue 48: a request body reaches the runtime ended the way the client ended
+/// it (grpc-go answers each ending differently: an empty body that ends on
+/// its HEADERS waits for the deadline, one that ends on an empty DATA frame is
+/// answered at once), on a passed-through call, an intercepted one and a
+/// streamed one, and every one of them is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_reaches_the_runtime_ended_as_the_client_ended_it() {
+    let dir = scratch("request-end");
+    let fake = FakeBackend::start(&dir.join("backend.sock"), |_| Reply::ok(b"")).await;
+    let (_running, sock, _) = start_proxy(&dir, &fake.sock, Pipeline::new()).await;
+    let io = tokio::net::UnixStream::connect(&sock).await.unwrap();
+    let (client, conn) = h2::client::handshake(io).await.unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("x-client-trailer", "1".parse().unwrap());
+    let message = frame(b"");
+    let paths = [
+        "/runtime.v1.RuntimeService/Version",
+        CREATE,
+        "/qoslet.test.Streamed/Call",
+    ];
+    // (ending, body): how the client ends it, and what reaches the runtime
+    let endings: [(&str, Bytes, Ended); 5] = [
+        ("headers", Bytes::new(), Ended::Headers),
+        ("empty-data", Bytes::new(), Ended::Data),
+        ("data", message.clone(), Ended::Data),
+        ("trailers", Bytes::new(), Ended::Trailers(trailers.clone())),
+        (
+            "trailers",
+            message.clone(),
+            Ended::Trailers(trailers.clone()),
+        ),
+    ];
+    for path in paths {
+        for (ending, body, want) in &endings {
+            let head = http::Request::post(format!("http://localhost{path}"))
+                .header("content-type", "application/grpc")
+                .header("te", "trailers")
+                .header("x-case", format!("{ending}-{}", body.len()))
+                .body(())
+                .unwrap();
+            let mut c = client.clone().ready().await.unwrap();
+            let (answer, mut send) = c.send_request(head, *ending == "headers").unwrap();
+            match *ending {
+                "headers" => {}
+                "trailers" => {
+                    if !body.is_empty() {
+                        send.send_data(body.clone(), false).unwrap();
+                    }
+                    send.send_trailers(trailers.clone()).unwrap();
+                }
+                _ => send.send_data(body.clone(), true).unwrap(),
+            }
+            let r = tokio::time::timeout(Duration::from_secs(5), answer)
+                .await
+                .unwrap_or_else(|_| panic!("{path} {ending}: no answer in 5 s"))
+                .unwrap();
+            assert_eq!(r.status(), 200, "{path} {ending}");
+            let case = format!("{ending}-{}", body.len());
+            let seen = fake
+                .seen_on(path)
+                .into_iter()
+                .find(|s| s.headers["x-case"] == case.as_str())
+                .unwrap_or_else(|| panic!("{path} {case}: not forwarded"));
+            assert_eq!(&seen.ended, want, "{path} {case}");
+            assert_eq!(&seen.body, body, "{path} {case}");
+        }
+    }
 }

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::Uri;
+use http_body::Body as _;
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 use tonic::body::Body;
@@ -39,11 +40,31 @@ pub enum BackendError {
     Http { path: PathBuf, source: h2::Error },
 }
 
-/// What a forwarded call sends: a unary message known whole (its headers and
-/// body go out in one write), or a body that streams.
+/// What a forwarded call sends: a unary body known whole (its headers and
+/// body go out in one write) and the way the client ended it, or a body that
+/// streams.
 pub enum Outgoing {
-    Bytes(Bytes),
+    Unary { bytes: Bytes, end: RequestEnd },
     Stream(Body),
+}
+
+/// How the client ended a request's body, kept as it was on the way to the
+/// runtime: grpc-go answers each ending differently (issue 48). END_STREAM on
+/// the HEADERS leaves its handler waiting for a message until the call's
+/// deadline (then DEADLINE_EXCEEDED); END_STREAM on a DATA frame, even an empty
+/// one, ends the message (an empty body is UNKNOWN at once); trailers from a
+/// client are a stream error (RST_STREAM PROTOCOL_ERROR). Sending an empty
+/// body one way when the client sent it the other changes the answer, or
+/// leaves the call unanswered.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum RequestEnd {
+    /// END_STREAM on the HEADERS: no body at all.
+    Headers,
+    /// END_STREAM on the last DATA frame (the common case).
+    #[default]
+    Data,
+    /// The body ended with trailers (a HEADERS frame after the data).
+    Trailers(http::HeaderMap),
 }
 
 /// A raw connection: h2's client, driven directly (a unary call's HEADERS and
@@ -190,7 +211,7 @@ impl Backend {
         parts: http::request::Parts,
         body: Outgoing,
     ) -> Result<http::Response<H2Body>, BackendError> {
-        let Outgoing::Bytes(bytes) = &body else {
+        let Outgoing::Unary { bytes, end } = &body else {
             return self.request_once(parts, body).await;
         };
         // a unary call containerd's GOAWAY (or REFUSED_STREAM) turned away was never
@@ -202,6 +223,7 @@ impl Backend {
             parts.version,
             parts.headers.clone(),
             bytes.clone(),
+            end.clone(),
         );
         match self.request_once(parts, body).await {
             Err(BackendError::Http { source, .. })
@@ -209,13 +231,13 @@ impl Backend {
                     && (source.is_go_away()
                         || source.reason() == Some(h2::Reason::REFUSED_STREAM)) =>
             {
-                let (method, uri, version, headers, bytes) = again;
+                let (method, uri, version, headers, bytes, end) = again;
                 let (mut p, ()) = http::Request::new(()).into_parts();
                 p.method = method;
                 p.uri = uri;
                 p.version = version;
                 p.headers = headers;
-                self.request_once(p, Outgoing::Bytes(bytes)).await
+                self.request_once(p, Outgoing::Unary { bytes, end }).await
             }
             r => r,
         }
@@ -242,11 +264,27 @@ impl Backend {
         let mut sender = sender.ready().await.map_err(http)?;
         let head = http::Request::from_parts(parts, ());
         let (answer, send) = match body {
-            Outgoing::Bytes(b) if b.is_empty() => sender.send_request(head, true).map_err(http)?,
-            Outgoing::Bytes(b) => {
+            // a body that ended on its HEADERS: none is sent (not even an empty DATA frame)
+            Outgoing::Unary {
+                end: RequestEnd::Headers,
+                ..
+            } => sender.send_request(head, true).map_err(http)?,
+            Outgoing::Stream(body) if body.is_end_stream() => {
+                sender.send_request(head, true).map_err(http)?
+            }
+            Outgoing::Unary { bytes, end } => {
                 let (answer, mut send) = sender.send_request(head, false).map_err(http)?;
-                // queued with the HEADERS: one write (h2 holds what the window defers)
-                send.send_data(b, true).map_err(http)?;
+                // queued with the HEADERS: one write (h2 holds what the window defers);
+                // an empty body still ends on a DATA frame of its own, as the client's did
+                match end {
+                    RequestEnd::Trailers(t) => {
+                        if !bytes.is_empty() {
+                            send.send_data(bytes, false).map_err(http)?;
+                        }
+                        send.send_trailers(t).map_err(http)?;
+                    }
+                    _ => send.send_data(bytes, true).map_err(http)?,
+                }
                 (answer, send)
             }
             Outgoing::Stream(body) => {

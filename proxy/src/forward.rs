@@ -26,7 +26,7 @@ use tonic::body::Body;
 use tonic::{Code, Status};
 use tracing::{debug, warn};
 
-use crate::backend::{Backend, H2Body, Outgoing};
+use crate::backend::{Backend, H2Body, Outgoing, RequestEnd};
 use crate::cri::{route, CriRequest, CriResponse, HookPoint, Route};
 use crate::grpc::{
     encode_frame, parse_header, split_unary, status_of, status_response, too_large, FrameLimit,
@@ -81,6 +81,10 @@ pub fn reset_response(reason: h2::Reason) -> Response<Body> {
     r.extensions_mut().insert(ResetStream(reason));
     r
 }
+
+/// A unary request read whole: its body, how the client ended it, and what
+/// it holds of the buffer budget until it is answered.
+type UnaryRequest = (Bytes, RequestEnd, Option<tokio::sync::OwnedSemaphorePermit>);
 
 type LocalService = tower::util::BoxCloneSyncService<Request<H2Body>, Response<Body>, Infallible>;
 
@@ -209,7 +213,7 @@ impl Forwarder {
         // a unary body is charged against the budget until the runtime answered
         let (body, _charged) = if parts.uri.path().starts_with("/runtime.v1.") {
             match self.read_unary(body).await {
-                Ok((bytes, charged)) => (Outgoing::Bytes(bytes), charged),
+                Ok((bytes, end, charged)) => (Outgoing::Unary { bytes, end }, charged),
                 Err(resp) => return resp,
             }
         } else {
@@ -232,20 +236,32 @@ impl Forwarder {
         }
     }
 
-    /// Reads a unary request body. Refuses (RESOURCE_EXHAUSTED) as soon as the
-    /// frame header announces more than the limit, or the body outgrows it.
-    async fn read_unary(
-        &self,
-        mut body: H2Body,
-    ) -> Result<(Bytes, Option<tokio::sync::OwnedSemaphorePermit>), Response<Body>> {
+    /// Reads a unary request body, and how the client ended it (forwarded
+    /// the same way). Refuses (RESOURCE_EXHAUSTED) as soon as the frame header
+    /// announces more than the limit, or the body outgrows it.
+    async fn read_unary(&self, mut body: H2Body) -> Result<UnaryRequest, Response<Body>> {
         let limit = self.max_message;
+        // before anything is read: true only when the HEADERS carried END_STREAM
+        let mut end = if body.is_end_stream() {
+            RequestEnd::Headers
+        } else {
+            RequestEnd::Data
+        };
         let mut buf = BytesMut::new();
         let mut first: Option<Bytes> = None;
         let mut charged: Option<tokio::sync::OwnedSemaphorePermit> = None;
         loop {
             match body.frame().await {
                 Some(Ok(f)) => {
-                    let Ok(d) = f.into_data() else { continue };
+                    let d = match f.into_data() {
+                        Ok(d) => d,
+                        Err(f) => {
+                            if let Ok(t) = f.into_trailers() {
+                                end = RequestEnd::Trailers(t);
+                            }
+                            continue;
+                        }
+                    };
                     if first.is_none() && buf.is_empty() {
                         first = Some(d); // the common case: one chunk, no copy
                     } else {
@@ -285,7 +301,7 @@ impl Forwarder {
                 return Err(status_response(too_large(len, limit)));
             }
         }
-        Ok((first.unwrap_or_else(|| buf.freeze()), charged))
+        Ok((first.unwrap_or_else(|| buf.freeze()), end, charged))
     }
 
     /// Sends a request to the backend with the original method, path, headers
@@ -458,7 +474,7 @@ impl Forwarder {
         let (mut parts, body) = req.into_parts();
         let limit = self.max_message;
         // charged against the budget until this call is answered
-        let (bytes, _charged) = match self.read_unary(body).await {
+        let (bytes, end, _charged) = match self.read_unary(body).await {
             Ok(b) => b,
             Err(resp) => return resp,
         };
@@ -470,14 +486,20 @@ impl Forwarder {
             } => (original, request, body),
             Prepared::Refuse(status) => return status_response(status),
             Prepared::Opaque(bytes) => {
-                return match self.send(parts, Outgoing::Bytes(bytes), backend).await {
+                return match self
+                    .send(parts, Outgoing::Unary { bytes, end }, backend)
+                    .await
+                {
                     Ok(resp) => resp.map(Body::new),
                     Err(no) => no.into_response(),
                 };
             }
         };
         parts.headers.remove(http::header::CONTENT_LENGTH);
-        let resp = match self.send(parts, Outgoing::Bytes(body), backend).await {
+        let resp = match self
+            .send(parts, Outgoing::Unary { bytes: body, end }, backend)
+            .await
+        {
             Ok(r) => r,
             Err(no) => return no.into_response(),
         };
