@@ -23,6 +23,10 @@ pub enum QosletError {
     /// A request whose URI could not be rebuilt for the runtime.
     #[error("qoslet: bad request URI: {0}")]
     BadUri(String),
+    /// The client's deadline (`grpc-timeout`) passed before its request
+    /// message was in: answered as grpc-go answers it.
+    #[error("context deadline exceeded")]
+    DeadlineExceeded,
     /// A message over the size limit, in grpc-go's words (kubelet knows them).
     #[error("grpc: received message larger than max ({len} vs. {limit})")]
     TooLarge { len: usize, limit: usize },
@@ -64,7 +68,8 @@ impl From<QosletError> for Status {
             HookFailed {
                 timed_out: true, ..
             }
-            | Late(_) => Status::deadline_exceeded(msg),
+            | Late(_)
+            | DeadlineExceeded => Status::deadline_exceeded(msg),
             HookFailed { .. } | Internal(_) => Status::internal(msg),
             NotFound(_) => Status::not_found(msg),
             Unanswerable(_) => Status::failed_precondition(msg),

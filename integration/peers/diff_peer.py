@@ -126,6 +126,7 @@ def send_request(c, sid, headers, body, ending):
       padded-empty  the body, then an empty DATA frame with 16 bytes of padding and END_STREAM
       trailers      the body (may be b""), then trailers (HEADERS with END_STREAM)
       reset         the body, an empty DATA frame with END_STREAM, then RST_STREAM CANCEL
+      open          the body, and the stream left open (no END_STREAM, nothing more)
     """
     if ending == "headers":
         c.send_headers(sid, headers, end_stream=True)
@@ -136,6 +137,8 @@ def send_request(c, sid, headers, body, ending):
         return
     if body:
         c.send_data(sid, body)
+    if ending == "open":
+        return
     if ending == "trailers":
         c.send_headers(sid, [(b"x-trailer", b"1")], end_stream=True)
     elif ending == "padded-empty":
@@ -219,7 +222,8 @@ def h2_case(sock, cid, name, headers, body=grpc_frame(b""), ending="data", wait=
     t_case = time.monotonic()
     pump(lambda: done(sid) and done(ex) or "goaway" in answers or (done(ex) and time.monotonic() - t_case > wait), 30)
     a = answers.get(sid, {})
-    if "reset" in a:
+    if "reset" in a and not ("grpc" in a and a["reset"] == 0):
+        # (RST_STREAM NO_ERROR after a whole answer only closes a stream the client left open)
         outcome = "reset:%d" % a["reset"]
     elif "grpc" in a:
         outcome = "grpc:%s" % a["grpc"].decode()
@@ -281,8 +285,20 @@ def cases(cid, sandbox):
         yield "end-%s-empty-data" % tag, ("h2", hp, b"", "empty-data")
         yield "end-%s-message-then-empty-data" % tag, ("h2", hp, grpc_frame(b""), "empty-data")
         yield "end-%s-headers-deadline" % tag, ("h2", hp + [(b"grpc-timeout", b"1S")], b"", "headers")
+        if tag == "unknown":
+            # (a streamed call goes to the runtime frame by frame: whether containerd
+            # answers UNIMPLEMENTED before it sees the client's trailers is a race,
+            # direct and through qoslet alike)
+            continue
         yield "end-%s-trailers-only" % tag, ("h2", hp, b"", "trailers")
         yield "end-%s-message-then-trailers" % tag, ("h2", hp, grpc_frame(b""), "trailers")
+    # the stream left open: a whole message is answered (grpc-go does not wait for
+    # END_STREAM), part of one or none waits for the deadline
+    for tag, path in paths[:2]:
+        hp = base_headers(path)
+        yield "open-%s-message" % tag, ("h2", hp, grpc_frame(b""), "open")
+        yield "open-%s-part-deadline" % tag, ("h2", hp + [(b"grpc-timeout", b"1S")], grpc_frame(b"abc")[:3], "open")
+        yield "open-%s-nothing-deadline" % tag, ("h2", hp + [(b"grpc-timeout", b"1S")], b"", "open")
     # no deadline and no body: grpc-go waits for ever, so does the call through qoslet
     # (answered neither way within 2 s); a client reset: no answer either way
     yield "end-version-headers-no-deadline", ("h2", h, b"", "headers", 2)

@@ -103,6 +103,8 @@ type Responder = Arc<dyn Fn(&Seen) -> Reply + Send + Sync>;
 pub struct FakeBackend {
     pub sock: PathBuf,
     seen: Arc<Mutex<Vec<Seen>>>,
+    /// The headers of each request as it arrived (before its body).
+    arrived: Arc<Mutex<Vec<HeaderMap>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -115,17 +117,19 @@ impl FakeBackend {
         let _ = std::fs::remove_file(sock);
         let listener = UnixListener::bind(sock).expect("bind fake backend");
         let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+        let arrived: Arc<Mutex<Vec<HeaderMap>>> = Arc::default();
         let respond: Responder = Arc::new(respond);
-        let s = seen.clone();
+        let (s, a) = (seen.clone(), arrived.clone());
         let task = tokio::spawn(async move {
             loop {
                 let Ok((io, _)) = listener.accept().await else {
                     return;
                 };
-                let (s, respond) = (s.clone(), respond.clone());
+                let (s, a, respond) = (s.clone(), a.clone(), respond.clone());
                 tokio::spawn(async move {
                     let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
                         let (s, respond) = (s.clone(), respond.clone());
+                        a.lock().unwrap().push(req.headers().clone());
                         async move { Ok::<_, Infallible>(handle(req, s, respond).await) }
                     });
                     let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
@@ -138,6 +142,7 @@ impl FakeBackend {
         Self {
             sock: sock.into(),
             seen,
+            arrived,
             task,
         }
     }
@@ -145,6 +150,11 @@ impl FakeBackend {
     /// Everything received so far.
     pub fn seen(&self) -> Vec<Seen> {
         self.seen.lock().unwrap().clone()
+    }
+
+    /// The headers of every request that arrived so far, its body read or not.
+    pub fn arrived(&self) -> Vec<HeaderMap> {
+        self.arrived.lock().unwrap().clone()
     }
 
     /// Requests received on `path`.

@@ -116,6 +116,8 @@ async fn the_same_hostile_requests_end_the_same_way_direct_and_through_qoslet() 
             "grpc:2"
         };
         assert_eq!(o(&format!("end-{tag}-empty-data")), want, "{tag}");
+    }
+    for tag in ["version", "create"] {
         assert_eq!(o(&format!("end-{tag}-trailers-only")), "reset:1", "{tag}");
         assert_eq!(
             o(&format!("end-{tag}-message-then-trailers")),
@@ -128,6 +130,16 @@ async fn the_same_hostile_requests_end_the_same_way_direct_and_through_qoslet() 
     assert_eq!(o("end-version-message-then-empty-data"), "grpc:0");
     assert_eq!(o("end-version-padded-empty-data"), "grpc:2");
     assert_eq!(o("end-version-headers-no-deadline"), "none");
+    // a stream left open: a whole message is answered, part of one meets its deadline
+    assert_eq!(o("open-version-message"), "grpc:0");
+    for tag in ["version", "create"] {
+        assert_eq!(o(&format!("open-{tag}-part-deadline")), "grpc:4", "{tag}");
+        assert_eq!(
+            o(&format!("open-{tag}-nothing-deadline")),
+            "grpc:4",
+            "{tag}"
+        );
+    }
     // the message kubelet's own error carries, repeated whole (1 MiB of id)
     assert_eq!(
         via["trailers-status-id-1048576"]["details_len"],

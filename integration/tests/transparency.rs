@@ -10,7 +10,7 @@ use k8s_cri::v1 as cri;
 use prost::Message;
 use qoslet_integration::fake::{Ended, FakeBackend, Reply};
 use qoslet_integration::raw::{frame, unknown_field, RawClient};
-use qoslet_integration::{scratch, start_proxy};
+use qoslet_integration::{eventually, scratch, start_proxy};
 use qoslet_proxy::cri::{CriRequest, HookPoint};
 use qoslet_proxy::pipeline::{BoxError, BoxFuture, HookContext, Stage, Verdict};
 use qoslet_proxy::{FailurePolicy, Hook, HookSettings, Pipeline};
@@ -822,6 +822,7 @@ async fn a_request_reaches_the_runtime_ended_as_the_client_ended_it() {
                 }
                 _ => send.send_data(body.clone(), true).unwrap(),
             }
+            // (the fake runtime answers once the body ended: the open case ends it later)
             let r = tokio::time::timeout(Duration::from_secs(5), answer)
                 .await
                 .unwrap_or_else(|_| panic!("{path} {ending}: no answer in 5 s"))
@@ -837,4 +838,90 @@ async fn a_request_reaches_the_runtime_ended_as_the_client_ended_it() {
             assert_eq!(&seen.body, body, "{path} {case}");
         }
     }
+}
+
+/// Issue 48: a client that sends its whole message and leaves its stream open
+/// is not held until it ends it: the message reaches the runtime at once (grpc-go
+/// answers a unary call once its message is in), and the client's END_STREAM
+/// follows when it comes. One that has not sent a whole message by its
+/// deadline is answered DEADLINE_EXCEEDED, as grpc-go answers it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_message_goes_on_before_its_stream_ends_and_a_late_one_meets_its_deadline() {
+    let dir = scratch("request-open");
+    let fake = FakeBackend::start(&dir.join("backend.sock"), |_| Reply::ok(b"")).await;
+    let (running, sock, _) = start_proxy(&dir, &fake.sock, Pipeline::new()).await;
+    let io = tokio::net::UnixStream::connect(&sock).await.unwrap();
+    let (client, conn) = h2::client::handshake(io).await.unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let message = frame(b"\x0a\x02v1");
+    for path in ["/runtime.v1.RuntimeService/Version", CREATE] {
+        let head = http::Request::post(format!("http://localhost{path}"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .header("x-case", format!("open {path}"))
+            .body(())
+            .unwrap();
+        let mut c = client.clone().ready().await.unwrap();
+        let (answer, mut send) = c.send_request(head, false).unwrap();
+        send.send_data(message.clone(), false).unwrap();
+        // the call reaches the runtime while the client's stream is open
+        let case = format!("open {path}");
+        eventually(
+            "the call at the runtime",
+            Duration::from_secs(5),
+            || async {
+                fake.arrived()
+                    .iter()
+                    .any(|h| h.get("x-case").is_some_and(|v| v == case.as_str()))
+                    .then_some(())
+            },
+        )
+        .await;
+        // (the recording runtime answers once it read the body to its end)
+        send.send_data(Bytes::new(), true).unwrap();
+        let seen = eventually(
+            "the body at the runtime",
+            Duration::from_secs(5),
+            || async { fake.seen_on(path).into_iter().next() },
+        )
+        .await;
+        assert_eq!(seen.body, message, "{path}");
+        assert_eq!(seen.ended, Ended::Data, "{path}");
+        let r = tokio::time::timeout(Duration::from_secs(5), answer)
+            .await
+            .expect("answered")
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    // part of a message, then nothing: DEADLINE_EXCEEDED at the client's deadline,
+    // without waiting for the client (which never ends its stream)
+    for path in ["/runtime.v1.RuntimeService/Version", CREATE] {
+        let head = http::Request::post(format!("http://localhost{path}"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .header("grpc-timeout", "500m")
+            .body(())
+            .unwrap();
+        let mut c = client.clone().ready().await.unwrap();
+        let (answer, mut send) = c.send_request(head, false).unwrap();
+        send.send_data(message.slice(..3), false).unwrap();
+        let t0 = Instant::now();
+        let r = tokio::time::timeout(Duration::from_secs(5), answer)
+            .await
+            .expect("answered at the deadline")
+            .unwrap();
+        let waited = t0.elapsed();
+        assert!(waited >= Duration::from_millis(450), "{path}: {waited:?}");
+        assert_eq!(r.headers()["grpc-status"], "4", "{path}: {r:?}");
+        drop(send);
+    }
+    assert_eq!(
+        running
+            .stats
+            .calls_in_flight
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
 }

@@ -44,7 +44,16 @@ pub enum BackendError {
 /// body go out in one write) and the way the client ended it, or a body that
 /// streams.
 pub enum Outgoing {
-    Unary { bytes: Bytes, end: RequestEnd },
+    Unary {
+        bytes: Bytes,
+        end: RequestEnd,
+    },
+    /// A unary call whose message is in while the client has not ended its
+    /// stream yet: the message goes at once, the rest streams as it comes.
+    Started {
+        bytes: Bytes,
+        rest: Body,
+    },
     Stream(Body),
 }
 
@@ -286,6 +295,16 @@ impl Backend {
                     _ => send.send_data(bytes, true).map_err(http)?,
                 }
                 (answer, send)
+            }
+            Outgoing::Started { bytes, rest } => {
+                let (answer, mut send) = sender.send_request(head, false).map_err(http)?;
+                send.send_data(bytes, false).map_err(http)?;
+                let (cancel, cancelled) = tokio::sync::oneshot::channel();
+                tokio::spawn(async move {
+                    crate::h2io::pipe(rest, &mut send, Some(cancelled), h2::Reason::CANCEL).await
+                });
+                let resp = answer.await.map_err(http)?;
+                return Ok(resp.map(|recv| H2Body::with_cancel(recv, cancel)));
             }
             Outgoing::Stream(body) => {
                 let (answer, mut send) = sender.send_request(head, false).map_err(http)?;

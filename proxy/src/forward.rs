@@ -29,8 +29,8 @@ use tracing::{debug, warn};
 use crate::backend::{Backend, H2Body, Outgoing, RequestEnd};
 use crate::cri::{route, CriRequest, CriResponse, HookPoint, Route};
 use crate::grpc::{
-    encode_frame, parse_header, split_unary, status_of, status_response, too_large, FrameLimit,
-    Unary, FRAME_HEADER,
+    encode_frame, grpc_timeout, parse_header, split_unary, status_of, status_response, too_large,
+    FrameLimit, Unary, FRAME_HEADER,
 };
 use crate::pipeline::{HookContext, Pipeline, Stage};
 use qoslet_state::store::{ContainerState, Store};
@@ -82,9 +82,18 @@ pub fn reset_response(reason: h2::Reason) -> Response<Body> {
     r
 }
 
-/// A unary request read whole: its body, how the client ended it, and what
-/// it holds of the buffer budget until it is answered.
-type UnaryRequest = (Bytes, RequestEnd, Option<tokio::sync::OwnedSemaphorePermit>);
+/// A unary request as read: its body (one whole message, or all of it), how
+/// it goes on, and what it holds of the buffer budget until it is answered.
+type UnaryRequest = (Bytes, BodyEnd, Option<tokio::sync::OwnedSemaphorePermit>);
+
+/// How a unary request's body goes on after what was read of it.
+enum BodyEnd {
+    /// It ended (the way the client ended it).
+    Ended(RequestEnd),
+    /// One whole message is in and the client has not ended its stream yet:
+    /// the rest is streamed to the runtime as it comes.
+    Open(H2Body),
+}
 
 type LocalService = tower::util::BoxCloneSyncService<Request<H2Body>, Response<Body>, Infallible>;
 
@@ -210,10 +219,11 @@ impl Forwarder {
     async fn passthrough(&self, req: Request<H2Body>, backend: &Backend) -> Response<Body> {
         let (parts, body) = req.into_parts();
         let limit = self.max_message;
+        let deadline = grpc_timeout(&parts.headers).map(|d| tokio::time::Instant::now() + d);
         // a unary body is charged against the budget until the runtime answered
         let (body, _charged) = if parts.uri.path().starts_with("/runtime.v1.") {
-            match self.read_unary(body).await {
-                Ok((bytes, end, charged)) => (Outgoing::Unary { bytes, end }, charged),
+            match self.read_unary(body, deadline).await {
+                Ok((bytes, end, charged)) => (self.outgoing(bytes, end), charged),
                 Err(resp) => return resp,
             }
         } else {
@@ -236,10 +246,19 @@ impl Forwarder {
         }
     }
 
-    /// Reads a unary request body, and how the client ended it (forwarded
-    /// the same way). Refuses (RESOURCE_EXHAUSTED) as soon as the frame header
+    /// Reads a unary request body until its end, or until it holds one whole
+    /// message and nothing more is there yet (the rest is then streamed to the
+    /// runtime as it comes: grpc-go answers a unary call once its message is
+    /// in, whether or not the client has ended its stream). Until that message
+    /// is in, the client's deadline (`grpc-timeout`) bounds the wait, as it
+    /// bounds grpc-go's. Keeps how the client ended the body, to forward it the
+    /// same way. Refuses (RESOURCE_EXHAUSTED) as soon as the frame header
     /// announces more than the limit, or the body outgrows it.
-    async fn read_unary(&self, mut body: H2Body) -> Result<UnaryRequest, Response<Body>> {
+    async fn read_unary(
+        &self,
+        mut body: H2Body,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<UnaryRequest, Response<Body>> {
         let limit = self.max_message;
         // before anything is read: true only when the HEADERS carried END_STREAM
         let mut end = if body.is_end_stream() {
@@ -250,8 +269,30 @@ impl Forwarder {
         let mut buf = BytesMut::new();
         let mut first: Option<Bytes> = None;
         let mut charged: Option<tokio::sync::OwnedSemaphorePermit> = None;
+        // a whole message is in: from now on nothing is waited for
+        let mut whole = false;
+        let late = || status_response(QosletError::DeadlineExceeded.into());
         loop {
-            match body.frame().await {
+            let next = if whole {
+                match std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut body).poll_frame(cx)))
+                    .await
+                {
+                    Poll::Ready(next) => next,
+                    Poll::Pending => {
+                        let bytes = first.unwrap_or_else(|| buf.freeze());
+                        return Ok((bytes, BodyEnd::Open(body), charged));
+                    }
+                }
+            } else {
+                match deadline {
+                    Some(at) => match tokio::time::timeout_at(at, body.frame()).await {
+                        Ok(next) => next,
+                        Err(_) => return Err(late()),
+                    },
+                    None => body.frame().await,
+                }
+            };
+            match next {
                 Some(Ok(f)) => {
                     let d = match f.into_data() {
                         Ok(d) => d,
@@ -279,6 +320,7 @@ impl Forwarder {
                 None => break,
             }
             let seen = first.as_deref().unwrap_or(&buf);
+            whole = parse_header(seen).is_some_and(|h| seen.len() == FRAME_HEADER + h.len);
             let oversized = parse_header(seen).map(|h| h.len > limit).unwrap_or(false)
                 || seen.len() > limit + FRAME_HEADER;
             if let (None, Some(h), false) = (&charged, parse_header(seen), oversized) {
@@ -286,12 +328,14 @@ impl Forwarder {
                 let kib = (h.len + FRAME_HEADER)
                     .div_ceil(1024)
                     .clamp(1, BUFFER_BUDGET_KIB as usize);
-                charged = self
-                    .budget
-                    .clone()
-                    .acquire_many_owned(kib as u32)
-                    .await
-                    .ok();
+                let room = self.budget.clone().acquire_many_owned(kib as u32);
+                charged = match deadline {
+                    Some(at) => match tokio::time::timeout_at(at, room).await {
+                        Ok(p) => p.ok(),
+                        Err(_) => return Err(late()),
+                    },
+                    None => room.await.ok(),
+                };
             }
             if oversized {
                 self.stats
@@ -301,7 +345,29 @@ impl Forwarder {
                 return Err(status_response(too_large(len, limit)));
             }
         }
-        Ok((first.unwrap_or_else(|| buf.freeze()), end, charged))
+        Ok((
+            first.unwrap_or_else(|| buf.freeze()),
+            BodyEnd::Ended(end),
+            charged,
+        ))
+    }
+
+    /// What goes to the runtime for a unary body read by [`Self::read_unary`]
+    /// (`bytes`: as read, or as the hooks patched them).
+    fn outgoing(&self, bytes: Bytes, end: BodyEnd) -> Outgoing {
+        match end {
+            BodyEnd::Ended(end) => Outgoing::Unary { bytes, end },
+            BodyEnd::Open(rest) => {
+                let stats = self.stats.clone();
+                let rest = FrameLimit::request(rest, self.max_message).on_violation(move || {
+                    stats.oversized_messages.fetch_add(1, Ordering::Relaxed);
+                });
+                Outgoing::Started {
+                    bytes,
+                    rest: Body::new(rest),
+                }
+            }
+        }
     }
 
     /// Sends a request to the backend with the original method, path, headers
@@ -474,7 +540,8 @@ impl Forwarder {
         let (mut parts, body) = req.into_parts();
         let limit = self.max_message;
         // charged against the budget until this call is answered
-        let (bytes, end, _charged) = match self.read_unary(body).await {
+        let deadline = grpc_timeout(&parts.headers).map(|d| tokio::time::Instant::now() + d);
+        let (bytes, end, _charged) = match self.read_unary(body, deadline).await {
             Ok(b) => b,
             Err(resp) => return resp,
         };
@@ -486,20 +553,14 @@ impl Forwarder {
             } => (original, request, body),
             Prepared::Refuse(status) => return status_response(status),
             Prepared::Opaque(bytes) => {
-                return match self
-                    .send(parts, Outgoing::Unary { bytes, end }, backend)
-                    .await
-                {
+                return match self.send(parts, self.outgoing(bytes, end), backend).await {
                     Ok(resp) => resp.map(Body::new),
                     Err(no) => no.into_response(),
                 };
             }
         };
         parts.headers.remove(http::header::CONTENT_LENGTH);
-        let resp = match self
-            .send(parts, Outgoing::Unary { bytes: body, end }, backend)
-            .await
-        {
+        let resp = match self.send(parts, self.outgoing(body, end), backend).await {
             Ok(r) => r,
             Err(no) => return no.into_response(),
         };

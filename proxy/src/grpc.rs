@@ -43,6 +43,28 @@ pub fn parse_header(buf: &[u8]) -> Option<FrameHeader> {
     })
 }
 
+/// A call's deadline from its `grpc-timeout` header (gRPC over HTTP/2: at most
+/// 8 digits and a unit, H M S m u n); `None` when absent or malformed (the
+/// runtime judges a malformed one itself).
+pub fn grpc_timeout(headers: &http::HeaderMap) -> Option<std::time::Duration> {
+    use std::time::Duration;
+    let v = headers.get("grpc-timeout")?.as_bytes();
+    let (digits, unit) = v.split_at(v.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let n: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    Some(match unit {
+        b"H" => Duration::from_secs(n * 3600),
+        b"M" => Duration::from_secs(n * 60),
+        b"S" => Duration::from_secs(n),
+        b"m" => Duration::from_millis(n),
+        b"u" => Duration::from_micros(n),
+        b"n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
 /// Encodes one uncompressed frame from message parts (written back to back).
 pub fn encode_frame(parts: &[&[u8]]) -> Bytes {
     let len: usize = parts.iter().map(|p| p.len()).sum();
@@ -241,6 +263,27 @@ mod tests {
         v.extend_from_slice(&(len as u32).to_be_bytes());
         v.extend(std::iter::repeat_n(7u8, len));
         v
+    }
+
+    #[test]
+    fn grpc_timeout_as_the_spec_writes_it() {
+        use std::time::Duration;
+        let t = |v: &str| {
+            let mut h = http::HeaderMap::new();
+            h.insert("grpc-timeout", v.parse().unwrap());
+            grpc_timeout(&h)
+        };
+        assert_eq!(t("1S"), Some(Duration::from_secs(1)));
+        assert_eq!(t("2H"), Some(Duration::from_secs(7200)));
+        assert_eq!(t("3M"), Some(Duration::from_secs(180)));
+        assert_eq!(t("250m"), Some(Duration::from_millis(250)));
+        assert_eq!(t("99999999u"), Some(Duration::from_micros(99_999_999)));
+        assert_eq!(t("7n"), Some(Duration::from_nanos(7)));
+        // malformed: no unit, a unit alone, nine digits, a sign, an unknown unit
+        for bad in ["1", "S", "123456789S", "-1S", "1s", "1 S", ""] {
+            assert_eq!(t(bad), None, "{bad:?}");
+        }
+        assert_eq!(grpc_timeout(&http::HeaderMap::new()), None);
     }
 
     #[test]
