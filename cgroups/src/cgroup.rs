@@ -8,7 +8,7 @@
 //! parents first when a limit grows, children first when it shrinks.
 
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::convert::shares_to_weight;
 use crate::detect::{Host, Layout};
@@ -66,7 +66,7 @@ pub fn page_size() -> u64 {
 
 impl Cgroups {
     pub fn new(host: Host) -> Self {
-        Self::with_backend(host, std::sync::Arc::new(crate::fs::HostFs))
+        Self::with_backend(host, std::sync::Arc::new(crate::fs::HostFs::default()))
     }
 
     /// The host's cgroups with their files in `backend` (tests: a
@@ -260,6 +260,36 @@ impl Cgroups {
             Layout::V2 { root, .. } => root,
         };
         CgFile::new(hierarchy, Path::new(cg.as_str()).join(w.file))
+    }
+
+    /// Watches `cg`'s directories (each hierarchy's on v1) for anyone's
+    /// writes, reported by [`Cgroups::written`] ([`crate::watch`]); false when
+    /// none could be watched (no inotify, its limit reached, the cgroup gone).
+    pub fn watch(&self, cg: &CgroupPath) -> bool {
+        let dirs: Vec<PathBuf> = match &self.host.layout {
+            Layout::V1 { controllers } => {
+                let mut d: Vec<PathBuf> =
+                    controllers.values().map(|h| h.join(cg.as_str())).collect();
+                // cpu and cpuacct are often one hierarchy under two names
+                d.sort();
+                d.dedup();
+                d
+            }
+            Layout::V2 { root, .. } => vec![root.join(cg.as_str())],
+        };
+        let mut any = false;
+        for d in dirs {
+            match self.backend.watch(&d, cg) {
+                Ok(()) => any = true,
+                Err(e) => tracing::debug!(dir = %d.display(), error = %e, "not watched"),
+            }
+        }
+        any
+    }
+
+    /// The watched cgroups a file was written in since the last call.
+    pub fn written(&self) -> crate::watch::Written {
+        self.backend.written()
     }
 
     /// The child cgroups of `cg` in `controller`'s hierarchy (directories only,

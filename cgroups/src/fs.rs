@@ -19,7 +19,8 @@ use std::path::{Component, Path, PathBuf};
 
 use rustix::fs::{Mode, OFlags, ResolveFlags};
 
-use crate::CgroupError;
+use crate::watch::Written;
+use crate::{CgroupError, CgroupPath};
 
 /// A cgroup file: a path relative to the root of its hierarchy.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -191,15 +192,32 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// The names of the directories next to `f` (a cgroup's children, when
     /// `f` is one of its files).
     fn siblings_dirs(&self, f: &CgFile) -> Vec<String>;
+    /// Starts telling of writes to the files of `dir`, cgroup `cg`'s directory
+    /// in one hierarchy ([`crate::watch`]). Idempotent; the default watches nothing.
+    fn watch(&self, _dir: &Path, _cg: &CgroupPath) -> std::io::Result<()> {
+        Ok(())
+    }
+    /// The watched cgroups a file was written in since the last call.
+    fn written(&self) -> Written {
+        Written::Some(Vec::new())
+    }
 }
 
 /// The kernel's cgroup filesystem.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct HostFs;
+#[derive(Debug, Default)]
+pub struct HostFs {
+    watch: crate::watch::Watch,
+}
 
 impl Backend for HostFs {
     fn read(&self, f: &CgFile) -> Result<String, CgroupError> {
         read(f)
+    }
+    fn watch(&self, dir: &Path, cg: &CgroupPath) -> std::io::Result<()> {
+        self.watch.watch(dir, cg)
+    }
+    fn written(&self) -> Written {
+        self.watch.written()
     }
     fn write(&self, f: &CgFile, value: &str) -> Result<(), CgroupError> {
         write(f, value)

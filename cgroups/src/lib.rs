@@ -14,6 +14,8 @@
 //! * [`blkio`]: block device numbers and per-device I/O limits.
 //! * [`sysctl`]: kernel switches a QoS feature needs (group identity's).
 //! * [`convert`]: cpu.shares (v1) <-> cpu.weight (v2).
+//! * [`watch`]: which cgroups someone wrote a file in (inotify), so what
+//!   systemd or another writer undoes is put back on the next tick.
 //!
 //! Nothing here decides policy; callers say what to write.
 
@@ -31,6 +33,7 @@ pub mod path;
 pub mod resctrl;
 pub mod sysctl;
 pub mod topology;
+pub mod watch;
 
 use std::path::PathBuf;
 

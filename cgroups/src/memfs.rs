@@ -20,6 +20,10 @@ const V1: [&str; 5] = ["cpu", "cpuacct", "cpuset", "memory", "blkio"];
 pub struct MemFs {
     files: Mutex<BTreeMap<PathBuf, String>>,
     writes: Mutex<Vec<(PathBuf, String)>>,
+    /// Watched directories (as the host backend's inotify watches), and the
+    /// cgroups written in since the last look: every put and write counts.
+    watched: Mutex<BTreeMap<PathBuf, crate::CgroupPath>>,
+    dirty: Mutex<Vec<crate::CgroupPath>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -31,9 +35,22 @@ impl MemFs {
         Arc::new(Self::default())
     }
 
-    /// Creates (or replaces) a file.
+    /// Creates (or replaces) a file (someone else's write, to a watcher).
     pub fn put(&self, path: impl AsRef<Path>, content: &str) {
+        self.touched(path.as_ref());
         lock(&self.files).insert(path.as_ref().to_path_buf(), content.to_string());
+    }
+
+    fn touched(&self, path: &Path) {
+        if let Some(cg) = path
+            .parent()
+            .and_then(|d| lock(&self.watched).get(d).cloned())
+        {
+            let mut d = lock(&self.dirty);
+            if !d.contains(&cg) {
+                d.push(cg);
+            }
+        }
     }
 
     /// A file's content as the kernel would show it (untrimmed).
@@ -192,8 +209,23 @@ impl Backend for MemFs {
         } else {
             *cur = format!("{}\n", value.trim_end_matches('\n'));
         }
+        drop(files);
+        self.touched(f.path());
         lock(&self.writes).push((f.path().to_path_buf(), value.to_string()));
         Ok(())
+    }
+
+    fn watch(&self, dir: &Path, cg: &crate::CgroupPath) -> std::io::Result<()> {
+        let there = lock(&self.files).keys().any(|k| k.starts_with(dir));
+        if !there {
+            return Err(std::io::ErrorKind::NotFound.into());
+        }
+        lock(&self.watched).insert(dir.to_path_buf(), cg.clone());
+        Ok(())
+    }
+
+    fn written(&self) -> crate::watch::Written {
+        crate::watch::Written::Some(std::mem::take(&mut *lock(&self.dirty)))
     }
 
     fn siblings_dirs(&self, f: &CgFile) -> Vec<String> {

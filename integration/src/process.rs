@@ -147,7 +147,9 @@ impl QosletProcess {
     }
 
     fn wait_ready(&self) {
-        for _ in 0..200 {
+        // 30 s: a debug binary's first start in the VM guest (software emulation,
+        // its pages read over 9p) takes several seconds
+        for _ in 0..1200 {
             if std::os::unix::net::UnixStream::connect(&self.admin).is_ok()
                 && (self.nri.is_some()
                     || std::os::unix::net::UnixStream::connect(&self.sock).is_ok())
@@ -208,8 +210,12 @@ impl Drop for QosletProcess {
 }
 
 /// kubelet's `--cgroup-root` as the test bed lays pods out for the containerd
-/// instance at `backend` (`.../<instance>/containerd.sock`).
+/// instance at `backend` (`.../<instance>/containerd.sock`); `/` (kubelet's
+/// default) for a containerd that is not the test bed's (the VM guest's own).
 pub fn kubelet_cgroup_root(backend: &Path) -> String {
+    if !backend.starts_with(crate::testbed::work_dir()) {
+        return "/".into();
+    }
     let instance = backend
         .parent()
         .and_then(|d| d.file_name())

@@ -1,7 +1,8 @@
 //! The test files are all declared (integration/Cargo.toml has
 //! `autotests = false`): one not declared would never run, under
 //! `cargo test --workspace` or integration/run-tests.sh. Those that need
-//! the test bed are the `testbed` feature's.
+//! the test bed are the `testbed` feature's, or the `vm` feature's (they run
+//! in the VM test bed's guest, integration/vm/suite.sh).
 
 #[test]
 fn every_test_file_is_declared_and_the_test_bed_ones_need_the_feature() {
@@ -18,7 +19,10 @@ fn every_test_file_is_declared_and_the_test_bed_ones_need_the_feature() {
                 .and_then(|p| p.strip_suffix('"'))
                 .expect("a [[test]] with a path")
                 .to_string();
-            (path, t.contains("required-features = [\"testbed\"]"))
+            let gated = ["testbed", "vm"]
+                .iter()
+                .any(|f| t.contains(&format!("required-features = [\"{f}\"]")));
+            (path, gated)
         })
         .collect();
     for e in std::fs::read_dir(dir.join("tests")).unwrap() {
@@ -36,12 +40,13 @@ fn every_test_file_is_declared_and_the_test_bed_ones_need_the_feature() {
             concat!("Testbed", "::"),
             concat!("python", "_peer"),
             concat!("Qoslet", "Process"),
+            concat!("Node", "::systemd_v2"),
         ]
         .iter()
         .any(|w| text.contains(w));
         assert!(
             !needs_bed || *gated,
-            "{path} uses the test bed: it needs required-features = [\"testbed\"]"
+            "{path} uses the test bed: it needs required-features = [\"testbed\"] (or [\"vm\"])"
         );
     }
 }

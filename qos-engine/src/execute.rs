@@ -6,7 +6,12 @@
 //! file is re-read once every `verify_every` ticks (spread evenly over the
 //! ticks), and a value someone else changed is put back and reported as
 //! drift. So a steady state costs almost no I/O and writes nothing, and drift
-//! is undone within `verify_every` ticks.
+//! is undone within `verify_every` ticks. Sooner where the kernel tells of the
+//! write: each cgroup a file is owned in is watched ([`qoslet_cgroups::watch`]),
+//! and on the tick after anyone wrote a file there (systemd applying a unit's
+//! properties again, the runtime, qoslet itself) its files are re-read, so
+//! what another writer undid is back within one tick. The back-off on a file
+//! that keeps drifting holds for these checks too.
 //!
 //! A setting that leaves the plan (its feature turned off, its pod now of
 //! another class) is not just forgotten: where the kernel has a default that
@@ -21,6 +26,7 @@
 use qoslet_metrics::fasthash::FastMap;
 
 use qoslet_cgroups::fs::Outcome;
+use qoslet_cgroups::watch::Written;
 use qoslet_cgroups::{CgroupError, CgroupPath, Cgroups, Knob, KnobKind};
 
 use crate::error::EngineError;
@@ -172,6 +178,15 @@ impl Executor {
         self.tick += 1;
         let v2 = cgroups.host().is_v2();
         let phase = self.tick % self.verify_every;
+        // the cgroups someone wrote in since the last tick: their files are due now
+        let written = cgroups.written();
+        let all_written = written == Written::Unknown;
+        let written: FastMap<CgroupPath, ()> = match written {
+            Written::Some(v) => v.into_iter().map(|c| (c, ())).collect(),
+            Written::Unknown => FastMap::default(),
+        };
+        let due =
+            |cg: &CgroupPath| all_written || (!written.is_empty() && written.contains_key(cg));
         let mut r = Report {
             states: vec![WriteState::Skipped; plan.len()],
             ..Default::default()
@@ -231,7 +246,8 @@ impl Executor {
             let k = key(w);
             match self.known.get(&k) {
                 Some(kn)
-                    if kn.knob == w.knob && (kn.slot != phase || self.tick < kn.quiet_until) =>
+                    if kn.knob == w.knob
+                        && (self.tick < kn.quiet_until || (kn.slot != phase && !due(&k.0))) =>
                 {
                     r.skipped += 1
                 }
@@ -272,6 +288,10 @@ impl Executor {
         for i in order {
             let (cg, knob) = &todo[i];
             let (k, expected, at) = &todo_keys[i];
+            if !self.known.contains_key(k) {
+                // told of anyone's writes to it from before qoslet's first
+                cgroups.watch(cg);
+            }
             match cgroups.apply(cg, knob) {
                 Ok(o) => {
                     r.states[*at] = if o == Outcome::Written {
@@ -511,6 +531,9 @@ mod tests {
         let mut ex = Executor::new(5);
         let r = ex.execute(&plan, &cg);
         assert_eq!((r.written, r.errors.len()), (2, 0), "{r:?}");
+        // the tick after, what was written (a write in a watched cgroup) is read once
+        let r = ex.execute(&plan, &cg);
+        assert_eq!((r.written, r.skipped, r.unchanged), (0, 0, 2), "{r:?}");
         // steady: no writes; most ticks touch no file at all
         let mut skipped = 0;
         for _ in 0..5 {
@@ -535,6 +558,38 @@ mod tests {
         let r = ex.execute(&plan2, &cg);
         assert_eq!((r.written, r.drift.len()), (1, 0), "{r:?}");
         assert_eq!(ex.known_files(), 1, "files no longer planned are forgotten");
+    }
+
+    /// Issue 44: a file someone else writes (systemd applying a pod slice's
+    /// properties again) is put back on the next tick, not at its next drift
+    /// check; other cgroups' files stay unread; a writer that keeps undoing
+    /// it meets the back-off instead of a write every tick.
+    #[test]
+    fn a_write_in_a_watched_cgroup_is_put_back_on_the_next_tick() {
+        let (m, cg) = tree();
+        let mut plan = Plan::new();
+        plan.add(quota("/kubepods/besteffort", 300_000));
+        plan.add(quota("/kubepods/besteffort/pod1", 200_000));
+        let mut ex = Executor::new(100);
+        assert_eq!(ex.execute(&plan, &cg).written, 2);
+        ex.execute(&plan, &cg);
+        let r = ex.execute(&plan, &cg);
+        assert_eq!((r.skipped, r.written), (2, 0), "steady: {r:?}");
+        let f = "cpu/kubepods/besteffort/pod1/cpu.cfs_quota_us";
+        m.set(f, "-1");
+        let r = ex.execute(&plan, &cg);
+        assert_eq!(m.at(f).unwrap(), "200000", "put back on the next tick");
+        assert_eq!((r.written, r.skipped, r.drift.len()), (1, 1, 1), "{r:?}");
+        // its own write is read back once, then quiet again
+        assert_eq!(ex.execute(&plan, &cg).skipped, 1);
+        assert_eq!(ex.execute(&plan, &cg).skipped, 2);
+        // a writer that undoes it every tick: put back, then checked less and less
+        let mut writes = 0;
+        for _ in 0..40 {
+            m.set(f, "-1");
+            writes += ex.execute(&plan, &cg).written;
+        }
+        assert!(writes < 10, "a fight: {writes} writes in 40 ticks");
     }
 
     /// Issue 15 item 12: a file that left the plan is forgotten at once, even
@@ -620,6 +675,9 @@ mod tests {
             matches!(&r.errors[0], EngineError::Write { knob: KnobKind::CpuQuota, cgroup, .. } if cgroup.as_str().contains("noquota")),
             "{r:?}"
         );
+        // the tick after, the file written is read back once (a write in a watched cgroup)
+        let r = ex.execute(&plan, &cg);
+        assert_eq!((r.errors.len(), r.skipped), (1, 0), "{r:?}");
         let r = ex.execute(&plan, &cg);
         assert_eq!(
             (r.errors.len(), r.skipped),

@@ -1,0 +1,223 @@
+//! Who else writes the cgroups qoslet owns files in: one inotify watch per
+//! cgroup directory, reporting each directory a file was written in since the
+//! last look.
+//!
+//! Why: qoslet writes some values straight into cgroupfs (a BE pod's quota on
+//! its slice, memory QoS, I/O limits) where another writer has its own idea
+//! of them. With kubelet's systemd driver, systemd owns the pod slices and the
+//! containers' scopes: whenever it applies a unit's properties again (a
+//! property of the unit changed, `systemctl set-property`, kubelet's
+//! QoS-level updates) it writes every attribute it manages, `cpu.max` and
+//! `memory.max` among them, and qoslet's values are gone (Koordinator's users
+//! see a BE quota reset every minute). The kernel tells of every such write:
+//! a write(2) to any file raises IN_MODIFY on its directory's watch, whoever
+//! wrote. So the engine re-reads what it owns in a cgroup on the tick after
+//! anyone wrote there, and puts its value back: within one tick, without
+//! reading every file every tick, and without a fight (it writes only what
+//! differs; a writer that keeps undoing it meets the executor's back-off).
+//!
+//! The files the kernel itself updates and notifies (`cgroup.events`,
+//! `memory.events`, `pids.events`...) are not writes and are not reported.
+//! Watching reads nothing and writes nothing; a directory that goes away
+//! drops its watch (the kernel's IN_IGNORED).
+
+use std::collections::HashMap;
+use std::mem::MaybeUninit;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use rustix::fs::inotify;
+
+use crate::CgroupPath;
+
+/// The inotify instance of a host backend, made on the first watch.
+#[derive(Debug, Default)]
+pub struct Watch {
+    inner: Mutex<Option<Inner>>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    fd: OwnedFd,
+    by_wd: HashMap<i32, CgroupPath>,
+    by_dir: HashMap<PathBuf, i32>,
+    /// Events were lost (the kernel's queue overflowed) since the last look.
+    lost: bool,
+    /// A watch could not be added (the user's inotify limit): said once.
+    warned: bool,
+}
+
+/// What [`Watch::written`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Written {
+    /// The watched cgroups a file was written in (each once).
+    Some(Vec<CgroupPath>),
+    /// Events were lost: any watched cgroup may have been written.
+    Unknown,
+}
+
+/// Whether a file name is one the kernel updates and notifies by itself.
+fn kernel_notified(name: &[u8]) -> bool {
+    name.ends_with(b".events") || name.ends_with(b".events.local") || name.ends_with(b".pressure")
+}
+
+impl Watch {
+    /// Watches `dir` (a directory of cgroup `cg`) for writes to its files.
+    /// Idempotent. An error (no inotify, the user's watch limit reached) is
+    /// returned for the caller to fall back on re-reading files by schedule.
+    pub fn watch(&self, dir: &Path, cg: &CgroupPath) -> std::io::Result<()> {
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if g.is_none() {
+            let fd = inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK)?;
+            *g = Some(Inner {
+                fd,
+                by_wd: HashMap::new(),
+                by_dir: HashMap::new(),
+                lost: false,
+                warned: false,
+            });
+        }
+        let inner = g.as_mut().expect("made above");
+        if inner.by_dir.contains_key(dir) {
+            return Ok(());
+        }
+        match inotify::add_watch(
+            &inner.fd,
+            dir,
+            inotify::WatchFlags::MODIFY
+                | inotify::WatchFlags::ONLYDIR
+                | inotify::WatchFlags::DONT_FOLLOW,
+        ) {
+            Ok(wd) => {
+                inner.by_wd.insert(wd, cg.clone());
+                inner.by_dir.insert(dir.to_path_buf(), wd);
+                Ok(())
+            }
+            Err(e) => {
+                if e == rustix::io::Errno::NOSPC && !inner.warned {
+                    inner.warned = true;
+                    tracing::warn!(
+                        dir = %dir.display(),
+                        "inotify watch limit reached (fs.inotify.max_user_watches): cgroups past it are re-checked on the drift schedule only"
+                    );
+                }
+                Err(e.into())
+            }
+        }
+    }
+
+    /// The cgroups with a file written since the last call (anyone's write,
+    /// qoslet's own too). Never blocks.
+    pub fn written(&self) -> Written {
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(inner) = g.as_mut() else {
+            return Written::Some(Vec::new());
+        };
+        let mut buf = [MaybeUninit::<u8>::uninit(); 8192];
+        let mut out: Vec<CgroupPath> = Vec::new();
+        let mut gone: Vec<i32> = Vec::new();
+        {
+            let mut r = inotify::Reader::new(&inner.fd, &mut buf);
+            loop {
+                let ev = match r.next() {
+                    Ok(ev) => ev,
+                    Err(rustix::io::Errno::INTR) => continue,
+                    // WOULDBLOCK: all read; anything else: nothing more to read now
+                    Err(_) => break,
+                };
+                let flags = ev.events();
+                if flags.contains(inotify::ReadFlags::QUEUE_OVERFLOW) {
+                    inner.lost = true;
+                    continue;
+                }
+                if flags.contains(inotify::ReadFlags::IGNORED) {
+                    gone.push(ev.wd());
+                    continue;
+                }
+                if !flags.contains(inotify::ReadFlags::MODIFY) {
+                    continue;
+                }
+                if ev
+                    .file_name()
+                    .is_some_and(|n| kernel_notified(n.to_bytes()))
+                {
+                    continue;
+                }
+                if let Some(cg) = inner.by_wd.get(&ev.wd()) {
+                    if !out.contains(cg) {
+                        out.push(cg.clone());
+                    }
+                }
+            }
+        }
+        for wd in gone {
+            if inner.by_wd.remove(&wd).is_some() {
+                inner.by_dir.retain(|_, w| *w != wd);
+            }
+        }
+        if std::mem::take(&mut inner.lost) {
+            return Written::Unknown;
+        }
+        Written::Some(out)
+    }
+
+    /// How many directories are watched.
+    pub fn len(&self) -> usize {
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map_or(0, |i| i.by_wd.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_write_in_a_watched_directory_is_told_once_and_kernel_events_are_not() {
+        let d = crate::testing::tree(
+            "watch",
+            &[
+                ("pod1/cpu.max", "max 100000\n"),
+                ("pod1/memory.events", "low 0\n"),
+                ("pod2/cpu.max", "max 100000\n"),
+            ],
+        );
+        let w = Watch::default();
+        assert_eq!(w.written(), Written::Some(vec![]), "nothing watched yet");
+        let p1 = CgroupPath::parse("kubepods/pod1").unwrap();
+        let p2 = CgroupPath::parse("kubepods/pod2").unwrap();
+        w.watch(&d.join("pod1"), &p1).unwrap();
+        w.watch(&d.join("pod1"), &p1).unwrap();
+        w.watch(&d.join("pod2"), &p2).unwrap();
+        assert_eq!(w.len(), 2);
+        assert_eq!(w.written(), Written::Some(vec![]));
+        std::fs::write(d.join("pod1/cpu.max"), "50000 100000\n").unwrap();
+        std::fs::write(d.join("pod1/cpu.max"), "60000 100000\n").unwrap();
+        std::fs::write(d.join("pod1/memory.events"), "low 1\n").unwrap();
+        assert_eq!(w.written(), Written::Some(vec![p1.clone()]));
+        assert_eq!(w.written(), Written::Some(vec![]), "told once");
+        std::fs::write(d.join("pod2/memory.events"), "low 1\n").unwrap();
+        assert_eq!(w.written(), Written::Some(vec![]), "a kernel-notified file");
+        // a directory that goes away drops its watch
+        std::fs::remove_dir_all(d.join("pod2")).unwrap();
+        assert_eq!(w.written(), Written::Some(vec![]));
+        assert_eq!(w.len(), 1);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_missing_directory_is_an_error_not_a_panic() {
+        let w = Watch::default();
+        let cg = CgroupPath::parse("kubepods/none").unwrap();
+        assert!(w.watch(Path::new("/nonexistent/qoslet/dir"), &cg).is_err());
+        assert_eq!(w.len(), 0);
+    }
+}
