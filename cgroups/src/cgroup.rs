@@ -265,6 +265,8 @@ impl Cgroups {
     /// Watches `cg`'s directories (each hierarchy's on v1) for anyone's
     /// writes, reported by [`Cgroups::written`] ([`crate::watch`]); false when
     /// none could be watched (no inotify, its limit reached, the cgroup gone).
+    /// Asks the kernel each time: call it again now and then (a cgroup made
+    /// anew at the same path, a watch the limit refused).
     pub fn watch(&self, cg: &CgroupPath) -> bool {
         let dirs: Vec<PathBuf> = match &self.host.layout {
             Layout::V1 { controllers } => {
@@ -287,9 +289,15 @@ impl Cgroups {
         any
     }
 
-    /// The watched cgroups a file was written in since the last call.
+    /// The files written in watched cgroups since the last call.
     pub fn written(&self) -> crate::watch::Written {
         self.backend.written()
+    }
+
+    /// Drops the watches of the cgroups `keep` says no to (their directories
+    /// may be gone: the kernel does not tell of a removed cgroup directory).
+    pub fn retain_watches(&self, keep: &dyn Fn(&CgroupPath) -> bool) {
+        self.backend.retain_watches(keep)
     }
 
     /// The child cgroups of `cg` in `controller`'s hierarchy (directories only,

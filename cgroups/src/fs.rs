@@ -197,7 +197,9 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     fn watch(&self, _dir: &Path, _cg: &CgroupPath) -> std::io::Result<()> {
         Ok(())
     }
-    /// The watched cgroups a file was written in since the last call.
+    /// Drops the watches of the cgroups `keep` says no to.
+    fn retain_watches(&self, _keep: &dyn Fn(&CgroupPath) -> bool) {}
+    /// The files written in watched cgroups since the last call.
     fn written(&self) -> Written {
         Written::Some(Vec::new())
     }
@@ -215,6 +217,9 @@ impl Backend for HostFs {
     }
     fn watch(&self, dir: &Path, cg: &CgroupPath) -> std::io::Result<()> {
         self.watch.watch(dir, cg)
+    }
+    fn retain_watches(&self, keep: &dyn Fn(&CgroupPath) -> bool) {
+        self.watch.retain(keep)
     }
     fn written(&self) -> Written {
         self.watch.written()

@@ -23,7 +23,7 @@ pub struct MemFs {
     /// Watched directories (as the host backend's inotify watches), and the
     /// cgroups written in since the last look: every put and write counts.
     watched: Mutex<BTreeMap<PathBuf, crate::CgroupPath>>,
-    dirty: Mutex<Vec<crate::CgroupPath>>,
+    dirty: Mutex<Vec<(crate::CgroupPath, String)>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -46,11 +46,20 @@ impl MemFs {
             .parent()
             .and_then(|d| lock(&self.watched).get(d).cloned())
         {
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
             let mut d = lock(&self.dirty);
-            if !d.contains(&cg) {
-                d.push(cg);
+            if !d.iter().any(|(c, n)| *c == cg && *n == name) {
+                d.push((cg, name));
             }
         }
+    }
+
+    /// How many directories are watched.
+    pub fn watched(&self) -> usize {
+        lock(&self.watched).len()
     }
 
     /// A file's content as the kernel would show it (untrimmed).
@@ -222,6 +231,10 @@ impl Backend for MemFs {
         }
         lock(&self.watched).insert(dir.to_path_buf(), cg.clone());
         Ok(())
+    }
+
+    fn retain_watches(&self, keep: &dyn Fn(&crate::CgroupPath) -> bool) {
+        lock(&self.watched).retain(|_, cg| keep(cg));
     }
 
     fn written(&self) -> crate::watch::Written {

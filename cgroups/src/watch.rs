@@ -16,10 +16,16 @@
 //! reading every file every tick, and without a fight (it writes only what
 //! differs; a writer that keeps undoing it meets the executor's back-off).
 //!
+//! Each event names its file, so only the files qoslet owns there are re-read.
 //! The files the kernel itself updates and notifies (`cgroup.events`,
-//! `memory.events`, `pids.events`...) are not writes and are not reported.
-//! Watching reads nothing and writes nothing; a directory that goes away
-//! drops its watch (the kernel's IN_IGNORED).
+//! `memory.events`, `pids.events`, `cpuset.cpus.partition`...) are not
+//! writes and are not reported. Watching reads nothing and writes nothing.
+//!
+//! Kernels before 7.1 send no IN_IGNORED when a cgroup directory is removed
+//! (kernfs), so a watch is dropped by its owner ([`Watch::retain`]) when no
+//! file of that cgroup is owned any more, and [`Watch::watch`] always asks the
+//! kernel again: the same directory gives the same watch descriptor, a
+//! directory made anew at the same path a new one (the old one is dropped).
 
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
@@ -40,7 +46,8 @@ pub struct Watch {
 #[derive(Debug)]
 struct Inner {
     fd: OwnedFd,
-    by_wd: HashMap<i32, CgroupPath>,
+    /// Each watch: its directory and the cgroup it is a directory of.
+    by_wd: HashMap<i32, (PathBuf, CgroupPath)>,
     by_dir: HashMap<PathBuf, i32>,
     /// Events were lost (the kernel's queue overflowed) since the last look.
     lost: bool,
@@ -51,21 +58,26 @@ struct Inner {
 /// What [`Watch::written`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Written {
-    /// The watched cgroups a file was written in (each once).
-    Some(Vec<CgroupPath>),
-    /// Events were lost: any watched cgroup may have been written.
+    /// The files written in watched cgroups (cgroup, file name), each once.
+    Some(Vec<(CgroupPath, String)>),
+    /// Events were lost: any watched file may have been written.
     Unknown,
 }
 
 /// Whether a file name is one the kernel updates and notifies by itself.
 fn kernel_notified(name: &[u8]) -> bool {
-    name.ends_with(b".events") || name.ends_with(b".events.local") || name.ends_with(b".pressure")
+    name.ends_with(b".events")
+        || name.ends_with(b".events.local")
+        || name.ends_with(b".pressure")
+        || name == b"cpuset.cpus.partition"
 }
 
 impl Watch {
-    /// Watches `dir` (a directory of cgroup `cg`) for writes to its files.
-    /// Idempotent. An error (no inotify, the user's watch limit reached) is
-    /// returned for the caller to fall back on re-reading files by schedule.
+    /// Watches `dir` (a directory of cgroup `cg`) for writes to its files,
+    /// asking the kernel every time (a directory made anew at a watched path
+    /// gets its own watch). An error (no inotify, the user's watch limit
+    /// reached, the directory gone) is returned for the caller to fall back on
+    /// re-reading files by schedule.
     pub fn watch(&self, dir: &Path, cg: &CgroupPath) -> std::io::Result<()> {
         let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if g.is_none() {
@@ -79,21 +91,14 @@ impl Watch {
             });
         }
         let inner = g.as_mut().expect("made above");
-        if inner.by_dir.contains_key(dir) {
-            return Ok(());
-        }
-        match inotify::add_watch(
+        let wd = match inotify::add_watch(
             &inner.fd,
             dir,
             inotify::WatchFlags::MODIFY
                 | inotify::WatchFlags::ONLYDIR
                 | inotify::WatchFlags::DONT_FOLLOW,
         ) {
-            Ok(wd) => {
-                inner.by_wd.insert(wd, cg.clone());
-                inner.by_dir.insert(dir.to_path_buf(), wd);
-                Ok(())
-            }
+            Ok(wd) => wd,
             Err(e) => {
                 if e == rustix::io::Errno::NOSPC && !inner.warned {
                     inner.warned = true;
@@ -102,20 +107,47 @@ impl Watch {
                         "inotify watch limit reached (fs.inotify.max_user_watches): cgroups past it are re-checked on the drift schedule only"
                     );
                 }
-                Err(e.into())
+                return Err(e.into());
             }
+        };
+        if let Some(old) = inner.by_dir.insert(dir.to_path_buf(), wd) {
+            if old != wd {
+                // the directory was made anew: the old one's watch pins a dead inode
+                inner.by_wd.remove(&old);
+                let _ = inotify::remove_watch(&inner.fd, old);
+            }
+        }
+        inner.by_wd.insert(wd, (dir.to_path_buf(), cg.clone()));
+        Ok(())
+    }
+
+    /// Drops the watches of the cgroups `keep` says no to.
+    pub fn retain(&self, mut keep: impl FnMut(&CgroupPath) -> bool) {
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(inner) = g.as_mut() else { return };
+        let drop: Vec<i32> = inner
+            .by_wd
+            .iter()
+            .filter(|(_, (_, cg))| !keep(cg))
+            .map(|(wd, _)| *wd)
+            .collect();
+        for wd in drop {
+            if let Some((dir, _)) = inner.by_wd.remove(&wd) {
+                inner.by_dir.remove(&dir);
+            }
+            let _ = inotify::remove_watch(&inner.fd, wd);
         }
     }
 
-    /// The cgroups with a file written since the last call (anyone's write,
-    /// qoslet's own too). Never blocks.
+    /// The files written in watched cgroups since the last call (anyone's
+    /// write, qoslet's own too). Never blocks.
     pub fn written(&self) -> Written {
         let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let Some(inner) = g.as_mut() else {
             return Written::Some(Vec::new());
         };
         let mut buf = [MaybeUninit::<u8>::uninit(); 8192];
-        let mut out: Vec<CgroupPath> = Vec::new();
+        let mut out: Vec<(CgroupPath, String)> = Vec::new();
         let mut gone: Vec<i32> = Vec::new();
         {
             let mut r = inotify::Reader::new(&inner.fd, &mut buf);
@@ -138,22 +170,23 @@ impl Watch {
                 if !flags.contains(inotify::ReadFlags::MODIFY) {
                     continue;
                 }
-                if ev
-                    .file_name()
-                    .is_some_and(|n| kernel_notified(n.to_bytes()))
-                {
+                let Some(name) = ev.file_name().map(|n| n.to_bytes()) else {
+                    continue;
+                };
+                if kernel_notified(name) {
                     continue;
                 }
-                if let Some(cg) = inner.by_wd.get(&ev.wd()) {
-                    if !out.contains(cg) {
-                        out.push(cg.clone());
+                if let Some((_, cg)) = inner.by_wd.get(&ev.wd()) {
+                    let name = String::from_utf8_lossy(name);
+                    if !out.iter().any(|(c, n)| c == cg && *n == name) {
+                        out.push((cg.clone(), name.into_owned()));
                     }
                 }
             }
         }
         for wd in gone {
-            if inner.by_wd.remove(&wd).is_some() {
-                inner.by_dir.retain(|_, w| *w != wd);
+            if let Some((dir, _)) = inner.by_wd.remove(&wd) {
+                inner.by_dir.remove(&dir);
             }
         }
         if std::mem::take(&mut inner.lost) {
@@ -180,12 +213,17 @@ impl Watch {
 mod tests {
     use super::*;
 
+    fn file(cg: &CgroupPath, name: &str) -> (CgroupPath, String) {
+        (cg.clone(), name.to_string())
+    }
+
     #[test]
-    fn a_write_in_a_watched_directory_is_told_once_and_kernel_events_are_not() {
+    fn a_write_in_a_watched_directory_is_told_once_by_file_and_kernel_events_are_not() {
         let d = crate::testing::tree(
             "watch",
             &[
                 ("pod1/cpu.max", "max 100000\n"),
+                ("pod1/memory.max", "max\n"),
                 ("pod1/memory.events", "low 0\n"),
                 ("pod2/cpu.max", "max 100000\n"),
             ],
@@ -201,14 +239,28 @@ mod tests {
         assert_eq!(w.written(), Written::Some(vec![]));
         std::fs::write(d.join("pod1/cpu.max"), "50000 100000\n").unwrap();
         std::fs::write(d.join("pod1/cpu.max"), "60000 100000\n").unwrap();
+        std::fs::write(d.join("pod1/memory.max"), "1024\n").unwrap();
         std::fs::write(d.join("pod1/memory.events"), "low 1\n").unwrap();
-        assert_eq!(w.written(), Written::Some(vec![p1.clone()]));
+        assert_eq!(
+            w.written(),
+            Written::Some(vec![file(&p1, "cpu.max"), file(&p1, "memory.max")])
+        );
         assert_eq!(w.written(), Written::Some(vec![]), "told once");
         std::fs::write(d.join("pod2/memory.events"), "low 1\n").unwrap();
         assert_eq!(w.written(), Written::Some(vec![]), "a kernel-notified file");
-        // a directory that goes away drops its watch
-        std::fs::remove_dir_all(d.join("pod2")).unwrap();
+        // what its owner no longer wants is dropped
+        w.retain(|cg| *cg != p2);
+        assert_eq!(w.len(), 1);
+        std::fs::write(d.join("pod2/cpu.max"), "1 100000\n").unwrap();
         assert_eq!(w.written(), Written::Some(vec![]));
+        // a directory made anew at a watched path gets a watch of its own
+        std::fs::remove_dir_all(d.join("pod1")).unwrap();
+        std::fs::create_dir_all(d.join("pod1")).unwrap();
+        std::fs::write(d.join("pod1/cpu.max"), "max 100000\n").unwrap();
+        let _ = w.written();
+        w.watch(&d.join("pod1"), &p1).unwrap();
+        std::fs::write(d.join("pod1/cpu.max"), "5 100000\n").unwrap();
+        assert_eq!(w.written(), Written::Some(vec![file(&p1, "cpu.max")]));
         assert_eq!(w.len(), 1);
         let _ = std::fs::remove_dir_all(&d);
     }

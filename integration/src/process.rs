@@ -75,9 +75,15 @@ impl QosletProcess {
     /// (its NRI socket beside it, `nri.sock`), and waits until its admin
     /// socket answers (registration follows: see [`Self::wait_registered`]).
     pub fn start_nri(dir: &Path, backend: &Path, extra: &[&str]) -> Self {
+        Self::start_nri_at(dir, backend, &backend.with_file_name("nri.sock"), extra)
+    }
+
+    /// [`Self::start_nri`] with the runtime's NRI socket given (a system
+    /// containerd's: `/run/nri/nri.sock`).
+    pub fn start_nri_at(dir: &Path, backend: &Path, nri: &Path, extra: &[&str]) -> Self {
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         std::fs::create_dir_all(dir).unwrap();
-        let nri = backend.with_file_name("nri.sock");
+        let nri = nri.to_path_buf();
         let (admin, state_dir, log) = (
             dir.join("admin.sock"),
             dir.join("state"),

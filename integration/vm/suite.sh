@@ -14,8 +14,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 REPO=$(pwd)
 VM=integration/vm/vm.sh
-TARGET=${CARGO_TARGET_DIR:-$REPO/target}
-case "$(cd "$TARGET" 2>/dev/null && pwd || echo "$TARGET")" in
+TARGET=$(realpath -m "${CARGO_TARGET_DIR:-$REPO/target}")
+case "$TARGET" in
   "$REPO"/*) ;;
   *) echo "the guest sees the repository only: CARGO_TARGET_DIR ($TARGET) must be inside it" >&2; exit 1 ;;
 esac
@@ -23,23 +23,26 @@ export QOSLET_VM_RUN=${QOSLET_VM_RUN:-/tmp/qoslet-vm}
 t0=$(date +%s)
 lap() { echo "=== [vm $(( $(date +%s) - t0 ))s] $*"; }
 
+# whatever fails, no QEMU is left running
+trap '$VM down || true' EXIT
 lap "host: QEMU and image tools"
 $VM setup
 lap "guest image (built once, cached by its inputs)"
 $VM image
 
 lap "build: qoslet and the guest's tests"
-cargo build --locked -p qoslet --bin qoslet 2>&1 | tail -1
-BIN=$(cargo test --locked -p qoslet-integration --features vm --test node_v2 --no-run \
-  --message-format=json 2>/dev/null \
-  | python3 -c 'import json,sys
+LOG=$(mktemp)
+cargo build --locked -p qoslet --bin qoslet >"$LOG" 2>&1 || { cat "$LOG"; exit 1; }
+cargo test --locked -p qoslet-integration --features vm --test node_v2 --no-run \
+  --message-format=json >"$LOG.json" 2>"$LOG" || { cat "$LOG"; exit 1; }
+BIN=$(python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "node_v2" and m.get("executable"):
-        print(m["executable"])')
+        print(m["executable"])' <"$LOG.json")
+rm -f "$LOG" "$LOG.json"
 [ -x "$BIN" ] || { echo "the guest's test binary was not built" >&2; exit 1; }
 
-trap '$VM down || true' EXIT
 lap "boot"
 $VM boot
 echo "boot: $(cat "$QOSLET_VM_RUN/boot-seconds") s to SSH ($(cat "$QOSLET_VM_RUN/accel"))"

@@ -16,24 +16,29 @@
 #   vm.sh console        the guest's serial console so far
 #
 # Environment: QOSLET_VM_CACHE (/var/cache/qoslet-vm: QEMU, images), QOSLET_VM_RUN
-# (/tmp/qoslet-vm: pid, console, ssh config; one per VM), VM_SSH_PORT (2222),
-# VM_SMP (2), VM_MEM (2048 MiB), VM_ACCEL (auto|kvm|tcg), SHARE.
+# (/tmp/qoslet-vm: pid, console, ssh config; one per VM), VM_SSH_PORT (a free one),
+# VM_SMP (2), VM_MEM (2048 MiB), VM_ACCEL (auto|kvm|tcg), SHARE (shared read-only),
+# QOSLET_VM_MIRROR (a Debian mirror; default: the one this machine's apt uses).
 # Every wait is bounded: a guest that crashed or hangs is reported, never waited on.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 CACHE=${QOSLET_VM_CACHE:-/var/cache/qoslet-vm}
 RUN=${QOSLET_VM_RUN:-/tmp/qoslet-vm}
-PORT=${VM_SSH_PORT:-2222}
+PORT=${VM_SSH_PORT:-}
 SUITE=trixie
 export DEBIAN_FRONTEND=noninteractive
 log() { echo "[vm] $*" >&2; }
 die() { echo "[vm] error: $*" >&2; exit 1; }
 
 mirror() {
-  # the machine's own Debian mirror (its apt sources)
-  local m
-  m=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
+  # the machine's own Debian mirror (its apt sources: the entry that serves Debian's
+  # main suites, not a security or third-party one)
+  local m=${QOSLET_VM_MIRROR:-}
+  [ -n "$m" ] && { echo "$m"; return; }
+  m=$(awk '/^URIs:/{u=$2} /^Suites:/{ if (u != "" && $0 ~ /(bookworm|trixie|stable)( |$)/) {print u; exit} }' \
+        /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
+  [ -n "$m" ] || m=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
   [ -n "$m" ] || m=$(awk '$1=="deb"{for(i=2;i<=NF;i++) if($i ~ /^https?:/){print $i; exit}}' /etc/apt/sources.list 2>/dev/null || true)
   [ -n "$m" ] || die "no Debian mirror in the apt sources"
   echo "$m"
@@ -83,11 +88,16 @@ cmd_setup() {
     apt=$(private_apt bpo "deb [signed-by=$K] $(mirror) bookworm-backports main")
     d=$(mktemp -d "$CACHE/debs.XXXXXX")
     (cd "$d" && APT_CONFIG=$apt apt-get download -q qemu-system-x86 qemu-system-common \
-        qemu-system-data seabios/bookworm-backports >/dev/null 2>&1)
+        qemu-system-data seabios/bookworm-backports >"$d/download.log" 2>&1) \
+      || { cat "$d/download.log" >&2; die "cannot download QEMU from bookworm-backports"; }
     rm -rf "$QEMU_DIR.new"; mkdir -p "$QEMU_DIR.new"
     for f in "$d"/*.deb; do dpkg-deb -x "$f" "$QEMU_DIR.new"; done
     rm -rf "$d" "$QEMU_DIR"; mv "$QEMU_DIR.new" "$QEMU_DIR"
   fi
+  # the debs were unpacked without their dependencies: say which library is missing
+  local missing
+  missing=$(ldd "$QEMU_DIR/usr/bin/qemu-system-x86_64" | awk '/not found/{print $1}' | tr '\n' ' ')
+  [ -z "$missing" ] || die "QEMU lacks libraries on this machine: $missing(install their Debian packages)"
   log "$(qemu --version | head -1)"
 }
 
@@ -132,9 +142,12 @@ cmd_image() {
   nice -n 10 mkfs.ext4 -q -F -L qoslet-vm -d "$root" "$out/rootfs.img" 4G >/dev/null
   rm -rf "$work"
   log "image built in $(( $(date +%s) - t0 )) s; priming boot (imports the test images)"
+  # a failed priming boot must not leave QEMU running with the image open
+  trap 'cmd_down' EXIT
   PERSIST=1 IMAGE=$out cmd_boot
   cmd_run 'systemctl start qoslet-vm-images.service && ctr -n k8s.io images ls -q | grep -c testbed'
   cmd_down
+  trap - EXIT
   touch "$out/primed"
   # older images of this cache are no longer wanted
   for d in "$CACHE"/image-*; do [ "$d" = "$out" ] || rm -rf "$d"; done
@@ -158,14 +171,26 @@ ssh_vm() {
   ssh -F "$RUN/ssh_config" vm "$@"
 }
 
+# the pid of this run directory's QEMU (its pidfile, checked against the process:
+# a stale pidfile's number may be another process by now); empty when none runs
+qemu_pid() {
+  local p
+  p=$(cat "$RUN/qemu.pid" 2>/dev/null) || return 0
+  [ -n "$p" ] && tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | grep -q "qemu-system.*$RUN/qemu.pid" && echo "$p"
+  return 0
+}
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
 cmd_boot() {
   local img=${IMAGE:-$(image_dir)} share=${SHARE:-$REPO} a acc snap=on t0
   [ -s "$img/rootfs.img" ] || die "no image in $img: run vm.sh image"
   [ -x "$QEMU_DIR/usr/bin/qemu-system-x86_64" ] || cmd_setup
   mkdir -p "$RUN"; chmod 700 "$RUN"
-  if [ -f "$RUN/qemu.pid" ] && kill -0 "$(cat "$RUN/qemu.pid")" 2>/dev/null; then
-    die "a VM of $RUN runs already (pid $(cat "$RUN/qemu.pid")): vm.sh down first"
-  fi
+  [ -z "$(qemu_pid)" ] || die "a VM of $RUN runs already (pid $(qemu_pid)): vm.sh down first"
+  [ -n "$PORT" ] || PORT=$(free_port)
   a=$(accel)
   case "$a" in
     kvm) acc="-accel kvm -cpu host"; log "accelerator: KVM" ;;
@@ -200,15 +225,16 @@ EOF
     -append "root=/dev/vda rw console=ttyS0 systemd.unified_cgroup_hierarchy=1 psi=1 panic=-1 quiet" \
     -drive "file=$img/rootfs.img,format=raw,if=virtio,snapshot=$snap,cache=unsafe" \
     -netdev "user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:$PORT-:22" -device virtio-net-pci,netdev=n0,romfile= \
-    -virtfs "local,path=$share,mount_tag=share,security_model=none,id=share" \
+    -virtfs "local,path=$share,mount_tag=share,security_model=none,readonly=on,id=share" \
     -device virtio-rng-pci
   local pid; pid=$(cat "$RUN/qemu.pid")
-  for _ in $(seq 1 ${VM_BOOT_TIMEOUT:-240}); do
-    if ssh_vm true 2>/dev/null; then
+  local deadline=$(( SECONDS + ${VM_BOOT_TIMEOUT:-240} ))
+  while [ "$SECONDS" -lt "$deadline" ]; do
+    if timeout 10 ssh -F "$RUN/ssh_config" vm true 2>/dev/null; then
       echo "$(echo "$(date +%s.%N) - $t0" | bc)" > "$RUN/boot-seconds"
       log "guest up (SSH) after $(cat "$RUN/boot-seconds") s, qemu pid $pid ($a)"
       # the share at the same path as on the host, so test binaries find their files
-      ssh_vm "mkdir -p '$share' && mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 share '$share'" \
+      ssh_vm "mkdir -p '$share' && mount -t 9p -o ro,trans=virtio,version=9p2000.L,msize=262144 share '$share'" \
         || die "cannot mount the share in the guest"
       echo "$share" > "$RUN/share"
       ssh_vm 'for i in $(seq 1 60); do [ -S /run/containerd/containerd.sock ] && exit 0; sleep 1; done; exit 1' \
@@ -224,9 +250,8 @@ EOF
 }
 
 cmd_run() {
-  [ -f "$RUN/qemu.pid" ] || die "no VM running for $RUN"
-  local pid rc=0; pid=$(cat "$RUN/qemu.pid")
-  kill -0 "$pid" 2>/dev/null || { tail -30 "$RUN/console.log" >&2; die "the guest's qemu is gone"; }
+  local pid rc=0; pid=$(qemu_pid)
+  [ -n "$pid" ] || { tail -30 "$RUN/console.log" 2>/dev/null >&2; die "no VM runs for $RUN (or its qemu is gone)"; }
   timeout --kill-after=10 "${VM_CMD_TIMEOUT:-600}" ssh -F "$RUN/ssh_config" vm "$*" || rc=$?
   if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
     log "command timed out after ${VM_CMD_TIMEOUT:-600} s: $*"
@@ -240,8 +265,8 @@ cmd_run() {
 }
 
 cmd_down() {
-  [ -f "$RUN/qemu.pid" ] || return 0
-  local pid t0; pid=$(cat "$RUN/qemu.pid"); t0=$(date +%s)
+  local pid t0; pid=$(qemu_pid); t0=$(date +%s)
+  [ -n "$pid" ] || { rm -f "$RUN/qemu.pid"; return 0; }
   timeout 15 ssh -F "$RUN/ssh_config" vm 'systemctl poweroff' >/dev/null 2>&1 || true
   for _ in $(seq 1 60); do
     kill -0 "$pid" 2>/dev/null || { rm -f "$RUN/qemu.pid"; log "powered off in $(( $(date +%s) - t0 )) s"; return 0; }

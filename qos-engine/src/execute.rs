@@ -153,6 +153,8 @@ pub struct Executor {
     tick: u64,
     next_slot: u64,
     verify_every: u64,
+    /// The next tick on which lost watch events may make every file due.
+    next_full_check: u64,
 }
 
 impl Executor {
@@ -164,6 +166,7 @@ impl Executor {
             tick: 0,
             next_slot: 0,
             verify_every: verify_every.max(1),
+            next_full_check: 0,
         }
     }
 
@@ -178,15 +181,33 @@ impl Executor {
         self.tick += 1;
         let v2 = cgroups.host().is_v2();
         let phase = self.tick % self.verify_every;
-        // the cgroups someone wrote in since the last tick: their files are due now
-        let written = cgroups.written();
-        let all_written = written == Written::Unknown;
-        let written: FastMap<CgroupPath, ()> = match written {
-            Written::Some(v) => v.into_iter().map(|c| (c, ())).collect(),
-            Written::Unknown => FastMap::default(),
+        // the files someone wrote in watched cgroups since the last tick are due
+        // now (events lost: every file, at most once per drift-check interval)
+        let (all_due, written) = match cgroups.written() {
+            Written::Some(v) => {
+                let mut m: FastMap<CgroupPath, Vec<String>> = FastMap::default();
+                for (cg, f) in v {
+                    m.entry(cg).or_default().push(f);
+                }
+                (false, m)
+            }
+            Written::Unknown => {
+                let now = self.tick >= self.next_full_check;
+                if now {
+                    self.next_full_check = self.tick + self.verify_every;
+                }
+                (now, FastMap::default())
+            }
         };
-        let due =
-            |cg: &CgroupPath| all_written || (!written.is_empty() && written.contains_key(cg));
+        let due = |cg: &CgroupPath, knob: &Knob| {
+            all_due
+                || written
+                    .get(cg)
+                    .is_some_and(|names| match cgroups.plan(knob) {
+                        Ok(files) => files.iter().any(|f| names.iter().any(|n| n == f.file)),
+                        Err(_) => true,
+                    })
+        };
         let mut r = Report {
             states: vec![WriteState::Skipped; plan.len()],
             ..Default::default()
@@ -241,26 +262,38 @@ impl Executor {
             self.restoring.remove(&k);
         }
         let mut todo: Vec<(CgroupPath, Knob)> = Vec::new();
-        let mut todo_keys: Vec<(Key, bool, usize)> = Vec::new();
+        // (key, same value as known, index in the plan, checked on its slot)
+        let mut todo_keys: Vec<(Key, bool, usize, bool)> = Vec::new();
+        // the cgroups of files checked on their slot are watched again: a cgroup made
+        // anew at the same path, or a watch the kernel's limit refused before
+        let mut rewatch: Vec<CgroupPath> = Vec::new();
         for (at, w) in plan.writes().iter().enumerate() {
             let k = key(w);
             match self.known.get(&k) {
                 Some(kn)
                     if kn.knob == w.knob
-                        && (self.tick < kn.quiet_until || (kn.slot != phase && !due(&k.0))) =>
+                        && (self.tick < kn.quiet_until
+                            || (kn.slot != phase && !due(&k.0, &w.knob))) =>
                 {
                     r.skipped += 1
                 }
                 Some(kn) => {
                     let same = kn.knob == w.knob;
+                    let on_slot = kn.slot == phase;
+                    if on_slot && !rewatch.contains(&k.0) {
+                        rewatch.push(k.0.clone());
+                    }
                     todo.push((w.cgroup.clone(), w.knob.clone()));
-                    todo_keys.push((k, same, at));
+                    todo_keys.push((k, same, at, on_slot));
                 }
                 None => {
                     todo.push((w.cgroup.clone(), w.knob.clone()));
-                    todo_keys.push((k, false, at));
+                    todo_keys.push((k, false, at, true));
                 }
             }
+        }
+        for cg in &rewatch {
+            cgroups.watch(cg);
         }
         // new values go in the order the kernel accepts (which reads the files'
         // current values); drift checks re-apply what is already known to be
@@ -287,7 +320,7 @@ impl Executor {
             .collect();
         for i in order {
             let (cg, knob) = &todo[i];
-            let (k, expected, at) = &todo_keys[i];
+            let (k, expected, at, on_slot) = &todo_keys[i];
             if !self.known.contains_key(k) {
                 // told of anyone's writes to it from before qoslet's first
                 cgroups.watch(cg);
@@ -336,7 +369,12 @@ impl Executor {
                         }
                     } else {
                         r.unchanged += 1;
-                        drifts = 0;
+                        // only a check on the file's own slot ends a run of drifts:
+                        // the read-back after qoslet's own put-back write (its event)
+                        // must not, or a writer slower than a tick is fought for ever
+                        if *on_slot {
+                            drifts = 0;
+                        }
                     }
                     self.known.insert(
                         k.clone(),
@@ -362,6 +400,18 @@ impl Executor {
                     r.errors.push(EngineError::write(k, &e));
                 }
             }
+        }
+        // once per drift-check interval, the watches of cgroups no file is owned in
+        // any more are dropped (the kernel does not tell of a removed cgroup)
+        if phase == 0 {
+            let owned: FastMap<&CgroupPath, ()> = self
+                .known
+                .keys()
+                .map(|k| &k.0)
+                .chain(self.restoring.values().map(|(cg, _)| cg))
+                .map(|cg| (cg, ()))
+                .collect();
+            cgroups.retain_watches(&|cg| owned.contains_key(cg));
         }
         r
     }
@@ -590,6 +640,75 @@ mod tests {
             writes += ex.execute(&plan, &cg).written;
         }
         assert!(writes < 10, "a fight: {writes} writes in 40 ticks");
+    }
+
+    /// Review of issue 44: a writer slower than a tick (another agent's loop)
+    /// still meets the back-off: the read-back of qoslet's own put-back write
+    /// (its watch event) does not end the run of drifts.
+    #[test]
+    fn a_writer_slower_than_a_tick_meets_the_back_off() {
+        let (m, cg) = tree();
+        let mut plan = Plan::new();
+        plan.add(quota("/kubepods/besteffort/pod1", 200_000));
+        let mut ex = Executor::new(100);
+        ex.execute(&plan, &cg);
+        ex.execute(&plan, &cg);
+        let f = "cpu/kubepods/besteffort/pod1/cpu.cfs_quota_us";
+        let mut writes = 0;
+        for t in 0..60 {
+            if t % 3 == 0 {
+                m.set(f, "-1");
+            }
+            writes += ex.execute(&plan, &cg).written;
+        }
+        assert!(
+            writes <= 3,
+            "a fight every 3 ticks: {writes} writes in 60 ticks"
+        );
+    }
+
+    /// Review of issue 44: the kernel does not tell of a removed cgroup
+    /// directory, so the watches of cgroups no file is owned in any more are
+    /// dropped once per drift-check interval; only the files written are due.
+    #[test]
+    fn watches_follow_the_files_owned_and_only_the_written_file_is_due() {
+        let (m, cg) = MemFs::v1_tree(&[
+            ("cpu/cgroup.procs", ""),
+            ("cpu/cpu.idle", "0\n"),
+            ("cpu/kubepods/besteffort/cpu.cfs_quota_us", "-1\n"),
+            ("cpu/kubepods/besteffort/cpu.cfs_period_us", "100000\n"),
+            ("cpu/kubepods/besteffort/pod1/cpu.cfs_quota_us", "-1\n"),
+            ("cpu/kubepods/besteffort/pod1/cpu.cfs_period_us", "100000\n"),
+            ("cpu/kubepods/besteffort/pod1/cpu.idle", "0\n"),
+        ]);
+        let mut plan = Plan::new();
+        plan.add(quota("/kubepods/besteffort", 300_000));
+        plan.add(quota("/kubepods/besteffort/pod1", 200_000));
+        plan.add(Write {
+            cgroup: CgroupPath::parse("/kubepods/besteffort/pod1").unwrap(),
+            knob: Knob::CpuIdle(true),
+            plugin: crate::plan::Plugin::CpuQos,
+            rule: "test".into(),
+        });
+        let mut ex = Executor::new(100);
+        ex.execute(&plan, &cg);
+        // (each cgroup's directory in every v1 hierarchy that has it: cpu here)
+        assert_eq!(m.watched(), 2);
+        for _ in 0..4 {
+            ex.execute(&plan, &cg);
+        }
+        // someone writes pod1's cpu.idle: that file is due, its quota is not
+        m.set("cpu/kubepods/besteffort/pod1/cpu.idle", "0");
+        let r = ex.execute(&plan, &cg);
+        assert_eq!(m.at("cpu/kubepods/besteffort/pod1/cpu.idle").unwrap(), "1");
+        assert_eq!((r.written, r.unchanged), (1, 0), "{r:?}");
+        // pod1 leaves the plan: its watches go at the next drift-check tick
+        let mut plan2 = Plan::new();
+        plan2.add(quota("/kubepods/besteffort", 300_000));
+        for _ in 0..100 {
+            ex.execute(&plan2, &cg);
+        }
+        assert_eq!(m.watched(), 1);
     }
 
     /// Issue 15 item 12: a file that left the plan is forgotten at once, even
