@@ -271,9 +271,13 @@ async fn systemd_does_not_undo_qoslets_values() {
     assert_eq!(want[2], "1", "{want:?}");
     assert_eq!(want[7], (64u64 << 20).to_string(), "{want:?}");
     let drifts = || q.log_text().matches("cgroup drift put back").count();
-    let bound = Duration::from_millis(2500);
+    // one tick, and the guest's slowness under software emulation (the drift check
+    // it replaces came at a random point of 10 s)
+    let bound = Duration::from_millis(4000);
     let (slice_unit, scope_unit) = (Node::unit(&be_slice, None), Node::unit(&ls_slice, lc));
-    // (what, the command, whether systemd is known to undo qoslet's values there)
+    // (what, the command, whether systemd is known to undo qoslet's values there: on
+    // this node it writes its defaults into a slice's files, but leaves a scope's
+    // memory.min/low alone, runc having given the scope no property for them)
     let steps: [(&str, Vec<&str>, bool); 4] = [
         ("systemctl daemon-reload", vec!["daemon-reload"], false),
         (
@@ -284,7 +288,7 @@ async fn systemd_does_not_undo_qoslets_values() {
         (
             "a property of the LS container's scope",
             vec!["set-property", "--runtime", &scope_unit, "CPUWeight=60"],
-            true,
+            false,
         ),
         ("containerd restarted", vec!["restart", "containerd"], false),
     ];
@@ -796,16 +800,17 @@ async fn eviction_woken_by_the_kernel_stops_the_be_pod_and_spares_ls() {
         .unwrap();
     via.start(&c).await.unwrap();
     let mut direct = Cri::connect(&node.sock).await;
-    eventually("the BE pod stopped", Duration::from_secs(90), || {
-        let (mut d, be) = (direct.clone(), be_pod.clone());
-        async move { (!d.sandbox_ready(&be).await).then_some(()) }
+    // qoslet's eviction, and the sandbox stopped (a status call that fails is not a
+    // stopped sandbox: the guest's containerd can be slow to answer under TCG); the
+    // 320 MiB take a minute to grow under software emulation
+    eventually("the BE pod evicted", Duration::from_secs(150), || {
+        let (mut d, be, log) = (direct.clone(), be_pod.clone(), q.log_text());
+        async move {
+            let evicted = log.contains("evicted") && log.contains("memory.available");
+            (evicted && !d.sandbox_ready(&be).await).then_some(())
+        }
     })
     .await;
-    let log = q.log_text();
-    assert!(
-        log.contains("evicted") && log.contains("memory.available"),
-        "{log}"
-    );
     assert!(
         direct.sandbox_ready(&ls_pod).await,
         "the LS pod was touched"
