@@ -151,3 +151,23 @@ pub async fn start_proxy(dir: &Path, backend: &Path, pipeline: qoslet_proxy::Pip
         .expect("start proxy");
     (running, sock, admin)
 }
+
+/// The admin API's QueryMetrics for `entity`'s `series` over `window` seconds:
+/// its aggregations by name (empty when the query fails).
+pub async fn query(
+    admin: &Path,
+    entity: &str,
+    series: &str,
+    window: u32,
+) -> std::collections::HashMap<String, f64> {
+    qoslet_proto::admin::admin_client::AdminClient::new(channel(admin).await)
+        .query_metrics(qoslet_proto::admin::QueryMetricsRequest {
+            entity: entity.into(),
+            series: series.into(),
+            window_seconds: window,
+            aggregations: vec![],
+        })
+        .await
+        .map(|r| r.into_inner().values)
+        .unwrap_or_default()
+}

@@ -424,3 +424,39 @@ pub fn python_peer(script: &str) -> std::process::Command {
     );
     c
 }
+
+/// This machine's first disk (in `/proc/partitions`): its device path and `major:minor`.
+pub fn first_disk() -> (String, String) {
+    let parts = std::fs::read_to_string("/proc/partitions").unwrap();
+    parts
+        .lines()
+        .skip(2)
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let path = format!("/dev/{}", f.get(3)?);
+            Path::new(&path)
+                .exists()
+                .then(|| (path, format!("{}:{}", f[0], f[1])))
+        })
+        .expect("a disk in /proc/partitions")
+}
+
+/// Runs `cmd` under `sh -c` in container `id` (ExecSync, 30 s), asserting it exits 0.
+pub async fn exec(rt: &mut Cri, id: &str, cmd: &str) {
+    let r = rt
+        .rt
+        .exec_sync(cri::ExecSyncRequest {
+            container_id: id.into(),
+            cmd: vec!["/bin/sh".into(), "-c".into(), cmd.into()],
+            timeout: 30,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        r.exit_code,
+        0,
+        "{cmd}: {:?}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+}

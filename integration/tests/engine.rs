@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use k8s_cri::v1 as cri;
 use qoslet_integration::process::QosletProcess;
-use qoslet_integration::testbed::{cgroup_v1, container_config, pod_config, Cleanup, Cri, Testbed};
+use qoslet_integration::testbed::{
+    cgroup_v1, container_config, exec, pod_config, Cleanup, Cri, Testbed,
+};
 use qoslet_integration::{channel, eventually, free_port, http_get, scratch, unique};
 use qoslet_proto::admin::{admin_client::AdminClient, GetPlanRequest, GetPlanResponse};
 
@@ -79,25 +81,6 @@ fn cpu_ns(be_parent: &str) -> u64 {
     cgroup_v1("cpuacct", be_parent, "cpuacct.usage")
         .parse()
         .unwrap()
-}
-
-async fn exec(rt: &mut Cri, id: &str, cmd: &str) {
-    let r = rt
-        .rt
-        .exec_sync(cri::ExecSyncRequest {
-            container_id: id.into(),
-            cmd: vec!["/bin/sh".into(), "-c".into(), cmd.into()],
-            timeout: 10,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(
-        r.exit_code,
-        0,
-        "{cmd}: {:?}",
-        String::from_utf8_lossy(&r.stderr)
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

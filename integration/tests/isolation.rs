@@ -7,7 +7,7 @@ use std::time::Duration;
 use k8s_cri::v1 as cri;
 use qoslet_integration::process::QosletProcess;
 use qoslet_integration::testbed::{
-    self, cgroup_v1, container_config, pod_config, Cri, Testbed, SLEEP_LOOP,
+    self, cgroup_v1, container_config, first_disk, pod_config, Cri, Testbed, SLEEP_LOOP,
 };
 use qoslet_integration::{channel, eventually, scratch, unique};
 use qoslet_proto::admin::{admin_client::AdminClient, ListPodsRequest, Pod};
@@ -38,22 +38,6 @@ fn besteffort() -> cri::LinuxContainerResources {
         memory_limit_in_bytes: 0,
         ..Default::default()
     }
-}
-
-/// This machine's first disk: its device path and `major:minor`.
-fn first_disk() -> (String, String) {
-    let parts = std::fs::read_to_string("/proc/partitions").unwrap();
-    parts
-        .lines()
-        .skip(2)
-        .find_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            let path = format!("/dev/{}", f.get(3)?);
-            std::path::Path::new(&path)
-                .exists()
-                .then(|| (path, format!("{}:{}", f[0], f[1])))
-        })
-        .expect("a disk in /proc/partitions")
 }
 
 async fn pod(admin: &std::path::Path, id: &str) -> Pod {

@@ -8,26 +8,8 @@ use std::time::Duration;
 use k8s_cri::v1 as cri;
 use qoslet_integration::process::QosletProcess;
 use qoslet_integration::testbed::{self, cgroup_v1, container_config, pod_config, Cri, Testbed};
-use qoslet_integration::{channel, eventually, free_port, http_get, scratch, unique};
-use qoslet_proto::admin::{admin_client::AdminClient, NodeSummaryRequest, QueryMetricsRequest};
-
-async fn query(
-    admin: &std::path::Path,
-    entity: &str,
-    series: &str,
-    window: u32,
-) -> std::collections::HashMap<String, f64> {
-    AdminClient::new(channel(admin).await)
-        .query_metrics(QueryMetricsRequest {
-            entity: entity.into(),
-            series: series.into(),
-            window_seconds: window,
-            aggregations: vec![],
-        })
-        .await
-        .map(|r| r.into_inner().values)
-        .unwrap_or_default()
-}
+use qoslet_integration::{channel, eventually, free_port, http_get, query, scratch, unique};
+use qoslet_proto::admin::{admin_client::AdminClient, NodeSummaryRequest};
 
 const SPIN: &str = "while :; do :; done";
 /// 64 MiB written to the pod's /dev/shm (tmpfs: charged to the writer, not reclaimable file cache).

@@ -11,26 +11,11 @@ use k8s_cri::v1 as cri;
 use qoslet_integration::node::{systemctl, Node};
 use qoslet_integration::process::QosletProcess;
 use qoslet_integration::testbed::{container_config, pod_config, Cleanup, Cri, SLEEP_LOOP};
-use qoslet_integration::{channel, eventually, scratch};
-use qoslet_proto::admin::{admin_client::AdminClient, GetPlanRequest, QueryMetricsRequest};
+use qoslet_integration::testbed::{exec, first_disk};
+use qoslet_integration::{channel, eventually, query, scratch};
+use qoslet_proto::admin::{admin_client::AdminClient, GetPlanRequest};
 
 const SPEC: &str = r#"{"containers":{"batch":{"requests":{"kubernetes.io/batch-cpu":"500","kubernetes.io/batch-memory":"64Mi"},"limits":{"kubernetes.io/batch-cpu":"1000","kubernetes.io/batch-memory":"128Mi"}}}}"#;
-
-/// The node's first disk (`/dev/vda` in the guest) and its `major:minor`.
-fn first_disk() -> (String, String) {
-    let parts = std::fs::read_to_string("/proc/partitions").unwrap();
-    parts
-        .lines()
-        .skip(2)
-        .find_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            let path = format!("/dev/{}", f.get(3)?);
-            std::path::Path::new(&path)
-                .exists()
-                .then(|| (path, format!("{}:{}", f[0], f[1])))
-        })
-        .expect("a disk in /proc/partitions")
-}
 
 /// qoslet's config as the isolation test on the host has it: BE's CPU QoS on,
 /// and a read/write limit for BE pods on the first disk.
@@ -611,43 +596,6 @@ async fn metrics_match_cpu_stat_memory_stat_and_psi() {
     );
     via.remove_pod(&pod).await;
     drop(q);
-}
-
-async fn query(
-    admin: &std::path::Path,
-    entity: &str,
-    series: &str,
-    window: u32,
-) -> std::collections::HashMap<String, f64> {
-    AdminClient::new(channel(admin).await)
-        .query_metrics(QueryMetricsRequest {
-            entity: entity.into(),
-            series: series.into(),
-            window_seconds: window,
-            aggregations: vec![],
-        })
-        .await
-        .map(|r| r.into_inner().values)
-        .unwrap_or_default()
-}
-
-async fn exec(rt: &mut Cri, id: &str, cmd: &str) {
-    let r = rt
-        .rt
-        .exec_sync(cri::ExecSyncRequest {
-            container_id: id.into(),
-            cmd: vec!["/bin/sh".into(), "-c".into(), cmd.into()],
-            timeout: 30,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(
-        r.exit_code,
-        0,
-        "{cmd}: {:?}",
-        String::from_utf8_lossy(&r.stderr)
-    );
 }
 
 /// A BE pod with batch resources (one container) through `cri`: its id, the
