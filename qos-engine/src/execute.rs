@@ -266,7 +266,7 @@ impl Executor {
         let mut todo_keys: Vec<(Key, bool, usize, bool)> = Vec::new();
         // the cgroups of files checked on their slot are watched again: a cgroup made
         // anew at the same path, or a watch the kernel's limit refused before
-        let mut rewatch: Vec<CgroupPath> = Vec::new();
+        let mut rewatch: FastMap<CgroupPath, ()> = FastMap::default();
         for (at, w) in plan.writes().iter().enumerate() {
             let k = key(w);
             match self.known.get(&k) {
@@ -280,8 +280,8 @@ impl Executor {
                 Some(kn) => {
                     let same = kn.knob == w.knob;
                     let on_slot = kn.slot == phase;
-                    if on_slot && !rewatch.contains(&k.0) {
-                        rewatch.push(k.0.clone());
+                    if on_slot && !rewatch.contains_key(&k.0) {
+                        rewatch.insert(k.0.clone(), ());
                     }
                     todo.push((w.cgroup.clone(), w.knob.clone()));
                     todo_keys.push((k, same, at, on_slot));
@@ -292,7 +292,7 @@ impl Executor {
                 }
             }
         }
-        for cg in &rewatch {
+        for cg in rewatch.keys() {
             cgroups.watch(cg);
         }
         // new values go in the order the kernel accepts (which reads the files'
