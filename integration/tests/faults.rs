@@ -166,6 +166,13 @@ async fn real_qoslet_kill9_restart_and_corrupt_checkpoint_rebuild_the_store() {
     )
     .unwrap();
     q.restart();
+    // (the line may reach the log file just after the sockets answer)
+    for _ in 0..50 {
+        if q.log_text().contains("foreign checkpoint") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     assert!(
         q.log_text().contains("foreign checkpoint"),
         "{}",
