@@ -7,13 +7,45 @@ use std::path::{Path, PathBuf};
 
 use qoslet_cgroups::CgroupPath;
 
-/// The system containerd of the node (its CRI socket).
-pub const CONTAINERD: &str = "/run/containerd/containerd.sock";
+/// A containerd of the guest: its version, systemd unit, CRI and NRI sockets.
+#[derive(Debug, Clone)]
+pub struct Containerd {
+    pub version: &'static str,
+    pub unit: &'static str,
+    pub sock: PathBuf,
+    pub nri: PathBuf,
+}
+
+/// The guest's containerd the tests use: the system's 1.7 (trixie's), or the
+/// one `QOSLET_TEST_CONTAINERD` names: `2.1` is Debian sid's, beside it with
+/// sockets of its own (`integration/vm/guest/containerd21.*`).
+pub fn containerd() -> Containerd {
+    match std::env::var("QOSLET_TEST_CONTAINERD").as_deref() {
+        Ok("2.1") => Containerd {
+            version: "2.1",
+            unit: "containerd21.service",
+            sock: "/run/containerd21/containerd.sock".into(),
+            nri: "/run/nri21/nri.sock".into(),
+        },
+        Ok("" | "1.7") | Err(_) => Containerd {
+            version: "1.7",
+            unit: "containerd.service",
+            sock: "/run/containerd/containerd.sock".into(),
+            nri: "/run/nri/nri.sock".into(),
+        },
+        Ok(v) => panic!("QOSLET_TEST_CONTAINERD={v}: the guest has containerd 1.7 and 2.1"),
+    }
+}
 
 /// The node: its containerd and cgroup v2 root.
 #[derive(Debug, Clone)]
 pub struct Node {
+    /// containerd's CRI socket.
     pub sock: PathBuf,
+    /// containerd's NRI socket.
+    pub nri: PathBuf,
+    /// containerd's systemd unit.
+    pub unit: &'static str,
     pub cgroup_root: PathBuf,
 }
 
@@ -21,8 +53,11 @@ impl Node {
     /// The node this test runs on; panics with instructions unless it is a
     /// cgroup v2 + systemd node with containerd answering.
     pub fn systemd_v2() -> Self {
+        let c = containerd();
         let n = Self {
-            sock: PathBuf::from(CONTAINERD),
+            sock: c.sock,
+            nri: c.nri,
+            unit: c.unit,
             cgroup_root: PathBuf::from("/sys/fs/cgroup"),
         };
         assert!(

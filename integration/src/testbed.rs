@@ -25,6 +25,45 @@ pub struct Testbed {
     pub sock: PathBuf,
     /// Every test pod's cgroup parent lives under this (cgroup v1 relative path).
     pub cgroup_prefix: String,
+    /// How its containerd places pods in cgroups.
+    pub driver: Driver,
+}
+
+/// Where a test's containerd puts pods: this host's test bed (the cgroupfs
+/// driver on cgroup v1, containerd run by `testbed.sh`), or the VM test bed's
+/// guest (the systemd driver on cgroup v2, containerd the system's service;
+/// `integration/vm/suite.sh` runs the tests there with
+/// `QOSLET_TEST_NODE=systemd-v2`). The same test reads the same setting from
+/// either node's files ([`Testbed::cg`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Driver {
+    CgroupfsV1,
+    SystemdV2,
+}
+
+/// True inside the VM test bed's guest (`QOSLET_TEST_NODE=systemd-v2`).
+pub fn on_systemd_v2() -> bool {
+    std::env::var_os("QOSLET_TEST_NODE").is_some_and(|v| v == "systemd-v2")
+}
+
+/// A setting of a cgroup, named once for both hierarchies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Knob {
+    /// v1 `cpu.shares`; v2 `cpu.weight`.
+    CpuShares,
+    /// v1 `cpu.cfs_quota_us`; v2 `cpu.max`'s quota (`max` read as -1).
+    CpuQuota,
+    /// v1 `cpu.cfs_period_us`; v2 `cpu.max`'s period.
+    CpuPeriod,
+    /// v1 `cpu.cfs_burst_us`; v2 `cpu.max.burst`.
+    CpuBurst,
+    /// `cpu.idle` (both).
+    CpuIdle,
+    /// v1 `memory.limit_in_bytes`; v2 `memory.max`.
+    MemoryLimit,
+    /// The CPUs the cgroup may run on: v1 `cpuset.cpus`; v2 `cpuset.cpus.effective`
+    /// (v2's `cpuset.cpus` holds only what was written).
+    Cpuset,
 }
 
 pub fn script() -> PathBuf {
@@ -63,7 +102,11 @@ impl Testbed {
             instance: name.into(),
             version: version.into(),
             cgroup_prefix: CGROUP_PREFIX.into(),
+            driver: Driver::CgroupfsV1,
         };
+        if on_systemd_v2() {
+            return Self::systemd_v2(version);
+        }
         assert!(
             std::os::unix::net::UnixStream::connect(&tb.sock).is_ok(),
             "the real-runtime test bed is not running ({} does not answer).\n\
@@ -75,30 +118,78 @@ impl Testbed {
         tb
     }
 
+    /// The guest's containerd ([`crate::node::containerd`]: its system 1.7
+    /// unless the suite names another), whatever `version` the host's test asked
+    /// for: one containerd in the guest runs pods at a time.
+    fn systemd_v2(_version: &str) -> Self {
+        let node = crate::node::Node::systemd_v2();
+        Self {
+            work: PathBuf::from("/root/images"),
+            instance: node.unit.into(),
+            version: crate::node::containerd().version.into(),
+            sock: node.sock,
+            cgroup_prefix: String::new(),
+            driver: Driver::SystemdV2,
+        }
+    }
+
     /// Starts (installing nothing new) a private containerd instance `name`; `version` is "1.6", "1.7" or "2.1".
+    /// In the guest: its system containerd.
     pub fn start_instance(name: &str, version: &str) -> Self {
-        run_script(&["up"], name, version);
+        if !on_systemd_v2() {
+            run_script(&["up"], name, version);
+        }
         Self::instance(name, version)
     }
 
+    /// Stops containerd and waits until it is gone (in the guest: `systemctl
+    /// stop`, which also cancels a restart systemd scheduled after a kill).
     pub fn stop_containerd(&self) {
-        run_script(&["stop-containerd"], &self.instance, self.version());
+        match self.driver {
+            Driver::CgroupfsV1 => run_script(&["stop-containerd"], &self.instance, self.version()),
+            Driver::SystemdV2 => {
+                crate::node::systemctl(&["stop", &self.instance]);
+            }
+        }
     }
 
     pub fn start_containerd(&self) {
-        run_script(&["start-containerd"], &self.instance, self.version());
+        match self.driver {
+            Driver::CgroupfsV1 => run_script(&["start-containerd"], &self.instance, self.version()),
+            Driver::SystemdV2 => {
+                crate::node::systemctl(&["start", &self.instance]);
+            }
+        }
     }
 
+    /// Stops this instance (in the guest: leaves the system containerd running).
     pub fn down(&self) {
-        run_script(&["down"], &self.instance, self.version());
+        match self.driver {
+            Driver::CgroupfsV1 => run_script(&["down"], &self.instance, self.version()),
+            Driver::SystemdV2 => {
+                crate::node::systemctl(&["start", &self.instance]);
+            }
+        }
+    }
+
+    /// The OCI archive of the test images (served by [`crate::registry::Registry`]).
+    pub fn images_tar(&self) -> PathBuf {
+        match self.driver {
+            Driver::CgroupfsV1 => self.work.join("images-v2.oci.tar"),
+            Driver::SystemdV2 => self.work.join("testbed.oci.tar"),
+        }
     }
 
     fn version(&self) -> &str {
         &self.version
     }
 
-    /// The containerd PID (from the script's pid file).
+    /// The containerd PID (from the script's pid file; in the guest, systemd's MainPID).
     pub fn containerd_pid(&self) -> Option<i32> {
+        if self.driver == Driver::SystemdV2 {
+            let pid = crate::node::systemctl(&["show", "-P", "MainPID", &self.instance]);
+            return pid.parse().ok().filter(|p| *p > 0);
+        }
         std::fs::read_to_string(self.work.join(&self.instance).join("containerd.pid"))
             .ok()?
             .trim()
@@ -118,7 +209,11 @@ impl Testbed {
 
     /// The same for a pod of Kubernetes QoS `qos` (`burstable`, `besteffort`;
     /// "" for Guaranteed).
+    /// With the systemd driver: the pod's slice, `pod` as its uid.
     pub fn cgroup_parent_in(&self, qos: &str, pod: &str) -> String {
+        if self.driver == Driver::SystemdV2 {
+            return crate::node::Node::slice(qos, pod);
+        }
         let qos = if qos.is_empty() {
             String::new()
         } else {
@@ -128,6 +223,143 @@ impl Testbed {
             "{}/{}/kubepods{qos}/pod{}",
             self.cgroup_prefix, self.instance, pod
         )
+    }
+}
+
+impl Testbed {
+    /// A container's cgroup, as [`Testbed::cg`] takes it: under the pod's
+    /// cgroup parent `cgp`, a directory named by its id (cgroupfs) or its
+    /// `cri-containerd-<id>.scope` within the slices' nesting (systemd).
+    pub fn container_cg(&self, cgp: &str, id: &str) -> String {
+        match self.driver {
+            Driver::CgroupfsV1 => format!("{cgp}/{id}"),
+            Driver::SystemdV2 => {
+                let pod = qoslet_cgroups::CgroupPath::pod(cgp).expect("a pod slice");
+                pod.container(id)
+                    .expect("a container scope")
+                    .as_str()
+                    .to_string()
+            }
+        }
+    }
+
+    /// A pod's own cgroup (its cgroup parent, nested as systemd nests slices).
+    pub fn pod_cg(&self, cgp: &str) -> String {
+        match self.driver {
+            Driver::CgroupfsV1 => cgp.to_string(),
+            Driver::SystemdV2 => qoslet_cgroups::CgroupPath::pod(cgp)
+                .expect("a pod slice")
+                .as_str()
+                .to_string(),
+        }
+    }
+
+    /// The value of `knob` in cgroup `cg` (relative to the hierarchy's root; ""
+    /// for the root), read from the node's real files, trimmed; panics when
+    /// unreadable.
+    pub fn cg(&self, cg: &str, knob: Knob) -> String {
+        match self.driver {
+            Driver::CgroupfsV1 => {
+                let (ctl, file) = match knob {
+                    Knob::CpuShares => ("cpu", "cpu.shares"),
+                    Knob::CpuQuota => ("cpu", "cpu.cfs_quota_us"),
+                    Knob::CpuPeriod => ("cpu", "cpu.cfs_period_us"),
+                    Knob::CpuBurst => ("cpu", "cpu.cfs_burst_us"),
+                    Knob::CpuIdle => ("cpu", "cpu.idle"),
+                    Knob::MemoryLimit => ("memory", "memory.limit_in_bytes"),
+                    Knob::Cpuset => ("cpuset", "cpuset.cpus"),
+                };
+                cgroup_v1(ctl, cg, file)
+            }
+            Driver::SystemdV2 => {
+                let read = |file: &str| {
+                    let p = Path::new("/sys/fs/cgroup")
+                        .join(cg.trim_start_matches('/'))
+                        .join(file);
+                    std::fs::read_to_string(&p)
+                        .unwrap_or_else(|e| panic!("read {}: {e}", p.display()))
+                        .trim()
+                        .to_string()
+                };
+                let max = || {
+                    let v = read("cpu.max");
+                    let (q, p) = v.split_once(' ').unwrap_or((&v, ""));
+                    (
+                        if q == "max" {
+                            "-1".to_string()
+                        } else {
+                            q.to_string()
+                        },
+                        p.to_string(),
+                    )
+                };
+                match knob {
+                    Knob::CpuShares => read("cpu.weight"),
+                    Knob::CpuQuota => max().0,
+                    Knob::CpuPeriod => max().1,
+                    Knob::CpuBurst => read("cpu.max.burst"),
+                    Knob::CpuIdle => read("cpu.idle"),
+                    Knob::MemoryLimit => read("memory.max"),
+                    Knob::Cpuset => read("cpuset.cpus.effective"),
+                }
+            }
+        }
+    }
+
+    /// The memory cgroup `cg` charges now, in MiB (v1 `memory.usage_in_bytes`,
+    /// v2 `memory.current`); 0 when unreadable.
+    pub fn memory_usage_mib(&self, cg: &str) -> u64 {
+        let file = match self.driver {
+            Driver::CgroupfsV1 => return usage_mib(cg),
+            Driver::SystemdV2 => Path::new("/sys/fs/cgroup")
+                .join(cg.trim_start_matches('/'))
+                .join("memory.current"),
+        };
+        std::fs::read_to_string(file)
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+            >> 20
+    }
+
+    /// kubelet's `kubepods` cgroup on this node, as qoslet's configuration
+    /// names cgroups (`eviction.cgroupScope`): under the test bed's kubelet
+    /// root on the host, `/kubepods.slice` with the systemd driver.
+    pub fn kubepods_cg(&self) -> String {
+        match self.driver {
+            Driver::CgroupfsV1 => {
+                format!(
+                    "{}/kubepods",
+                    crate::process::kubelet_cgroup_root(&self.sock)
+                )
+            }
+            Driver::SystemdV2 => "/kubepods.slice".into(),
+        }
+    }
+
+    /// What [`Knob::CpuShares`] reads after the runtime applied `shares`: the
+    /// shares themselves on v1, on v2 the weight the OCI runtimes convert them to
+    /// (`1 + (shares - 2) * 9999 / 262142`, runc's formula).
+    pub fn shares_read(&self, shares: u64) -> String {
+        match self.driver {
+            Driver::CgroupfsV1 => shares.to_string(),
+            Driver::SystemdV2 => (1 + (shares.clamp(2, 262_144) - 2) * 9999 / 262_142).to_string(),
+        }
+    }
+
+    /// The file of `knob` inside a container of this node, where the container
+    /// sees its own cgroup (v1: under the controller's mount; v2: the root of its
+    /// cgroup namespace).
+    pub fn file_in_container(&self, knob: Knob) -> &'static str {
+        match (self.driver, knob) {
+            (Driver::CgroupfsV1, Knob::CpuShares) => "/sys/fs/cgroup/cpu/cpu.shares",
+            (Driver::SystemdV2, Knob::CpuShares) => "/sys/fs/cgroup/cpu.weight",
+            (Driver::CgroupfsV1, Knob::MemoryLimit) => {
+                "/sys/fs/cgroup/memory/memory.limit_in_bytes"
+            }
+            (Driver::SystemdV2, Knob::MemoryLimit) => "/sys/fs/cgroup/memory.max",
+            (d, k) => panic!("no in-container file for {k:?} on {d:?}"),
+        }
     }
 }
 
@@ -352,8 +584,16 @@ pub fn cgroup_v1(controller: &str, cgroup: &str, file: &str) -> String {
         .to_string()
 }
 
-/// Removes the (empty) pod-level cgroup dirs runc leaves behind under `cgroup_parent`.
+/// Removes the (empty) pod-level cgroup dirs runc leaves behind under
+/// `cgroup_parent`; a systemd slice (`*.slice`, the guest's pods) is stopped
+/// through systemd instead, as kubelet does.
 pub fn remove_cgroup_dirs(cgroup_parent: &str) {
+    if cgroup_parent.ends_with(".slice") && !cgroup_parent.contains('/') {
+        let _ = Command::new("systemctl")
+            .args(["stop", cgroup_parent])
+            .output();
+        return;
+    }
     if let Ok(rd) = std::fs::read_dir("/sys/fs/cgroup") {
         for ss in rd.flatten() {
             let d = ss.path().join(cgroup_parent.trim_start_matches('/'));

@@ -8,6 +8,7 @@
 #   testbed.sh up        install, then start containerd and import the image (idempotent)
 #   testbed.sh down      remove every pod through CRI, stop containerd, clean shims, mounts and cgroups
 #   testbed.sh env       print the variables tests read (QOSLET_TESTBED_*)
+#   testbed.sh containerd-pkg   CONTAINERD=1.7|2.1 only: extract that containerd, print its directory
 #
 # Env: QOSLET_TESTBED (work dir, default /tmp/qoslet-testbed)
 #      INSTANCE (default "main"): several containerds can run side by side, each with its own
@@ -373,5 +374,12 @@ case "${1:-}" in
   env) env_vars ;;
   stop-containerd) stop_containerd ;;
   start-containerd) start_containerd ;;
-  *) echo "usage: $0 install|up|down|env|stop-containerd|start-containerd" >&2; exit 2 ;;
+  # only the newer suite's containerd, extracted (the VM test bed's image takes 2.1 from here)
+  containerd-pkg)
+    case "$CONTAINERD" in
+      1.7) install_ctd17; echo "$WORK/ctd17-pkg" ;;
+      2.1) install_ctd21; echo "$WORK/ctd21-pkg" ;;
+      *) echo "containerd-pkg: CONTAINERD is 1.7 or 2.1" >&2; exit 2 ;;
+    esac ;;
+  *) echo "usage: $0 install|up|down|env|stop-containerd|start-containerd|containerd-pkg" >&2; exit 2 ;;
 esac

@@ -1,4 +1,5 @@
-//! The cluster side with the real containerd 1.6 + runc and cgroup v1, and
+//! The cluster side with a real containerd + runc (the test bed's 1.6 on
+//! cgroup v1, or the VM guest's on v2 + systemd), and
 //! the in-process fake API server (real HTTP/JSON list, watch and the
 //! Eviction API; no real kube-apiserver can run on these machines): under
 //! real memory pressure qoslet evicts through the Eviction API, a pod a
@@ -7,8 +8,8 @@
 
 use std::time::Duration;
 
-use qoslet_integration::process::{kubelet_cgroup_root, QosletProcess};
-use qoslet_integration::testbed::{container_config, pod_config, usage_mib, Cleanup, Cri, Testbed};
+use qoslet_integration::process::QosletProcess;
+use qoslet_integration::testbed::{container_config, pod_config, Cleanup, Cri, Knob, Testbed};
 use qoslet_integration::{eventually, free_port, http_get, scratch, unique};
 use qoslet_kube_fake::FakeApiServer;
 use serde_json::{json, Value};
@@ -70,7 +71,7 @@ async fn holding(
 async fn real_pressure_evicts_through_the_api_and_a_budget_protects() {
     let _one = ONE_AT_A_TIME.lock().await;
     let tb = Testbed::main();
-    let root = kubelet_cgroup_root(&tb.sock);
+    let kubepods = tb.kubepods_cg();
     let fake = FakeApiServer::start().await;
     let dir = scratch("cluster-evict");
     std::fs::create_dir_all(&dir).unwrap();
@@ -85,7 +86,7 @@ async fn real_pressure_evicts_through_the_api_and_a_budget_protects() {
     // the larger when pressure is met), then set by editing the file
     let yaml = format!(
         "kubernetes:\n  enable: true\n  kubeconfig: {}\n  nodeName: node-1\n\
-         eviction:\n  memoryCapacity: 640Mi\n  cgroupScope: {root}/kubepods\n  enforceNodeAllocatable: false\n  \
+         eviction:\n  memoryCapacity: 640Mi\n  cgroupScope: {kubepods}\n  enforceNodeAllocatable: false\n  \
          evictionPressureTransitionPeriod: 30s\n",
         dir.join("kubeconfig").display()
     );
@@ -100,8 +101,11 @@ async fn real_pressure_evicts_through_the_api_and_a_budget_protects() {
         "both pods hold their memory",
         Duration::from_secs(60),
         || {
-            let (b, s) = (big_cg.clone(), small_cg.clone());
-            async move { (usage_mib(&b) >= 255 && usage_mib(&s) >= 105).then_some(()) }
+            let (b, s) = (tb.pod_cg(&big_cg), tb.pod_cg(&small_cg));
+            let tb = tb.clone();
+            async move {
+                (tb.memory_usage_mib(&b) >= 255 && tb.memory_usage_mib(&s) >= 105).then_some(())
+            }
         },
     )
     .await;
@@ -202,11 +206,7 @@ async fn real_nodeslo_edit_reaches_the_hooks_and_the_engine() {
     let mut through = Cri::connect(&q.sock).await;
     // the NodeSLO is listed before the first pod (the watch starts with qoslet)
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let idle = |parent: String| {
-        qoslet_integration::testbed::cgroup_v1("cpu", &parent, "cpu.idle")
-            .trim()
-            .to_string()
-    };
+    let idle = |parent: String| tb.cg(&tb.pod_cg(&parent), Knob::CpuIdle);
     let be = |name: String| {
         let parent = tb.cgroup_parent_in("besteffort", &name);
         (name, parent)

@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use k8s_cri::v1 as cri;
 use qoslet_integration::process::{wait_timeout, QosletProcess};
-use qoslet_integration::testbed::{self, container_config, pod_config, Cri, Testbed, SLEEP_LOOP};
+use qoslet_integration::testbed::{
+    self, container_config, pod_config, Cri, Knob, Testbed, SLEEP_LOOP,
+};
 use qoslet_integration::{channel, scratch, start_proxy, unique};
 use qoslet_proto::admin::{admin_client::AdminClient, ListPodsRequest, Pod};
 use qoslet_proxy::cri::{CriRequest, CriResponse, HookPoint};
@@ -58,7 +60,7 @@ async fn real_qoslet_kill9_restart_and_corrupt_checkpoint_rebuild_the_store() {
         .await
         .unwrap();
     via.start(&ctr_a).await.unwrap();
-    let files_before = testbed::cgroup_v1("cpu", &format!("{cga}/{ctr_a}"), "cpu.shares");
+    let files_before = tb.cg(&tb.container_cg(&cga, &ctr_a), Knob::CpuShares);
     // let the checkpoint writer (100 ms coalescing) catch up, as it would on a live node
     qoslet_integration::eventually("checkpoint holds pod A", Duration::from_secs(5), || {
         let (p, id) = (q.state_dir.join("store.json"), ctr_a.clone());
@@ -122,7 +124,7 @@ async fn real_qoslet_kill9_restart_and_corrupt_checkpoint_rebuild_the_store() {
         .expect("container B");
     assert_eq!(cb.requested.as_ref().unwrap().cpu_shares, 222);
     assert_eq!(
-        testbed::cgroup_v1("cpu", &format!("{cga}/{ctr_a}"), "cpu.shares"),
+        tb.cg(&tb.container_cg(&cga, &ctr_a), Knob::CpuShares),
         files_before,
         "cgroup files untouched by the restart"
     );

@@ -1,7 +1,9 @@
-//! A full pod lifecycle through a real `qoslet proxy` process in front of the
-//! real containerd 1.6 + runc (needs root and the test bed: `testbed.sh up`).
+//! A full pod lifecycle through a real `qoslet proxy` process in front of a
+//! real containerd + runc: on this host the test bed's containerd 1.6
+//! (cgroupfs, cgroup v1; `testbed.sh up`), in the VM test bed's guest its
+//! containerd 1.7 (systemd driver, cgroup v2; `integration/vm/suite.sh`).
 //! Every answer is compared with the same call made directly to containerd,
-//! and the cgroup v1 files are checked.
+//! and the node's cgroup files are checked.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -10,7 +12,7 @@ use k8s_cri::v1 as cri;
 use qoslet_integration::process::QosletProcess;
 use qoslet_integration::registry::Registry;
 use qoslet_integration::testbed::{
-    self, cgroup_v1, container_config, pod_config, Cri, Testbed, BUSYBOX, SLEEP_LOOP,
+    self, container_config, pod_config, Cri, Knob, Testbed, BUSYBOX, SLEEP_LOOP,
 };
 use qoslet_integration::{channel, scratch, unique};
 use qoslet_proto::admin::admin_client::AdminClient;
@@ -101,7 +103,7 @@ async fn real_containerd_full_pod_lifecycle_through_qoslet_equals_direct() {
     l1.sort_by(|a, b| a.id.cmp(&b.id));
     l2.sort_by(|a, b| a.id.cmp(&b.id));
     assert_eq!(l1, l2);
-    let reg = Registry::start(&tb.work.join("images-v2.oci.tar"), &dir).await;
+    let reg = Registry::start(&tb.images_tar(), &dir).await;
     let pull_ref = reg.reference(BUSYBOX);
     let pulled = via
         .img
@@ -171,14 +173,11 @@ async fn real_containerd_full_pod_lifecycle_through_qoslet_equals_direct() {
         direct.status(&ctr).await.unwrap(),
         "ContainerStatus through qoslet == direct"
     );
-    let cg = format!("{cgp}/{ctr}");
-    assert_eq!(cgroup_v1("cpu", &cg, "cpu.shares"), "512");
-    assert_eq!(cgroup_v1("cpu", &cg, "cpu.cfs_quota_us"), "50000");
-    assert_eq!(cgroup_v1("cpu", &cg, "cpu.cfs_period_us"), "100000");
-    assert_eq!(
-        cgroup_v1("memory", &cg, "memory.limit_in_bytes"),
-        (64u64 << 20).to_string()
-    );
+    let cg = tb.container_cg(&cgp, &ctr);
+    assert_eq!(tb.cg(&cg, Knob::CpuShares), tb.shares_read(512));
+    assert_eq!(tb.cg(&cg, Knob::CpuQuota), "50000");
+    assert_eq!(tb.cg(&cg, Knob::CpuPeriod), "100000");
+    assert_eq!(tb.cg(&cg, Knob::MemoryLimit), (64u64 << 20).to_string());
 
     // pod status and listings with filters
     let ps1 = via
@@ -276,19 +275,23 @@ async fn real_containerd_full_pod_lifecycle_through_qoslet_equals_direct() {
         cmd: vec!["cat".into(), c.into()],
         timeout: 10,
     };
+    let shares_file = tb.file_in_container(Knob::CpuShares);
     let e1 = via
         .rt
-        .exec_sync(ex("/sys/fs/cgroup/cpu/cpu.shares"))
+        .exec_sync(ex(shares_file))
         .await
         .unwrap()
         .into_inner();
     let e2 = direct
         .rt
-        .exec_sync(ex("/sys/fs/cgroup/cpu/cpu.shares"))
+        .exec_sync(ex(shares_file))
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(String::from_utf8_lossy(&e1.stdout).trim(), "512");
+    assert_eq!(
+        String::from_utf8_lossy(&e1.stdout).trim(),
+        tb.shares_read(512)
+    );
     assert_eq!(e1, e2);
     let url_prefix = |u: &str| {
         u.rsplit_once('/')
@@ -391,12 +394,9 @@ async fn real_containerd_full_pod_lifecycle_through_qoslet_equals_direct() {
         })
         .await
         .unwrap();
-    assert_eq!(cgroup_v1("cpu", &cg, "cpu.shares"), "256");
-    assert_eq!(cgroup_v1("cpu", &cg, "cpu.cfs_quota_us"), "20000");
-    assert_eq!(
-        cgroup_v1("memory", &cg, "memory.limit_in_bytes"),
-        (128u64 << 20).to_string()
-    );
+    assert_eq!(tb.cg(&cg, Knob::CpuShares), tb.shares_read(256));
+    assert_eq!(tb.cg(&cg, Knob::CpuQuota), "20000");
+    assert_eq!(tb.cg(&cg, Knob::MemoryLimit), (128u64 << 20).to_string());
 
     // the admin API knows the pod, its cgroup parent and what kubelet asked for
     let mut admin = AdminClient::new(channel(&q.admin).await);

@@ -275,7 +275,7 @@ async fn systemd_does_not_undo_qoslets_values() {
             vec!["set-property", "--runtime", &scope_unit, "CPUWeight=60"],
             false,
         ),
-        ("containerd restarted", vec!["restart", "containerd"], false),
+        ("containerd restarted", vec!["restart", node.unit], false),
     ];
     for (what, args, undoes) in steps {
         let before = drifts();
@@ -657,7 +657,7 @@ async fn nri_plugin_applies_what_the_proxy_applies_with_the_systemd_driver() {
     let q = QosletProcess::start_nri_at(
         &dir,
         &node.sock,
-        std::path::Path::new("/run/nri/nri.sock"),
+        &node.nri,
         &[&format!("--config={}", file.display())],
     );
     q.wait_registered(1).await;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use k8s_cri::v1 as cri;
 use qoslet_integration::process::QosletProcess;
 use qoslet_integration::testbed::{
-    cgroup_v1, container_config, pod_config, Cleanup, Cri, Testbed, SLEEP_LOOP,
+    container_config, pod_config, Cleanup, Cri, Knob, Testbed, SLEEP_LOOP,
 };
 use qoslet_integration::{channel, eventually, free_port, http_get, scratch, unique};
 use qoslet_proto::admin::{admin_client::AdminClient, ListPodsRequest};
@@ -236,9 +236,9 @@ async fn real_hostile_annotation_neither_stalls_nor_pins() {
         "Version p99 {during_p99:?} during the hostile create vs {base_p99:?} during a benign one ({n} calls)"
     );
     via.start(&cid).await.unwrap();
-    let parent_cpus = cgroup_v1("cpuset", "", "cpuset.cpus");
+    let parent_cpus = tb.cg("", Knob::Cpuset);
     assert_eq!(
-        cgroup_v1("cpuset", &format!("{cgp}/{cid}"), "cpuset.cpus"),
+        tb.cg(&tb.container_cg(&cgp, &cid), Knob::Cpuset),
         parent_cpus,
         "kubelet's cpuset (none: all CPUs) stands"
     );
@@ -275,7 +275,7 @@ async fn real_hostile_annotation_neither_stalls_nor_pins() {
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     via.start(&c2).await.unwrap();
     assert_eq!(
-        cgroup_v1("cpuset", &format!("{cgp2}/{c2}"), "cpuset.cpus"),
+        tb.cg(&tb.container_cg(&cgp2, &c2), Knob::Cpuset),
         parent_cpus,
         "2 CPUs asked by a 1-CPU container: kubelet's cpuset stands"
     );
@@ -321,12 +321,12 @@ async fn real_labels_cannot_raise_a_class_or_pin_an_unlabelled_pod() {
         .unwrap();
     via.start(&be_c).await.unwrap();
     assert_eq!(
-        cgroup_v1("cpu", &be_cgp, "cpu.idle"),
+        tb.cg(&tb.pod_cg(&be_cgp), Knob::CpuIdle),
         "1",
         "BE runs SCHED_IDLE"
     );
     assert_eq!(
-        cgroup_v1("cpu", &format!("{be_cgp}/{be_c}"), "cpu.cfs_quota_us"),
+        tb.cg(&tb.container_cg(&be_cgp, &be_c), Knob::CpuQuota),
         "100000",
         "BE batch-cpu limit applied"
     );
@@ -370,15 +370,11 @@ async fn real_labels_cannot_raise_a_class_or_pin_an_unlabelled_pod() {
             .await
             .unwrap();
         via.start(&c).await.unwrap();
-        let cpus = cgroup_v1("cpuset", &format!("{cgp}/{c}"), "cpuset.cpus");
+        let cpus = tb.cg(&tb.container_cg(&cgp, &c), Knob::Cpuset);
         if want_bound {
             assert_eq!(cpus, "1", "an LSR-labelled pod is bound");
         } else {
-            assert_eq!(
-                cpus,
-                cgroup_v1("cpuset", "", "cpuset.cpus"),
-                "kubelet's cpuset stands"
-            );
+            assert_eq!(cpus, tb.cg("", Knob::Cpuset), "kubelet's cpuset stands");
         }
     }
 }
@@ -521,7 +517,7 @@ async fn real_steady_node_reports_no_drift() {
     assert_eq!(d0, 0, "drift reported while settling");
     let page = qoslet_cgroups::cgroup::page_size();
     assert_eq!(
-        cgroup_v1("memory", &be_cgp, "memory.limit_in_bytes"),
+        tb.cg(&tb.pod_cg(&be_cgp), Knob::MemoryLimit),
         (1_000_000_000 / page * page).to_string(),
         "the BE pod's batch memory, in whole pages"
     );

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The VM test bed: a real cgroup v2 + systemd node (Debian trixie: systemd 257,
-# kernel 6.12, containerd 1.7 with NRI and SystemdCgroup = true) in QEMU, for
-# the tests that need what this host's cgroup v1 without systemd cannot give.
+# kernel 6.12, containerd 1.7 with NRI and SystemdCgroup = true; beside it Debian
+# sid's containerd 2.1 with NRI v0.8, the same way) in QEMU, for the tests that
+# need what this host's cgroup v1 without systemd cannot give.
 #
 #   vm.sh setup          host packages (mmdebstrap, QEMU 10 from bookworm-backports,
 #                        extracted with a private APT config; /etc/apt is never touched)
@@ -115,13 +116,18 @@ cmd_image() {
   if [ -s "$out/rootfs.img" ] && [ -f "$out/primed" ]; then
     log "image $out (cached)"; return
   fi
-  local t0 work root
+  local t0 work root ctd21
   t0=$(date +%s)
   rm -rf "$out"; mkdir -p "$out"
   work=$(mktemp -d "$CACHE/build.XXXXXX"); root=$work/rootfs
   # SSH key of the test bed (private to root)
   ssh-keygen -q -t ed25519 -N '' -C qoslet-vm -f "$out/id_ed25519"
   WORK=$work "$REPO/integration/testbed/build-image.sh" "$work/testbed.oci.tar" >/dev/null
+  # Debian sid's containerd 2.1 (NRI v0.8), extracted as the host's test bed takes it,
+  # unpacked at /opt/containerd-2.1 with a service of its own (installing the package
+  # would replace trixie's 1.7)
+  ctd21=$(CONTAINERD=2.1 "$REPO/integration/testbed/testbed.sh" containerd-pkg)
+  log "containerd 2.1 from sid: $("$ctd21/usr/bin/containerd" --version | cut -d" " -f3)"
   log "mmdebstrap $SUITE (systemd, linux-image-amd64, containerd, runc, CNI plugins)"
   nice -n 10 mmdebstrap --variant=apt --mode=root --quiet \
     --include=systemd,systemd-sysv,udev,dbus,kmod,iproute2,procps,openssh-server,containerd,runc,containernetworking-plugins,linux-image-amd64,initramfs-tools,zstd,e2fsprogs,python3 \
@@ -134,6 +140,7 @@ cmd_image() {
     --customize-hook='for u in apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer fstrim.timer dpkg-db-backup.timer systemd-timesyncd.service; do chroot "$1" systemctl mask $u >/dev/null 2>&1 || true; done' \
     --customize-hook='printf "MODULES=list\nCOMPRESS=zstd\n" > "$1/etc/initramfs-tools/conf.d/qoslet-vm.conf"; printf "virtio_pci\nvirtio_blk\next4\n9p\n9pnet_virtio\n" >> "$1/etc/initramfs-tools/modules"; chroot "$1" update-initramfs -u -k all >/dev/null 2>&1' \
     --customize-hook='mkdir -p "$1/root/images"; cp '"$work"'/testbed.oci.tar "$1/root/images/"' \
+    --customize-hook='mkdir -p "$1/opt/containerd-2.1" "$1/etc/containerd21"; cp -a '"$ctd21"'/usr "$1/opt/containerd-2.1/"; cp '"$HERE"'/guest/containerd21.toml "$1/etc/containerd21/config.toml"; cp '"$HERE"'/guest/containerd21.service "$1/etc/systemd/system/"; chroot "$1" systemctl enable containerd21.service >/dev/null 2>&1' \
     --customize-hook='cp '"$HERE"'/guest/config.toml "$1/etc/containerd/config.toml"; cp '"$HERE"'/guest/qoslet-vm-images.service "$1/etc/systemd/system/"; chroot "$1" systemctl enable qoslet-vm-images.service >/dev/null 2>&1; mkdir -p "$1/etc/cni/net.d" "$1/opt/nri/plugins" "$1/etc/nri/conf.d"; cp '"$HERE"'/guest/10-qoslet-vm.conflist "$1/etc/cni/net.d/"' \
     --customize-hook='cd "$1/usr/lib/modules/"*/kernel && rm -rf sound drivers/gpu drivers/media drivers/net/wireless drivers/infiniband drivers/staging drivers/bluetooth net/wireless net/mac80211 net/bluetooth drivers/iio drivers/hid drivers/input drivers/usb drivers/scsi drivers/ata drivers/mmc drivers/isdn drivers/net/ethernet drivers/md; chroot "$1" depmod -a $(ls "$1/usr/lib/modules")' \
     --customize-hook='cp "$1"/boot/vmlinuz-* '"$out"'/vmlinuz; cp "$1"/boot/initrd.img-* '"$out"'/initrd.img; chroot "$1" apt-get clean; rm -rf "$1"/var/lib/apt/lists/*' \
@@ -237,8 +244,8 @@ EOF
       ssh_vm "mkdir -p '$share' && mount -t 9p -o ro,trans=virtio,version=9p2000.L,msize=262144 share '$share'" \
         || die "cannot mount the share in the guest"
       echo "$share" > "$RUN/share"
-      ssh_vm 'for i in $(seq 1 60); do [ -S /run/containerd/containerd.sock ] && exit 0; sleep 1; done; exit 1' \
-        || die "containerd did not start in the guest"
+      ssh_vm 'for i in $(seq 1 60); do [ -S /run/containerd/containerd.sock ] && [ -S /run/containerd21/containerd.sock ] && exit 0; sleep 1; done; exit 1' \
+        || die "containerd (1.7 and 2.1) did not start in the guest"
       return 0
     fi
     kill -0 "$pid" 2>/dev/null || { tail -30 "$RUN/console.log" >&2; die "qemu died while booting"; }

@@ -60,7 +60,47 @@ fn dirs(root: &str) -> Vec<String> {
     v
 }
 
+/// cgroup v2 (the VM test bed's guest) rather than v1 (this host).
+fn unified() -> bool {
+    Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
+}
+
+/// The real directories of cgroup `d`: one per v1 controller, or the one v2 directory.
+fn dirs_of(d: &str) -> Vec<PathBuf> {
+    if unified() {
+        vec![Path::new("/sys/fs/cgroup").join(d)]
+    } else {
+        CONTROLLERS
+            .iter()
+            .map(|c| Path::new("/sys/fs/cgroup").join(c).join(d))
+            .collect()
+    }
+}
+
 fn make_tree(root: &str) {
+    if unified() {
+        // each parent hands its children the controllers the engine writes (pods' and
+        // containers' directories are created with their parents already enabled)
+        for d in dirs(root) {
+            let p = Path::new("/sys/fs/cgroup").join(&d);
+            if let Err(e) = std::fs::create_dir(&p) {
+                assert_eq!(
+                    e.kind(),
+                    std::io::ErrorKind::AlreadyExists,
+                    "{}: {e}",
+                    p.display()
+                );
+            }
+            // (containers are the leaves: their ids end in "c"s)
+            if !d.ends_with("cccc") {
+                let _ = std::fs::write(
+                    p.join("cgroup.subtree_control"),
+                    "+cpu +cpuset +memory +io +pids",
+                );
+            }
+        }
+        return;
+    }
     let cpus = std::fs::read_to_string("/sys/fs/cgroup/cpuset/cpuset.cpus").unwrap_or_default();
     let mems = std::fs::read_to_string("/sys/fs/cgroup/cpuset/cpuset.mems").unwrap_or_default();
     for d in dirs(root) {
@@ -86,8 +126,8 @@ fn make_tree(root: &str) {
 fn remove_tree(root: &str) {
     // the shared prefix stays (other runs and tests use it)
     for d in dirs(root).iter().skip(1).rev() {
-        for c in CONTROLLERS {
-            let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(c).join(d));
+        for p in dirs_of(d) {
+            let _ = std::fs::remove_dir(p);
         }
     }
 }
@@ -210,8 +250,10 @@ pub async fn run(dir: PathBuf, seconds: u64) {
     let log = std::fs::read_to_string(&procs[0].log).unwrap_or_default();
     let engine_on = log.contains("QoS engine on");
     println!(
-        "engine tick bench: {PODS} pods / {} containers in each store, real cgroup v1 tree /sys/fs/cgroup/*/{root}; the engine {} in the first qoslet",
+        "engine tick bench: {PODS} pods / {} containers in each store, real cgroup {} tree {}; the engine {} in the first qoslet",
         PODS * PER_POD,
+        if unified() { "v2" } else { "v1" },
+        dirs_of(&root)[0].display(),
         if engine_on { "runs" } else { "DID NOT START (see its log)" }
     );
     let clients = [on, off];
