@@ -50,6 +50,10 @@ fn keyed(controller: &'static str, file: &'static str, value: String) -> FileWri
     }
 }
 
+/// The v1 controllers whose files [`Cgroups::plan`] writes (the hierarchies
+/// [`Cgroups::watch`] watches).
+pub const WRITTEN_V1: [&str; 4] = ["cpu", "cpuset", "memory", "blkio"];
+
 /// A host's cgroups: every QoS write in qoslet goes through here.
 #[derive(Debug, Clone)]
 pub struct Cgroups {
@@ -262,7 +266,8 @@ impl Cgroups {
         CgFile::new(hierarchy, Path::new(cg.as_str()).join(w.file))
     }
 
-    /// Watches `cg`'s directories (each hierarchy's on v1) for anyone's
+    /// Watches `cg`'s directories (on v1 each hierarchy's that qoslet writes
+    /// in: [`WRITTEN_V1`]) for anyone's
     /// writes, reported by [`Cgroups::written`] ([`crate::watch`]); false when
     /// none could be watched (no inotify, its limit reached, the cgroup gone).
     /// Asks the kernel each time: call it again now and then (a cgroup made
@@ -270,8 +275,13 @@ impl Cgroups {
     pub fn watch(&self, cg: &CgroupPath) -> bool {
         let dirs: Vec<PathBuf> = match &self.host.layout {
             Layout::V1 { controllers } => {
-                let mut d: Vec<PathBuf> =
-                    controllers.values().map(|h| h.join(cg.as_str())).collect();
+                // only the hierarchies qoslet writes in: each watch counts against
+                // the user's inotify limit, which kubelet and containerd share
+                let mut d: Vec<PathBuf> = controllers
+                    .iter()
+                    .filter(|(c, _)| WRITTEN_V1.contains(&c.as_str()))
+                    .map(|(_, h)| h.join(cg.as_str()))
+                    .collect();
                 // cpu and cpuacct are often one hierarchy under two names
                 d.sort();
                 d.dedup();
@@ -615,6 +625,59 @@ mod tests {
             Knob::MemoryTune(MemTune::Priority, 8).describe(true),
             ("memory.priority".into(), "8".into())
         );
+    }
+
+    /// Second review of issue 44: the watch covers only the v1 hierarchies
+    /// qoslet writes in, so every file a plan writes must be in one of them.
+    #[test]
+    fn every_v1_write_is_in_a_watched_hierarchy() {
+        let c = v1(Features {
+            bvt: true,
+            cpu_idle: true,
+            cpu_burst: true,
+            memory_qos: true,
+            blkio_throttle: true,
+            memory_tunes: crate::knob::MemTune::ALL
+                .iter()
+                .fold(Default::default(), |m: crate::knob::MemTunes, t| m.with(*t)),
+        });
+        let dev = Device { major: 8, minor: 0 };
+        let mut knobs = vec![
+            Knob::CpuShares(512),
+            Knob::CpuQuota {
+                quota: Some(50_000),
+                period: 100_000,
+            },
+            Knob::CpuIdle(true),
+            Knob::GroupIdentity(-1),
+            Knob::CpuBurst(10_000),
+            Knob::MemoryLimit(Some(1 << 30)),
+            Knob::MemoryMin(1 << 20),
+            Knob::MemoryLow(1 << 20),
+            Knob::MemoryHigh(Some(1 << 30)),
+            Knob::CpusetCpus("0".into()),
+            Knob::IoLimit {
+                device: dev,
+                limits: IoLimits {
+                    read_bps: Some(1 << 20),
+                    ..Default::default()
+                },
+            },
+        ];
+        knobs.extend(
+            crate::knob::MemTune::ALL
+                .iter()
+                .map(|t| Knob::MemoryTune(*t, 1)),
+        );
+        for k in knobs {
+            for w in c.plan(&k).unwrap_or_default() {
+                assert!(
+                    WRITTEN_V1.contains(&w.controller),
+                    "{k:?}: {}",
+                    w.controller
+                );
+            }
+        }
     }
 
     #[test]

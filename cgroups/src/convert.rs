@@ -1,5 +1,10 @@
-//! cpu.shares (v1, 2..=262144) <-> cpu.weight (v2, 1..=10000), the same
-//! mapping the OCI runtimes use, so a value round-trips the way runc writes it.
+//! cpu.shares (v1, 2..=262144) <-> cpu.weight (v2, 1..=10000), the linear
+//! mapping of runc 1.1 (Debian trixie's, the VM suite's) and crun, so a value
+//! round-trips the way those write it. Newer runc releases convert with a
+//! curve instead (opencontainers/cgroups, 2025: 1024 shares is weight 100, not
+//! 39). qoslet converts only for a `CpuShares` knob it writes itself, which no
+//! plan of the engine makes today: the hooks hand kubelet's shares to the
+//! runtime (CRI, NRI), and the runtime converts them its own way.
 
 /// v1 shares to v2 weight.
 pub fn shares_to_weight(shares: u64) -> u64 {

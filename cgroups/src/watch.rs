@@ -16,7 +16,9 @@
 //! reading every file every tick, and without a fight (it writes only what
 //! differs; a writer that keeps undoing it meets the executor's back-off).
 //!
-//! Each event names its file, so only the files qoslet owns there are re-read.
+//! Each event names its file, so only the files qoslet owns there are re-read
+//! (a file that is another's view of the same value is reported as that one:
+//! a write to `cpu.weight.nice` is a write to `cpu.weight`).
 //! The files the kernel itself updates and notifies (`cgroup.events`,
 //! `memory.events`, `pids.events`, `cpuset.cpus.partition`...) are not
 //! writes and are not reported. Watching reads nothing and writes nothing.
@@ -62,6 +64,15 @@ pub enum Written {
     Some(Vec<(CgroupPath, String)>),
     /// Events were lost: any watched file may have been written.
     Unknown,
+}
+
+/// The file whose value a write to `name` changes: `cpu.weight.nice` sets
+/// `cpu.weight` (the kernel keeps one weight behind both).
+fn alias_of(name: &[u8]) -> &[u8] {
+    match name {
+        b"cpu.weight.nice" => b"cpu.weight",
+        n => n,
+    }
 }
 
 /// Whether a file name is one the kernel updates and notifies by itself.
@@ -148,6 +159,7 @@ impl Watch {
         };
         let mut buf = [MaybeUninit::<u8>::uninit(); 8192];
         let mut out: Vec<(CgroupPath, String)> = Vec::new();
+        let mut seen: std::collections::HashSet<(i32, String)> = Default::default();
         let mut gone: Vec<i32> = Vec::new();
         {
             let mut r = inotify::Reader::new(&inner.fd, &mut buf);
@@ -177,9 +189,9 @@ impl Watch {
                     continue;
                 }
                 if let Some((_, cg)) = inner.by_wd.get(&ev.wd()) {
-                    let name = String::from_utf8_lossy(name);
-                    if !out.iter().any(|(c, n)| c == cg && *n == name) {
-                        out.push((cg.clone(), name.into_owned()));
+                    let name = String::from_utf8_lossy(alias_of(name)).into_owned();
+                    if seen.insert((ev.wd(), name.clone())) {
+                        out.push((cg.clone(), name));
                     }
                 }
             }
@@ -226,6 +238,8 @@ mod tests {
                 ("pod1/memory.max", "max\n"),
                 ("pod1/memory.events", "low 0\n"),
                 ("pod2/cpu.max", "max 100000\n"),
+                ("pod2/cpu.weight", "100\n"),
+                ("pod2/cpu.weight.nice", "0\n"),
             ],
         );
         let w = Watch::default();
@@ -248,6 +262,10 @@ mod tests {
         assert_eq!(w.written(), Written::Some(vec![]), "told once");
         std::fs::write(d.join("pod2/memory.events"), "low 1\n").unwrap();
         assert_eq!(w.written(), Written::Some(vec![]), "a kernel-notified file");
+        // the nice view of the weight is a write to the weight
+        std::fs::write(d.join("pod2/cpu.weight.nice"), "5\n").unwrap();
+        std::fs::write(d.join("pod2/cpu.weight"), "50\n").unwrap();
+        assert_eq!(w.written(), Written::Some(vec![file(&p2, "cpu.weight")]));
         // what its owner no longer wants is dropped
         w.retain(|cg| *cg != p2);
         assert_eq!(w.len(), 1);

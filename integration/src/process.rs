@@ -216,10 +216,12 @@ impl Drop for QosletProcess {
 }
 
 /// kubelet's `--cgroup-root` as the test bed lays pods out for the containerd
-/// instance at `backend` (`.../<instance>/containerd.sock`); `/` (kubelet's
-/// default) for a containerd that is not the test bed's (the VM guest's own).
+/// instance (or fake runtime) at `backend` (`.../<dir>/<name>.sock`:
+/// `/qoslet-test/<dir>`); `/` (kubelet's default) for the VM guest's own
+/// containerd.
 pub fn kubelet_cgroup_root(backend: &Path) -> String {
-    if !backend.starts_with(crate::testbed::work_dir()) {
+    // the VM guest's containerd: kubelet's own root, systemd's kubepods.slice at the top
+    if crate::testbed::on_systemd_v2() && backend == crate::node::containerd().sock {
         return "/".into();
     }
     let instance = backend

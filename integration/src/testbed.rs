@@ -338,8 +338,9 @@ impl Testbed {
     }
 
     /// What [`Knob::CpuShares`] reads after the runtime applied `shares`: the
-    /// shares themselves on v1, on v2 the weight the OCI runtimes convert them to
-    /// (`1 + (shares - 2) * 9999 / 262142`, runc's formula).
+    /// shares themselves on v1, on v2 the weight the guest's runc (trixie's 1.1)
+    /// converts them to (`1 + (shares - 2) * 9999 / 262142`; newer runc releases
+    /// convert with a curve, and a guest with one fails here, as it should).
     pub fn shares_read(&self, shares: u64) -> String {
         match self.driver {
             Driver::CgroupfsV1 => shares.to_string(),

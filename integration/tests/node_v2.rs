@@ -261,8 +261,9 @@ async fn systemd_does_not_undo_qoslets_values() {
     let bound = Duration::from_millis(4000);
     let (slice_unit, scope_unit) = (Node::unit(&be_slice, None), Node::unit(&ls_slice, lc));
     // (what, the command, whether systemd is known to undo qoslet's values there: on
-    // this node it writes its defaults into a slice's files, but leaves a scope's
-    // memory.min/low alone, runc having given the scope no property for them)
+    // this node it writes its unit defaults into a slice's files; a scope's
+    // memory.min/low come out as they were, runc having given the scope either no
+    // property for them or qoslet's own values, from CRI's unified map)
     let steps: [(&str, Vec<&str>, bool); 4] = [
         ("systemctl daemon-reload", vec!["daemon-reload"], false),
         (
@@ -277,8 +278,10 @@ async fn systemd_does_not_undo_qoslets_values() {
         ),
         ("containerd restarted", vec!["restart", node.unit], false),
     ];
+    let resets = || q.log_text().matches("was reset to its unset value").count();
     for (what, args, undoes) in steps {
         let before = drifts();
+        let resets_before = resets();
         systemctl(&args);
         let t0 = std::time::Instant::now();
         loop {
@@ -293,9 +296,32 @@ async fn systemd_does_not_undo_qoslets_values() {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        let back = t0.elapsed();
+        // systemd writes a property's unset value: told as a reset, never backed off
+        assert!(
+            !undoes || resets() > resets_before,
+            "{what}: the put-back was not told as a reset\n{}",
+            q.log_text()
+        );
+        // what systemd does after its reply (cgroups realized again later) is seen
+        // too: for three ticks more, any value undone comes back within the bound
+        let mut undone: Option<std::time::Instant> = None;
+        let watch = std::time::Instant::now();
+        while watch.elapsed() < Duration::from_secs(3) || undone.is_some() {
+            let now = values();
+            match (now == want, undone) {
+                (true, _) => undone = None,
+                (false, None) => undone = Some(std::time::Instant::now()),
+                (false, Some(at)) => assert!(
+                    at.elapsed() < bound,
+                    "{what}: undone after its reply and not back after {bound:?}: {now:?}, want {want:?}\n{}",
+                    q.log_text()
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         eprintln!(
-            "{what}: qoslet's values in place {:?} after systemctl returned ({} drift(s) put back)",
-            t0.elapsed(),
+            "{what}: qoslet's values in place {back:?} after systemctl returned, and for 3 s after ({} drift(s) put back)",
             drifts() - before
         );
     }
@@ -435,6 +461,49 @@ async fn engine_suppresses_be_on_its_slice_and_lets_ls_burst() {
         (cur >= q0 * 8 / 10).then_some(())
     })
     .await;
+    // kubelet updates its QoS cgroups on every new pod (and each minute): with the
+    // systemd driver that is a property change on kubepods-besteffort.slice, and
+    // systemd writes the slice's unset cpu.max over qoslet's quota each time. Pods
+    // starting every 2 s: each reset put back within a tick, none backed off.
+    let unit = "kubepods-besteffort.slice";
+    let mut resets = 0;
+    for i in 0..8 {
+        systemctl(&[
+            "set-property",
+            "--runtime",
+            unit,
+            &format!("CPUWeight={}", 1 + i % 2),
+        ]);
+        if quota_of(&v2(&format!("{BE_SLICE}/cpu.max"))).is_none() {
+            resets += 1;
+        }
+        let t0 = std::time::Instant::now();
+        loop {
+            let max = v2(&format!("{BE_SLICE}/cpu.max"));
+            if quota_of(&max).is_some() {
+                break;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_millis(1800),
+                "update {i}: the BE quota not back within a tick: cpu.max {max}\n{}",
+                q.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(2).saturating_sub(t0.elapsed())).await;
+    }
+    // (systemd did reset it: the test is not vacuous; qoslet's put-back is a new
+    // quota when the load moved since the last tick, else a reset it logs as one)
+    assert!(
+        resets >= 4,
+        "systemd reset the BE slice's cpu.max {resets} times of 8"
+    );
+    let log = q.log_text();
+    assert!(
+        !log.lines()
+            .any(|l| l.contains(BE_SLICE) && l.contains("next check in")),
+        "a reset met the back-off:\n{log}"
+    );
     via.remove_pod(&be_pod).await;
     via.remove_pod(&ls_pod).await;
     drop(q);

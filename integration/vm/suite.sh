@@ -25,12 +25,19 @@ case "$TARGET" in
   "$REPO"/*) ;;
   *) echo "the guest sees the repository only: CARGO_TARGET_DIR ($TARGET) must be inside it" >&2; exit 1 ;;
 esac
-export QOSLET_VM_RUN=${QOSLET_VM_RUN:-/tmp/qoslet-vm}
+# a run directory of its own (pidfile, ssh config, console): another run's VM is
+# never this run's to power off
+OWN_RUN=
+if [ -z "${QOSLET_VM_RUN:-}" ]; then
+  QOSLET_VM_RUN=$(mktemp -d /tmp/qoslet-vm.XXXXXX); OWN_RUN=1
+fi
+export QOSLET_VM_RUN
 t0=$(date +%s)
 lap() { echo "=== [vm $(( $(date +%s) - t0 ))s] $*"; }
 
-# whatever fails, no QEMU is left running
-trap '$VM down || true' EXIT
+# whatever fails, no QEMU of this run is left running
+cleanup() { $VM down || true; [ -z "$OWN_RUN" ] || rm -rf "$QOSLET_VM_RUN"; }
+trap cleanup EXIT
 lap "host: QEMU and image tools"
 $VM setup
 lap "guest image (built once, cached by its inputs)"
@@ -97,6 +104,7 @@ if [ -z "${1:-}" ]; then
 fi
 
 lap "power off"
-$VM down
+$VM down || echo "warning: the guest did not power off cleanly (killed)"
 trap - EXIT
+[ -z "$OWN_RUN" ] || rm -rf "$QOSLET_VM_RUN"
 lap "the VM suite passed"

@@ -103,15 +103,22 @@ cmd_setup() {
 }
 
 # the image's inputs: what changes them changes the image (the recipe is this
-# script's cmd_image, as bash prints it back: comments and the rest of the script aside)
+# script's cmd_image, as bash prints it back: comments and the rest of the script aside;
+# testbed.sh picks the containerd 2.1 it takes). The Debian archive moves on too (point
+# releases, sid's containerd): the month is an input, so an image is at most a month old.
 image_hash() {
-  { echo "$SUITE"; declare -f cmd_image; cat "$HERE"/guest/* "$REPO/integration/testbed/build-image.sh"; } \
+  { echo "$SUITE"; date -u +%Y-%m; declare -f cmd_image
+    cat "$HERE"/guest/* "$REPO/integration/testbed/build-image.sh" "$REPO/integration/testbed/testbed.sh"; } \
     | sha256sum | cut -c1-16
 }
 image_dir() { echo "$CACHE/image-$(image_hash)"; }
 
 cmd_image() {
   command -v mmdebstrap >/dev/null || cmd_setup
+  mkdir -p "$CACHE"
+  # one builder at a time: another run's build (or its removal of older images) waits
+  exec 9>"$CACHE/image.lock"
+  flock -w 1800 9 || die "another image build holds $CACHE/image.lock for 30 min"
   local out; out=$(image_dir)
   if [ -s "$out/rootfs.img" ] && [ -f "$out/primed" ]; then
     log "image $out (cached)"; return
@@ -153,7 +160,7 @@ cmd_image() {
   trap 'cmd_down' EXIT
   PERSIST=1 IMAGE=$out cmd_boot
   cmd_run 'systemctl start qoslet-vm-images.service && ctr -n k8s.io images ls -q | grep -c testbed'
-  cmd_down
+  cmd_down || die "the priming boot did not power off cleanly: the image is not kept"
   trap - EXIT
   touch "$out/primed"
   # older images of this cache are no longer wanted
@@ -233,7 +240,7 @@ EOF
     -drive "file=$img/rootfs.img,format=raw,if=virtio,snapshot=$snap,cache=unsafe" \
     -netdev "user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:$PORT-:22" -device virtio-net-pci,netdev=n0,romfile= \
     -virtfs "local,path=$share,mount_tag=share,security_model=none,readonly=on,id=share" \
-    -device virtio-rng-pci
+    -device virtio-rng-pci 9>&-
   local pid; pid=$(cat "$RUN/qemu.pid")
   local deadline=$(( SECONDS + ${VM_BOOT_TIMEOUT:-240} ))
   while [ "$SECONDS" -lt "$deadline" ]; do
@@ -241,10 +248,10 @@ EOF
       echo "$(echo "$(date +%s.%N) - $t0" | bc)" > "$RUN/boot-seconds"
       log "guest up (SSH) after $(cat "$RUN/boot-seconds") s, qemu pid $pid ($a)"
       # the share at the same path as on the host, so test binaries find their files
-      ssh_vm "mkdir -p '$share' && mount -t 9p -o ro,trans=virtio,version=9p2000.L,msize=262144 share '$share'" \
-        || die "cannot mount the share in the guest"
+      timeout 60 ssh -F "$RUN/ssh_config" vm "mkdir -p '$share' && mount -t 9p -o ro,trans=virtio,version=9p2000.L,msize=262144 share '$share'" \
+        || die "cannot mount the share in the guest (within 60 s)"
       echo "$share" > "$RUN/share"
-      ssh_vm 'for i in $(seq 1 60); do [ -S /run/containerd/containerd.sock ] && [ -S /run/containerd21/containerd.sock ] && exit 0; sleep 1; done; exit 1' \
+      timeout 90 ssh -F "$RUN/ssh_config" vm 'for i in $(seq 1 60); do [ -S /run/containerd/containerd.sock ] && [ -S /run/containerd21/containerd.sock ] && exit 0; sleep 1; done; exit 1' \
         || die "containerd (1.7 and 2.1) did not start in the guest"
       return 0
     fi
@@ -266,7 +273,7 @@ cmd_run() {
   elif [ "$rc" = 255 ]; then
     # ssh's own failure: a guest that crashed or hangs
     if ! kill -0 "$pid" 2>/dev/null; then log "the guest died (qemu gone)"; fi
-    if ! ssh_vm true 2>/dev/null; then log "the guest does not answer SSH"; tail -30 "$RUN/console.log" >&2; fi
+    if ! timeout 15 ssh -F "$RUN/ssh_config" vm true 2>/dev/null; then log "the guest does not answer SSH"; tail -30 "$RUN/console.log" >&2; fi
   fi
   return "$rc"
 }
@@ -281,6 +288,7 @@ cmd_down() {
   done
   kill "$pid" 2>/dev/null || true; sleep 1; kill -9 "$pid" 2>/dev/null || true
   rm -f "$RUN/qemu.pid"; log "the guest did not power off within 60 s: killed"
+  return 1
 }
 
 case "${1:-}" in

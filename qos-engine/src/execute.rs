@@ -120,9 +120,54 @@ struct Known {
     /// again: each repeat doubles the wait, up to [`MAX_BACKOFF`] checks.
     drifts: u32,
     quiet_until: u64,
+    /// The tick a reset of this file to its unset value was last put back
+    /// (`None`: never): resets on consecutive ticks are a writer that never
+    /// stops, and meet the back-off.
+    last_reset: Option<u64>,
     /// What the file goes back to when it leaves the plan (`None`: the
     /// kernel's default, [`restore_value`]).
     restore: Option<Knob>,
+}
+
+/// The value a file of `knob` holds when nobody set it (what systemd writes
+/// for a unit property left unset): no limit for quotas and memory limits,
+/// the kernel's default for the rest.
+fn unset_value(knob: &Knob) -> Option<Knob> {
+    match knob {
+        Knob::CpuQuota {
+            quota: Some(_),
+            period,
+        } => Some(Knob::CpuQuota {
+            quota: None,
+            period: *period,
+        }),
+        Knob::MemoryLimit(Some(_)) => Some(Knob::MemoryLimit(None)),
+        k => k.kernel_default(),
+    }
+}
+
+/// Whether `cg`'s files of `knob` hold its [`unset_value`] now (read only for
+/// a file someone just wrote).
+fn holds_unset(cgroups: &Cgroups, cg: &CgroupPath, knob: &Knob) -> bool {
+    let Some(unset) = unset_value(knob) else {
+        return false;
+    };
+    let Ok(files) = cgroups.plan(&unset) else {
+        return false;
+    };
+    !files.is_empty()
+        && files.iter().all(|f| {
+            cgroups
+                .path_of(cg, f)
+                .and_then(|p| cgroups.read_file(&p))
+                .is_ok_and(|cur| {
+                    if f.keyed {
+                        qoslet_cgroups::blkio::keyed_same(&cur, &f.value)
+                    } else {
+                        qoslet_cgroups::fs::same(&cur, &f.value)
+                    }
+                })
+        })
 }
 
 /// The longest back-off on a file that keeps drifting, in drift-check intervals.
@@ -262,8 +307,9 @@ impl Executor {
             self.restoring.remove(&k);
         }
         let mut todo: Vec<(CgroupPath, Knob)> = Vec::new();
-        // (key, same value as known, index in the plan, checked on its slot)
-        let mut todo_keys: Vec<(Key, bool, usize, bool)> = Vec::new();
+        // (key, same value as known, index in the plan, checked on its slot,
+        // the file was just written by someone and now holds its unset value)
+        let mut todo_keys: Vec<(Key, bool, usize, bool, bool)> = Vec::new();
         // the cgroups of files checked on their slot are watched again: a cgroup made
         // anew at the same path, or a watch the kernel's limit refused before
         let mut rewatch: FastMap<CgroupPath, ()> = FastMap::default();
@@ -283,12 +329,20 @@ impl Executor {
                     if on_slot && !rewatch.contains_key(&k.0) {
                         rewatch.insert(k.0.clone(), ());
                     }
+                    // a write seen by its watch that put the file back to its unset
+                    // value is a reset (systemd applying a unit's properties again,
+                    // as kubelet's QoS updates make it on every new pod), not another
+                    // writer with a value of its own: put back at once, every time
+                    let reset = same
+                        && !all_due
+                        && written.contains_key(&k.0)
+                        && holds_unset(cgroups, &w.cgroup, &w.knob);
                     todo.push((w.cgroup.clone(), w.knob.clone()));
-                    todo_keys.push((k, same, at, on_slot));
+                    todo_keys.push((k, same, at, on_slot, reset));
                 }
                 None => {
                     todo.push((w.cgroup.clone(), w.knob.clone()));
-                    todo_keys.push((k, false, at, true));
+                    todo_keys.push((k, false, at, true, false));
                 }
             }
         }
@@ -320,7 +374,7 @@ impl Executor {
             .collect();
         for i in order {
             let (cg, knob) = &todo[i];
-            let (k, expected, at, on_slot) = &todo_keys[i];
+            let (k, expected, at, on_slot, reset) = &todo_keys[i];
             if !self.known.contains_key(k) {
                 // told of anyone's writes to it from before qoslet's first
                 cgroups.watch(cg);
@@ -332,17 +386,31 @@ impl Executor {
                     } else {
                         WriteState::Unchanged
                     };
-                    let (slot, mut drifts) = match self.known.get(k) {
-                        Some(kn) => (kn.slot, kn.drifts),
+                    let (slot, mut drifts, mut last_reset) = match self.known.get(k) {
+                        Some(kn) => (kn.slot, kn.drifts, kn.last_reset),
                         None => {
                             self.next_slot += 1;
-                            (self.next_slot % self.verify_every, 0)
+                            (self.next_slot % self.verify_every, 0, None)
                         }
                     };
                     let mut quiet_until = 0;
+                    let tick = self.tick;
+                    // a reset on the tick after the last one put back is a writer that
+                    // never stops: the back-off's, as a rival's (and so is every reset
+                    // until a check on the file's slot finds its value right again)
+                    let lone_reset =
+                        *reset && drifts == 0 && !last_reset.is_some_and(|t| t + 1 >= tick);
+                    if *reset && o == Outcome::Written {
+                        last_reset = Some(tick);
+                    }
                     if o == Outcome::Written {
                         r.written += 1;
-                        if *expected {
+                        if *expected && lone_reset {
+                            r.drift.push(format!(
+                                "{cg}: {} was reset to its unset value outside qoslet (a unit's properties applied again?); put back to {knob:?}",
+                                knob.name()
+                            ));
+                        } else if *expected {
                             drifts = drifts.saturating_add(1);
                             // a second drift in a row: another writer fights over this
                             // file; check it less and less often instead of every time
@@ -383,6 +451,7 @@ impl Executor {
                             slot,
                             drifts,
                             quiet_until,
+                            last_reset,
                             restore: plan.restore_of(k).cloned(),
                         },
                     );
@@ -643,8 +712,9 @@ mod tests {
     }
 
     /// Review of issue 44: a writer slower than a tick (another agent's loop)
-    /// still meets the back-off: the read-back of qoslet's own put-back write
-    /// (its watch event) does not end the run of drifts.
+    /// with a value of its own still meets the back-off: the read-back of
+    /// qoslet's own put-back write (its watch event) does not end the run of
+    /// drifts.
     #[test]
     fn a_writer_slower_than_a_tick_meets_the_back_off() {
         let (m, cg) = tree();
@@ -657,7 +727,7 @@ mod tests {
         let mut writes = 0;
         for t in 0..60 {
             if t % 3 == 0 {
-                m.set(f, "-1");
+                m.set(f, "50000");
             }
             writes += ex.execute(&plan, &cg).written;
         }
@@ -665,6 +735,42 @@ mod tests {
             writes <= 3,
             "a fight every 3 ticks: {writes} writes in 60 ticks"
         );
+    }
+
+    /// Second review of issue 44: systemd applies a slice's properties again
+    /// whenever kubelet updates its QoS cgroups (on every new pod), writing
+    /// the unset value (`max`, -1) over qoslet's quota. That is no rival with
+    /// a value of its own: each reset is put back at the next tick, never
+    /// backed off, and logged; a rival's value afterwards still meets the
+    /// back-off.
+    #[test]
+    fn a_reset_to_the_unset_value_is_put_back_every_time() {
+        let (m, cg) = tree();
+        let mut plan = Plan::new();
+        plan.add(quota("/kubepods/besteffort/pod1", 200_000));
+        let mut ex = Executor::new(100);
+        ex.execute(&plan, &cg);
+        ex.execute(&plan, &cg);
+        let f = "cpu/kubepods/besteffort/pod1/cpu.cfs_quota_us";
+        let (mut writes, mut logged) = (0, 0);
+        for t in 0..60 {
+            if t % 3 == 0 {
+                m.set(f, "-1");
+            }
+            let r = ex.execute(&plan, &cg);
+            writes += r.written;
+            logged += r.drift.len();
+            assert_eq!(m.at(f).unwrap(), "200000", "tick {t}: the quota stands");
+        }
+        assert_eq!((writes, logged), (20, 20));
+        let mut writes = 0;
+        for t in 0..60 {
+            if t % 3 == 0 {
+                m.set(f, "50000");
+            }
+            writes += ex.execute(&plan, &cg).written;
+        }
+        assert!(writes <= 3, "a rival's value: {writes} writes in 60 ticks");
     }
 
     /// Review of issue 44: the kernel does not tell of a removed cgroup

@@ -206,6 +206,11 @@ pub async fn run(dir: PathBuf, seconds: u64) {
     // the fake runtime on a thread of its own, so its work is not the clients'
     let sock = dir.join("fake-runtime.sock");
     let root = qoslet_integration::process::kubelet_cgroup_root(&sock)[1..].to_string();
+    // the tree goes under the test prefix only, never at a hierarchy's (or the filesystem's) root
+    assert!(
+        root.starts_with(&qoslet_integration::testbed::CGROUP_PREFIX[1..]) && !root.contains(".."),
+        "the synthetic node's root {root:?} is not under the test prefix"
+    );
     remove_tree(&root);
     make_tree(&root);
     let version = cri::VersionResponse {
