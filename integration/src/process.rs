@@ -55,6 +55,7 @@ impl QosletProcess {
             dir.join("state"),
             dir.join("qoslet.log"),
         );
+        let before = serving_lines(&log);
         let child = spawn(&sock, &admin, &state_dir, &log, backend, &extra, None);
         let p = Self {
             nri: None,
@@ -67,7 +68,7 @@ impl QosletProcess {
             log,
             backend: backend.into(),
         };
-        p.wait_ready();
+        p.wait_ready(before);
         p
     }
 
@@ -89,6 +90,7 @@ impl QosletProcess {
             dir.join("state"),
             dir.join("qoslet.log"),
         );
+        let before = serving_lines(&log);
         let child = spawn(&nri, &admin, &state_dir, &log, backend, &extra, Some(&nri));
         let p = Self {
             nri: Some(nri.clone()),
@@ -101,7 +103,7 @@ impl QosletProcess {
             log,
             backend: backend.into(),
         };
-        p.wait_ready();
+        p.wait_ready(before);
         p
     }
 
@@ -152,13 +154,19 @@ impl QosletProcess {
         )
     }
 
-    fn wait_ready(&self) {
+    /// Up: its sockets take connections and its agent core has started since
+    /// the spawn (`before`: the log's "qoslet agent serving" lines then). A
+    /// socket alone is not enough: qoslet binds its CRI and admin sockets
+    /// first, and the kernel queues connections while the agent still takes
+    /// its state dir (a guest under emulation showed that window).
+    fn wait_ready(&self, before: usize) {
         // 30 s: a debug binary's first start in the VM guest (software emulation,
         // its pages read over 9p) takes several seconds
         for _ in 0..1200 {
             if std::os::unix::net::UnixStream::connect(&self.admin).is_ok()
                 && (self.nri.is_some()
                     || std::os::unix::net::UnixStream::connect(&self.sock).is_ok())
+                && serving_lines(&self.log) > before
             {
                 return;
             }
@@ -190,6 +198,7 @@ impl QosletProcess {
 
     /// Restarts the process (same sockets and state dir) after it exited.
     pub fn restart(&mut self) {
+        let before = serving_lines(&self.log);
         self.child = spawn(
             &self.sock,
             &self.admin,
@@ -199,7 +208,7 @@ impl QosletProcess {
             &self.extra,
             self.nri.as_deref(),
         );
-        self.wait_ready();
+        self.wait_ready(before);
     }
 
     /// Resident set size in KiB (from /proc).
@@ -264,9 +273,12 @@ fn spawn(
                 .then_some("--metrics-listen="),
         )
         .args(extra)
+        // (whatever the filter, the agent core's start is logged: readiness reads it)
         .env(
             "QOSLET_LOG",
-            std::env::var("QOSLET_LOG").unwrap_or_else(|_| "info".into()),
+            std::env::var("QOSLET_LOG")
+                .map(|f| format!("{f},qoslet_agent::core=info"))
+                .unwrap_or_else(|_| "info".into()),
         )
         // the test bed's pods live under <prefix>/<instance>/kubepods, the instance
         // being the backend socket's directory (Testbed::cgroup_parent)
@@ -276,6 +288,14 @@ fn spawn(
         .stderr(logf)
         .spawn()
         .expect("spawn qoslet")
+}
+
+/// How many times the agent core said it serves in the log at `log`.
+fn serving_lines(log: &Path) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .matches("qoslet agent serving")
+        .count()
 }
 
 pub fn signal(pid: i32, sig: i32) {

@@ -77,20 +77,25 @@ fn dirs_of(d: &str) -> Vec<PathBuf> {
     }
 }
 
+/// A cgroup directory, there already or made now.
+fn mkdir(p: &Path) {
+    if let Err(e) = std::fs::create_dir(p) {
+        assert_eq!(
+            e.kind(),
+            std::io::ErrorKind::AlreadyExists,
+            "{}: {e}",
+            p.display()
+        );
+    }
+}
+
 fn make_tree(root: &str) {
     if unified() {
         // each parent hands its children the controllers the engine writes (pods' and
         // containers' directories are created with their parents already enabled)
         for d in dirs(root) {
             let p = Path::new("/sys/fs/cgroup").join(&d);
-            if let Err(e) = std::fs::create_dir(&p) {
-                assert_eq!(
-                    e.kind(),
-                    std::io::ErrorKind::AlreadyExists,
-                    "{}: {e}",
-                    p.display()
-                );
-            }
+            mkdir(&p);
             // (containers are the leaves: their ids end in "c"s)
             if !d.ends_with("cccc") {
                 let _ = std::fs::write(
@@ -106,14 +111,7 @@ fn make_tree(root: &str) {
     for d in dirs(root) {
         for c in CONTROLLERS {
             let p = Path::new("/sys/fs/cgroup").join(c).join(&d);
-            if let Err(e) = std::fs::create_dir(&p) {
-                assert_eq!(
-                    e.kind(),
-                    std::io::ErrorKind::AlreadyExists,
-                    "{}: {e}",
-                    p.display()
-                );
-            }
+            mkdir(&p);
             if c == "cpuset" {
                 // a v1 cpuset child starts empty; the engine's writes need CPUs in it
                 let _ = std::fs::write(p.join("cpuset.cpus"), cpus.trim());
