@@ -3,8 +3,9 @@
 # real containerd 1.6 + runc and containerd 1.7 (Debian packages), and containerd 2.1 for
 # NRI v0.8 (registration only: its pods do not start here), then a grpcurl smoke
 # run through a real qoslet process, the cluster demo, the manifests' checks, the release
-# binary as shipped with its code layout checked, and the VM suite (a real cgroup v2 +
-# systemd node in QEMU: integration/vm/). Needs root (cgroups, containerd) and Rust.
+# binary as shipped with its code layout checked, the container image built from it, and
+# the VM suite (a real cgroup v2 + systemd node in QEMU: integration/vm/). Needs root
+# (cgroups, containerd) and Rust.
 # Installs what is missing (apt: containerd runc jq protobuf-compiler; PyPI: grpcurl; promtool),
 # starts the containerds on private sockets, and tears them down at the end.
 set -euo pipefail
@@ -70,6 +71,9 @@ REL_LOG=$QOSLET_TESTBED/release-build.log
 cargo build --release --locked -p qoslet --bin qoslet > "$REL_LOG" 2>&1 || { tail -40 "$REL_LOG"; exit 1; }
 grep -i "warning: qoslet" "$REL_LOG" || true # build.rs says when the linker keeps the default layout
 python3 integration/scripts/order_file.py --check "${CARGO_TARGET_DIR:-target}/release/qoslet"
+
+lap "the container image from that binary (integration/image/build.sh)"
+integration/image/build.sh "$QOSLET_TESTBED/qoslet-image.tar" "${CARGO_TARGET_DIR:-target}/release/qoslet"
 
 # the real cgroup v2 + systemd node: a VM guest (integration/vm/), after the host's
 # tests (it needs both cores); QOSLET_VM=0 skips it on a machine that cannot run it

@@ -477,6 +477,11 @@ def check_workloads(objs, where):
             sc = c.get("securityContext", {})
             if c.get("image") != IMAGE:
                 errors.append(f"{where}: {name}/{c['name']}: image {c.get('image')}, expected {IMAGE} (kustomize images:)")
+            # qoslet's image has the binary at /usr/bin/qoslet and nothing else to run
+            # (integration/image/build.sh); the proxy installer's needs an image of its own
+            cmd = (c.get("command") or ["/usr/bin/qoslet"])[0]
+            if name == "qoslet" and cmd != "/usr/bin/qoslet":
+                errors.append(f"{where}: {name}/{c['name']}: runs {cmd}, not the image's /usr/bin/qoslet")
             if sc.get("readOnlyRootFilesystem") is not True:
                 errors.append(f"{where}: {name}/{c['name']}: readOnlyRootFilesystem is not true")
             if bool(sc.get("privileged")) != want["privileged"]:
@@ -856,6 +861,12 @@ def self_tests(exported, labels, dash, objs_nri, version, config_keys, base_cfg)
         errors.append("self-test: a kubelet drop-in with Requires= was accepted")
     if not check_kubelet_dropin("[Unit]\nAfter=qoslet.service\n", "test"):
         errors.append("self-test: a kubelet drop-in without Wants= was accepted")
+
+    objs = copy.deepcopy(objs_nri)
+    next(o for o in objs if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["command"] = [
+        "/usr/local/bin/qoslet"]
+    if not any("not the image's /usr/bin/qoslet" in e for e in check_workloads(objs, "test")):
+        errors.append("self-test: an NRI DaemonSet running a path the image lacks was accepted")
 
     objs = copy.deepcopy(objs_nri)
     next(o for o in objs if o["kind"] == "ClusterRole")["rules"][0]["verbs"].append("delete")

@@ -83,9 +83,14 @@ fn manifest_for(root: &Path, repo: &str, reference: &str) -> Option<(String, Str
     }
     let index: serde_json::Value =
         serde_json::from_slice(&std::fs::read(root.join("index.json")).ok()?).ok()?;
-    let want = format!("localhost/{repo}:{reference}");
+    // the test images are named localhost/<repo>, qoslet's own by its registry's path
+    let (local, named) = (
+        format!("localhost/{repo}:{reference}"),
+        format!("{repo}:{reference}"),
+    );
     index["manifests"].as_array()?.iter().find_map(|m| {
-        (m["annotations"]["io.containerd.image.name"].as_str()? == want).then(|| {
+        let name = m["annotations"]["io.containerd.image.name"].as_str()?;
+        (name == local || name == named).then(|| {
             (
                 m["digest"].as_str().unwrap_or_default().to_string(),
                 m["mediaType"].as_str().unwrap_or_default().to_string(),
