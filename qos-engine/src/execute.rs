@@ -399,7 +399,7 @@ impl Executor {
                     // never stops: the back-off's, as a rival's (and so is every reset
                     // until a check on the file's slot finds its value right again)
                     let lone_reset =
-                        *reset && drifts == 0 && !last_reset.is_some_and(|t| t + 1 >= tick);
+                        *reset && drifts == 0 && last_reset.is_none_or(|t| t + 1 < tick);
                     if *reset && o == Outcome::Written {
                         last_reset = Some(tick);
                     }
