@@ -21,6 +21,15 @@ use std::time::Duration;
 use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint, Uri};
 
+/// A file's contents, trimmed (a cgroup or proc file); panics naming the path
+/// when unreadable.
+pub fn read_trimmed(p: &Path) -> String {
+    std::fs::read_to_string(p)
+        .unwrap_or_else(|e| panic!("read {}: {e}", p.display()))
+        .trim()
+        .to_string()
+}
+
 /// A free TCP port on 127.0.0.1 (for `--metrics-listen`).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

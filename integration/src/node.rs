@@ -99,11 +99,7 @@ impl Node {
 
     /// A file of that cgroup, trimmed (panics when unreadable).
     pub fn read(&self, slice: &str, container: Option<&str>, file: &str) -> String {
-        let p = self.cgroup_dir(slice, container).join(file);
-        std::fs::read_to_string(&p)
-            .unwrap_or_else(|e| panic!("read {}: {e}", p.display()))
-            .trim()
-            .to_string()
+        crate::read_trimmed(&self.cgroup_dir(slice, container).join(file))
     }
 
     /// The systemd unit of a pod's slice or a container's scope.

@@ -273,13 +273,11 @@ impl Testbed {
             }
             Driver::SystemdV2 => {
                 let read = |file: &str| {
-                    let p = Path::new("/sys/fs/cgroup")
-                        .join(cg.trim_start_matches('/'))
-                        .join(file);
-                    std::fs::read_to_string(&p)
-                        .unwrap_or_else(|e| panic!("read {}: {e}", p.display()))
-                        .trim()
-                        .to_string()
+                    crate::read_trimmed(
+                        &Path::new("/sys/fs/cgroup")
+                            .join(cg.trim_start_matches('/'))
+                            .join(file),
+                    )
                 };
                 let max = || {
                     let v = read("cpu.max");
@@ -564,7 +562,6 @@ pub fn container_config(
 /// A long-running container script that exits promptly on SIGTERM.
 pub const SLEEP_LOOP: &str = "while true; do sleep 0.2; done";
 
-/// Reads a cgroup v1 file: `/sys/fs/cgroup/<controller>/<cgroup path>/<file>`.
 /// A cgroup's `memory.usage_in_bytes` in MiB (0 when unreadable).
 pub fn usage_mib(cgroup: &str) -> u64 {
     cgroup_v1("memory", cgroup, "memory.usage_in_bytes")
@@ -574,15 +571,14 @@ pub fn usage_mib(cgroup: &str) -> u64 {
         >> 20
 }
 
+/// Reads a cgroup v1 file, trimmed: `/sys/fs/cgroup/<controller>/<cgroup path>/<file>`.
 pub fn cgroup_v1(controller: &str, cgroup: &str, file: &str) -> String {
-    let p = Path::new("/sys/fs/cgroup")
-        .join(controller)
-        .join(cgroup.trim_start_matches('/'))
-        .join(file);
-    std::fs::read_to_string(&p)
-        .unwrap_or_else(|e| panic!("read {}: {e}", p.display()))
-        .trim()
-        .to_string()
+    crate::read_trimmed(
+        &Path::new("/sys/fs/cgroup")
+            .join(controller)
+            .join(cgroup.trim_start_matches('/'))
+            .join(file),
+    )
 }
 
 /// Removes the (empty) pod-level cgroup dirs runc leaves behind under
