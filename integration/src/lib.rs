@@ -9,6 +9,7 @@
 //! Tests that need the real runtime fail loudly when it is not up; they never skip.
 
 pub mod fake;
+pub mod kubelet;
 pub mod node;
 pub mod process;
 pub mod raw;

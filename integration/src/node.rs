@@ -5,7 +5,10 @@
 
 use std::path::{Path, PathBuf};
 
+use k8s_cri::v1 as cri;
 use qoslet_cgroups::CgroupPath;
+
+use crate::testbed::{container_config, pod_config, Cri, SLEEP_LOOP};
 
 /// A containerd of the guest: its version, systemd unit, CRI and NRI sockets.
 #[derive(Debug, Clone)]
@@ -123,4 +126,77 @@ pub fn systemctl(args: &[&str]) -> String {
         String::from_utf8_lossy(&o.stderr)
     );
     String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+/// A BE pod's batch resources (Koordinator's extended-resource-spec annotation).
+pub const SPEC: &str = r#"{"containers":{"batch":{"requests":{"kubernetes.io/batch-cpu":"500","kubernetes.io/batch-memory":"64Mi"},"limits":{"kubernetes.io/batch-cpu":"1000","kubernetes.io/batch-memory":"128Mi"}}}}"#;
+
+/// A pod uid without dashes' trouble: systemd slice names take them as nesting.
+pub fn uid(tag: &str) -> String {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros()
+        % 1_000_000_000;
+    format!("{tag}{}x{t}", std::process::id())
+}
+
+/// A pod config with Koordinator's QoS label and, if any, its batch resources.
+pub fn classed(name: &str, slice: &str, class: &str, spec: Option<&str>) -> cri::PodSandboxConfig {
+    let mut p = pod_config(name, slice);
+    p.labels
+        .insert("koordinator.sh/qosClass".into(), class.into());
+    if let Some(s) = spec {
+        p.annotations.insert(
+            "node.koordinator.sh/extended-resource-spec".into(),
+            s.into(),
+        );
+    }
+    p
+}
+
+/// What kubelet sends for a BestEffort container (batch resources are not cpu/memory).
+pub fn besteffort() -> cri::LinuxContainerResources {
+    cri::LinuxContainerResources {
+        cpu_period: 100_000,
+        cpu_quota: 0,
+        cpu_shares: 2,
+        ..Default::default()
+    }
+}
+
+/// A BE pod with batch resources (one container) through `cri`: its id, the
+/// container's, its slice.
+pub async fn be_pod(cri: &mut Cri, tag: &str) -> (String, String, String) {
+    let name = uid(tag);
+    let slice = Node::slice("besteffort", &name);
+    let cfg = classed(&name, &slice, "BE", Some(SPEC));
+    let pod = cri.run_pod(&cfg).await.unwrap();
+    let ctr = cri
+        .create(
+            &pod,
+            &cfg,
+            container_config("batch", SLEEP_LOOP, Some(besteffort())),
+        )
+        .await
+        .unwrap();
+    cri.start(&ctr).await.unwrap();
+    (pod, ctr, slice)
+}
+
+/// What qoslet sets for a BE pod, as the v2 files show it.
+pub fn be_files(node: &Node, slice: &str, ctr: &str) -> Vec<(String, String)> {
+    let c = Some(ctr);
+    [
+        ("scope cpu.max", node.read(slice, c, "cpu.max")),
+        ("scope cpu.weight", node.read(slice, c, "cpu.weight")),
+        ("scope memory.max", node.read(slice, c, "memory.max")),
+        ("slice cpu.idle", node.read(slice, None, "cpu.idle")),
+        ("slice cpu.max", node.read(slice, None, "cpu.max")),
+        ("slice memory.max", node.read(slice, None, "memory.max")),
+        ("slice io.max", node.read(slice, None, "io.max")),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
 }

@@ -8,14 +8,12 @@
 use std::time::Duration;
 
 use k8s_cri::v1 as cri;
-use qoslet_integration::node::{systemctl, Node};
+use qoslet_integration::node::{be_files, be_pod, besteffort, classed, systemctl, uid, Node, SPEC};
 use qoslet_integration::process::QosletProcess;
 use qoslet_integration::testbed::{container_config, pod_config, Cleanup, Cri, SLEEP_LOOP};
 use qoslet_integration::testbed::{exec, first_disk};
 use qoslet_integration::{channel, eventually, query, scratch};
 use qoslet_proto::admin::{admin_client::AdminClient, GetPlanRequest};
-
-const SPEC: &str = r#"{"containers":{"batch":{"requests":{"kubernetes.io/batch-cpu":"500","kubernetes.io/batch-memory":"64Mi"},"limits":{"kubernetes.io/batch-cpu":"1000","kubernetes.io/batch-memory":"128Mi"}}}}"#;
 
 /// qoslet's config as the isolation test on the host has it: BE's CPU QoS on,
 /// and a read/write limit for BE pods on the first disk.
@@ -32,39 +30,6 @@ fn start_qoslet(node: &Node, name: &str) -> (QosletProcess, (String, String)) {
     let disk = first_disk();
     let q = QosletProcess::with_config(&dir, &node.sock, &config(&disk), &[]);
     (q, disk)
-}
-
-/// A pod uid without dashes' trouble: systemd slice names take them as nesting.
-fn uid(tag: &str) -> String {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_micros()
-        % 1_000_000_000;
-    format!("{tag}{}x{t}", std::process::id())
-}
-
-fn classed(name: &str, slice: &str, class: &str, spec: Option<&str>) -> cri::PodSandboxConfig {
-    let mut p = pod_config(name, slice);
-    p.labels
-        .insert("koordinator.sh/qosClass".into(), class.into());
-    if let Some(s) = spec {
-        p.annotations.insert(
-            "node.koordinator.sh/extended-resource-spec".into(),
-            s.into(),
-        );
-    }
-    p
-}
-
-/// What kubelet sends for a BestEffort container (batch resources are not cpu/memory).
-fn besteffort() -> cri::LinuxContainerResources {
-    cri::LinuxContainerResources {
-        cpu_period: 100_000,
-        cpu_quota: 0,
-        cpu_shares: 2,
-        ..Default::default()
-    }
 }
 
 fn ls_resources() -> cri::LinuxContainerResources {
@@ -665,42 +630,6 @@ async fn metrics_match_cpu_stat_memory_stat_and_psi() {
     );
     via.remove_pod(&pod).await;
     drop(q);
-}
-
-/// A BE pod with batch resources (one container) through `cri`: its id, the
-/// container's, its slice.
-async fn be_pod(cri: &mut Cri, tag: &str) -> (String, String, String) {
-    let name = uid(tag);
-    let slice = Node::slice("besteffort", &name);
-    let cfg = classed(&name, &slice, "BE", Some(SPEC));
-    let pod = cri.run_pod(&cfg).await.unwrap();
-    let ctr = cri
-        .create(
-            &pod,
-            &cfg,
-            container_config("batch", SLEEP_LOOP, Some(besteffort())),
-        )
-        .await
-        .unwrap();
-    cri.start(&ctr).await.unwrap();
-    (pod, ctr, slice)
-}
-
-/// What qoslet sets for a BE pod, as the v2 files show it.
-fn be_files(node: &Node, slice: &str, ctr: &str) -> Vec<(String, String)> {
-    let c = Some(ctr);
-    [
-        ("scope cpu.max", node.read(slice, c, "cpu.max")),
-        ("scope cpu.weight", node.read(slice, c, "cpu.weight")),
-        ("scope memory.max", node.read(slice, c, "memory.max")),
-        ("slice cpu.idle", node.read(slice, None, "cpu.idle")),
-        ("slice cpu.max", node.read(slice, None, "cpu.max")),
-        ("slice memory.max", node.read(slice, None, "memory.max")),
-        ("slice io.max", node.read(slice, None, "io.max")),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect()
 }
 
 /// NRI plugin mode on the systemd node (containerd 1.7's NRI at

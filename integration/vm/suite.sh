@@ -47,7 +47,9 @@ lap "build: qoslet and the guest's tests"
 LOG=$(mktemp)
 cargo build --locked -p qoslet --bin qoslet >"$LOG" 2>&1 || { cat "$LOG"; exit 1; }
 # the guest's test files; a test that cannot apply in the guest is skipped by name, with why
-GUEST_TESTS=(node_v2 lifecycle events containerd_restart faults trust cluster)
+GUEST_TESTS=(node_v2 install lifecycle events containerd_restart faults trust cluster)
+# the install's figures (image, registration time, RSS) are printed by its test
+declare -A SHOW=([install]="--nocapture")
 declare -A SKIP=(
   # a peer's wire (grpcio's HTTP/2) does not change with the cgroup driver, and the
   # peers' PyPI packages are the host test bed's
@@ -67,6 +69,36 @@ rm -f "$LOG" "$LOG.json"
 for t in "${GUEST_TESTS[@]}"; do
   [ -x "${BIN[$t]:-}" ] || { echo "the guest's test binary $t was not built" >&2; exit 1; }
 done
+
+# what tests/install.rs runs, as a cluster would have it (the guest reads it through
+# the shared repository): the NRI overlay rendered by kubectl, the image built from the
+# release binary, that binary, and the API server's TLS (a CA and a certificate for the
+# pod network's gateway, 10.88.0.1)
+if [[ " ${GUEST_TESTS[*]} " == *" install "* ]]; then
+  lap "the install: manifests rendered, the image from the release binary, TLS"
+  DEPLOY=$TARGET/vm-deploy LOG=$(mktemp)
+  rm -rf "$DEPLOY"; mkdir -p "$DEPLOY/tls"
+  kubectl kustomize deploy/kubernetes/nri >"$DEPLOY/nri.yaml"
+  cargo build --release --locked -p qoslet --bin qoslet >"$LOG" 2>&1 || { cat "$LOG"; exit 1; }
+  cp "$TARGET/release/qoslet" "$DEPLOY/qoslet"
+  integration/image/build.sh "$DEPLOY/qoslet-image.tar" "$DEPLOY/qoslet" >"$LOG" 2>&1 || { cat "$LOG"; exit 1; }
+  (
+    cd "$DEPLOY/tls"
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
+      -subj /CN=qoslet-vm-ca -keyout ca.key -out ca.crt \
+      -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign 2>/dev/null
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=kube-apiserver \
+      -keyout apiserver.key -out apiserver.csr 2>/dev/null
+    printf '%s\n' 'subjectAltName=IP:10.88.0.1,DNS:kubernetes.default.svc' \
+      'basicConstraints=critical,CA:FALSE' 'keyUsage=critical,digitalSignature' \
+      'extendedKeyUsage=serverAuth' >apiserver.ext
+    openssl x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 2 \
+      -extfile apiserver.ext -out apiserver.crt 2>/dev/null
+    rm -f ca.key apiserver.csr apiserver.ext ca.srl
+  )
+  rm -f "$LOG"
+  echo "figure: image archive $(stat -c %s "$DEPLOY/qoslet-image.tar") bytes; the binary $(stat -c %s "$DEPLOY/qoslet") bytes"
+fi
 
 lap "boot"
 $VM boot
@@ -88,11 +120,12 @@ echo "beside it: containerd $(/opt/containerd-2.1/usr/bin/containerd --version |
 # one at a time: a guest under software emulation has 2 slow vCPUs
 guest_test() { # CONTAINERD FILE ARGS...
   $VM run "cd '$REPO/integration' && QOSLET_TEST_NODE=systemd-v2 QOSLET_TEST_CONTAINERD=$1 \
+    QOSLET_VM_DEPLOY='$TARGET/vm-deploy' \
     QOSLET_STRICT_TESTS=1 QOSLET_BIN='$TARGET/debug/qoslet' '${BIN[$2]}' --test-threads 1 ${*:3}"
 }
 for t in "${GUEST_TESTS[@]}"; do
   lap "tests in the guest, containerd 1.7: integration/tests/$t.rs"
-  guest_test 1.7 "$t" ${SKIP[$t]:-} ${2:-}
+  guest_test 1.7 "$t" ${SKIP[$t]:-} ${SHOW[$t]:-} ${2:-}
 done
 # containerd 2.1 (Debian sid's, NRI v0.8) runs pods here: the pod lifecycle, the proxy's
 # and the NRI plugin's isolation on it too

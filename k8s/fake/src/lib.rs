@@ -13,6 +13,10 @@
 //!   compacted, the next requests failing with a status, the server gone
 //!   (its socket closed) and back on the same port.
 //!
+//! * over TLS with a bearer token when started with [`FakeApiServer::start_tls`]
+//!   (what a pod's in-cluster config reaches: `https://`, the service
+//!   account's `ca.crt` and `token`): a request without the token is 401.
+//!
 //! No real kube-apiserver can run on the project's machines: this is what
 //! the cluster side is tested against, with real object JSON as fixtures.
 
@@ -74,6 +78,8 @@ struct State {
     /// The next status writes answered 409 Conflict (as when another
     /// writer changed the object), however current their resourceVersion.
     conflicts: usize,
+    /// The `Authorization: Bearer` token every request must carry (TLS mode).
+    token: Option<String>,
 }
 
 /// The fake API server. Collections are paths such as
@@ -88,6 +94,8 @@ pub struct FakeApiServer {
     /// The connections being served (closed when the server goes down: a
     /// client's pooled connection must not outlive it).
     conns: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    /// TLS mode: each connection is a TLS session first.
+    tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 fn lock(s: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
@@ -98,23 +106,72 @@ impl FakeApiServer {
     /// Serves on 127.0.0.1, a free port.
     pub async fn start() -> Arc<Self> {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        Self::new(listener, None, None)
+    }
+
+    /// Serves HTTPS on `bind` with the PEM certificate chain `cert` and its
+    /// PKCS#8/RSA/SEC1 PEM key `key` (TLS 1.3, ring), and answers 401 to a
+    /// request whose `Authorization` is not `Bearer <token>`: what a pod's
+    /// service account reaches.
+    pub async fn start_tls(bind: SocketAddr, cert: &[u8], key: &[u8], token: &str) -> Arc<Self> {
+        use tokio_rustls::rustls::{
+            self,
+            pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer},
+        };
+        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert)
+            .collect::<Result<_, _>>()
+            .expect("the certificate PEM");
+        let key = PrivateKeyDer::from_pem_slice(key).expect("the key PEM");
+        // ring's provider, as qoslet's kube client has it (deprecated for its
+        // lack of post-quantum key exchange, which the client lacks too)
+        #[allow(deprecated)]
+        let provider = rustls::crypto::ring::default_provider();
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(provider))
+            .with_safe_default_protocol_versions()
+            .expect("TLS versions")
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .expect("the certificate and its key");
+        let listener = TcpListener::bind(bind).await.expect("bind");
+        Self::new(
+            listener,
+            Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))),
+            Some(token.to_string()),
+        )
+    }
+
+    fn new(
+        listener: TcpListener,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+        token: Option<String>,
+    ) -> Arc<Self> {
         let addr = listener.local_addr().expect("addr");
         let (changes, _) = broadcast::channel(1024);
         let me = Arc::new(Self {
             addr,
-            state: Arc::default(),
+            state: Arc::new(Mutex::new(State {
+                token,
+                ..State::default()
+            })),
             changes,
             end: Arc::default(),
             accept: Mutex::new(None),
             conns: Arc::default(),
+            tls,
         });
         me.serve(listener);
         me
     }
 
-    /// `http://127.0.0.1:port`.
+    /// The address served.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:port` (`https://` in TLS mode).
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// A kubeconfig for this server (no credentials: the fake has none).
@@ -135,14 +192,29 @@ impl FakeApiServer {
                     continue;
                 };
                 let me2 = me.clone();
+                let tls = me.tls.clone();
                 let conn = tokio::spawn(async move {
                     let svc = hyper::service::service_fn(move |req| {
                         let me = me2.clone();
                         async move { Ok::<_, Infallible>(me.handle(req).await) }
                     });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
-                        .await;
+                    let http = hyper::server::conn::http1::Builder::new();
+                    match tls {
+                        None => {
+                            let _ = http
+                                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                                .await;
+                        }
+                        Some(tls) => {
+                            // a handshake that fails (a client refusing the
+                            // certificate) ends the connection, as a server's would
+                            if let Ok(stream) = tls.accept(stream).await {
+                                let _ = http
+                                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                                    .await;
+                            }
+                        }
+                    }
                 });
                 let mut conns = me.conns.lock().unwrap_or_else(|e| e.into_inner());
                 conns.retain(|c| !c.is_finished());
@@ -315,6 +387,16 @@ impl FakeApiServer {
                 path: path.clone(),
                 query: query.clone(),
             });
+            if let Some(token) = &s.token {
+                let bearer = req
+                    .headers()
+                    .get(hyper::header::AUTHORIZATION)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.strip_prefix("Bearer "));
+                if bearer != Some(token.as_str()) {
+                    return status(401, "Unauthorized", "Unauthorized");
+                }
+            }
             if let Some((n, code)) = s.failing {
                 s.failing = (n > 1).then_some((n - 1, code));
                 return status(code, "injected failure", "InternalError");

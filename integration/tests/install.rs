@@ -1,0 +1,649 @@
+//! qoslet's Kubernetes install, run for real (issue 45) on the VM test bed's
+//! cgroup v2 + systemd node with containerd 1.7: the manifests as
+//! `kubectl kustomize` renders them, the image `integration/image/build.sh`
+//! builds, and the calls kubelet makes for the pod ([`kubelet`]: no kubelet
+//! runs here). The API server the pod's service account reaches is the fake
+//! one, over TLS with a bearer token, on the pod network's gateway.
+//!
+//! `integration/vm/suite.sh` prepares what these tests read from
+//! `QOSLET_VM_DEPLOY`: `nri.yaml` (deploy/kubernetes/nri rendered),
+//! `qoslet-image.tar`, `qoslet` (the release binary the image holds) and
+//! `tls/` (a CA, and the API server's certificate for 10.88.0.1).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use k8s_cri::v1 as cri;
+use qoslet_integration::kubelet::{self, ApiServer, KubeletPod, NodeInfo};
+use qoslet_integration::node::{be_files, be_pod, uid, Node};
+use qoslet_integration::process::{signal, wait_timeout};
+use qoslet_integration::testbed::{container_config, Cleanup, Cri};
+use qoslet_integration::{eventually, lazy_channel, read_trimmed, scratch};
+use qoslet_kube_fake::FakeApiServer;
+use qoslet_proto::admin::{admin_client::AdminClient, GetStatusRequest, GetStatusResponse};
+use serde_json::{json, Value};
+
+/// The pod network's gateway (integration/vm/guest/10-qoslet-vm.conflist,
+/// `isGateway`): where the pod reaches the API server, as it would reach the
+/// `kubernetes` Service.
+const API_HOST: &str = "10.88.0.1";
+const NODESLOS: &str = "/apis/slo.koordinator.sh/v1alpha1/nodeslos";
+const PODS: &str = "/api/v1/pods";
+/// The admin socket the manifests' config names, on the host through the
+/// `run` hostPath (what `kubectl exec ... qoslet status` talks to).
+const ADMIN: &str = "/run/qoslet/admin.sock";
+
+fn deploy() -> PathBuf {
+    let d = PathBuf::from(std::env::var("QOSLET_VM_DEPLOY").unwrap_or_default());
+    assert!(
+        d.join("nri.yaml").is_file() && d.join("qoslet-image.tar").is_file(),
+        "QOSLET_VM_DEPLOY ({}) lacks the rendered manifests and the image: \
+         these tests run in the VM suite (integration/vm/suite.sh install)",
+        d.display()
+    );
+    d
+}
+
+fn hostname() -> String {
+    read_trimmed(Path::new("/proc/sys/kernel/hostname"))
+}
+
+fn mem_total() -> i64 {
+    let m = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let kib: i64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    kib << 10
+}
+
+/// The node's InternalIP: its first global IPv4 address off the pod bridge.
+fn node_ip() -> String {
+    let o = std::process::Command::new("ip")
+        .args(["-o", "-4", "addr", "show", "scope", "global"])
+        .output()
+        .expect("ip");
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter(|l| !l.contains(" cni0 ") && !l.contains(" veth"))
+        .find_map(|l| l.split_whitespace().nth(3))
+        .and_then(|a| a.split('/').next())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The image imported as on an air-gapped node (`ctr images import`), then
+/// the manifest's `image` found the way kubelet finds it for
+/// `imagePullPolicy: IfNotPresent` (ImageStatus; absent, kubelet would pull
+/// and fail here): its id, which kubelet passes to CreateContainer.
+async fn import_image(node: &Node, cri: &mut Cri, tar: &Path, image: &str) -> String {
+    let o = std::process::Command::new("ctr")
+        .arg("--address")
+        .arg(&node.sock)
+        .args([
+            "-n",
+            "k8s.io",
+            "images",
+            "import",
+            "--snapshotter",
+            "overlayfs",
+        ])
+        .arg(tar)
+        .output()
+        .expect("ctr");
+    assert!(
+        o.status.success(),
+        "ctr images import: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let st = cri
+        .img
+        .image_status(cri::ImageStatusRequest {
+            image: Some(cri::ImageSpec {
+                image: image.into(),
+                ..Default::default()
+            }),
+            verbose: false,
+        })
+        .await
+        .expect("ImageStatus")
+        .into_inner();
+    st.image
+        .unwrap_or_else(|| {
+            panic!("the manifest's image {image} is not the image built (kustomize images: vs build.sh)")
+        })
+        .id
+}
+
+async fn status() -> Option<GetStatusResponse> {
+    AdminClient::new(lazy_channel(ADMIN))
+        .get_status(GetStatusRequest {})
+        .await
+        .ok()
+        .map(|r| r.into_inner())
+}
+
+/// Registered with containerd's NRI (and synchronised), by a process up
+/// less than `younger_than`.
+async fn registered(younger_than: Duration) -> Option<GetStatusResponse> {
+    let s = status().await?;
+    let c = s.counters.as_ref()?;
+    (s.mode == "nri"
+        && c.nri_registrations >= 1
+        && c.nri_events.get("synchronize").copied().unwrap_or(0) >= 1
+        && s.uptime_seconds <= younger_than.as_secs())
+    .then_some(s)
+}
+
+/// A process's resident memory in KiB: (anonymous, file-backed), from
+/// `/proc/<pid>/status` (`RssAnon`, `RssFile`).
+fn rss(pid: i32) -> Rss {
+    let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |k: &str| -> u64 {
+        st.lines()
+            .find_map(|l| l.strip_prefix(k))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    Rss {
+        anon: field("RssAnon:"),
+        file: field("RssFile:"),
+    }
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Rss {
+    anon: u64,
+    file: u64,
+}
+
+impl std::fmt::Display for Rss {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} KiB ({} anonymous, {} file)",
+            self.anon + self.file,
+            self.anon,
+            self.file
+        )
+    }
+}
+
+/// The resident memory of every process in a container's cgroup.
+fn container_rss(node: &Node, slice: &str, ctr: &str) -> Rss {
+    let procs = read_trimmed(&node.cgroup_dir(slice, Some(ctr)).join("cgroup.procs"));
+    procs
+        .lines()
+        .filter_map(|p| p.trim().parse::<i32>().ok())
+        .map(rss)
+        .fold(Rss::default(), |a, b| Rss {
+            anon: a.anon + b.anon,
+            file: a.file + b.file,
+        })
+}
+
+/// A BestEffort pod (as the API server has it) on this node.
+fn api_pod(name: &str, node: &str) -> Value {
+    json!({
+        "kind": "Pod", "apiVersion": "v1",
+        "metadata": {"name": name, "namespace": "qoslet-e2e", "uid": format!("uid-{name}"),
+                     "creationTimestamp": "2026-12-07T10:00:00Z"},
+        "spec": {"nodeName": node, "priority": 0, "terminationGracePeriodSeconds": 3,
+                 "containers": [{"name": "batch", "image": "busybox", "resources": {}}]},
+        "status": {"phase": "Running", "qosClass": "BestEffort"}
+    })
+}
+
+/// A BE pod created straight through containerd (kubelet's path in NRI
+/// mode), known to the API server.
+async fn be(
+    fake: Option<&FakeApiServer>,
+    cri: &mut Cri,
+    cleanup: &mut Cleanup,
+    tag: &str,
+) -> (String, String, String) {
+    let (pod, ctr, slice) = be_pod(cri, tag).await;
+    cleanup.pods.push(pod.clone());
+    if let Some(f) = fake {
+        let name = slice_name(&slice);
+        f.apply(PODS, api_pod(&name, &hostname()));
+    }
+    (pod, ctr, slice)
+}
+
+/// The pod name [`be_pod`] gave (its slice carries it).
+fn slice_name(slice: &str) -> String {
+    slice
+        .trim_start_matches("kubepods-besteffort-pod")
+        .trim_end_matches(".slice")
+        .to_string()
+}
+
+/// Isolated as qoslet isolates a BE pod with batch resources on this node:
+/// the container's CFS quota from its batch-cpu limit (1 core), the pod's
+/// slice SCHED_IDLE (the NodeSLO's BE cpuQOS).
+fn isolated(node: &Node, slice: &str, ctr: &str) -> bool {
+    let f = be_files(node, slice, ctr);
+    f[0].1 == "100000 100000" && f[3].1 == "1"
+}
+
+/// The user's overlay (docs/deploy.md): the config file with a memory
+/// threshold (kubelet's `evictionHard`) scoped to the pods' slice, on a node
+/// of 640 MiB for the test.
+fn with_eviction_threshold(config: &str) -> String {
+    let from = "  evictionHard: {}\n";
+    assert!(
+        config.contains(from),
+        "the NRI overlay's config file no longer has `{}`: update this test",
+        from.trim()
+    );
+    config.replace(
+        from,
+        "  evictionHard:\n    memory.available: 300Mi\n  memoryCapacity: 640Mi\n  \
+         cgroupScope: kubepods.slice\n  enforceNodeAllocatable: false\n",
+    )
+}
+
+/// deploy/kubernetes/nri, as kubelet would run its DaemonSet's pod on this
+/// node: it registers over the host's NRI socket through its hostPath mount,
+/// reads this node's NodeSLO through its service account (TLS, token),
+/// isolates a BE pod created before it (Synchronize) and one created after,
+/// serves /healthz and /metrics on the pod's IP (the probes' port), keeps
+/// working through a restart of its container, and evicts a BE pod through
+/// the Eviction API under memory pressure. Figures: container start to NRI
+/// registration, and the agent's RSS in its container next to the same
+/// binary with the same config as a host process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nri_daemonset_runs_as_kubelet_would_run_it() {
+    let node = Node::systemd_v2();
+    assert_eq!(
+        node.unit, "containerd.service",
+        "the DaemonSet's paths are containerd 1.7's"
+    );
+    let deploy = deploy();
+    let objects = kubelet::objects(&std::fs::read_to_string(deploy.join("nri.yaml")).unwrap());
+    let mut direct = Cri::connect(&node.sock).await;
+    let mut cleanup = Cleanup::new(&node.sock);
+    let ds = kubelet::find(&objects, "DaemonSet", "qoslet");
+    let spec_image = ds["spec"]["template"]["spec"]["containers"][0]["image"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        ds["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"], "IfNotPresent",
+        "an imported image is used only with IfNotPresent"
+    );
+    let image = import_image(
+        &node,
+        &mut direct,
+        &deploy.join("qoslet-image.tar"),
+        &spec_image,
+    )
+    .await;
+
+    let tls = deploy.join("tls");
+    let ca = std::fs::read(tls.join("ca.crt")).unwrap();
+    let token = format!("qoslet-vm-token-{}", uid("t"));
+    let api = ApiServer {
+        host: API_HOST.into(),
+        port: 443,
+        ca_pem: ca,
+        token: token.clone(),
+    };
+    let info = NodeInfo {
+        name: hostname(),
+        root: "/var/lib/kubelet".into(),
+        memory_bytes: mem_total(),
+        ip: node_ip(),
+    };
+    // kubelet makes its root dir; the DaemonSet mounts it (type Directory)
+    std::fs::create_dir_all(&info.root).unwrap();
+    let mut pod = KubeletPod::from_daemonset(&objects, "qoslet", info.clone(), api);
+    assert_eq!(pod.qos_class(), "Burstable");
+    let config = {
+        let cm = pod.configmap_mut("qoslet-config");
+        let text = cm["data"]["qoslet.yaml"].as_str().unwrap().to_string();
+        cm["data"]["qoslet.yaml"] = json!(with_eviction_threshold(&text));
+        text
+    };
+
+    // a BE pod that runs before qoslet does
+    let (_, before_ctr, before_slice) = be(None, &mut direct, &mut cleanup, "inb").await;
+    assert!(
+        !isolated(&node, &before_slice, &before_ctr),
+        "no qoslet yet"
+    );
+
+    let sandbox = pod
+        .run_sandbox(&mut direct)
+        .await
+        .unwrap_or_else(|e| panic!("kubelet could not start the DaemonSet's pod: {e}"));
+    cleanup.pods.push(sandbox.clone());
+    assert!(
+        !pod.ip.is_empty(),
+        "the pod has its own network (hostNetwork: false)"
+    );
+    // the API server, on the gateway now that the bridge has it
+    let fake = FakeApiServer::start_tls(
+        format!("{API_HOST}:443").parse().unwrap(),
+        &std::fs::read(tls.join("apiserver.crt")).unwrap(),
+        &std::fs::read(tls.join("apiserver.key")).unwrap(),
+        &token,
+    )
+    .await;
+    fake.apply(
+        "/api/v1/nodes",
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": info.name},
+               "status": {"capacity": {"cpu": "2", "memory": "2Gi"},
+                          "allocatable": {"cpu": "2", "memory": "2Gi"}}}),
+    );
+    fake.apply(
+        NODESLOS,
+        json!({"apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeSLO",
+               "metadata": {"name": info.name},
+               "spec": {"resourceQOSStrategy": {"beClass": {"cpuQOS": {"enable": true}}}}}),
+    );
+    let mut me = pod.api_object();
+    me["spec"]["priority"] = json!(2_000_001_000);
+    fake.apply(PODS, me);
+    fake.apply(PODS, api_pod(&slice_name(&before_slice), &info.name));
+
+    let started = Instant::now();
+    let ctr = pod
+        .start_container(&mut direct, "qoslet", &image, 0)
+        .await
+        .unwrap_or_else(|e| panic!("kubelet could not start the DaemonSet's pod: {e}"));
+    let pod_slice = pod.cgroup_parent();
+    let s = eventually("NRI registration", Duration::from_secs(60), || async {
+        registered(started.elapsed() + Duration::from_secs(1)).await
+    })
+    .await;
+    let to_register = started.elapsed();
+    eprintln!(
+        "figure: container start to NRI registration: {} ms (qoslet {})",
+        to_register.as_millis(),
+        s.version
+    );
+    // the BE pod from before, by Synchronize; the NodeSLO through the
+    // service account
+    eventually(
+        "the earlier BE pod isolated",
+        Duration::from_secs(20),
+        || async { isolated(&node, &before_slice, &before_ctr).then_some(()) },
+    )
+    .await;
+    let s = eventually("the cluster side up", Duration::from_secs(30), || async {
+        let s = status().await?;
+        (s.policy_source == "cluster"
+            && !s.cluster.is_empty()
+            && s.cluster.iter().all(|w| w.state == "ok"))
+        .then_some(s)
+    })
+    .await;
+    eprintln!("cluster watches: {:?}", s.cluster);
+    // the manifest's probes, as kubelet's prober sends them, on the pod's IP
+    let (port, path) = pod.http_probe("qoslet", "startupProbe");
+    let (code, _) = eventually("the startup probe", Duration::from_secs(60), || async {
+        kubelet::probe(&pod.ip, port, &path).filter(|(c, _)| *c == 200)
+    })
+    .await;
+    assert_eq!(code, 200);
+    for which in ["readinessProbe", "livenessProbe"] {
+        let (port, path) = pod.http_probe("qoslet", which);
+        let got = kubelet::probe(&pod.ip, port, &path);
+        assert_eq!(got.as_ref().map(|g| g.0), Some(200), "{which}: {got:?}");
+    }
+    // what Prometheus scrapes: the container's `metrics` port
+    let (code, metrics) = kubelet::probe(&pod.ip, port, "/metrics").expect("/metrics");
+    assert_eq!(code, 200);
+    assert!(metrics.contains("qoslet_nri_"), "{metrics:.2000}");
+
+    // a BE pod created now: isolated at its creation
+    let (_, after_ctr, after_slice) = be(Some(&fake), &mut direct, &mut cleanup, "ina").await;
+    let f = be_files(&node, &after_slice, &after_ctr);
+    assert!(
+        isolated(&node, &after_slice, &after_ctr),
+        "{f:?}\n{}",
+        pod.log("qoslet", 0)
+    );
+
+    // the agent's memory ten seconds after it registered
+    tokio::time::sleep(Duration::from_secs(10).saturating_sub(started.elapsed() - to_register))
+        .await;
+    let rss_container = container_rss(&node, &pod_slice, &ctr);
+
+    // a restart of its container (kubelet after a failed liveness probe)
+    pod.stop_container(&mut direct, &ctr).await;
+    assert!(
+        pod.log("qoslet", 0).contains("final checkpoint written"),
+        "qoslet did not stop cleanly on kubelet's SIGTERM:\n{}",
+        pod.log("qoslet", 0)
+    );
+    let restarted = Instant::now();
+    let ctr1 = pod
+        .start_container(&mut direct, "qoslet", &image, 1)
+        .await
+        .unwrap_or_else(|e| panic!("the restarted container: {e}"));
+    eventually(
+        "NRI registration after the restart",
+        Duration::from_secs(60),
+        || async { registered(restarted.elapsed() + Duration::from_secs(1)).await },
+    )
+    .await;
+    let (_, again_ctr, again_slice) = be(Some(&fake), &mut direct, &mut cleanup, "inr").await;
+    assert!(
+        isolated(&node, &again_slice, &again_ctr),
+        "{:?}\n{}",
+        be_files(&node, &again_slice, &again_ctr),
+        pod.log("qoslet", 1)
+    );
+    assert!(
+        isolated(&node, &before_slice, &before_ctr),
+        "the earlier pods keep their values"
+    );
+
+    // memory pressure: a BE pod grows 320 MiB of a 640 MiB node whose
+    // threshold is 300 MiB available: evicted through the Eviction API
+    let hog_name = uid("inh");
+    let hog_slice = Node::slice("besteffort", &hog_name);
+    let hog_cfg = qoslet_integration::node::classed(&hog_name, &hog_slice, "BE", None);
+    let hog = direct.run_pod(&hog_cfg).await.unwrap();
+    cleanup.pods.push(hog.clone());
+    fake.apply(PODS, api_pod(&hog_name, &info.name));
+    let c = direct
+        .create(
+            &hog,
+            &hog_cfg,
+            container_config(
+                "batch",
+                "x=$(head -c 335544320 /dev/zero | tr '\\0' a); while true; do sleep 0.2; done",
+                None,
+            ),
+        )
+        .await
+        .unwrap();
+    direct.start(&c).await.unwrap();
+    let evicted = eventually(
+        "the BE pod evicted through the API",
+        Duration::from_secs(90),
+        || async { fake.evictions().into_iter().next() },
+    )
+    .await;
+    assert_eq!(
+        evicted["metadata"]["name"],
+        json!(hog_name),
+        "{evicted}\n{}",
+        pod.log("qoslet", 1)
+    );
+    // kubelet then kills it
+    direct.remove_pod(&hog).await;
+    fake.delete(PODS, &hog_name);
+    let rss_after = container_rss(&node, &pod_slice, &ctr1);
+
+    // the pod deleted; the same binary and config as a host process
+    pod.stop_container(&mut direct, &ctr1).await;
+    pod.remove(&mut direct).await;
+    let host_rss = host_process_rss(&deploy, &pod, &config, &fake, &token).await;
+    eprintln!(
+        "figure: agent RSS 10 s after registration: {rss_container} KiB in its container, \
+         {host_rss} KiB as a host process (same binary, same config); {rss_after} KiB in the \
+         container after the eviction"
+    );
+    drop(cleanup);
+}
+
+/// `qoslet nri` from the image's own binary, on the host, with the pod's
+/// config (the cluster reached through a kubeconfig with the same CA and
+/// token): its RSS ten seconds after it registered.
+async fn host_process_rss(
+    deploy: &Path,
+    pod: &KubeletPod,
+    config: &str,
+    fake: &FakeApiServer,
+    token: &str,
+) -> Rss {
+    let dir = scratch("install-host");
+    let ca = dir.join("ca.crt");
+    std::fs::write(&ca, &pod.api.ca_pem).unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: vm\n  cluster:\n    server: {}\n    \
+             certificate-authority: {}\nusers:\n- name: vm\n  user:\n    token: {token}\ncontexts:\n- name: vm\n  \
+             context:\n    cluster: vm\n    user: vm\ncurrent-context: vm\n",
+            fake.url(),
+            ca.display()
+        ),
+    )
+    .unwrap();
+    let mut yaml = with_eviction_threshold(config);
+    for (from, to) in [
+        (
+            "  # nodeName: from $NODE_NAME (the pod's spec.nodeName)\n",
+            format!("  nodeName: {}\n", pod.node.name),
+        ),
+        (
+            "  # kubeconfig: unset = the pod's service account (qoslet-system/qoslet)\n",
+            format!("  kubeconfig: {}\n", kubeconfig.display()),
+        ),
+    ] {
+        assert!(
+            yaml.contains(from),
+            "the config file lacks `{}`",
+            from.trim()
+        );
+        yaml = yaml.replace(from, &to);
+    }
+    let file = dir.join("qoslet.yaml");
+    std::fs::write(&file, yaml).unwrap();
+    let log = std::fs::File::create(dir.join("qoslet.log")).unwrap();
+    // from the guest's own disk, as the image's layer is (not the 9p share,
+    // whose pages would count differently)
+    let bin = dir.join("qoslet");
+    std::fs::copy(deploy.join("qoslet"), &bin).unwrap();
+    let mut child = std::process::Command::new(&bin)
+        .args(["nri", "--config"])
+        .arg(&file)
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("the release binary");
+    let t = Instant::now();
+    let up = eventually(
+        "the host process registered",
+        Duration::from_secs(60),
+        || async { registered(t.elapsed() + Duration::from_secs(1)).await },
+    )
+    .await;
+    let registered_after = t.elapsed();
+    assert_eq!(up.mode, "nri");
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let rss = rss(child.id() as i32);
+    signal(child.id() as i32, libc::SIGTERM);
+    assert!(
+        wait_timeout(&mut child, Duration::from_secs(40)).is_some(),
+        "qoslet did not stop on SIGTERM"
+    );
+    eprintln!(
+        "figure: the host process registered {} ms after its start",
+        registered_after.as_millis()
+    );
+    rss
+}
+
+/// The test catches what the manifest lacks: the same DaemonSet without its
+/// NRI socket mount starts (kubelet sees nothing wrong) but never registers,
+/// and its log says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_its_nri_mount_the_daemonset_pod_never_registers() {
+    let node = Node::systemd_v2();
+    let deploy = deploy();
+    let mut objects = kubelet::objects(&std::fs::read_to_string(deploy.join("nri.yaml")).unwrap());
+    let ds = objects
+        .iter_mut()
+        .find(|o| o["kind"] == "DaemonSet")
+        .unwrap();
+    let mounts = ds["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+        .as_array_mut()
+        .unwrap();
+    let before = mounts.len();
+    mounts.retain(|m| m["name"] != "nri");
+    assert_eq!(
+        mounts.len(),
+        before - 1,
+        "the manifest mounts the NRI socket's directory"
+    );
+    let image_name = ds["spec"]["template"]["spec"]["containers"][0]["image"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut direct = Cri::connect(&node.sock).await;
+    let mut cleanup = Cleanup::new(&node.sock);
+    let image = import_image(
+        &node,
+        &mut direct,
+        &deploy.join("qoslet-image.tar"),
+        &image_name,
+    )
+    .await;
+    let info = NodeInfo {
+        name: hostname(),
+        root: "/var/lib/kubelet".into(),
+        memory_bytes: mem_total(),
+        ip: node_ip(),
+    };
+    std::fs::create_dir_all(&info.root).unwrap();
+    let api = ApiServer {
+        host: API_HOST.into(),
+        port: 443,
+        ca_pem: std::fs::read(deploy.join("tls/ca.crt")).unwrap(),
+        token: "unused".into(),
+    };
+    let mut pod = KubeletPod::from_daemonset(&objects, "qoslet", info, api);
+    let sandbox = pod.run_sandbox(&mut direct).await.unwrap();
+    cleanup.pods.push(sandbox);
+    let started = Instant::now();
+    pod.start_container(&mut direct, "qoslet", &image, 0)
+        .await
+        .expect("kubelet starts it: nothing it checks is missing");
+    let mut log = String::new();
+    while started.elapsed() < Duration::from_secs(15) {
+        assert!(
+            registered(started.elapsed() + Duration::from_secs(1))
+                .await
+                .is_none(),
+            "registered without the NRI socket"
+        );
+        log = pod.log("qoslet", 0);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(
+        log.contains("NRI connect failed") && log.contains("/var/run/nri/nri.sock"),
+        "the log says why:\n{log}"
+    );
+    pod.remove(&mut direct).await;
+}
