@@ -22,6 +22,11 @@ pub trait FrontEnd: Send + Sync + 'static {
     fn counters(&self, into: &mut admin::Counters);
     /// The runtime as this front end reaches it, probed now (bounded in time).
     fn runtime(&self) -> BoxFuture<'_, admin::Backend>;
+    /// Whether it serves the runtime now, without waiting (`/readyz`): the
+    /// NRI plugin is registered; a proxy serves once it listens.
+    fn ready(&self) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// The front end attached to an agent, if any (one per agent: a second is refused).

@@ -111,6 +111,11 @@ impl crate::Agent {
             hub.render(out);
             render_front(&front, out);
         }));
+        // /readyz: the front end serves the runtime now (the NRI plugin registered)
+        let attached = self.front.clone();
+        m.set_ready(Arc::new(move || {
+            attached.get().map_or(Ok(()), |f| f.ready())
+        }));
         let mut slot = self.loops.lock().unwrap_or_else(|e| e.into_inner());
         slot.tasks.append(&mut running.tasks);
         if running.engine.is_some() {

@@ -392,7 +392,8 @@ impl KubeletPod {
         let mem_req = sum("requests", "memory")
             .or(sum("limits", "memory"))
             .unwrap_or(0);
-        let oom = if self.spec["priorityClassName"] == "system-node-critical" {
+        // kubelet: critical pods (priority >= 2,000,000,000) as Guaranteed
+        let oom = if self.spec["priority"].as_i64().unwrap_or(0) >= 2_000_000_000 {
             -997
         } else {
             match self.qos_class() {
@@ -470,8 +471,7 @@ impl KubeletPod {
         std::fs::create_dir_all(self.dir.join("plugins")).unwrap();
         self.volumes = self.volumes()?;
         self.make_pod_cgroup();
-        let log_dir = PathBuf::from("/var/log/pods")
-            .join(format!("{}_{}_{}", self.namespace, self.name, self.uid));
+        let log_dir = self.log_dir();
         std::fs::create_dir_all(&log_dir).unwrap();
         let mut labels: HashMap<String, String> = self
             .labels
@@ -622,14 +622,14 @@ impl KubeletPod {
 
     /// Files in kubelet's atomic-writer layout: `<dir>/..<ts>/<files>`,
     /// `..data` -> it, each file a link through `..data`.
-    fn atomic_write(dir: &Path, files: &[(String, Vec<u8>)], mode: u32) {
+    fn atomic_write(dir: &Path, files: &[(String, Vec<u8>, u32)]) {
         let _ = std::fs::remove_dir_all(dir);
         let ts = dir.join("..2026_12_07_10_00_00.000000001");
         std::fs::create_dir_all(&ts).unwrap();
-        for (name, data) in files {
+        for (name, data, mode) in files {
             let f = ts.join(name);
             std::fs::write(&f, data).unwrap();
-            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode)).unwrap();
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(*mode)).unwrap();
             std::os::unix::fs::symlink(format!("..data/{name}"), dir.join(name)).unwrap();
         }
         std::os::unix::fs::symlink(ts.file_name().unwrap(), dir.join("..data")).unwrap();
@@ -652,10 +652,11 @@ impl KubeletPod {
                     None => return Err(format!("configmap \"{cm_name}\" not found")),
                 };
                 let data = cm["data"].as_object().cloned().unwrap_or_default();
-                let files: Vec<(String, Vec<u8>)> = match v["configMap"]["items"].as_array() {
+                let mode = v["configMap"]["defaultMode"].as_u64().unwrap_or(0o644) as u32;
+                let files: Vec<(String, Vec<u8>, u32)> = match v["configMap"]["items"].as_array() {
                     None => data
                         .into_iter()
-                        .map(|(k, v)| (k, v.as_str().unwrap_or_default().as_bytes().to_vec()))
+                        .map(|(k, v)| (k, v.as_str().unwrap_or_default().as_bytes().to_vec(), mode))
                         .collect(),
                     Some(items) => items
                         .iter()
@@ -667,24 +668,32 @@ impl KubeletPod {
                             Ok((
                                 i["path"].as_str().unwrap_or(key).to_string(),
                                 val.as_str().unwrap_or_default().as_bytes().to_vec(),
+                                i["mode"].as_u64().map_or(mode, |m| m as u32),
                             ))
                         })
                         .collect::<Result<_, String>>()?,
                 };
-                let mode = v["configMap"]["defaultMode"].as_u64().unwrap_or(0o644) as u32;
                 let dir = self.dir.join("volumes/kubernetes.io~configmap").join(&name);
-                Self::atomic_write(&dir, &files, mode);
+                Self::atomic_write(&dir, &files);
                 dir.display().to_string()
             } else if !v["projected"].is_null() && name == SA_VOLUME {
                 let dir = self.dir.join("volumes/kubernetes.io~projected").join(&name);
+                // the volume's defaultMode (0644), but the token 0600: kubelet's
+                // for a pod whose containers run as one uid, without fsGroup
                 let files = vec![
-                    ("ca.crt".to_string(), self.api.ca_pem.clone()),
-                    ("namespace".to_string(), self.namespace.as_bytes().to_vec()),
-                    ("token".to_string(), self.api.token.as_bytes().to_vec()),
+                    ("ca.crt".to_string(), self.api.ca_pem.clone(), 0o644),
+                    (
+                        "namespace".to_string(),
+                        self.namespace.as_bytes().to_vec(),
+                        0o644,
+                    ),
+                    (
+                        "token".to_string(),
+                        self.api.token.as_bytes().to_vec(),
+                        0o600,
+                    ),
                 ];
-                // 0600 (no fsGroup, one user for every container): kubelet's
-                // projected token for a pod running as one uid
-                Self::atomic_write(&dir, &files, 0o600);
+                Self::atomic_write(&dir, &files);
                 dir.display().to_string()
             } else if !v["emptyDir"].is_null() {
                 let dir = self.dir.join("volumes/kubernetes.io~empty-dir").join(&name);
@@ -1024,7 +1033,7 @@ impl KubeletPod {
     /// A container's HTTP probe (`startupProbe`, `readinessProbe`,
     /// `livenessProbe`): the port (a named port resolved through the
     /// container's `ports`) and path kubelet's prober GETs.
-    pub fn http_probe(&self, container: &str, which: &str) -> (u16, String) {
+    pub fn http_probe(&self, container: &str, which: &str) -> Probe {
         let c = self
             .containers()
             .iter()
@@ -1041,14 +1050,26 @@ impl KubeletPod {
                 .unwrap_or_else(|| panic!("{which}: no port named {name} in {container}'s ports")),
             other => panic!("{which}: port {other}"),
         };
-        (port as u16, get["path"].as_str().unwrap_or("/").to_string())
+        let p = &c[which];
+        let secs = |k: &str, default: u64| p[k].as_u64().unwrap_or(default);
+        Probe {
+            port: port as u16,
+            path: get["path"].as_str().unwrap_or("/").to_string(),
+            timeout: std::time::Duration::from_secs(secs("timeoutSeconds", 1)),
+            period: std::time::Duration::from_secs(secs("periodSeconds", 10)),
+            failure_threshold: secs("failureThreshold", 3) as u32,
+        }
+    }
+
+    /// `/var/log/pods/<namespace>_<name>_<uid>`.
+    pub fn log_dir(&self) -> PathBuf {
+        PathBuf::from("/var/log/pods")
+            .join(format!("{}_{}_{}", self.namespace, self.name, self.uid))
     }
 
     /// The container log kubelet's `kubectl logs` reads.
     pub fn log(&self, name: &str, attempt: u32) -> String {
-        let p = PathBuf::from("/var/log/pods")
-            .join(format!("{}_{}_{}", self.namespace, self.name, self.uid))
-            .join(format!("{name}/{attempt}.log"));
+        let p = self.log_dir().join(format!("{name}/{attempt}.log"));
         std::fs::read_to_string(p).unwrap_or_default()
     }
 
@@ -1079,14 +1100,57 @@ impl KubeletPod {
     }
 }
 
-/// An HTTP GET to `ip:port` as kubelet's prober sends it: (status code, body).
-pub fn probe(ip: &str, port: u16, path: &str) -> Option<(u16, String)> {
+/// A pod that goes (a failed test included) leaves nothing of kubelet's on
+/// the node: its directory (the token), its logs, its slice.
+impl Drop for KubeletPod {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = std::fs::remove_dir_all(self.log_dir());
+        if self.sandbox_config.is_some() {
+            let _ = std::process::Command::new("systemctl")
+                .args(["stop", &self.cgroup_parent()])
+                .status();
+        }
+    }
+}
+
+/// A container's HTTP probe as its manifest sets it (kubelet's defaults for
+/// what it leaves out).
+#[derive(Debug, Clone)]
+pub struct Probe {
+    pub port: u16,
+    pub path: String,
+    pub timeout: std::time::Duration,
+    pub period: std::time::Duration,
+    pub failure_threshold: u32,
+}
+
+impl Probe {
+    /// One probe of the pod at `ip`, within the probe's timeout: the status
+    /// code (None: no answer in time, which kubelet counts as a failure).
+    pub fn run(&self, ip: &str) -> Option<u16> {
+        http_get(ip, self.port, &self.path, self.timeout).map(|(c, _)| c)
+    }
+
+    /// How long kubelet waits for it to succeed before acting
+    /// (`periodSeconds` x `failureThreshold`).
+    pub fn deadline(&self) -> std::time::Duration {
+        self.period * self.failure_threshold
+    }
+}
+
+/// An HTTP GET to `ip:port` as kubelet's prober sends it, answered within
+/// `timeout`: (status code, body).
+pub fn http_get(
+    ip: &str,
+    port: u16,
+    path: &str,
+    timeout: std::time::Duration,
+) -> Option<(u16, String)> {
     use std::io::{Read, Write};
     let addr: std::net::SocketAddr = format!("{ip}:{port}").parse().ok()?;
-    let mut s =
-        std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(1)).ok()?;
-    s.set_read_timeout(Some(std::time::Duration::from_secs(3)))
-        .ok()?;
+    let mut s = std::net::TcpStream::connect_timeout(&addr, timeout).ok()?;
+    s.set_read_timeout(Some(timeout)).ok()?;
     write!(
         s,
         "GET {path} HTTP/1.1\r\nHost: {ip}:{port}\r\nUser-Agent: kube-probe/1.33\r\nAccept: */*\r\nConnection: close\r\n\r\n"

@@ -98,23 +98,29 @@ async fn import_image(node: &Node, cri: &mut Cri, tar: &Path, image: &str) -> St
         "ctr images import: {}",
         String::from_utf8_lossy(&o.stderr)
     );
-    let st = cri
-        .img
-        .image_status(cri::ImageStatusRequest {
-            image: Some(cri::ImageSpec {
-                image: image.into(),
-                ..Default::default()
-            }),
-            verbose: false,
-        })
-        .await
-        .expect("ImageStatus")
-        .into_inner();
-    st.image
-        .unwrap_or_else(|| {
-            panic!("the manifest's image {image} is not the image built (kustomize images: vs build.sh)")
-        })
-        .id
+    // containerd's CRI image store learns of the import from its events
+    let what = format!(
+        "the manifest's image {image} in CRI after the import (kustomize images: vs build.sh)"
+    );
+    let found = eventually(&what, Duration::from_secs(10), || {
+        let mut cri = cri.clone();
+        async move {
+            cri.img
+                .image_status(cri::ImageStatusRequest {
+                    image: Some(cri::ImageSpec {
+                        image: image.into(),
+                        ..Default::default()
+                    }),
+                    verbose: false,
+                })
+                .await
+                .ok()?
+                .into_inner()
+                .image
+        }
+    })
+    .await;
+    found.id
 }
 
 async fn status() -> Option<GetStatusResponse> {
@@ -164,7 +170,7 @@ impl std::fmt::Display for Rss {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} KiB ({} anonymous, {} file)",
+            "{} KiB ({} anonymous, {} file-backed)",
             self.anon + self.file,
             self.anon,
             self.file
@@ -183,6 +189,48 @@ fn container_rss(node: &Node, slice: &str, ctr: &str) -> Rss {
             anon: a.anon + b.anon,
             file: a.file + b.file,
         })
+}
+
+/// A node where qoslet never ran: no state dir (checkpoint, metrics
+/// snapshot, eviction history) and no admin socket of an earlier run.
+fn fresh_node() {
+    for d in ["/var/lib/qoslet", "/run/qoslet"] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
+
+/// The effective capabilities of every process in a container's cgroup.
+fn container_caps(node: &Node, slice: &str, ctr: &str) -> Vec<u64> {
+    read_trimmed(&node.cgroup_dir(slice, Some(ctr)).join("cgroup.procs"))
+        .lines()
+        .filter_map(|p| {
+            let st = std::fs::read_to_string(format!("/proc/{}/status", p.trim())).ok()?;
+            let hex = st
+                .lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))?
+                .trim()
+                .to_string();
+            u64::from_str_radix(&hex, 16).ok()
+        })
+        .collect()
+}
+
+/// The log's WARN and ERROR lines (a missing mount or privilege shows there).
+fn warnings(log: &str) -> Vec<&str> {
+    log.lines()
+        .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+        .collect()
+}
+
+/// A host process killed when dropped (a failed test leaves no plugin
+/// registered for the next test file).
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// A BestEffort pod (as the API server has it) on this node.
@@ -264,6 +312,7 @@ async fn nri_daemonset_runs_as_kubelet_would_run_it() {
         "the DaemonSet's paths are containerd 1.7's"
     );
     let deploy = deploy();
+    fresh_node();
     let objects = kubelet::objects(&std::fs::read_to_string(deploy.join("nri.yaml")).unwrap());
     let mut direct = Cri::connect(&node.sock).await;
     let mut cleanup = Cleanup::new(&node.sock);
@@ -303,6 +352,7 @@ async fn nri_daemonset_runs_as_kubelet_would_run_it() {
     std::fs::create_dir_all(&info.root).unwrap();
     let mut pod = KubeletPod::from_daemonset(&objects, "qoslet", info.clone(), api);
     assert_eq!(pod.qos_class(), "Burstable");
+    cleanup.cgroups.push(pod.cgroup_parent());
     let config = {
         let cm = pod.configmap_mut("qoslet-config");
         let text = cm["data"]["qoslet.yaml"].as_str().unwrap().to_string();
@@ -346,9 +396,10 @@ async fn nri_daemonset_runs_as_kubelet_would_run_it() {
                "metadata": {"name": info.name},
                "spec": {"resourceQOSStrategy": {"beClass": {"cpuQOS": {"enable": true}}}}}),
     );
-    let mut me = pod.api_object();
-    me["spec"]["priority"] = json!(2_000_001_000);
-    fake.apply(PODS, me);
+    // the rendered ClusterRole is all the pod's service account may do
+    let role = kubelet::find(&objects, "ClusterRole", "qoslet");
+    fake.authorize(role["rules"].as_array().unwrap());
+    fake.apply(PODS, pod.api_object());
     fake.apply(PODS, api_pod(&slice_name(&before_slice), &info.name));
 
     let started = Instant::now();
@@ -356,6 +407,7 @@ async fn nri_daemonset_runs_as_kubelet_would_run_it() {
         .start_container(&mut direct, "qoslet", &image, 0)
         .await
         .unwrap_or_else(|e| panic!("kubelet could not start the DaemonSet's pod: {e}"));
+    let running = started.elapsed();
     let pod_slice = pod.cgroup_parent();
     let s = eventually("NRI registration", Duration::from_secs(60), || async {
         registered(started.elapsed() + Duration::from_secs(1)).await
@@ -363,8 +415,10 @@ async fn nri_daemonset_runs_as_kubelet_would_run_it() {
     .await;
     let to_register = started.elapsed();
     eprintln!(
-        "figure: container start to NRI registration: {} ms (qoslet {})",
-        to_register.as_millis(),
+        "figure: CreateContainer + StartContainer {} ms, then NRI registration {} ms later \
+         (qoslet {})",
+        running.as_millis(),
+        (to_register - running).as_millis(),
         s.version
     );
     // the BE pod from before, by Synchronize; the NodeSLO through the
@@ -385,19 +439,28 @@ async fn nri_daemonset_runs_as_kubelet_would_run_it() {
     .await;
     eprintln!("cluster watches: {:?}", s.cluster);
     // the manifest's probes, as kubelet's prober sends them, on the pod's IP
-    let (port, path) = pod.http_probe("qoslet", "startupProbe");
-    let (code, _) = eventually("the startup probe", Duration::from_secs(60), || async {
-        kubelet::probe(&pod.ip, port, &path).filter(|(c, _)| *c == 200)
+    // (kubelet probes from the container's start: the startup probe must
+    // pass within periodSeconds x failureThreshold of it, each answer within
+    // timeoutSeconds)
+    let startup = pod.http_probe("qoslet", "startupProbe");
+    eventually("the startup probe", startup.deadline(), || async {
+        (startup.run(&pod.ip) == Some(200)).then_some(())
     })
     .await;
-    assert_eq!(code, 200);
+    assert!(
+        started.elapsed() < startup.deadline(),
+        "the startup probe passed {:?} after the container started; kubelet kills it after {:?}",
+        started.elapsed(),
+        startup.deadline()
+    );
     for which in ["readinessProbe", "livenessProbe"] {
-        let (port, path) = pod.http_probe("qoslet", which);
-        let got = kubelet::probe(&pod.ip, port, &path);
-        assert_eq!(got.as_ref().map(|g| g.0), Some(200), "{which}: {got:?}");
+        let p = pod.http_probe("qoslet", which);
+        assert_eq!(p.run(&pod.ip), Some(200), "{which}: {p:?}");
     }
     // what Prometheus scrapes: the container's `metrics` port
-    let (code, metrics) = kubelet::probe(&pod.ip, port, "/metrics").expect("/metrics");
+    let (code, metrics) =
+        kubelet::http_get(&pod.ip, startup.port, "/metrics", Duration::from_secs(5))
+            .expect("/metrics");
     assert_eq!(code, 200);
     assert!(metrics.contains("qoslet_nri_"), "{metrics:.2000}");
 
@@ -410,6 +473,24 @@ async fn nri_daemonset_runs_as_kubelet_would_run_it() {
         pod.log("qoslet", 0)
     );
 
+    // the privileges it was given are the ones it has: the bounding set of
+    // the manifest (ALL dropped, SYS_RESOURCE added), nothing more
+    let caps = container_caps(&node, &pod_slice, &ctr);
+    assert_eq!(
+        caps,
+        vec![1 << 24],
+        "CapEff of the container's processes (CAP_SYS_RESOURCE = bit 24)"
+    );
+
+    // confined as containerd confines a container on an AppArmor node
+    for pid in read_trimmed(&node.cgroup_dir(&pod_slice, Some(&ctr)).join("cgroup.procs")).lines() {
+        let label = read_trimmed(Path::new(&format!("/proc/{}/attr/current", pid.trim())));
+        assert_eq!(
+            label, "cri-containerd.apparmor.d (enforce)",
+            "AppArmor label of {pid}"
+        );
+    }
+
     // the agent's memory ten seconds after it registered
     tokio::time::sleep(Duration::from_secs(10).saturating_sub(started.elapsed() - to_register))
         .await;
@@ -417,10 +498,21 @@ async fn nri_daemonset_runs_as_kubelet_would_run_it() {
 
     // a restart of its container (kubelet after a failed liveness probe)
     pod.stop_container(&mut direct, &ctr).await;
+    let log0 = pod.log("qoslet", 0);
     assert!(
-        pod.log("qoslet", 0).contains("final checkpoint written"),
-        "qoslet did not stop cleanly on kubelet's SIGTERM:\n{}",
-        pod.log("qoslet", 0)
+        log0.contains("final checkpoint written"),
+        "qoslet did not stop cleanly on kubelet's SIGTERM:\n{log0}"
+    );
+    // a mount, a path or a privilege the manifest lacks shows as a warning
+    assert!(
+        warnings(&log0).is_empty(),
+        "warnings in the pod's log:\n{log0}"
+    );
+    // a BE pod created while it is down: isolated once it is back (Synchronize)
+    let (_, down_ctr, down_slice) = be(Some(&fake), &mut direct, &mut cleanup, "ind").await;
+    assert!(
+        !isolated(&node, &down_slice, &down_ctr),
+        "no qoslet while it restarts"
     );
     let restarted = Instant::now();
     let ctr1 = pod
@@ -433,16 +525,18 @@ async fn nri_daemonset_runs_as_kubelet_would_run_it() {
         || async { registered(restarted.elapsed() + Duration::from_secs(1)).await },
     )
     .await;
+    eventually(
+        "the BE pod created while qoslet was down isolated",
+        Duration::from_secs(20),
+        || async { isolated(&node, &down_slice, &down_ctr).then_some(()) },
+    )
+    .await;
     let (_, again_ctr, again_slice) = be(Some(&fake), &mut direct, &mut cleanup, "inr").await;
     assert!(
         isolated(&node, &again_slice, &again_ctr),
         "{:?}\n{}",
         be_files(&node, &again_slice, &again_ctr),
         pod.log("qoslet", 1)
-    );
-    assert!(
-        isolated(&node, &before_slice, &before_ctr),
-        "the earlier pods keep their values"
     );
 
     // memory pressure: a BE pod grows 320 MiB of a 640 MiB node whose
@@ -478,18 +572,42 @@ async fn nri_daemonset_runs_as_kubelet_would_run_it() {
         "{evicted}\n{}",
         pod.log("qoslet", 1)
     );
+    assert_eq!(evicted["metadata"]["namespace"], "qoslet-e2e");
+    let t = Instant::now();
+    while !fake
+        .list("/api/v1/events")
+        .iter()
+        .any(|e| e["involvedObject"]["name"] == hog_name.as_str() && e["reason"] == "Evicted")
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "no Evicted Event on the pod; refused by RBAC: {:?}; seen: {:?}\n{}",
+            fake.forbidden(),
+            fake.seen()
+                .iter()
+                .filter(|s| s.method != "GET")
+                .collect::<Vec<_>>(),
+            pod.log("qoslet", 1)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     // kubelet then kills it
     direct.remove_pod(&hog).await;
     fake.delete(PODS, &hog_name);
     let rss_after = container_rss(&node, &pod_slice, &ctr1);
+    assert_eq!(
+        fake.forbidden(),
+        vec![],
+        "requests the ClusterRole does not allow"
+    );
 
     // the pod deleted; the same binary and config as a host process
     pod.stop_container(&mut direct, &ctr1).await;
     pod.remove(&mut direct).await;
     let host_rss = host_process_rss(&deploy, &pod, &config, &fake, &token).await;
     eprintln!(
-        "figure: agent RSS 10 s after registration: {rss_container} KiB in its container, \
-         {host_rss} KiB as a host process (same binary, same config); {rss_after} KiB in the \
+        "figure: agent RSS 10 s after registration: {rss_container} in its container, \
+         {host_rss} as a host process (same binary, same config); {rss_after} in the \
          container after the eviction"
     );
     drop(cleanup);
@@ -545,13 +663,18 @@ async fn host_process_rss(
     // whose pages would count differently)
     let bin = dir.join("qoslet");
     std::fs::copy(deploy.join("qoslet"), &bin).unwrap();
-    let mut child = std::process::Command::new(&bin)
-        .args(["nri", "--config"])
-        .arg(&file)
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .expect("the release binary");
+    // a state dir of its own: it does not start from the container's
+    // checkpoint and metrics snapshot
+    let mut child = Reaped(
+        std::process::Command::new(&bin)
+            .args(["nri", "--config"])
+            .arg(&file)
+            .arg(format!("--state-dir={}", dir.join("state").display()))
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("the release binary"),
+    );
     let t = Instant::now();
     let up = eventually(
         "the host process registered",
@@ -562,12 +685,19 @@ async fn host_process_rss(
     let registered_after = t.elapsed();
     assert_eq!(up.mode, "nri");
     tokio::time::sleep(Duration::from_secs(10)).await;
-    let rss = rss(child.id() as i32);
-    signal(child.id() as i32, libc::SIGTERM);
+    let rss = rss(child.0.id() as i32);
+    signal(child.0.id() as i32, libc::SIGTERM);
     assert!(
-        wait_timeout(&mut child, Duration::from_secs(40)).is_some(),
+        wait_timeout(&mut child.0, Duration::from_secs(40)).is_some(),
         "qoslet did not stop on SIGTERM"
     );
+    let log = std::fs::read_to_string(dir.join("qoslet.log")).unwrap_or_default();
+    assert!(
+        warnings(&log).is_empty(),
+        "warnings as a host process:\n{log}"
+    );
+    drop(child);
+    let _ = std::fs::remove_dir_all(&dir);
     eprintln!(
         "figure: the host process registered {} ms after its start",
         registered_after.as_millis()
@@ -576,12 +706,14 @@ async fn host_process_rss(
 }
 
 /// The test catches what the manifest lacks: the same DaemonSet without its
-/// NRI socket mount starts (kubelet sees nothing wrong) but never registers,
-/// and its log says why.
+/// NRI socket mount starts (kubelet sees nothing wrong) but never registers:
+/// live (a restart would not help) but not ready (`kubectl get ds` shows
+/// it, a rollout stops on it), and its log says why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_its_nri_mount_the_daemonset_pod_never_registers() {
     let node = Node::systemd_v2();
     let deploy = deploy();
+    fresh_node();
     let mut objects = kubelet::objects(&std::fs::read_to_string(deploy.join("nri.yaml")).unwrap());
     let ds = objects
         .iter_mut()
@@ -624,6 +756,7 @@ async fn without_its_nri_mount_the_daemonset_pod_never_registers() {
         token: "unused".into(),
     };
     let mut pod = KubeletPod::from_daemonset(&objects, "qoslet", info, api);
+    cleanup.cgroups.push(pod.cgroup_parent());
     let sandbox = pod.run_sandbox(&mut direct).await.unwrap();
     cleanup.pods.push(sandbox);
     let started = Instant::now();
@@ -645,5 +778,13 @@ async fn without_its_nri_mount_the_daemonset_pod_never_registers() {
         log.contains("NRI connect failed") && log.contains("/var/run/nri/nri.sock"),
         "the log says why:\n{log}"
     );
+    let (live, ready) = (
+        pod.http_probe("qoslet", "livenessProbe"),
+        pod.http_probe("qoslet", "readinessProbe"),
+    );
+    assert_eq!(live.run(&pod.ip), Some(200), "live: {live:?}");
+    assert_eq!(ready.run(&pod.ip), Some(503), "not ready: {ready:?}");
+    let (_, why) = kubelet::http_get(&pod.ip, ready.port, &ready.path, ready.timeout).unwrap();
+    assert!(why.contains("nri.sock"), "/readyz says why: {why}");
     pod.remove(&mut direct).await;
 }

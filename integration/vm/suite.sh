@@ -111,6 +111,11 @@ echo "kernel $(uname -r); $(systemctl --version | head -1); state $(systemctl is
 echo "controllers: $(cat /sys/fs/cgroup/cgroup.controllers); root subtree_control: $(cat /sys/fs/cgroup/cgroup.subtree_control)"
 for c in cpu cpuset memory io pids; do grep -qw $c /sys/fs/cgroup/cgroup.subtree_control || { echo "controller $c not enabled"; exit 1; }; done
 head -1 /proc/pressure/memory >/dev/null || { echo "no PSI"; exit 1; }
+# AppArmor on, with its parser: containerd confines containers with its default profile
+# (cri-containerd.apparmor.d), as on Debian and Ubuntu nodes
+[ "$(cat /sys/module/apparmor/parameters/enabled 2>/dev/null)" = Y ] && command -v apparmor_parser >/dev/null \
+  || { echo "no AppArmor"; exit 1; }
+echo "AppArmor: enabled, $(aa-enabled 2>/dev/null || true)"
 echo "containerd $(containerd --version | cut -d" " -f3), runc $(runc --version | head -1 | cut -d" " -f3)"
 grep -q "SystemdCgroup = true" /etc/containerd/config.toml
 [ -S /run/nri/nri.sock ] || { echo "no NRI socket"; exit 1; }

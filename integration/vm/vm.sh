@@ -137,7 +137,7 @@ cmd_image() {
   log "containerd 2.1 from sid: $("$ctd21/usr/bin/containerd" --version | cut -d" " -f3)"
   log "mmdebstrap $SUITE (systemd, linux-image-amd64, containerd, runc, CNI plugins)"
   nice -n 10 mmdebstrap --variant=apt --mode=root --quiet \
-    --include=systemd,systemd-sysv,udev,dbus,kmod,iproute2,procps,openssh-server,containerd,runc,containernetworking-plugins,linux-image-amd64,initramfs-tools,zstd,e2fsprogs,python3 \
+    --include=systemd,systemd-sysv,udev,dbus,kmod,iproute2,procps,openssh-server,containerd,runc,containernetworking-plugins,linux-image-amd64,initramfs-tools,zstd,e2fsprogs,python3,apparmor \
     --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
     --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
     --customize-hook='echo qoslet-vm > "$1/etc/hostname"; echo "127.0.1.1 qoslet-vm" >> "$1/etc/hosts"' \

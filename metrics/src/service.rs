@@ -45,6 +45,8 @@ pub const SNAPSHOT_EVERY: Duration = Duration::from_secs(300);
 
 /// More Prometheus lines, appended to every scrape.
 pub type Extra = Arc<dyn Fn(&mut String) + Send + Sync>;
+/// What `/readyz` requires besides fresh metrics: Err(why) when not ready.
+pub type Ready = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 
 /// What the loop shares with the exporter and the admin API.
 pub struct Metrics {
@@ -65,6 +67,8 @@ pub struct Metrics {
     ticked: tokio::sync::Notify,
     /// More Prometheus lines (the QoS engine's), appended to every scrape.
     extra: std::sync::OnceLock<Extra>,
+    /// What else `/readyz` requires (the front end serving the runtime).
+    ready: std::sync::OnceLock<Ready>,
     /// Series time (monotonic since `mono0`).
     clock: Mutex<SeriesClock>,
     mono0: tokio::time::Instant,
@@ -260,6 +264,7 @@ impl Metrics {
             pod_root: s.pod_root.clone(),
             ticked: tokio::sync::Notify::new(),
             extra: std::sync::OnceLock::new(),
+            ready: std::sync::OnceLock::new(),
             clock: Mutex::new(clock),
             mono0: tokio::time::Instant::now(),
             identity,
@@ -295,6 +300,20 @@ impl Metrics {
     /// Adds lines to every scrape (set once).
     pub fn set_extra(&self, f: Extra) {
         let _ = self.extra.set(f);
+    }
+
+    /// What `/readyz` requires besides fresh metrics (set once).
+    pub fn set_ready(&self, f: Ready) {
+        let _ = self.ready.set(f);
+    }
+
+    /// Ready: healthy, and whatever [`Self::set_ready`] requires.
+    fn ready(&self) -> Result<(), String> {
+        self.healthy()?;
+        match self.ready.get() {
+            Some(f) => f(),
+            None => Ok(()),
+        }
     }
 
     /// The Prometheus text of the latest tick.
@@ -670,10 +689,14 @@ fn respond<B>(m: &Metrics, req: &hyper::Request<B>) -> hyper::Response<Full<Byte
             Ok(()) => reply(200, "text/plain", "ok\n".into()),
             Err(why) => reply(503, "text/plain", format!("unhealthy: {why}\n")),
         },
+        "/readyz" => match m.ready() {
+            Ok(()) => reply(200, "text/plain", "ok\n".into()),
+            Err(why) => reply(503, "text/plain", format!("not ready: {why}\n")),
+        },
         _ => reply(
             404,
             "text/plain",
-            "not found: try /metrics or /healthz\n".into(),
+            "not found: try /metrics, /healthz or /readyz\n".into(),
         ),
     }
 }
@@ -908,6 +931,7 @@ mod tests {
             pod_root: Default::default(),
             ticked: tokio::sync::Notify::new(),
             extra: std::sync::OnceLock::new(),
+            ready: std::sync::OnceLock::new(),
             clock: Mutex::new(SeriesClock::new(wall(), 0)),
             mono0: tokio::time::Instant::now(),
             identity: NodeIdentity::default(),
@@ -935,6 +959,34 @@ mod tests {
         let s = m.node_summary();
         assert!(s.stale.contains("last collection"), "{s:?}");
         assert_eq!((s.timestamp, s.cpu_usage_cores), (1_700_000_000, 0.0));
+    }
+
+    /// `/readyz` needs what `/healthz` needs and what the front end says:
+    /// an NRI plugin not registered is live (a restart would not help) but
+    /// not ready (a rollout stops on it).
+    #[test]
+    fn readiness_is_health_and_the_front_end() {
+        let m = metrics(unix_now);
+        let get = |m: &Metrics, path: &str| {
+            let req = hyper::Request::get(path).body(()).unwrap();
+            respond(m, &req).status().as_u16()
+        };
+        assert_eq!((get(&m, "/healthz"), get(&m, "/readyz")), (200, 200));
+        let registered = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let r = registered.clone();
+        m.set_ready(Arc::new(move || {
+            if r.load(Ordering::Relaxed) {
+                Ok(())
+            } else {
+                Err("not registered with the runtime yet".into())
+            }
+        }));
+        assert_eq!((get(&m, "/healthz"), get(&m, "/readyz")), (200, 503));
+        registered.store(true, Ordering::Relaxed);
+        assert_eq!(get(&m, "/readyz"), 200);
+        // stale metrics: neither
+        *lock(&m.last_tick) = Instant::now().checked_sub(Duration::from_secs(60));
+        assert_eq!((get(&m, "/healthz"), get(&m, "/readyz")), (503, 503));
     }
 
     /// A snapshot past the loader's cap is not written: the previous file

@@ -15,7 +15,11 @@
 //!
 //! * over TLS with a bearer token when started with [`FakeApiServer::start_tls`]
 //!   (what a pod's in-cluster config reaches: `https://`, the service
-//!   account's `ca.crt` and `token`): a request without the token is 401.
+//!   account's `ca.crt` and `token`): a request without the token is 401;
+//! * RBAC when given a ClusterRole's rules ([`FakeApiServer::authorize`]):
+//!   a request its rules do not allow is 403, as the API server's RBAC
+//!   authorizer answers (verb from method and query, API group, resource
+//!   and subresource from the path).
 //!
 //! No real kube-apiserver can run on the project's machines: this is what
 //! the cluster side is tested against, with real object JSON as fixtures.
@@ -80,6 +84,10 @@ struct State {
     conflicts: usize,
     /// The `Authorization: Bearer` token every request must carry (TLS mode).
     token: Option<String>,
+    /// A ClusterRole's `rules`: when set, what they do not allow is 403.
+    rbac: Option<Vec<Value>>,
+    /// Requests refused by RBAC: (verb, group, resource, path).
+    forbidden: Vec<(String, String, String, String)>,
 }
 
 /// The fake API server. Collections are paths such as
@@ -110,7 +118,8 @@ impl FakeApiServer {
     }
 
     /// Serves HTTPS on `bind` with the PEM certificate chain `cert` and its
-    /// PKCS#8/RSA/SEC1 PEM key `key` (TLS 1.3, ring), and answers 401 to a
+    /// PKCS#8/RSA/SEC1 PEM key `key` (rustls' safe default versions, ring),
+    /// and answers 401 to a
     /// request whose `Authorization` is not `Bearer <token>`: what a pod's
     /// service account reaches.
     pub async fn start_tls(bind: SocketAddr, cert: &[u8], key: &[u8], token: &str) -> Arc<Self> {
@@ -174,7 +183,7 @@ impl FakeApiServer {
         format!("{scheme}://{}", self.addr)
     }
 
-    /// A kubeconfig for this server (no credentials: the fake has none).
+    /// A kubeconfig for this server in plain-HTTP mode (no credentials).
     pub fn kubeconfig(&self) -> String {
         format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\n\
@@ -222,6 +231,17 @@ impl FakeApiServer {
             }
         });
         *self.accept.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
+    }
+
+    /// From now on, RBAC: a request that `rules` (a ClusterRole's) do not
+    /// allow is answered 403 Forbidden.
+    pub fn authorize(&self, rules: &[Value]) {
+        lock(&self.state).rbac = Some(rules.to_vec());
+    }
+
+    /// The requests RBAC refused: (verb, API group, resource, path).
+    pub fn forbidden(&self) -> Vec<(String, String, String, String)> {
+        lock(&self.state).forbidden.clone()
     }
 
     /// The server goes away: its socket is closed and every watch ended.
@@ -395,6 +415,15 @@ impl FakeApiServer {
                     .and_then(|v| v.strip_prefix("Bearer "));
                 if bearer != Some(token.as_str()) {
                     return status(401, "Unauthorized", "Unauthorized");
+                }
+            }
+            if let Some(rules) = &s.rbac {
+                let (verb, group, resource) = attributes(&method, &path, &query);
+                if !allowed(rules, &verb, &group, &resource) {
+                    let msg =
+                        format!("cannot {verb} resource \"{resource}\" in API group \"{group}\"");
+                    s.forbidden.push((verb, group, resource, path.clone()));
+                    return status(403, &msg, "Forbidden");
                 }
             }
             if let Some((n, code)) = s.failing {
@@ -734,6 +763,54 @@ pub(crate) fn status(code: u16, message: &str, reason: &str) -> Response<Body> {
         .unwrap_or_else(|_| Response::new(BodyExt::boxed(Full::new(Bytes::new()))))
 }
 
+/// The RBAC attributes of a request: (verb, API group, resource with its
+/// subresource as `resource/sub`), as the API server's request-info resolver
+/// gives them for `/api/v1/...` and `/apis/<group>/<version>/...`.
+fn attributes(method: &str, path: &str, query: &str) -> (String, String, String) {
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (group, rest) = match parts.as_slice() {
+        ["api", _v, rest @ ..] => (String::new(), rest.to_vec()),
+        ["apis", g, _v, rest @ ..] => (g.to_string(), rest.to_vec()),
+        _ => (String::new(), Vec::new()),
+    };
+    let rest: Vec<&str> = match rest.as_slice() {
+        ["namespaces", _ns, tail @ ..] if !tail.is_empty() => tail.to_vec(),
+        r => r.to_vec(),
+    };
+    let (resource, named) = match rest.as_slice() {
+        [r] => (r.to_string(), false),
+        [r, _name] => (r.to_string(), true),
+        [r, _name, sub, ..] => (format!("{r}/{sub}"), true),
+        _ => (String::new(), false),
+    };
+    let watch = query
+        .split('&')
+        .any(|kv| kv == "watch=true" || kv == "watch=1");
+    let verb = match (method, named, watch) {
+        ("GET", _, true) => "watch",
+        ("GET", false, _) => "list",
+        ("GET", true, _) => "get",
+        ("POST", _, _) => "create",
+        ("PUT", _, _) => "update",
+        ("PATCH", _, _) => "patch",
+        ("DELETE", true, _) => "delete",
+        ("DELETE", false, _) => "deletecollection",
+        _ => "",
+    };
+    (verb.to_string(), group, resource)
+}
+
+/// Whether a ClusterRole's `rules` allow `verb` on `group`/`resource`.
+fn allowed(rules: &[Value], verb: &str, group: &str, resource: &str) -> bool {
+    let has = |list: &Value, want: &str| {
+        list.as_array()
+            .is_some_and(|a| a.iter().any(|v| v == "*" || v == want))
+    };
+    rules.iter().any(|r| {
+        has(&r["verbs"], verb) && has(&r["apiGroups"], group) && has(&r["resources"], resource)
+    })
+}
+
 fn is_collection(path: &str) -> bool {
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
     matches!(parts.as_slice(), ["api", "v1", _] | ["apis", _, _, _])
@@ -820,4 +897,49 @@ fn decode(s: &str) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_map_to_rbac_attributes_as_the_api_server_resolves_them() {
+        let a = |m: &str, p: &str, q: &str| attributes(m, p, q);
+        let t = |v: &str, g: &str, r: &str| (v.to_string(), g.to_string(), r.to_string());
+        assert_eq!(
+            a("GET", "/api/v1/pods", "fieldSelector=spec.nodeName%3Dn"),
+            t("list", "", "pods")
+        );
+        assert_eq!(
+            a("GET", "/api/v1/pods", "watch=true&resourceVersion=5"),
+            t("watch", "", "pods")
+        );
+        assert_eq!(
+            a("POST", "/api/v1/namespaces/ns/pods/p/eviction", ""),
+            t("create", "", "pods/eviction")
+        );
+        assert_eq!(
+            a("POST", "/api/v1/namespaces/ns/events", ""),
+            t("create", "", "events")
+        );
+        assert_eq!(
+            a(
+                "PUT",
+                "/apis/slo.koordinator.sh/v1alpha1/nodemetrics/n/status",
+                ""
+            ),
+            t("update", "slo.koordinator.sh", "nodemetrics/status")
+        );
+        assert_eq!(
+            a("GET", "/apis/slo.koordinator.sh/v1alpha1/nodemetrics/n", ""),
+            t("get", "slo.koordinator.sh", "nodemetrics")
+        );
+        let rules = [
+            serde_json::json!({"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}),
+        ];
+        assert!(allowed(&rules, "watch", "", "pods"));
+        assert!(!allowed(&rules, "get", "", "pods"));
+        assert!(!allowed(&rules, "create", "", "pods/eviction"));
+    }
 }

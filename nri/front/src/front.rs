@@ -53,6 +53,16 @@ impl FrontEnd for NriFront {
         c.hook_timeouts = n(&s.timeouts);
     }
 
+    fn ready(&self) -> Result<(), String> {
+        if self.plugin.client().borrow().is_some() {
+            return Ok(());
+        }
+        Err(self
+            .plugin
+            .last_error()
+            .unwrap_or_else(|| "not registered with the runtime yet".into()))
+    }
+
     fn runtime(&self) -> BoxFuture<'_, admin::Backend> {
         Box::pin(async move {
             let registered = self.plugin.client().borrow().is_some();
