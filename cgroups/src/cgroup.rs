@@ -331,6 +331,18 @@ impl Cgroups {
     pub fn apply(&self, cg: &CgroupPath, knob: &Knob) -> Result<Outcome, CgroupError> {
         let mut out = Outcome::Unchanged;
         let mut writes = self.plan(knob)?;
+        // cgroup v2: the kernel holds a SCHED_IDLE group (cpu.idle 1) at the
+        // minimum weight and refuses a cpu.weight write to it (EINVAL). The
+        // weight does not apply while the group is idle: nothing to write.
+        if matches!(knob, Knob::CpuShares(_))
+            && self.host.is_v2()
+            && self
+                .read(cg, "cpu", files::CPU_IDLE)
+                .is_ok_and(|v| v.trim() == "1")
+        {
+            tracing::debug!(cgroup = %cg, "cpu.weight not written: the group is idle (cpu.idle 1)");
+            return Ok(out);
+        }
         // v1 checks each of the two files against the parent's quota/period ratio
         // as it is written: a shorter period goes in after the quota (a longer one
         // before it), so no step raises the ratio above both the old and the new.
@@ -1345,5 +1357,47 @@ mod tests {
         })();
         let _ = std::fs::remove_dir(cg.under(&blkio).unwrap());
         r.unwrap();
+    }
+}
+
+#[cfg(test)]
+mod idle_tests {
+    use super::*;
+    use crate::detect::Features;
+    use crate::memfs::MemFs;
+
+    /// The kernel refuses a cpu.weight write to an idle group (EINVAL from
+    /// sched_group_set_shares) and holds it at the minimum weight: a weight
+    /// for a group that is idle is not written; once it is not idle, it is.
+    #[test]
+    fn a_weight_is_not_written_to_an_idle_group() {
+        let m = MemFs::new();
+        let c = m.v2(Features {
+            cpu_idle: true,
+            ..Default::default()
+        });
+        let cg = CgroupPath::parse(
+            "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podx.slice",
+        )
+        .unwrap();
+        let dir = "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podx.slice";
+        m.set(&format!("{dir}/cpu.idle"), "1\n");
+        m.set(&format!("{dir}/cpu.weight"), "0\n");
+        let before = m.writes().len();
+        assert_eq!(
+            c.apply(&cg, &Knob::CpuShares(512)).unwrap(),
+            Outcome::Unchanged
+        );
+        assert_eq!(
+            m.writes().len(),
+            before,
+            "no write to an idle group's weight"
+        );
+        m.set(&format!("{dir}/cpu.idle"), "0\n");
+        assert_eq!(
+            c.apply(&cg, &Knob::CpuShares(512)).unwrap(),
+            Outcome::Written
+        );
+        assert_eq!(m.at(&format!("{dir}/cpu.weight")).as_deref(), Some("20"));
     }
 }
