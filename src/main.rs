@@ -27,6 +27,7 @@ fn out_fmt(args: std::fmt::Arguments<'_>) {
 mod cli;
 mod config;
 mod engine;
+mod install;
 mod nri;
 use qoslet_isolation as isolation;
 use qoslet_metrics::service as metrics;
@@ -78,6 +79,10 @@ enum Cmd {
         #[arg(long, value_name = "FILE")]
         config: PathBuf,
     },
+    /// Install qoslet on this node as a systemd service in front of containerd
+    /// (proxy mode), from the image it runs in: what the qoslet-installer
+    /// DaemonSet runs (deploy/kubernetes/proxy).
+    Install(install::InstallArgs),
     /// Print the CustomResourceDefinitions qoslet uses (Koordinator's NodeSLO and
     /// NodeMetric), as YAML for `kubectl apply -f -`.
     Crd,
@@ -149,6 +154,7 @@ fn main() -> std::process::ExitCode {
             Cmd::Plan(a) => cli::plan(a).await,
             Cmd::Restore(a) => restore::run(a).await,
             Cmd::CheckConfig { config } => check_config(&config),
+            Cmd::Install(a) => install::run(a).await,
             Cmd::Crd => {
                 out!("{}", qoslet_kube::crd::crds_yaml());
                 Ok(())
