@@ -37,6 +37,8 @@ const KUBELET_DROPIN: &str = include_str!("../deploy/kubelet-drop-in.conf");
 /// A config file holding this line is never touched.
 const UNMANAGED: &str = "# qoslet-installer: unmanaged";
 const PATH_ENV: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// How long a host command (systemctl, `qoslet --version`, `check-config`) may take.
+const HOST_TIMEOUT: Duration = Duration::from_secs(120);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Action {
@@ -109,7 +111,7 @@ pub async fn run(a: InstallArgs) -> Result<()> {
             if i.ready() {
                 Ok(())
             } else {
-                bail!("qoslet.service is not active or /run/qoslet/qoslet.sock is missing")
+                bail!("qoslet.service is not active or /run/qoslet/qoslet.sock takes no connection")
             }
         }
         Action::Once => i.install(),
@@ -149,9 +151,12 @@ impl Installer {
     }
 
     /// Runs a host command (its systemctl, its libc) in PID 1's mount
-    /// namespace: its output, or why it failed.
+    /// namespace, killed after [`HOST_TIMEOUT`]: its output, or why it failed.
     fn host(&self, args: &[&str]) -> Result<std::process::Output> {
-        use std::process::Command;
+        use std::process::{Command, Stdio};
+        let what = || format!("run {} on the host", args.join(" "));
+        // the namespace's fd must live until the child has forked
+        let mut ns = None;
         let mut c = match &self.a.host_exec {
             Some(p) => {
                 let mut c = Command::new(p);
@@ -159,11 +164,13 @@ impl Installer {
                 c
             }
             None => {
-                let ns = std::fs::File::open("/proc/1/ns/mnt")
+                let f = std::fs::File::open("/proc/1/ns/mnt")
                     .context("PID 1's mount namespace (/proc/1/ns/mnt; the pod needs hostPID)")?;
+                let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+                ns = Some(f);
                 let mut c = Command::new(args[0]);
+                // the lookup of args[0] happens in the child, after setns: the host's PATH
                 c.args(&args[1..]).env("PATH", PATH_ENV);
-                let fd = std::os::fd::AsRawFd::as_raw_fd(&ns);
                 // SAFETY: runs in the forked child before exec; setns(2) is
                 // async-signal-safe and the child is single-threaded, which
                 // entering a mount namespace requires. It also moves the
@@ -177,15 +184,62 @@ impl Installer {
                         Ok(())
                     });
                 }
-                // the namespace's fd lives until the child has forked
-                let out = c.stdin(std::process::Stdio::null()).output();
-                drop(ns);
-                return out.with_context(|| format!("run {} on the host", args.join(" ")));
+                c
             }
         };
-        c.stdin(std::process::Stdio::null())
-            .output()
-            .with_context(|| format!("run {} on the host", args.join(" ")))
+        c.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        // ETXTBSY: a binary just written, whose write descriptor a process
+        // forked meanwhile (by another thread) still holds: try again
+        let mut child = None;
+        for _ in 0..20 {
+            match c.spawn() {
+                Ok(ch) => {
+                    child = Some(ch);
+                    break;
+                }
+                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => return Err(e).with_context(what),
+            }
+        }
+        drop(ns);
+        let mut child = child.with_context(what)?;
+        // drain the pipes while waiting, so a chatty command cannot block
+        let (mut out, mut err) = (child.stdout.take(), child.stderr.take());
+        let so = std::thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(o) = out.as_mut() {
+                let _ = std::io::Read::read_to_end(o, &mut v);
+            }
+            v
+        });
+        let se = std::thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(e) = err.as_mut() {
+                let _ = std::io::Read::read_to_end(e, &mut v);
+            }
+            v
+        });
+        let deadline = std::time::Instant::now() + HOST_TIMEOUT;
+        let status = loop {
+            if let Some(s) = child.try_wait().with_context(what)? {
+                break s;
+            }
+            if std::time::Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("{}: no answer within {HOST_TIMEOUT:?} (killed)", what());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        Ok(std::process::Output {
+            status,
+            stdout: so.join().unwrap_or_default(),
+            stderr: se.join().unwrap_or_default(),
+        })
     }
 
     /// A host command that must succeed.
@@ -207,11 +261,14 @@ impl Installer {
             .is_ok_and(|o| o.status.success())
     }
 
+    /// The CRI socket takes a connection now (a stale socket file of a
+    /// qoslet that died refuses it).
+    fn serving(&self) -> bool {
+        std::os::unix::net::UnixStream::connect(self.at("/run/qoslet/qoslet.sock")).is_ok()
+    }
+
     pub fn ready(&self) -> bool {
-        use std::os::unix::fs::FileTypeExt;
-        std::fs::metadata(self.at("/run/qoslet/qoslet.sock"))
-            .is_ok_and(|m| m.file_type().is_socket())
-            && self.active()
+        self.serving() && self.active()
     }
 
     /// The service account's token and the cluster CA, copied where the
@@ -273,54 +330,55 @@ impl Installer {
         )
     }
 
-    /// The binary; true when it changed. The new one must run on the host
-    /// (its libc, its CPU) before it replaces the old: qoslet.service is in
-    /// kubelet's runtime path.
-    fn binary(&self) -> Result<bool> {
+    /// Stages the image's binary beside the host's as `qoslet.new` when it
+    /// differs, after checking it runs there (its libc, its CPU): its
+    /// version, or None when the host has it already.
+    fn stage_binary(&self) -> Result<Option<String>> {
         let new = std::fs::read(&self.binary)
             .with_context(|| format!("the image's binary {}", self.binary.display()))?;
-        let bin = self.at("/usr/local/bin/qoslet");
-        if std::fs::read(&bin).is_ok_and(|old| old == new) {
-            return Ok(false);
+        if std::fs::read(self.at("/usr/local/bin/qoslet")).is_ok_and(|old| old == new) {
+            return Ok(None);
         }
         let staged = self.at("/usr/local/bin/qoslet.new");
-        std::fs::write(&staged, &new).context("write /usr/local/bin/qoslet.new")?;
-        set_mode(&staged, 0o755)?;
-        let version = match self.host(&["/usr/local/bin/qoslet.new", "--version"]) {
-            Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_string(),
-            Ok(o) => {
-                let _ = std::fs::remove_file(&staged);
-                bail!(
-                    "the image's qoslet does not run on this host ({}{}); nothing changed",
-                    String::from_utf8_lossy(&o.stdout).trim(),
-                    String::from_utf8_lossy(&o.stderr).trim()
-                );
-            }
-            Err(e) => {
-                let _ = std::fs::remove_file(&staged);
-                return Err(
-                    e.context("the image's qoslet does not run on this host; nothing changed")
-                );
-            }
+        write_synced(&staged, &new, 0o755).context("write /usr/local/bin/qoslet.new")?;
+        let refused = |why: String| {
+            let _ = std::fs::remove_file(&staged);
+            anyhow::anyhow!("the image's qoslet does not run on this host ({why}); nothing changed")
         };
+        match self.host(&["/usr/local/bin/qoslet.new", "--version"]) {
+            Ok(o) if o.status.success() => {
+                Ok(Some(String::from_utf8_lossy(&o.stdout).trim().to_string()))
+            }
+            Ok(o) => Err(refused(format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout).trim(),
+                String::from_utf8_lossy(&o.stderr).trim()
+            ))),
+            Err(e) => Err(refused(format!("{e:#}"))),
+        }
+    }
+
+    /// The staged binary in place, the old one kept as `qoslet.previous`.
+    fn commit_binary(&self, version: &str) -> Result<()> {
+        let bin = self.at("/usr/local/bin/qoslet");
         if bin.exists() {
             let prev_tmp = self.at("/usr/local/bin/qoslet.previous.qoslet-installer.tmp");
-            std::fs::copy(&bin, &prev_tmp).context("keep /usr/local/bin/qoslet.previous")?;
+            let old = std::fs::read(&bin).context("read /usr/local/bin/qoslet")?;
+            write_synced(&prev_tmp, &old, 0o755).context("keep /usr/local/bin/qoslet.previous")?;
             std::fs::rename(&prev_tmp, self.at("/usr/local/bin/qoslet.previous"))
                 .context("keep /usr/local/bin/qoslet.previous")?;
             log("previous binary kept as /usr/local/bin/qoslet.previous");
         }
-        std::fs::rename(&staged, &bin).context("replace /usr/local/bin/qoslet")?;
+        std::fs::rename(self.at("/usr/local/bin/qoslet.new"), &bin)
+            .context("replace /usr/local/bin/qoslet")?;
+        sync_dir(bin.parent().unwrap_or(Path::new("/")));
         log(format!("installed /usr/local/bin/qoslet ({version})"));
-        Ok(true)
+        Ok(())
     }
 
-    /// The ConfigMap's config for the host; true when it changed. A file that
-    /// is not what the installer wrote last (a local edit) is kept beside it
-    /// as `qoslet.yaml.<UTC time>`; a file marked unmanaged is left alone;
-    /// what qoslet would refuse at start is refused here, before a restart
-    /// could take kubelet's runtime away.
-    fn config(&self) -> Result<bool> {
+    /// The config that will be in force: the ConfigMap's (`${HOST_IP}` filled
+    /// in), or the node's own when it is marked unmanaged (None then).
+    fn rendered_config(&self) -> Result<(Vec<u8>, Option<Vec<u8>>)> {
         let Some(ip) = self.a.host_ip.as_deref().filter(|s| !s.is_empty()) else {
             bail!("HOST_IP (status.hostIP) is not set");
         };
@@ -331,49 +389,60 @@ impl Installer {
         };
         let src = std::fs::read_to_string(&self.a.config)
             .with_context(|| format!("{}", self.a.config.display()))?;
-        let rendered = src.replace("${HOST_IP}", &ip);
+        let rendered = src.replace("${HOST_IP}", &ip).into_bytes();
+        let current = std::fs::read(self.at("/etc/qoslet/qoslet.yaml")).ok();
+        Ok((rendered, current))
+    }
+
+    /// Whether qoslet (`bin`, a host path) accepts `config` as it would at
+    /// start: what it refuses must not be restarted into, or kubelet loses
+    /// its runtime.
+    fn check_config(&self, bin: &str, config: &[u8]) -> Result<()> {
         let etc = self.at("/etc/qoslet");
         std::fs::create_dir_all(&etc).context("create /etc/qoslet")?;
-        let f = etc.join("qoslet.yaml");
-        let current = std::fs::read_to_string(&f).ok();
-        if current.as_deref().is_some_and(|c| c.contains(UNMANAGED)) {
-            log("/etc/qoslet/qoslet.yaml is marked unmanaged: left as it is");
-            return Ok(false);
-        }
-        let last = etc.join(".qoslet-installer.last");
-        if let Some(cur) = &current {
-            let ours = std::fs::read_to_string(&last).ok();
-            if *cur != rendered && ours.as_deref() != Some(cur.as_str()) {
-                let kept = format!("qoslet.yaml.{}", utc_stamp());
-                std::fs::write(etc.join(&kept), cur)
-                    .with_context(|| format!("keep /etc/qoslet/{kept}"))?;
-                log(format!(
-                    "/etc/qoslet/qoslet.yaml was edited on the node: kept as /etc/qoslet/{kept}, replaced by the ConfigMap's"
-                ));
-            }
-        }
-        if current.as_deref() == Some(rendered.as_str()) {
-            return Ok(false);
-        }
         let check = etc.join("qoslet.yaml.check");
-        std::fs::write(&check, &rendered).context("write /etc/qoslet/qoslet.yaml.check")?;
+        std::fs::write(&check, config).context("write /etc/qoslet/qoslet.yaml.check")?;
         let verdict = self.host(&[
-            "/usr/local/bin/qoslet",
+            bin,
             "check-config",
             "--config",
             "/etc/qoslet/qoslet.yaml.check",
         ]);
         let _ = std::fs::remove_file(&check);
         match verdict {
-            Ok(o) if o.status.success() => {}
+            Ok(o) if o.status.success() => Ok(()),
             Ok(o) => bail!(
-                "qoslet refuses the ConfigMap's config ({}); the node keeps its running config",
+                "qoslet refuses the config it would run with ({}); the node keeps its running qoslet and config",
                 String::from_utf8_lossy(&o.stderr).trim()
             ),
-            Err(e) => return Err(e.context("cannot check the ConfigMap's config")),
+            Err(e) => Err(e.context("cannot check the config")),
         }
-        put(&f, rendered.as_bytes(), 0o644)?;
-        put(&last, rendered.as_bytes(), 0o600)?;
+    }
+
+    /// Writes the ConfigMap's config (checked already); true when it
+    /// changed. A file that is not what the installer wrote last (a local
+    /// edit) is kept beside it as `qoslet.yaml.<UTC time>`.
+    fn write_config(&self, rendered: &[u8], current: Option<&[u8]>) -> Result<bool> {
+        let etc = self.at("/etc/qoslet");
+        let f = etc.join("qoslet.yaml");
+        let last = etc.join(".qoslet-installer.last");
+        if current == Some(rendered) {
+            // (what the installer wrote, as far as the next run can tell)
+            put(&last, rendered, 0o600)?;
+            return Ok(false);
+        }
+        if let Some(cur) = current {
+            if std::fs::read(&last).ok().as_deref() != Some(cur) {
+                let kept = format!("qoslet.yaml.{}", utc_stamp());
+                write_synced(&etc.join(&kept), cur, 0o644)
+                    .with_context(|| format!("keep /etc/qoslet/{kept}"))?;
+                log(format!(
+                    "/etc/qoslet/qoslet.yaml was edited on the node: kept as /etc/qoslet/{kept}, replaced by the ConfigMap's"
+                ));
+            }
+        }
+        put(&f, rendered, 0o644)?;
+        put(&last, rendered, 0o600)?;
         log("wrote /etc/qoslet/qoslet.yaml");
         Ok(true)
     }
@@ -415,19 +484,64 @@ impl Installer {
         Ok((changed, kubelet))
     }
 
-    /// Install or upgrade: write what changed, then reload, enable and start
-    /// (or restart, when something qoslet reads at start changed).
+    /// Install or upgrade. Everything is checked before anything that
+    /// qoslet reads at start changes: the new binary runs on the host, and it
+    /// (or the installed one) accepts the config it will run with. A restart
+    /// owed is recorded first (`/var/lib/qoslet/kube/.restart-pending`), so
+    /// an install cut short (SIGTERM, an error) restarts at the next run.
     pub fn install(&self) -> Result<()> {
         self.host_ok(&["systemctl", "--version"]).context(
-            "cannot run the host's systemctl in PID 1's mount namespace: proxy mode needs a systemd host (or use deploy/kubernetes/nri)",
+            "cannot run the host's systemctl in PID 1's mount namespace (the pod needs hostPID and \
+             privileged; proxy mode needs a systemd host, else use deploy/kubernetes/nri)",
         )?;
         self.credentials()?;
-        let mut restart = self.kubeconfig()?;
-        restart |= self.binary()?;
-        restart |= self.config()?;
+        let pending = self.at("/var/lib/qoslet/kube/.restart-pending");
+        let staged = self.stage_binary()?;
+        let (rendered, current) = self.rendered_config()?;
+        let unmanaged = current.as_deref().is_some_and(|c| {
+            c.windows(UNMANAGED.len())
+                .any(|w| w == UNMANAGED.as_bytes())
+        });
+        let in_force = if unmanaged {
+            current.clone().unwrap_or_default()
+        } else {
+            rendered.clone()
+        };
+        let checker = if staged.is_some() {
+            "/usr/local/bin/qoslet.new"
+        } else {
+            "/usr/local/bin/qoslet"
+        };
+        if let Err(e) = self.check_config(checker, &in_force) {
+            let _ = std::fs::remove_file(self.at("/usr/local/bin/qoslet.new"));
+            return Err(e);
+        }
+        let mut restart = pending.exists();
+        restart |= self.kubeconfig()?;
+        if let Some(v) = &staged {
+            std::fs::write(&pending, b"binary\n").context("record the restart owed")?;
+            self.commit_binary(v)?;
+            restart = true;
+        }
+        if unmanaged {
+            log("/etc/qoslet/qoslet.yaml is marked unmanaged: left as it is");
+        } else if self.write_config(&rendered, current.as_deref())? {
+            std::fs::write(&pending, b"config\n").context("record the restart owed")?;
+            restart = true;
+        }
         let (units, kubelet) = self.units()?;
         restart |= units;
-        if units || kubelet {
+        let stale = self
+            .host(&[
+                "systemctl",
+                "show",
+                "-p",
+                "NeedDaemonReload",
+                "--value",
+                "qoslet.service",
+            ])
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "yes");
+        if units || kubelet || stale {
             self.host_ok(&["systemctl", "daemon-reload"])?;
         }
         self.host_ok(&["systemctl", "enable", "--quiet", "qoslet.service"])?;
@@ -440,16 +554,19 @@ impl Installer {
         } else {
             self.host_ok(&["systemctl", "start", "qoslet.service"])?;
         }
-        let sock = self.at("/run/qoslet/qoslet.sock");
+        let _ = std::fs::remove_file(&pending);
         let mut waited = 0;
-        while !sock.exists() && waited < 600 {
+        while !self.serving() && waited < 600 {
             std::thread::sleep(Duration::from_millis(100));
             waited += 1;
         }
-        if sock.exists() {
-            log("qoslet.service is running; /run/qoslet/qoslet.sock is up");
+        if self.serving() {
+            log("qoslet.service is running; /run/qoslet/qoslet.sock takes connections");
         } else {
-            log("warning: no /run/qoslet/qoslet.sock after 60 s: see 'journalctl -u qoslet' on the node");
+            log("warning: /run/qoslet/qoslet.sock takes no connection after 60 s: see 'journalctl -u qoslet' on the node");
+            if let Ok(o) = self.host(&["systemctl", "status", "--no-pager", "qoslet.service"]) {
+                log(String::from_utf8_lossy(&o.stdout).trim());
+            }
         }
         log("kubelet is not switched by this installer: set containerRuntimeEndpoint node by node (docs/deploy.md)");
         Ok(())
@@ -464,11 +581,32 @@ fn put(path: &Path, data: &[u8], mode: u32) -> Result<bool> {
         set_mode(path, mode)?;
         return Ok(false);
     }
-    let tmp = path.with_extension("qoslet-installer.tmp");
-    std::fs::write(&tmp, data).with_context(|| format!("write {}", tmp.display()))?;
-    set_mode(&tmp, mode)?;
+    // beside it, its whole name kept (`qoslet.yaml.qoslet-installer.tmp`)
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".qoslet-installer.tmp");
+    let tmp = path.with_file_name(name);
+    write_synced(&tmp, data, mode)?;
     std::fs::rename(&tmp, path).with_context(|| format!("replace {}", path.display()))?;
+    sync_dir(path.parent().unwrap_or(Path::new("/")));
     Ok(true)
+}
+
+/// Writes a file with `mode` and syncs it to disk (a power cut after the
+/// rename that follows must not leave an empty unit or binary).
+fn write_synced(path: &Path, data: &[u8], mode: u32) -> Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).with_context(|| format!("write {}", path.display()))?;
+    f.write_all(data)
+        .and_then(|()| f.sync_all())
+        .with_context(|| format!("write {}", path.display()))?;
+    set_mode(path, mode)
+}
+
+/// Syncs a directory (a rename in it, durable).
+fn sync_dir(dir: &Path) {
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
 }
 
 fn set_mode(p: &Path, mode: u32) -> Result<()> {
@@ -520,8 +658,12 @@ systemctl)
     is-active) [ -f "$FAKE/active" ] ;;
     start | restart)
         touch "$FAKE/active"
-        python3 -c 'import os, socket, sys; p = sys.argv[1]; os.path.exists(p) or socket.socket(socket.AF_UNIX).bind(p)' \
-            "$FAKE/host/run/qoslet/qoslet.sock"
+        # a qoslet listening on its socket for a while (a restart replaces it)
+        python3 -c 'import os, socket, sys, time
+p = sys.argv[1]
+os.path.exists(p) and os.unlink(p)
+s = socket.socket(socket.AF_UNIX); s.bind(p); s.listen(8); time.sleep(20)' \
+            "$FAKE/host/run/qoslet/qoslet.sock" >/dev/null 2>&1 &
         ;;
     esac
     ;;
@@ -816,8 +958,12 @@ esac
         let (r, calls) = f.run();
         let e = format!("{:#}", r.unwrap_err());
         assert!(
-            e.contains("refuses the ConfigMap's config") && e.contains("kubernetes.qps"),
+            e.contains("refuses the config it would run with") && e.contains("kubernetes.qps"),
             "{e}"
+        );
+        assert!(
+            !f.read("/usr/local/bin/qoslet").contains("0.2.1"),
+            "a binary refusing the config was installed"
         );
         assert_eq!(f.read("/etc/qoslet/qoslet.yaml"), "logLevel: info\n");
         assert!(!calls.iter().any(|c| c.starts_with("restart")), "{calls:?}");
@@ -833,6 +979,41 @@ esac
         assert!(e.contains("does not run on this host"), "{e}");
         assert_eq!(f.read("/usr/local/bin/qoslet"), before);
         assert!(!f.host("/usr/local/bin/qoslet.new").exists());
+    }
+
+    /// An install cut short after it changed what qoslet reads at start
+    /// (SIGTERM, an error) owes a restart: the next run does it.
+    #[test]
+    fn a_restart_owed_is_done_by_the_next_run() {
+        let f = Fake::new("owed", "10.0.0.5", "10.96.0.1");
+        f.run().0.unwrap();
+        std::fs::write(f.host("/var/lib/qoslet/kube/.restart-pending"), "binary\n").unwrap();
+        let (r, calls) = f.run();
+        r.unwrap();
+        assert!(
+            calls.iter().any(|c| c == "restart qoslet.service"),
+            "{calls:?}"
+        );
+        assert!(!f.host("/var/lib/qoslet/kube/.restart-pending").exists());
+        let (_, calls) = f.run();
+        assert!(!calls.iter().any(|c| c.starts_with("restart")), "{calls:?}");
+    }
+
+    /// Readiness needs the socket to take a connection: the socket file a
+    /// dead qoslet left is not ready, whatever systemctl says.
+    #[test]
+    fn a_stale_socket_is_not_ready() {
+        let f = Fake::new("stale", "10.0.0.5", "10.96.0.1");
+        let sock = f.host("/run/qoslet/qoslet.sock");
+        drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+        std::fs::write(f.root.join("active"), "").unwrap();
+        assert!(sock.exists() && !f.ready());
+        let _l = std::os::unix::net::UnixListener::bind({
+            std::fs::remove_file(&sock).unwrap();
+            &sock
+        })
+        .unwrap();
+        assert!(f.ready());
     }
 
     #[test]

@@ -635,6 +635,105 @@ impl KubeletPod {
         std::os::unix::fs::symlink(ts.file_name().unwrap(), dir.join("..data")).unwrap();
     }
 
+    /// A projected volume's files: a service account token (the API
+    /// server's, issued for this pod), the cluster CA (`kube-root-ca.crt`,
+    /// which every namespace has), the downward API's namespace. The
+    /// volume's defaultMode (0644), but a token 0600: kubelet's for a pod
+    /// whose containers run as one uid, without fsGroup.
+    fn projected(&self, p: &Value) -> Result<Vec<(String, Vec<u8>, u32)>, String> {
+        let mode = p["defaultMode"].as_u64().unwrap_or(0o644) as u32;
+        let mut files = Vec::new();
+        for src in p["sources"].as_array().cloned().unwrap_or_default() {
+            if !src["serviceAccountToken"].is_null() {
+                let path = src["serviceAccountToken"]["path"]
+                    .as_str()
+                    .unwrap_or("token");
+                files.push((path.to_string(), self.api.token.as_bytes().to_vec(), 0o600));
+            } else if !src["configMap"].is_null() {
+                let cm = &src["configMap"];
+                if cm["name"] != "kube-root-ca.crt" {
+                    return Err(format!(
+                        "projected configMap {}: only kube-root-ca.crt is handled",
+                        cm["name"]
+                    ));
+                }
+                for i in cm["items"].as_array().cloned().unwrap_or_default() {
+                    if i["key"] != "ca.crt" {
+                        return Err(format!("configmap \"kube-root-ca.crt\": references non-existent config key: {}", i["key"]));
+                    }
+                    files.push((
+                        i["path"].as_str().unwrap_or("ca.crt").to_string(),
+                        self.api.ca_pem.clone(),
+                        mode,
+                    ));
+                }
+                if cm["items"].is_null() {
+                    files.push(("ca.crt".into(), self.api.ca_pem.clone(), mode));
+                }
+            } else if !src["downwardAPI"].is_null() {
+                for i in src["downwardAPI"]["items"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+                {
+                    let v = match i["fieldRef"]["fieldPath"].as_str() {
+                        Some("metadata.namespace") => self.namespace.clone(),
+                        Some("metadata.name") => self.name.clone(),
+                        other => return Err(format!("downwardAPI {other:?}: not handled")),
+                    };
+                    files.push((
+                        i["path"].as_str().unwrap_or_default().to_string(),
+                        v.into_bytes(),
+                        mode,
+                    ));
+                }
+            } else {
+                return Err(format!(
+                    "projected source {src}: not handled by this kubelet stand-in"
+                ));
+            }
+        }
+        Ok(files)
+    }
+
+    /// An exec probe (`readinessProbe.exec`) as kubelet runs it: ExecSync in
+    /// the container with the probe's timeout; its exit code (None: no
+    /// answer in time).
+    pub async fn exec_probe(
+        &self,
+        cri: &mut Cri,
+        ctr: &str,
+        container: &str,
+        which: &str,
+    ) -> Option<i32> {
+        let c = self
+            .containers()
+            .iter()
+            .find(|c| c["name"] == container)
+            .unwrap_or_else(|| panic!("no container {container}"));
+        let p = &c[which];
+        let cmd: Vec<String> = p["exec"]["command"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{container} has no {which} exec"))
+            .iter()
+            .filter_map(|s| s.as_str().map(str::to_string))
+            .collect();
+        let timeout = p["timeoutSeconds"].as_i64().unwrap_or(1);
+        let r = tokio::time::timeout(
+            std::time::Duration::from_secs(timeout as u64 + 2),
+            cri.rt.exec_sync(cri::ExecSyncRequest {
+                container_id: ctr.into(),
+                cmd,
+                timeout,
+            }),
+        )
+        .await
+        .ok()?
+        .ok()?
+        .into_inner();
+        Some(r.exit_code)
+    }
+
     /// Each volume of the pod, made ready on the node: volume name -> host path.
     fn volumes(&self) -> Result<HashMap<String, String>, String> {
         let mut out = HashMap::new();
@@ -676,23 +775,9 @@ impl KubeletPod {
                 let dir = self.dir.join("volumes/kubernetes.io~configmap").join(&name);
                 Self::atomic_write(&dir, &files);
                 dir.display().to_string()
-            } else if !v["projected"].is_null() && name == SA_VOLUME {
+            } else if !v["projected"].is_null() {
                 let dir = self.dir.join("volumes/kubernetes.io~projected").join(&name);
-                // the volume's defaultMode (0644), but the token 0600: kubelet's
-                // for a pod whose containers run as one uid, without fsGroup
-                let files = vec![
-                    ("ca.crt".to_string(), self.api.ca_pem.clone(), 0o644),
-                    (
-                        "namespace".to_string(),
-                        self.namespace.as_bytes().to_vec(),
-                        0o644,
-                    ),
-                    (
-                        "token".to_string(),
-                        self.api.token.as_bytes().to_vec(),
-                        0o600,
-                    ),
-                ];
+                let files = self.projected(&v["projected"])?;
                 Self::atomic_write(&dir, &files);
                 dir.display().to_string()
             } else if !v["emptyDir"].is_null() {
@@ -1095,6 +1180,7 @@ impl KubeletPod {
         }
         let _ = std::process::Command::new("systemctl")
             .args(["stop", &self.cgroup_parent()])
+            .stderr(std::process::Stdio::null())
             .status();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
@@ -1109,6 +1195,7 @@ impl Drop for KubeletPod {
         if self.sandbox_config.is_some() {
             let _ = std::process::Command::new("systemctl")
                 .args(["stop", &self.cgroup_parent()])
+                .stderr(std::process::Stdio::null())
                 .status();
         }
     }

@@ -788,3 +788,361 @@ async fn without_its_nri_mount_the_daemonset_pod_never_registers() {
     assert!(why.contains("nri.sock"), "/readyz says why: {why}");
     pod.remove(&mut direct).await;
 }
+
+// ---------------------------------------------------------------------------------------
+// Proxy mode: the installer DaemonSet (deploy/kubernetes/proxy), its install surviving a
+// restart and a reboot, and the documented uninstall. Run by suite.sh in this order, the
+// guest rebooted between the two (both #[ignore]: they change the node for the tests after).
+// ---------------------------------------------------------------------------------------
+
+/// What the test keeps across the reboot (the guest's /var/tmp is on its disk).
+const KEEP: &str = "/var/tmp/qoslet-vm-install";
+/// The host paths the installer writes under, and the uninstall puts back.
+const TOUCHED: [&str; 5] = [
+    "/usr/local/bin",
+    "/etc/qoslet",
+    "/etc/systemd/system",
+    "/var/lib/qoslet",
+    "/run/qoslet",
+];
+
+/// Every file, directory and link under `TOUCHED`: path -> (kind and mode,
+/// content or link target), as the uninstall must leave them.
+fn host_files() -> std::collections::BTreeMap<String, String> {
+    use std::os::unix::fs::PermissionsExt;
+    fn walk(p: &Path, out: &mut std::collections::BTreeMap<String, String>) {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(m) = std::fs::symlink_metadata(p) else {
+            return;
+        };
+        let mode = format!(
+            "{:o} {}:{}",
+            m.permissions().mode() & 0o7777,
+            m.uid(),
+            m.gid()
+        );
+        let key = p.display().to_string();
+        if m.file_type().is_symlink() {
+            let t = std::fs::read_link(p).unwrap_or_default();
+            out.insert(key, format!("link -> {}", t.display()));
+        } else if m.is_dir() {
+            out.insert(key, format!("dir {mode}"));
+            let mut kids: Vec<_> = std::fs::read_dir(p)
+                .map(|r| r.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+                .unwrap_or_default();
+            kids.sort();
+            for k in kids {
+                walk(&k, out);
+            }
+        } else {
+            let data = std::fs::read(p).unwrap_or_default();
+            // FNV-1a of the content: a changed byte shows
+            let h = data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3)
+            });
+            out.insert(key, format!("file {mode} {} bytes {h:016x}", data.len()));
+        }
+    }
+    let mut out = std::collections::BTreeMap::new();
+    for t in TOUCHED {
+        walk(Path::new(t), &mut out);
+    }
+    out
+}
+
+fn systemctl_out(args: &[&str]) -> (bool, String) {
+    let o = std::process::Command::new("systemctl")
+        .args(args)
+        .output()
+        .expect("systemctl");
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stdout).trim().to_string(),
+    )
+}
+
+/// The CRI socket answers through qoslet: Version names containerd, and
+/// ListPodSandbox answers.
+async fn cri_through_qoslet() -> Result<String, String> {
+    let sock = Path::new("/run/qoslet/qoslet.sock");
+    if !sock.exists() {
+        return Err("no /run/qoslet/qoslet.sock".into());
+    }
+    let mut cri = Cri::from_channel(lazy_channel(sock));
+    let v = cri
+        .rt
+        .version(cri::VersionRequest::default())
+        .await
+        .map_err(|e| format!("Version: {e}"))?
+        .into_inner();
+    cri.rt
+        .list_pod_sandbox(cri::ListPodSandboxRequest::default())
+        .await
+        .map_err(|e| format!("ListPodSandbox: {e}"))?;
+    Ok(format!("{} {}", v.runtime_name, v.runtime_version))
+}
+
+/// deploy/kubernetes/proxy's installer pod, as kubelet would run it on this
+/// node: it installs qoslet as a host service from its own image, ordered
+/// after containerd, with kubelet's drop-in and the config in place;
+/// systemctl shows it active, kubelet's exec readiness probe passes, the CRI
+/// socket answers through it, and it survives `systemctl restart qoslet`.
+/// The host's files before the install are kept for the uninstall's check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "changes the node: run by integration/vm/suite.sh, then the guest reboots"]
+async fn proxy_installer_installs_qoslet_as_a_host_service() {
+    let node = Node::systemd_v2();
+    let deploy = deploy();
+    fresh_node();
+    let _ = std::fs::remove_dir_all(KEEP);
+    std::fs::create_dir_all(KEEP).unwrap();
+    let before = host_files();
+    std::fs::copy(
+        "/proc/sys/kernel/random/boot_id",
+        Path::new(KEEP).join("boot_id"),
+    )
+    .unwrap();
+    std::fs::write(
+        Path::new(KEEP).join("before.json"),
+        serde_json::to_string_pretty(&before).unwrap(),
+    )
+    .unwrap();
+    assert!(
+        !before.contains_key("/etc/systemd/system/qoslet.service"),
+        "installed already"
+    );
+
+    let objects = kubelet::objects(&std::fs::read_to_string(deploy.join("proxy.yaml")).unwrap());
+    let ds = kubelet::find(&objects, "DaemonSet", "qoslet-installer");
+    let c0 = &ds["spec"]["template"]["spec"]["containers"][0];
+    let mut direct = Cri::connect(&node.sock).await;
+    let mut cleanup = Cleanup::new(&node.sock);
+    let image = import_image(
+        &node,
+        &mut direct,
+        &deploy.join("qoslet-image.tar"),
+        c0["image"].as_str().unwrap(),
+    )
+    .await;
+    // the API server where the host reaches it (QOSLET_API_SERVER "": the
+    // kubernetes Service address the pod is given)
+    let token = format!("qoslet-vm-token-{}", uid("p"));
+    let tls = deploy.join("tls");
+    let api = ApiServer {
+        host: "127.0.0.1".into(),
+        port: 6443,
+        ca_pem: std::fs::read(tls.join("ca.crt")).unwrap(),
+        token: token.clone(),
+    };
+    let fake = FakeApiServer::start_tls(
+        "127.0.0.1:6443".parse().unwrap(),
+        &std::fs::read(tls.join("apiserver.crt")).unwrap(),
+        &std::fs::read(tls.join("apiserver.key")).unwrap(),
+        &token,
+    )
+    .await;
+    let info = NodeInfo {
+        name: hostname(),
+        root: "/var/lib/kubelet".into(),
+        memory_bytes: mem_total(),
+        ip: node_ip(),
+    };
+    fake.apply(
+        "/api/v1/nodes",
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": info.name},
+               "status": {"capacity": {"cpu": "2", "memory": "2Gi"},
+                          "allocatable": {"cpu": "2", "memory": "2Gi"}}}),
+    );
+    let role = kubelet::find(&objects, "ClusterRole", "qoslet");
+    fake.authorize(role["rules"].as_array().unwrap());
+    std::fs::create_dir_all(&info.root).unwrap();
+    let mut pod = KubeletPod::from_daemonset(&objects, "qoslet-installer", info.clone(), api);
+    cleanup.cgroups.push(pod.cgroup_parent());
+    let sandbox = pod
+        .run_sandbox(&mut direct)
+        .await
+        .unwrap_or_else(|e| panic!("kubelet could not start the installer pod: {e}"));
+    cleanup.pods.push(sandbox);
+    let ctr = pod
+        .start_container(&mut direct, "installer", &image, 0)
+        .await
+        .unwrap_or_else(|e| panic!("kubelet could not start the installer: {e}"));
+    // kubelet's exec readiness probe: qoslet.service active, its socket there
+    eventually(
+        "the installer pod ready",
+        Duration::from_secs(120),
+        || async {
+            (pod.exec_probe(&mut direct.clone(), &ctr, "installer", "readinessProbe")
+                .await
+                == Some(0))
+            .then_some(())
+        },
+    )
+    .await;
+    let log = pod.log("installer", 0);
+    assert!(log.contains("installed /usr/local/bin/qoslet"), "{log}");
+    assert_eq!(
+        std::fs::read(deploy.join("qoslet")).unwrap(),
+        std::fs::read("/usr/local/bin/qoslet").unwrap(),
+        "the image's binary on the host"
+    );
+    let (active, state) = systemctl_out(&["is-active", "qoslet.service"]);
+    assert!(active, "qoslet.service {state}");
+    let (_, after) = systemctl_out(&["show", "-p", "After", "--value", "qoslet.service"]);
+    assert!(
+        after.split_whitespace().any(|u| u == "containerd.service"),
+        "After={after}"
+    );
+    let (_, enabled) = systemctl_out(&["is-enabled", "qoslet.service"]);
+    assert_eq!(enabled, "enabled");
+    assert!(Path::new("/etc/systemd/system/kubelet.service.d/20-qoslet.conf").is_file());
+    let cfg = std::fs::read_to_string("/etc/qoslet/qoslet.yaml").unwrap();
+    assert!(
+        cfg.contains(&format!("{}:9316", info.ip)),
+        "metricsListen on the node IP:\n{cfg}"
+    );
+    let v = eventually("CRI through qoslet", Duration::from_secs(30), || async {
+        cri_through_qoslet().await.ok()
+    })
+    .await;
+    assert!(v.starts_with("containerd"), "{v}");
+    // the host's qoslet reaches the API server with the copied credentials
+    eventually(
+        "the host's qoslet on the API server",
+        Duration::from_secs(60),
+        || async {
+            fake.seen()
+                .iter()
+                .any(|s| s.path == "/api/v1/pods")
+                .then_some(())
+        },
+    )
+    .await;
+
+    // systemctl restart qoslet: back, the socket answers
+    let (ok, _) = systemctl_out(&["restart", "qoslet.service"]);
+    assert!(ok, "systemctl restart qoslet");
+    eventually(
+        "CRI through qoslet after a restart",
+        Duration::from_secs(60),
+        || async { cri_through_qoslet().await.ok() },
+    )
+    .await;
+    assert_eq!(
+        fake.forbidden(),
+        vec![],
+        "requests the ClusterRole does not allow"
+    );
+
+    // what must survive the reboot
+    let installed = host_files();
+    std::fs::write(
+        Path::new(KEEP).join("installed.json"),
+        serde_json::to_string_pretty(&installed).unwrap(),
+    )
+    .unwrap();
+    // the pod goes (kubelet is not here after the reboot); qoslet.service stays
+    pod.stop_container(&mut direct, &ctr).await;
+    assert!(
+        pod.log("installer", 0)
+            .contains("qoslet.service keeps running"),
+        "{}",
+        pod.log("installer", 0)
+    );
+    pod.remove(&mut direct).await;
+    assert!(systemctl_out(&["is-active", "qoslet.service"]).0);
+}
+
+/// After the guest rebooted: qoslet.service came back by itself (enabled,
+/// ordered after containerd), the CRI socket answers through it, nothing
+/// the install wrote was lost; then the documented uninstall (docs/deploy.md,
+/// "Uninstalling", proxy mode) puts every file back as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "run by integration/vm/suite.sh after proxy_installer_installs_qoslet_as_a_host_service and a reboot"]
+async fn proxy_install_survives_a_reboot_and_uninstalls_cleanly() {
+    let _node = Node::systemd_v2();
+    let read = |f: &str| -> std::collections::BTreeMap<String, String> {
+        serde_json::from_str(
+            &std::fs::read_to_string(Path::new(KEEP).join(f)).unwrap_or_else(|e| {
+                panic!(
+                    "{KEEP}/{f}: {e} (run proxy_installer_installs_qoslet_as_a_host_service first)"
+                )
+            }),
+        )
+        .unwrap()
+    };
+    let (before, installed) = (read("before.json"), read("installed.json"));
+    assert_ne!(
+        std::fs::read_to_string(Path::new(KEEP).join("boot_id")).unwrap(),
+        std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap(),
+        "the guest has not rebooted since the install"
+    );
+    let (_, boot) = systemctl_out(&[
+        "show",
+        "-p",
+        "ActiveEnterTimestampMonotonic",
+        "--value",
+        "qoslet.service",
+    ]);
+    assert!(
+        systemctl_out(&["is-active", "qoslet.service"]).0,
+        "qoslet.service is not active after the reboot"
+    );
+    assert_ne!(boot, "0");
+    let v = eventually(
+        "CRI through qoslet after the reboot",
+        Duration::from_secs(60),
+        || async { cri_through_qoslet().await.ok() },
+    )
+    .await;
+    assert!(v.starts_with("containerd"), "{v}");
+    // nothing lost: what the install wrote is there, byte for byte (the
+    // state dir's own files, which qoslet rewrites as it runs, and /run, a
+    // tmpfs, aside)
+    let now = host_files();
+    for (path, what) in &installed {
+        if (path.starts_with("/var/lib/qoslet/") && !path.starts_with("/var/lib/qoslet/kube"))
+            || path.starts_with("/run/")
+        {
+            continue;
+        }
+        assert_eq!(now.get(path), Some(what), "{path} after the reboot");
+    }
+
+    // the documented uninstall, step by step
+    let sh = |cmd: &str| {
+        let o = std::process::Command::new("sh")
+            .args(["-c", cmd])
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{cmd}: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    sh("rm /etc/systemd/system/kubelet.service.d/20-qoslet.conf && rmdir --ignore-fail-on-non-empty /etc/systemd/system/kubelet.service.d && systemctl daemon-reload");
+    sh("systemctl disable --now qoslet");
+    sh("/usr/local/bin/qoslet restore --config /etc/qoslet/qoslet.yaml");
+    sh("rm -rf /usr/local/bin/qoslet* /etc/qoslet /etc/systemd/system/qoslet.service* /var/lib/qoslet /run/qoslet && systemctl daemon-reload");
+    assert!(!systemctl_out(&["is-active", "qoslet.service"]).0);
+    let after = host_files();
+    let diff: Vec<String> = before
+        .iter()
+        .filter(|(k, v)| after.get(*k) != Some(v))
+        .map(|(k, v)| format!("{k}: was {v}, now {:?}", after.get(k)))
+        .chain(
+            after
+                .iter()
+                .filter(|(k, _)| !before.contains_key(*k))
+                .map(|(k, v)| format!("{k}: left behind ({v})")),
+        )
+        .collect();
+    assert!(
+        diff.is_empty(),
+        "the host is not as it was:\n{}",
+        diff.join("\n")
+    );
+    let _ = std::fs::remove_dir_all(KEEP);
+}

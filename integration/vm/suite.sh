@@ -79,6 +79,7 @@ if [[ " ${GUEST_TESTS[*]} " == *" install "* ]]; then
   DEPLOY=$TARGET/vm-deploy LOG=$(mktemp)
   rm -rf "$DEPLOY"; mkdir -p "$DEPLOY/tls"
   kubectl kustomize deploy/kubernetes/nri >"$DEPLOY/nri.yaml"
+  kubectl kustomize deploy/kubernetes/proxy >"$DEPLOY/proxy.yaml"
   cargo build --release --locked -p qoslet --bin qoslet >"$LOG" 2>&1 || { cat "$LOG"; exit 1; }
   cp "$TARGET/release/qoslet" "$DEPLOY/qoslet"
   integration/image/build.sh "$DEPLOY/qoslet-image.tar" "$DEPLOY/qoslet" >"$LOG" 2>&1 || { cat "$LOG"; exit 1; }
@@ -89,7 +90,7 @@ if [[ " ${GUEST_TESTS[*]} " == *" install "* ]]; then
       -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign 2>/dev/null
     openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=kube-apiserver \
       -keyout apiserver.key -out apiserver.csr 2>/dev/null
-    printf '%s\n' 'subjectAltName=IP:10.88.0.1,DNS:kubernetes.default.svc' \
+    printf '%s\n' 'subjectAltName=IP:10.88.0.1,IP:127.0.0.1,DNS:kubernetes.default.svc' \
       'basicConstraints=critical,CA:FALSE' 'keyUsage=critical,digitalSignature' \
       'extendedKeyUsage=serverAuth' >apiserver.ext
     openssl x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 2 \
@@ -132,6 +133,17 @@ for t in "${GUEST_TESTS[@]}"; do
   lap "tests in the guest, containerd 1.7: integration/tests/$t.rs"
   guest_test 1.7 "$t" ${SKIP[$t]:-} ${SHOW[$t]:-} ${2:-}
 done
+# proxy mode's installer: it changes the node (qoslet.service in front of containerd), so
+# it runs after the other tests, the guest reboots in the middle, and the documented
+# uninstall ends it
+if [[ " ${GUEST_TESTS[*]} " == *" install "* ]]; then
+  lap "the proxy installer: install, restart of the service"
+  guest_test 1.7 install --nocapture --ignored --exact proxy_installer_installs_qoslet_as_a_host_service
+  lap "reboot of the guest"
+  $VM reboot
+  lap "after the reboot: the service back, nothing lost; the documented uninstall"
+  guest_test 1.7 install --nocapture --ignored --exact proxy_install_survives_a_reboot_and_uninstalls_cleanly
+fi
 # containerd 2.1 (Debian sid's, NRI v0.8) runs pods here: the pod lifecycle, the proxy's
 # and the NRI plugin's isolation on it too
 if [ -z "${1:-}" ]; then

@@ -73,7 +73,7 @@ cmd_setup() {
   mkdir -p "$CACHE"
   local need=()
   for p in mmdebstrap e2fsprogs zstd openssh-client libcapstone4 libfdt1 libpmem1 librdmacm1 \
-           libibverbs1 libslirp0 libvdeplug2 libaio1 liburing2 libpixman-1-0 libglib2.0-0 libnuma1 bc; do
+           libibverbs1 libslirp0 libvdeplug2 libaio1 liburing2 libpixman-1-0 libglib2.0-0 libnuma1 bc qemu-utils; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need+=("$p")
   done
   if [ ${#need[@]} -gt 0 ]; then
@@ -199,7 +199,7 @@ free_port() {
 }
 
 cmd_boot() {
-  local img=${IMAGE:-$(image_dir)} share=${SHARE:-$REPO} a acc snap=on t0
+  local img=${IMAGE:-$(image_dir)} share=${SHARE:-$REPO} a acc drive t0
   [ -s "$img/rootfs.img" ] || die "no image in $img: run vm.sh image"
   [ -x "$QEMU_DIR/usr/bin/qemu-system-x86_64" ] || cmd_setup
   mkdir -p "$RUN"; chmod 700 "$RUN"
@@ -213,7 +213,18 @@ cmd_boot() {
     *) acc="-accel tcg,thread=multi,tb-size=256 -cpu max"; log "accelerator: TCG (software emulation): no usable /dev/kvm" ;;
   esac
   echo "$a" > "$RUN/accel"
-  [ "${PERSIST:-0}" = 1 ] && snap=off
+  # the guest writes to an overlay of its own (the image never changes), kept across a
+  # reboot of the guest (vm.sh reboot: KEEP_DISK=1), fresh at every other boot;
+  # PERSIST=1 writes to the image itself
+  if [ "${PERSIST:-0}" = 1 ]; then
+    drive="file=$img/rootfs.img,format=raw"
+  else
+    if [ "${KEEP_DISK:-0}" != 1 ] || [ ! -s "$RUN/disk.qcow2" ]; then
+      rm -f "$RUN/disk.qcow2"
+      qemu-img create -q -f qcow2 -b "$img/rootfs.img" -F raw "$RUN/disk.qcow2" || die "cannot create the guest's overlay disk"
+    fi
+    drive="file=$RUN/disk.qcow2,format=qcow2"
+  fi
   cp "$img/id_ed25519" "$RUN/id_ed25519"; chmod 600 "$RUN/id_ed25519"
   cat > "$RUN/ssh_config" <<EOF
 Host vm
@@ -237,7 +248,7 @@ EOF
     -serial "file:$RUN/console.log" -monitor "unix:$RUN/mon.sock,server,nowait" \
     -kernel "$img/vmlinuz" -initrd "$img/initrd.img" \
     -append "root=/dev/vda rw console=ttyS0 systemd.unified_cgroup_hierarchy=1 psi=1 panic=-1 quiet" \
-    -drive "file=$img/rootfs.img,format=raw,if=virtio,snapshot=$snap,cache=unsafe" \
+    -drive "$drive,if=virtio,cache=unsafe" \
     -netdev "user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:$PORT-:22" -device virtio-net-pci,netdev=n0,romfile= \
     -virtfs "local,path=$share,mount_tag=share,security_model=none,readonly=on,id=share" \
     -device virtio-rng-pci 9>&-
@@ -278,6 +289,26 @@ cmd_run() {
   return "$rc"
 }
 
+# A reboot of the guest, as a node reboots: systemd stops everything and the kernel
+# restarts; QEMU (-no-reboot) ends there, and the guest boots again on the same disk.
+cmd_reboot() {
+  local pid t0; pid=$(qemu_pid); t0=$(date +%s)
+  [ -n "$pid" ] || die "no VM runs for $RUN"
+  timeout 15 ssh -F "$RUN/ssh_config" vm 'systemctl reboot' >/dev/null 2>&1 || true
+  for _ in $(seq 1 90); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 1
+  done
+  if kill -0 "$pid" 2>/dev/null; then
+    tail -20 "$RUN/console.log" >&2
+    kill "$pid" 2>/dev/null || true
+    die "the guest did not go down for its reboot within 90 s (killed)"
+  fi
+  rm -f "$RUN/qemu.pid"
+  log "guest went down for a reboot in $(( $(date +%s) - t0 )) s"
+  KEEP_DISK=1 cmd_boot
+}
+
 cmd_down() {
   local pid t0; pid=$(qemu_pid); t0=$(date +%s)
   [ -n "$pid" ] || { rm -f "$RUN/qemu.pid"; return 0; }
@@ -297,6 +328,7 @@ case "${1:-}" in
   boot) cmd_boot ;;
   run) shift; cmd_run "$@" ;;
   down) cmd_down ;;
+  reboot) cmd_reboot ;;
   console) cat "$RUN/console.log" ;;
   *) sed -n '2,22p' "$0"; exit 2 ;;
 esac

@@ -402,11 +402,6 @@ impl FakeApiServer {
         let method = req.method().to_string();
         {
             let mut s = lock(&self.state);
-            s.seen.push(Seen {
-                method: method.clone(),
-                path: path.clone(),
-                query: query.clone(),
-            });
             if let Some(token) = &s.token {
                 let bearer = req
                     .headers()
@@ -417,6 +412,12 @@ impl FakeApiServer {
                     return status(401, "Unauthorized", "Unauthorized");
                 }
             }
+            // seen: authenticated requests (what RBAC then refuses included)
+            s.seen.push(Seen {
+                method: method.clone(),
+                path: path.clone(),
+                query: query.clone(),
+            });
             if let Some(rules) = &s.rbac {
                 let (verb, group, resource) = attributes(&method, &path, &query);
                 if !allowed(rules, &verb, &group, &resource) {
