@@ -18,7 +18,10 @@
 //! * `/etc/systemd/system/qoslet.service` and
 //!   `qoslet.service.d/10-qoslet-installer.conf` (NODE_NAME);
 //! * `/etc/systemd/system/kubelet.service.d/20-qoslet.conf` (ordering only);
-//! * `/var/lib/qoslet/kube/{token,ca.crt,kubeconfig}` (0700 dir, 0600 token).
+//! * `/var/lib/qoslet/kube/{token,ca.crt,kubeconfig}` (0700 dir, 0600 token),
+//!   and `.restart-pending` while a restart is owed;
+//! * `/etc/qoslet/.qoslet-installer.last` (what it wrote last: an edit is
+//!   told from it).
 //!
 //! It runs the host's `systemctl` (`daemon-reload`, `enable`, `start` or
 //! `restart` of qoslet.service) in PID 1's mount namespace (setns after fork:
