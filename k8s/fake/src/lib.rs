@@ -123,10 +123,7 @@ impl FakeApiServer {
     /// request whose `Authorization` is not `Bearer <token>`: what a pod's
     /// service account reaches.
     pub async fn start_tls(bind: SocketAddr, cert: &[u8], key: &[u8], token: &str) -> Arc<Self> {
-        use tokio_rustls::rustls::{
-            self,
-            pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer},
-        };
+        use rustls::pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
         let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert)
             .collect::<Result<_, _>>()
             .expect("the certificate PEM");
