@@ -22,6 +22,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+pub mod batch;
 pub mod crd;
 pub mod evict;
 pub mod limit;

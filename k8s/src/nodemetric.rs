@@ -169,41 +169,7 @@ pub struct Collected {
     pub pods: Vec<PodUsage>,
 }
 
-/// Koordinator's priority class of a pod (`GetPodPriorityClassWithDefault`):
-/// its label, else its `spec.priority`'s range, else by its QoS class
-/// (BE: `koord-batch`; LSE, LSR, LS, SYSTEM: `koord-prod`).
-pub fn priority_class_with_default(
-    label: Option<&str>,
-    priority: Option<i32>,
-    qos: Option<&str>,
-) -> Option<&'static str> {
-    let named = |l: &str| match l {
-        "koord-prod" => Some("koord-prod"),
-        "koord-mid" => Some("koord-mid"),
-        "koord-batch" => Some("koord-batch"),
-        "koord-free" => Some("koord-free"),
-        _ => None,
-    };
-    label
-        .and_then(named)
-        .or_else(|| priority.and_then(priority_class))
-        .or(match qos {
-            Some("BE") => Some("koord-batch"),
-            Some(_) => Some("koord-prod"),
-            None => None,
-        })
-}
-
-/// Koordinator's priority class of a `spec.priority`.
-pub fn priority_class(priority: i32) -> Option<&'static str> {
-    match priority {
-        9000..=9999 => Some("koord-prod"),
-        7000..=7999 => Some("koord-mid"),
-        5000..=5999 => Some("koord-batch"),
-        3000..=3999 => Some("koord-free"),
-        _ => None,
-    }
-}
+pub use qoslet_colocation::priority::{priority_class, priority_class_with_default};
 
 /// A quantity of CPU as Kubernetes prints `NewMilliQuantity(v, DecimalSI)`:
 /// `2350m`, `2`, `12k`.

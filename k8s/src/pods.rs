@@ -56,6 +56,51 @@ pub fn cluster_pod(p: &PodView) -> Option<ClusterPod> {
     })
 }
 
+/// A pod's CPU (millicores) and memory (bytes) requests as kubelet sums
+/// them (`PodRequests`).
+pub fn pod_requests(p: &PodView) -> (i64, i64) {
+    let spec = p.spec.as_ref();
+    let containers = spec
+        .and_then(|s| s.containers.as_deref())
+        .unwrap_or_default();
+    let init = spec
+        .and_then(|s| s.init_containers.as_deref())
+        .unwrap_or_default();
+    let overhead = spec.and_then(|s| s.overhead.as_ref());
+    (
+        pod_amount(containers, init, overhead, Which::Requests, "cpu"),
+        pod_amount(containers, init, overhead, Which::Requests, "memory"),
+    )
+}
+
+/// The Kubernetes QoS class the API server gives a pod (`GetPodQOS`), for a
+/// pod read from a file without `status.qosClass`.
+pub fn kube_qos(p: &PodView) -> &'static str {
+    let spec = p.spec.as_ref();
+    let all = spec
+        .and_then(|s| s.containers.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .chain(
+            spec.and_then(|s| s.init_containers.as_deref())
+                .unwrap_or_default(),
+        );
+    let (mut any, mut guaranteed) = (false, true);
+    for c in all {
+        for r in ["cpu", "memory"] {
+            let lim = container_amount(c, Which::Limits, r).filter(|v| *v != 0);
+            let req = container_amount(c, Which::Requests, r).filter(|v| *v != 0);
+            any |= req.is_some() || lim.is_some();
+            guaranteed &= lim.is_some() && req == lim;
+        }
+    }
+    match (any, guaranteed) {
+        (false, _) => "BestEffort",
+        (true, true) => "Guaranteed",
+        (true, false) => "Burstable",
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Which {
     Requests,
@@ -72,15 +117,15 @@ fn amount(list: Option<&ResourceList>, name: &str) -> Option<i64> {
     }
 }
 
+/// A container's amount; a request missing where a limit is set is the
+/// limit (the API server's defaulting: a pod read from a file may lack it).
 fn container_amount(c: &ContainerView, which: Which, name: &str) -> Option<i64> {
     let r: Option<&ResourcesView> = c.resources.as_ref();
-    amount(
-        r.and_then(|r| match which {
-            Which::Requests => r.requests.as_ref(),
-            Which::Limits => r.limits.as_ref(),
-        }),
-        name,
-    )
+    let limit = || amount(r.and_then(|r| r.limits.as_ref()), name);
+    match which {
+        Which::Requests => amount(r.and_then(|r| r.requests.as_ref()), name).or_else(limit),
+        Which::Limits => limit(),
+    }
 }
 
 /// A pod's amount of `name` as kubelet counts it (`PodRequests` /

@@ -98,6 +98,8 @@ pub struct TolerationView {
 #[serde(rename_all = "camelCase")]
 pub struct PodStatusView {
     pub qos_class: Option<String>,
+    /// `Pending`, `Running`, `Succeeded`, `Failed`, `Unknown`.
+    pub phase: Option<String>,
 }
 
 /// A Node as qoslet reads it.

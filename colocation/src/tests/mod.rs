@@ -1,0 +1,3 @@
+mod batch;
+mod strategy;
+mod sync;
