@@ -104,7 +104,7 @@ pub fn run(a: BatchArgs) -> Result<()> {
     let node: NodeView = one(read(&a.node)?, "Node", &a.node)?;
     let pods = objects(read(&a.pods)?)
         .into_iter()
-        .map(|p| one::<PodView>(p, "Pod", &a.pods))
+        .map(|p| one::<PodView>(p, "Pod", &a.pods).map(|p| qoslet_kube::batch::pod_input(&p)))
         .collect::<Result<Vec<_>>>()?;
     let metric = match &a.node_metric {
         Some(p) => {

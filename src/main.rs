@@ -375,10 +375,12 @@ impl Prepared {
             agent.policy().clone(),
             agent.shutdown_signal(),
         )));
+        let (node_cache, node_view) = tokio::sync::watch::channel(None);
         agent.add_task(tokio::spawn(qoslet_kube::node::follow(
             client.clone(),
             node.clone(),
             self.engine.reserved.clone(),
+            node_cache,
             status.clone(),
             agent.shutdown_signal(),
         )));
@@ -389,7 +391,10 @@ impl Prepared {
             status.clone(),
             agent.shutdown_signal(),
         )));
-        if k.report_node_metric {
+        let batch_mode = k.batch_mode().context("kubernetes:")?;
+        let batch = batch_mode != qoslet_kube::advertise::BatchMode::Off;
+        let (figures, figures_rx) = tokio::sync::watch::channel(None);
+        if k.report_node_metric || batch {
             let source = std::sync::Arc::new(qoslet_kube::nodemetric::AgentMetrics {
                 views: agent.views().clone(),
                 inventory: agent.inventory().clone(),
@@ -401,8 +406,38 @@ impl Prepared {
                 qoslet_kube::nodemetric::ReportSettings {
                     create: k.create_node_metric,
                     interval: k.report_interval,
+                    write: k.report_node_metric,
+                    figures: batch.then_some(figures),
                 },
                 status.clone(),
+                agent.shutdown_signal(),
+            )));
+        }
+        if batch {
+            // batch resources from this node's own figures (docs/colocation.md)
+            let (colocation, colocation_rx) = tokio::sync::watch::channel(None);
+            agent.add_task(tokio::spawn(qoslet_kube::sloconfig::follow(
+                client.clone(),
+                node.clone(),
+                k.slo_config.clone(),
+                colocation,
+                agent.shutdown_signal(),
+            )));
+            let adv = std::sync::Arc::new(qoslet_kube::advertise::AdvertiseStatus::default());
+            let _ = status.batch.set(adv.clone());
+            agent.add_task(tokio::spawn(qoslet_kube::advertise::advertise(
+                qoslet_kube::advertise::Advertiser::new(
+                    client.clone(),
+                    node.clone(),
+                    batch_mode,
+                    adv,
+                ),
+                qoslet_kube::advertise::Inputs {
+                    colocation: colocation_rx,
+                    figures: figures_rx,
+                    node: node_view,
+                    store: agent.store().clone(),
+                },
                 agent.shutdown_signal(),
             )));
         }

@@ -409,27 +409,56 @@ EXPECTED_RULES = {
 }
 
 
-def check_rbac(objs):
-    errors = []
-    roles = [o for o in objs if o.get("kind") in ("ClusterRole", "Role")]
-    if [r["metadata"]["name"] for r in roles] != ["qoslet"] or roles[0]["kind"] != "ClusterRole":
-        return [f"expected one ClusterRole qoslet and no other role, found {[r['kind'] + '/' + r['metadata']['name'] for r in roles]}"]
-    got = {}
-    for rule in roles[0].get("rules", []):
-        if set(rule) - {"apiGroups", "resources", "verbs"}:
-            errors.append(f"ClusterRole qoslet: rule with {sorted(set(rule) - {'apiGroups', 'resources', 'verbs'})}: {rule}")
+# components/colocation (kubernetes.batchResources): exactly these on top of the ClusterRole.
+COLOCATION_RULES = {("", "nodes/status"): {"patch"}}
+SLO_CONFIG_RULES = [{"apiGroups": [""], "resources": ["configmaps"],
+                     "resourceNames": ["slo-controller-config"], "verbs": ["list", "watch"]}]
+SLO_CONFIG_NAMESPACE = "koordinator-system"
+
+
+def rules_of(role, allowed_keys=("apiGroups", "resources", "verbs")):
+    errors, got = [], {}
+    for rule in role.get("rules", []):
+        if set(rule) - set(allowed_keys):
+            errors.append(f"{role['kind']} {role['metadata']['name']}: rule with {sorted(set(rule) - set(allowed_keys))}: {rule}")
         for g in rule.get("apiGroups", []):
             for r in rule.get("resources", []):
                 got.setdefault((g, r), set()).update(rule.get("verbs", []))
-    for key in sorted(set(got) | set(EXPECTED_RULES)):
-        want, have = EXPECTED_RULES.get(key, set()), got.get(key, set())
+    return errors, got
+
+
+def compare_rules(role, expected):
+    errors, got = rules_of(role)
+    for key in sorted(set(got) | set(expected)):
+        want, have = expected.get(key, set()), got.get(key, set())
         if want != have:
-            errors.append(f"ClusterRole qoslet: {key[0] or 'core'}/{key[1]}: verbs {sorted(have)}, expected {sorted(want)}")
+            errors.append(f"{role['kind']} {role['metadata']['name']}: {key[0] or 'core'}/{key[1]}: verbs {sorted(have)}, expected {sorted(want)}")
+    return errors
+
+
+def check_rbac(objs):
+    errors = []
+    roles = {(o["kind"], o["metadata"]["name"]): o for o in objs if o.get("kind") in ("ClusterRole", "Role")}
+    colocation = ("ClusterRole", "qoslet-colocation") in roles or ("Role", "qoslet-slo-config") in roles
+    want = {("ClusterRole", "qoslet")} | ({("ClusterRole", "qoslet-colocation"), ("Role", "qoslet-slo-config")} if colocation else set())
+    if set(roles) != want:
+        return [f"expected roles {sorted(want)}, found {sorted(roles)}"]
+    errors += compare_rules(roles[("ClusterRole", "qoslet")], EXPECTED_RULES)
+    subject = [{"kind": "ServiceAccount", "name": "qoslet", "namespace": NAMESPACE}]
     binds = [o for o in objs if o.get("kind") in ("ClusterRoleBinding", "RoleBinding")]
-    ok = [b for b in binds if b["kind"] == "ClusterRoleBinding" and b["roleRef"]["name"] == "qoslet"
-          and b.get("subjects") == [{"kind": "ServiceAccount", "name": "qoslet", "namespace": NAMESPACE}]]
-    if len(binds) != 1 or len(ok) != 1:
-        errors.append(f"expected one ClusterRoleBinding of ClusterRole qoslet to ServiceAccount {NAMESPACE}/qoslet, found {binds}")
+    bound = {(b["kind"], b["metadata"]["name"], b["metadata"].get("namespace"), b["roleRef"]["kind"], b["roleRef"]["name"])
+             for b in binds if b.get("subjects") == subject}
+    want_binds = {("ClusterRoleBinding", "qoslet", None, "ClusterRole", "qoslet")}
+    if colocation:
+        errors += compare_rules(roles[("ClusterRole", "qoslet-colocation")], COLOCATION_RULES)
+        slo = roles[("Role", "qoslet-slo-config")]
+        if slo["metadata"].get("namespace") != SLO_CONFIG_NAMESPACE or slo.get("rules") != SLO_CONFIG_RULES:
+            errors.append(f"Role qoslet-slo-config: expected {SLO_CONFIG_RULES} in {SLO_CONFIG_NAMESPACE}, found "
+                          f"{slo.get('rules')} in {slo['metadata'].get('namespace')}")
+        want_binds |= {("ClusterRoleBinding", "qoslet-colocation", None, "ClusterRole", "qoslet-colocation"),
+                       ("RoleBinding", "qoslet-slo-config", SLO_CONFIG_NAMESPACE, "Role", "qoslet-slo-config")}
+    if len(binds) != len(want_binds) or bound != want_binds:
+        errors.append(f"expected bindings {sorted(want_binds, key=str)} to ServiceAccount {NAMESPACE}/qoslet, found {binds}")
     return errors
 
 

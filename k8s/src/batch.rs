@@ -108,6 +108,21 @@ pub fn unix_seconds(t: &str) -> Option<i64> {
         .map(|t| t.as_second())
 }
 
+/// A pod of the cluster view (the pods watch's extract) as the calculation
+/// reads it.
+pub fn cluster_pod_input(p: &qoslet_state::ClusterPod) -> PodInput {
+    PodInput {
+        namespace: p.namespace.clone(),
+        name: p.name.clone(),
+        phase: p.phase.clone(),
+        priority_label: p.priority_label.clone(),
+        priority: p.priority,
+        qos_label: p.qos_label.clone(),
+        kube_qos: p.qos_class.clone(),
+        request: Res::new(p.requests.cpu_milli, p.requests.memory),
+    }
+}
+
 /// A NodeMetric's `status` as the calculation reads it.
 pub fn metric_input(status: &Value) -> MetricInput {
     let str_of = |v: &Value, k: &str| v[k].as_str().map(str::to_string);
@@ -180,7 +195,7 @@ impl Explanation {
 pub fn explain(
     cfg: &ColocationConfig,
     node: &NodeView,
-    pods: &[PodView],
+    pods: &[PodInput],
     metric_status: Option<&Value>,
     now: i64,
     last_write_age: Option<i64>,
@@ -191,10 +206,9 @@ pub fn explain(
     notes.extend(resolved.notes.iter().cloned());
     notes.extend(note);
     let metric = metric_status.map(metric_input);
-    let batch = metric.as_ref().map(|m| {
-        let pods: Vec<PodInput> = pods.iter().map(pod_input).collect();
-        batch::calculate(&resolved.strategy, &input, &pods, m)
-    });
+    let batch = metric
+        .as_ref()
+        .map(|m| batch::calculate(&resolved.strategy, &input, pods, m));
     let outcome = if !resolved.enabled() {
         let whose = if resolved.cluster_enabled {
             "this node's strategy"
@@ -235,8 +249,9 @@ pub fn explain(
         notes,
     };
     let next = e.next();
-    e.due = if next == current && last_write_age.is_none() {
-        // nothing to change, and nothing of ours to refresh
+    e.due = if next == current && (last_write_age.is_none() || next == Advertised::NONE) {
+        // nothing to change, and nothing of ours to refresh (absent keys
+        // cannot go stale: koord-manager would write the removal again)
         None
     } else {
         sync::due(current, next, last_write_age, &e.resolved.strategy)

@@ -22,6 +22,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+pub mod advertise;
 pub mod batch;
 pub mod crd;
 pub mod evict;
@@ -30,6 +31,7 @@ pub mod node;
 pub mod nodemetric;
 pub mod nodeslo;
 pub mod pods;
+pub mod sloconfig;
 pub mod status;
 pub mod view;
 
@@ -104,6 +106,14 @@ pub struct KubernetesConfig {
     /// ... and at most this many at once (1 to 10000).
     #[serde(default = "default_burst")]
     pub burst: u32,
+    /// This node's batch resources (`kubernetes.io/batch-cpu`,
+    /// `batch-memory`) on its Node: `off` (koord-manager's job), `on`, or
+    /// `auto` (when the colocation-config turns co-location on).
+    #[serde(default)]
+    pub batch_resources: advertise::BatchMode,
+    /// Koordinator's `slo-controller-config` ConfigMap, `namespace/name`.
+    #[serde(default)]
+    pub slo_config: sloconfig::SloConfigRef,
 }
 
 fn default_qps() -> f64 {
@@ -164,6 +174,8 @@ impl Default for KubernetesConfig {
             report_node_metric: true,
             qps: default_qps(),
             burst: default_burst(),
+            batch_resources: Default::default(),
+            slo_config: Default::default(),
         }
     }
 }
@@ -183,6 +195,8 @@ pub enum ClusterError {
     Client(String),
     #[error("{0}")]
     Limit(String),
+    #[error("QOSLET_BATCH_RESOURCES={0:?}: off, on or auto")]
+    BatchMode(String),
 }
 
 impl KubernetesConfig {
@@ -201,6 +215,21 @@ impl KubernetesConfig {
             )));
         }
         Ok(limit::Limiter::new(self.qps, self.burst))
+    }
+
+    /// `batchResources`, or the `QOSLET_BATCH_RESOURCES` environment variable
+    /// when it is set (how `components/colocation` turns it on without
+    /// replacing the config file).
+    pub fn batch_mode(&self) -> Result<advertise::BatchMode, ClusterError> {
+        match std::env::var("QOSLET_BATCH_RESOURCES") {
+            Ok(v) => match v.as_str() {
+                "off" => Ok(advertise::BatchMode::Off),
+                "on" => Ok(advertise::BatchMode::On),
+                "auto" => Ok(advertise::BatchMode::Auto),
+                _ => Err(ClusterError::BatchMode(v.chars().take(32).collect())),
+            },
+            Err(_) => Ok(self.batch_resources),
+        }
     }
 
     /// This node's name, checked (it goes into field selectors and names).

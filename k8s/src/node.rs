@@ -1,7 +1,8 @@
 //! This node's Node from the API server (`fieldSelector=metadata.name=<node>`):
 //! kubelet's system and kube reserved CPU, read as capacity − allocatable,
 //! is what the QoS engine keeps off BE pods when the config file sets no
-//! `qosEngine.reservedCpus` (the file's value wins: an operator's override).
+//! `qosEngine.reservedCpus` (the file's value wins: an operator's override);
+//! and the Node itself, published for the batch-resource advertiser.
 
 use std::sync::Arc;
 
@@ -28,11 +29,15 @@ pub fn reserved_cores(n: &NodeView) -> Option<f64> {
     (cap >= alloc && alloc >= 0).then(|| (cap - alloc) as f64 / 1000.0)
 }
 
-/// Follows this node's Node into `reserved` until `shutdown`.
+/// The latest Node as the watch has it (`None`: none yet, or deleted).
+pub type NodeCache = watch::Sender<Option<Arc<NodeView>>>;
+
+/// Follows this node's Node into `reserved` and `cache` until `shutdown`.
 pub async fn follow(
     client: kube::Client,
     node: String,
     reserved: Reserved,
+    cache: NodeCache,
     status: Arc<ClusterStatus>,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -67,18 +72,21 @@ pub async fn follow(
                     last = r;
                 }
                 reserved.set_cluster(r);
+                cache.send_replace(Some(Arc::new(n)));
                 status.ok(WatchName::Node, 1);
             }
             Ok(Event::InitDone) => {
                 if !listed {
                     warn!(node = %node, "no Node of this name in the cluster (kubernetes.nodeName / NODE_NAME)");
                     reserved.set_cluster(None);
+                    cache.send_replace(None);
                     last = None;
                 }
                 status.ok(WatchName::Node, u64::from(listed));
             }
             Ok(Event::Delete(_)) => {
                 reserved.set_cluster(None);
+                cache.send_replace(None);
                 last = None;
                 status.ok(WatchName::Node, 0);
             }

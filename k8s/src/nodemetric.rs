@@ -270,13 +270,41 @@ pub trait MetricsSource: Send + Sync + 'static {
     fn collect(&self, policy: &CollectPolicy) -> Option<Collected>;
 }
 
+/// Each report's status (its `updateTime` the time its figures were
+/// read), written or not: what the batch-resource advertiser computes from,
+/// so that the Node and the NodeMetric never disagree.
+pub type Figures = watch::Sender<Option<Arc<Value>>>;
+
 /// Settings of the reporter.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct ReportSettings {
     /// Create this node's NodeMetric when missing.
     pub create: bool,
     /// Overrides the spec's `reportIntervalSeconds`.
     pub interval: Option<Duration>,
+    /// Write the NodeMetric's status (`kubernetes.reportNodeMetric`); off:
+    /// the figures are only published.
+    pub write: bool,
+    /// Where each report's status is published (`None`: nowhere).
+    pub figures: Option<Figures>,
+}
+
+impl ReportSettings {
+    /// Publishes a report's status, collected with `policy`, when someone
+    /// follows them; `false` when there are no figures.
+    fn publish(&self, source: &dyn MetricsSource, policy: &CollectPolicy) -> Option<Value> {
+        let figures = source.collect(policy)?;
+        let status = status_json(&figures, &now_rfc3339());
+        if let Some(f) = &self.figures {
+            f.send_replace(Some(Arc::new(status.clone())));
+        }
+        Some(status)
+    }
+}
+
+fn now_rfc3339() -> String {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    format!("{}", now.strftime("%Y-%m-%dT%H:%M:%SZ"))
 }
 
 /// What a report attempt did.
@@ -290,6 +318,8 @@ pub enum Reported {
     NoResource,
     /// Nothing to report (metrics not ready).
     NoFigures,
+    /// Figures published, no NodeMetric written (`kubernetes.reportNodeMetric` off).
+    Published,
 }
 
 /// One report: read the NodeMetric (its spec is the policy), write its
@@ -302,6 +332,13 @@ pub async fn report_once(
     settings: &ReportSettings,
     status: &ClusterStatus,
 ) -> Result<(Reported, CollectPolicy), kube::Error> {
+    if !settings.write {
+        let policy = CollectPolicy::default();
+        return Ok(match settings.publish(source, &policy) {
+            Some(_) => (Reported::Published, policy),
+            None => (Reported::NoFigures, policy),
+        });
+    }
     for attempt in 0..4u32 {
         crate::limited().await;
         let found = match api.get(node).await {
@@ -310,6 +347,7 @@ pub async fn report_once(
             // nothing: no such resource (the CRD is not installed)
             Err(kube::Error::Api(s)) if s.code == 404 => {
                 if s.details.as_ref().is_none_or(|d| d.name.is_empty()) {
+                    settings.publish(source, &CollectPolicy::default());
                     return Ok((Reported::NoResource, CollectPolicy::default()));
                 }
                 None
@@ -332,16 +370,17 @@ pub async fn report_once(
                     Err(e) => return Err(e),
                 }
             }
-            None => return Ok((Reported::Missing, CollectPolicy::default())),
+            None => {
+                settings.publish(source, &CollectPolicy::default());
+                return Ok((Reported::Missing, CollectPolicy::default()));
+            }
         };
         let policy = CollectPolicy::of_spec(&current.data["spec"]);
-        let Some(figures) = source.collect(&policy) else {
+        let Some(status_now) = settings.publish(source, &policy) else {
             return Ok((Reported::NoFigures, policy));
         };
-        let now = k8s_openapi::jiff::Timestamp::now();
-        let update_time = format!("{}", now.strftime("%Y-%m-%dT%H:%M:%SZ"));
         let mut next = current.clone();
-        next.data["status"] = status_json(&figures, &update_time);
+        next.data["status"] = status_now;
         crate::limited().await;
         match api
             .replace_status(node, &PostParams::default(), &next)

@@ -138,8 +138,30 @@ pub async fn follow(
 
 /// A Warning Event on this node (in `default`, where kubelet records its
 /// node's Events), sent off the watch with a timeout.
-fn node_event(client: &kube::Client, node: &str, reason: &'static str, message: &str) {
-    use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+pub(crate) fn node_event(client: &kube::Client, node: &str, reason: &'static str, message: &str) {
+    let involved = k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(node.into()),
+        // kubelet's convention for its node's Events (`kubectl describe
+        // node` finds them by this uid)
+        uid: Some(node.into()),
+        ..Default::default()
+    };
+    warning_event(client, node, "default", involved, reason, message);
+}
+
+/// A Warning Event on `involved` (recorded in `namespace`) from this node's
+/// qoslet, sent off the caller's task with a timeout.
+pub(crate) fn warning_event(
+    client: &kube::Client,
+    node: &str,
+    namespace: &str,
+    involved: k8s_openapi::api::core::v1::ObjectReference,
+    reason: &'static str,
+    message: &str,
+) {
+    use k8s_openapi::api::core::v1::{Event, EventSource};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
     let now = k8s_openapi::jiff::Timestamp::now();
     let mut msg = message.to_string();
@@ -155,18 +177,10 @@ fn node_event(client: &kube::Client, node: &str, reason: &'static str, message: 
                 node.chars().take(200).collect::<String>(),
                 now.as_nanosecond()
             )),
-            namespace: Some("default".into()),
+            namespace: Some(namespace.into()),
             ..Default::default()
         },
-        involved_object: ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Node".into()),
-            name: Some(node.into()),
-            // kubelet's convention for its node's Events (`kubectl describe
-            // node` finds them by this uid)
-            uid: Some(node.into()),
-            ..Default::default()
-        },
+        involved_object: involved,
         reason: Some(reason.into()),
         message: Some(msg),
         type_: Some("Warning".into()),
@@ -183,14 +197,14 @@ fn node_event(client: &kube::Client, node: &str, reason: &'static str, message: 
         reporting_instance: Some(node.chars().take(128).collect()),
         ..Default::default()
     };
-    let api: Api<Event> = Api::namespaced(client.clone(), "default");
+    let api: Api<Event> = Api::namespaced(client.clone(), namespace);
     tokio::spawn(async move {
         let pp = kube::api::PostParams::default();
         crate::limited().await;
         match tokio::time::timeout(crate::evict::API_TIMEOUT, api.create(&pp, &ev)).await {
             Ok(Ok(_)) => {}
-            Ok(Err(e)) => warn!(reason, error = %e, "event on the node not recorded"),
-            Err(_) => warn!(reason, "event on the node not recorded: no answer in 10 s"),
+            Ok(Err(e)) => warn!(reason, error = %e, "event not recorded"),
+            Err(_) => warn!(reason, "event not recorded: no answer in 10 s"),
         }
     });
 }

@@ -53,7 +53,17 @@ pub fn cluster_pod(p: &PodView) -> Option<ClusterPod> {
         grace_seconds: spec.and_then(|s| s.termination_grace_period_seconds),
         tolerates_memory_pressure: tolerations.iter().any(tolerates_memory_pressure),
         deleting: p.metadata.deletion_timestamp.is_some(),
+        phase: p.status.as_ref().and_then(|s| s.phase.clone()),
+        priority_label: bounded_label(p, qoslet_colocation::priority::PRIORITY_LABEL),
+        qos_label: bounded_label(p, qoslet_colocation::priority::QOS_LABEL),
     })
+}
+
+/// A label's value, kept to 64 characters (a pod author's input: a longer
+/// one names no class).
+fn bounded_label(p: &PodView, key: &str) -> Option<String> {
+    let v = p.metadata.labels.as_ref()?.get(key)?;
+    (v.len() <= 64).then(|| v.clone())
 }
 
 /// A pod's CPU (millicores) and memory (bytes) requests as kubelet sums

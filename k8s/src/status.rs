@@ -67,6 +67,8 @@ pub struct ClusterStatus {
     events_failed: AtomicU64,
     /// NodeMetric status writes: written, conflict, failed.
     reports: [AtomicU64; 3],
+    /// The batch-resource advertiser, when `kubernetes.batchResources` is on.
+    pub batch: std::sync::OnceLock<std::sync::Arc<crate::advertise::AdvertiseStatus>>,
 }
 
 const REPORTS: [&str; 3] = ["written", "conflict", "failed"];
@@ -196,6 +198,9 @@ impl ClusterStatus {
                 &[("result", r)],
                 self.reports[i].load(Ordering::Relaxed) as f64,
             );
+        }
+        if let Some(b) = self.batch.get() {
+            b.render(&mut o);
         }
         *out = o.into_text();
     }

@@ -36,4 +36,10 @@ pub struct ClusterPod {
     pub tolerates_memory_pressure: bool,
     /// Deletion requested (`metadata.deletionTimestamp`).
     pub deleting: bool,
+    /// `status.phase` (`Pending`, `Running`, ...).
+    pub phase: Option<String>,
+    /// Its `koordinator.sh/priority-class` label (at most 64 characters).
+    pub priority_label: Option<String>,
+    /// Its `koordinator.sh/qosClass` label (at most 64 characters).
+    pub qos_label: Option<String>,
 }

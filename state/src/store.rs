@@ -531,6 +531,11 @@ impl Store {
         self.read(|s| s.cluster.get(uid).cloned())
     }
 
+    /// Every cluster pod known.
+    pub fn cluster_pod_list(&self) -> Vec<Arc<ClusterPod>> {
+        self.read(|s| s.cluster.values().cloned().collect())
+    }
+
     /// How many cluster pods are known.
     pub fn cluster_pods(&self) -> usize {
         self.read(|s| s.cluster.len())

@@ -440,6 +440,11 @@ impl FakeApiServer {
             }
         }
         let params = parse_query(&query);
+        let content_type = req
+            .headers()
+            .get(hyper::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
         if method == "GET" {
             if params.get("watch").is_some_and(|w| w == "true" || w == "1") {
                 return self.watch(&path, &params);
@@ -461,6 +466,12 @@ impl FakeApiServer {
                 self.evict(ns, name, &body)
             }
             ("PUT", [.., "status"]) => self.put_status(&path, body),
+            ("PATCH", [.., "status"]) => self.patch_status(
+                &path,
+                content_type.as_deref(),
+                params.get("fieldManager").map(String::as_str),
+                body,
+            ),
             ("POST", _) if is_collection(&path) => {
                 let name = body["metadata"]["name"].as_str().unwrap_or("").to_string();
                 if name.is_empty() {
@@ -524,6 +535,61 @@ impl FakeApiServer {
         ok(self.apply(coll, stored))
     }
 
+    /// PATCH `<collection>/<name>/status` with a JSON merge patch (RFC 7386,
+    /// `application/merge-patch+json`): only `status` taken; a
+    /// `metadata.resourceVersion` in the patch is a precondition (409 when
+    /// stale), as the API server makes it; injected conflicts apply.
+    /// The field manager (`fieldManager`, else `unknown`) becomes the
+    /// owner of every field the patch sets (`metadata.managedFields`, an
+    /// `Update` of the `status` subresource) and no other manager owns them.
+    fn patch_status(
+        &self,
+        path: &str,
+        content_type: Option<&str>,
+        manager: Option<&str>,
+        body: Value,
+    ) -> Response<Body> {
+        if content_type != Some("application/merge-patch+json") {
+            return status(
+                415,
+                "the fake takes merge patches only",
+                "UnsupportedMediaType",
+            );
+        }
+        let Some(object_path) = path.strip_suffix("/status") else {
+            return status(404, "not found", "NotFound");
+        };
+        let Some((coll, name)) = object_path.rsplit_once('/') else {
+            return status(404, "not found", "NotFound");
+        };
+        let Some(mut stored) = self.get(coll, name) else {
+            return status(404, &format!("\"{name}\" not found"), "NotFound");
+        };
+        {
+            let mut s = lock(&self.state);
+            if s.conflicts > 0 {
+                s.conflicts -= 1;
+                return status(409, "the object has been modified; please apply your changes to the latest version and try again", "Conflict");
+            }
+        }
+        let rv = body["metadata"]["resourceVersion"].as_str().unwrap_or("");
+        if !rv.is_empty() && stored["metadata"]["resourceVersion"].as_str() != Some(rv) {
+            return status(409, "the object has been modified; please apply your changes to the latest version and try again", "Conflict");
+        }
+        if !body["status"].is_null() {
+            merge_patch(&mut stored["status"], &body["status"]);
+            own(
+                &mut stored["metadata"],
+                manager.unwrap_or("unknown"),
+                &json!({"status": body["status"]}),
+            );
+        }
+        lock(&self.state)
+            .status_writes
+            .push((std::time::Instant::now(), path.to_string(), body));
+        ok(self.apply(coll, stored))
+    }
+
     /// policy/v1 Eviction, as the API server answers it: 404 without the
     /// pod, 409 when the UID precondition does not hold, 429 when a budget
     /// protects it, else 201 and the pod deleted gracefully
@@ -573,7 +639,7 @@ impl FakeApiServer {
         let s = lock(&self.state);
         if let Some(objs) = s.objects.get(path).or_else(|| {
             // a collection with nothing in it yet
-            is_collection(path).then_some(&EMPTY)
+            (is_collection(path) || is_namespaced_collection(path)).then_some(&EMPTY)
         }) {
             let items: Vec<&Value> = objs
                 .values()
@@ -749,6 +815,94 @@ fn respond(code: StatusCode, v: Value) -> Response<Body> {
 }
 
 /// A Kubernetes `Status` response.
+/// Server-side field ownership, as far as the fake keeps it: `manager`
+/// owns each leaf `patch` sets (a `null` leaf is owned by no one any more).
+fn own(metadata: &mut Value, manager: &str, patch: &Value) {
+    fn leaves(v: &Value, path: &mut Vec<String>, out: &mut Vec<(Vec<String>, bool)>) {
+        match v {
+            Value::Object(o) if !o.is_empty() => {
+                for (k, v) in o {
+                    path.push(format!("f:{k}"));
+                    leaves(v, path, out);
+                    path.pop();
+                }
+            }
+            other => out.push((path.clone(), !other.is_null())),
+        }
+    }
+    fn remove(tree: &mut Value, path: &[String]) {
+        if let [first, rest @ ..] = path {
+            if rest.is_empty() {
+                if let Some(o) = tree.as_object_mut() {
+                    o.remove(first);
+                }
+            } else if let Some(t) = tree.get_mut(first) {
+                remove(t, rest);
+                if t.as_object().is_some_and(|o| o.is_empty()) {
+                    if let Some(o) = tree.as_object_mut() {
+                        o.remove(first);
+                    }
+                }
+            }
+        }
+    }
+    let mut set = Vec::new();
+    leaves(patch, &mut Vec::new(), &mut set);
+    if !metadata["managedFields"].is_array() {
+        metadata["managedFields"] = json!([]);
+    }
+    let entries = metadata["managedFields"].as_array_mut().expect("an array");
+    if !entries
+        .iter()
+        .any(|e| e["manager"] == manager && e["subresource"] == "status")
+    {
+        entries.push(
+            json!({"manager": manager, "operation": "Update", "apiVersion": "v1",
+                            "subresource": "status", "fieldsType": "FieldsV1", "fieldsV1": {}}),
+        );
+    }
+    for e in entries.iter_mut() {
+        let mine = e["manager"] == manager && e["subresource"] == "status";
+        for (path, keep) in &set {
+            if mine && *keep {
+                let mut t = &mut e["fieldsV1"];
+                for k in path {
+                    if !t.is_object() {
+                        *t = json!({});
+                    }
+                    t = t
+                        .as_object_mut()
+                        .expect("an object")
+                        .entry(k.clone())
+                        .or_insert(json!({}));
+                }
+            } else {
+                remove(&mut e["fieldsV1"], path);
+            }
+        }
+    }
+    entries.retain(|e| e["fieldsV1"].as_object().is_some_and(|o| !o.is_empty()));
+}
+
+/// RFC 7386: objects merge key by key, `null` deletes, anything else replaces.
+pub fn merge_patch(target: &mut Value, patch: &Value) {
+    let Value::Object(p) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    let t = target.as_object_mut().expect("an object");
+    for (k, v) in p {
+        if v.is_null() {
+            t.remove(k);
+        } else {
+            merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
+        }
+    }
+}
+
 pub(crate) fn status(code: u16, message: &str, reason: &str) -> Response<Body> {
     let body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
         "message": message, "reason": reason, "code": code});
@@ -814,6 +968,13 @@ fn is_collection(path: &str) -> bool {
     matches!(parts.as_slice(), ["api", "v1", _] | ["apis", _, _, _])
 }
 
+/// A namespaced collection of the core group (`/api/v1/namespaces/<ns>/configmaps`):
+/// listed and watched only (objects are put there with [`FakeApiServer::apply`]).
+fn is_namespaced_collection(path: &str) -> bool {
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    matches!(parts.as_slice(), ["api", "v1", "namespaces", _, _])
+}
+
 fn api_version(path: &str) -> String {
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
     match parts.as_slice() {
@@ -831,6 +992,7 @@ fn list_kind(path: &str) -> String {
         "nodeslos" => "NodeSLO",
         "nodemetrics" => "NodeMetric",
         "events" => "Event",
+        "configmaps" => "ConfigMap",
         _ => "Object",
     };
     format!("{kind}List")

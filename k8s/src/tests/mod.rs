@@ -76,6 +76,7 @@ fn state(hub: &PolicyHub) -> String {
         .unwrap_or_default()
 }
 
+mod advertise;
 mod crds;
 mod evict;
 mod node;
@@ -159,6 +160,7 @@ async fn the_api_server_gone_for_a_minute_and_back() {
             client.clone(),
             "node-1".into(),
             reserved.clone(),
+            tokio::sync::watch::channel(None).0,
             status.clone(),
             stopped.clone(),
         )),
@@ -169,6 +171,8 @@ async fn the_api_server_gone_for_a_minute_and_back() {
             crate::nodemetric::ReportSettings {
                 create: false,
                 interval: Some(Duration::from_secs(2)),
+                write: true,
+                figures: None,
             },
             status.clone(),
             stopped,

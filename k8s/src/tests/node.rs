@@ -30,6 +30,7 @@ async fn the_nodes_allocatable_is_the_engines_reserved_cpu() {
         client,
         "node-1".into(),
         reserved.clone(),
+        tokio::sync::watch::channel(None).0,
         status.clone(),
         stopped,
     ));

@@ -178,6 +178,8 @@ async fn a_report_writes_the_status_once_and_retries_conflicts() {
     let wait = ReportSettings {
         create: false,
         interval: None,
+        write: true,
+        figures: None,
     };
     // missing: waits, writes nothing
     let (r, _) = report_once(&api, "node-1", &source, &wait, &status)
@@ -189,6 +191,8 @@ async fn a_report_writes_the_status_once_and_retries_conflicts() {
     let create = ReportSettings {
         create: true,
         interval: None,
+        write: true,
+        figures: None,
     };
     let (r, p) = report_once(&api, "node-1", &source, &create, &status)
         .await
@@ -252,6 +256,8 @@ async fn the_reporter_writes_at_the_interval_and_not_between() {
         ReportSettings {
             create: false,
             interval: Some(every),
+            write: true,
+            figures: None,
         },
         status.clone(),
         stopped,
