@@ -394,6 +394,7 @@ impl Prepared {
         let batch_mode = k.batch_mode().context("kubernetes:")?;
         let batch = batch_mode != qoslet_kube::advertise::BatchMode::Off;
         let (figures, figures_rx) = tokio::sync::watch::channel(None);
+        let (colocation, colocation_rx) = tokio::sync::watch::channel(Default::default());
         if k.report_node_metric || batch {
             let source = std::sync::Arc::new(qoslet_kube::nodemetric::AgentMetrics {
                 views: agent.views().clone(),
@@ -408,6 +409,7 @@ impl Prepared {
                     interval: k.report_interval,
                     write: k.report_node_metric,
                     figures: batch.then_some(figures),
+                    colocation: batch.then(|| (colocation_rx.clone(), node_view.clone())),
                 },
                 status.clone(),
                 agent.shutdown_signal(),
@@ -415,7 +417,6 @@ impl Prepared {
         }
         if batch {
             // batch resources from this node's own figures (docs/colocation.md)
-            let (colocation, colocation_rx) = tokio::sync::watch::channel(None);
             agent.add_task(tokio::spawn(qoslet_kube::sloconfig::follow(
                 client.clone(),
                 node.clone(),

@@ -24,9 +24,15 @@ use std::collections::{BTreeMap, HashSet};
 
 use serde::Serialize;
 
-use crate::priority::{is_low_priority, priority_class_with_default, qos_class_with_default};
+use crate::priority::{
+    is_above_batch, is_low_priority, priority_class_with_default, qos_class_with_default,
+};
 use crate::strategy::Strategy;
 use crate::Res;
+
+/// A node annotation longer than this is not read (its JSON is a few
+/// hundred bytes).
+pub const MAX_JSON: usize = 16 << 10;
 
 /// `node.koordinator.sh/reservation`.
 pub const RESERVATION_ANNOTATION: &str = "node.koordinator.sh/reservation";
@@ -74,7 +80,7 @@ pub fn reservation_of(annotations: &BTreeMap<String, String>) -> Result<Option<R
     #[serde(rename_all = "camelCase")]
     struct Raw {
         #[serde(default)]
-        resources: Option<BTreeMap<String, String>>,
+        resources: Option<BTreeMap<String, serde_json::Value>>,
         #[serde(default, rename = "reservedCPUs")]
         reserved_cpus: Option<String>,
     }
@@ -84,10 +90,21 @@ pub fn reservation_of(annotations: &BTreeMap<String, String>) -> Result<Option<R
     else {
         return Ok(None);
     };
+    if s.len() > MAX_JSON {
+        return Err(format!("{RESERVATION_ANNOTATION}: over {MAX_JSON} bytes"));
+    }
     let raw: Raw = serde_json::from_str(s).map_err(|e| format!("{RESERVATION_ANNOTATION}: {e}"))?;
     let q = |name: &str, milli: bool| -> Result<i64, String> {
-        let Some(v) = raw.resources.as_ref().and_then(|r| r.get(name)) else {
-            return Ok(0);
+        let v = match raw.resources.as_ref().and_then(|r| r.get(name)) {
+            None | Some(serde_json::Value::Null) => return Ok(0),
+            // a quantity is a string or, as Go's Quantity also reads it, a number
+            Some(serde_json::Value::String(s)) => s.clone(),
+            Some(serde_json::Value::Number(n)) => n.to_string(),
+            Some(other) => {
+                return Err(format!(
+                    "{RESERVATION_ANNOTATION}: resources.{name} {other} is not a quantity"
+                ))
+            }
         };
         let q = qoslet_hooks::quantity::Quantity::parse(v.trim())
             .map_err(|e| format!("{RESERVATION_ANNOTATION}: resources.{name}: {e}"))?;
@@ -304,13 +321,19 @@ pub fn calculate(s: &Strategy, node: &NodeInput, pods: &[PodInput], metric: &Met
     let capacity = node.capacity();
     let (cpu_reclaim, mem_reclaim) = (s.cpu_reclaim(), s.memory_reclaim());
     let margin = Res::new(
-        times(capacity.cpu, (100 - cpu_reclaim) as f64 / 100.0),
-        times(capacity.memory, (100 - mem_reclaim) as f64 / 100.0),
+        times(
+            capacity.cpu,
+            100i64.saturating_sub(cpu_reclaim) as f64 / 100.0,
+        ),
+        times(
+            capacity.memory,
+            100i64.saturating_sub(mem_reclaim) as f64 / 100.0,
+        ),
     );
     let host_apps = metric
         .host_apps
         .iter()
-        .filter(|h| !is_low_priority(h.priority.as_deref()))
+        .filter(|h| is_above_batch(h.priority.as_deref()))
         .fold(Res::default(), |a, h| a + h.usage);
     let system = metric.system + host_apps;
     let kubelet = node.kubelet_reserved();
@@ -389,7 +412,7 @@ impl Batch {
             "capacity {} - margin {} ({}% of capacity: cpuReclaimThresholdPercent {}) - max(system {}, reserved {}) - {last} = {}",
             t.capacity.cpu,
             t.margin.cpu,
-            100 - t.cpu_reclaim_percent,
+            100i64.saturating_sub(t.cpu_reclaim_percent),
             t.cpu_reclaim_percent,
             t.system.cpu,
             t.reserved.cpu,
@@ -437,7 +460,7 @@ impl Batch {
             "capacity {} - margin {} ({}% of capacity: memoryReclaimThresholdPercent {}) - {sys} - {last} = {}",
             t.capacity.memory,
             t.margin.memory,
-            100 - t.memory_reclaim_percent,
+            100i64.saturating_sub(t.memory_reclaim_percent),
             t.memory_reclaim_percent,
             t.memory_by_policy
         );

@@ -69,5 +69,36 @@ impl Res {
     }
 }
 
+/// A Go duration as Kubernetes writes one (`5m0s`, `1h`, `90s`, `1.5h`).
+pub fn parse_go_duration(s: &str) -> Option<std::time::Duration> {
+    let mut rest = s.trim();
+    if rest.is_empty() || rest.len() > 64 {
+        return None;
+    }
+    let mut total = 0f64;
+    while !rest.is_empty() {
+        let num_end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let n: f64 = rest[..num_end].parse().ok()?;
+        rest = &rest[num_end..];
+        let unit_end = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let mult = match &rest[..unit_end] {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return None,
+        };
+        rest = &rest[unit_end..];
+        total += n * mult;
+    }
+    (total.is_finite() && total >= 0.0).then(|| std::time::Duration::from_secs_f64(total))
+}
+
 #[cfg(test)]
 mod tests;

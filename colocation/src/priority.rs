@@ -20,8 +20,9 @@ pub fn priority_class(priority: i32) -> Option<&'static str> {
 }
 
 /// Koordinator's priority class of a pod (`GetPodPriorityClassWithDefault`):
-/// its label, else its `spec.priority`'s range, else by its QoS class
-/// (BE: `koord-batch`; LSE, LSR, LS, SYSTEM: `koord-prod`).
+/// its label when it has one (a value naming no class is none), else its
+/// `spec.priority`'s range, else by its QoS class (BE: `koord-batch`; LSE,
+/// LSR, LS, SYSTEM: `koord-prod`).
 pub fn priority_class_with_default(
     label: Option<&str>,
     priority: Option<i32>,
@@ -34,14 +35,17 @@ pub fn priority_class_with_default(
         "koord-free" => Some("koord-free"),
         _ => None,
     };
-    label
-        .and_then(named)
-        .or_else(|| priority.and_then(priority_class))
-        .or(match qos {
-            Some("BE") => Some("koord-batch"),
-            Some(_) => Some("koord-prod"),
-            None => None,
-        })
+    // a label, whatever its value, decides before spec.priority (a value
+    // that names no class is none: the QoS class decides)
+    match label {
+        Some(l) => named(l),
+        None => priority.and_then(priority_class),
+    }
+    .or(match qos {
+        Some("BE") => Some("koord-batch"),
+        Some(_) => Some("koord-prod"),
+        None => None,
+    })
 }
 
 /// Koordinator's QoS class of a pod (`GetPodQoSClassWithDefault`): its
@@ -70,4 +74,10 @@ pub fn qos_class_with_default(label: Option<&str>, kube_qos: Option<&str>) -> Op
 /// high priority).
 pub fn is_low_priority(class: Option<&str>) -> bool {
     matches!(class, Some("koord-batch" | "koord-free"))
+}
+
+/// Whether a host application's priority is above batch's
+/// (`GetHostAppHPUsed`: prod and mid; batch, free, none and unknown are not).
+pub fn is_above_batch(class: Option<&str>) -> bool {
+    matches!(class, Some("koord-prod" | "koord-mid"))
 }

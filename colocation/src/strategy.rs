@@ -261,6 +261,23 @@ impl Strategy {
         Ok(())
     }
 
+    /// Go's `metav1.Duration` refuses a duration it cannot parse, and with
+    /// it the whole value.
+    fn check_durations(&self) -> Result<(), String> {
+        for d in self
+            .metric_aggregate_policy
+            .iter()
+            .flat_map(|p| p.durations.iter().flatten())
+        {
+            if crate::parse_go_duration(d).is_none() {
+                return Err(format!(
+                    "metricAggregatePolicy.durations: {d:?} is not a duration"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Whether this strategy turns co-location on.
     pub fn enabled(&self) -> bool {
         self.enable == Some(true)
@@ -364,11 +381,16 @@ impl ColocationConfig {
     /// error (the caller keeps its last good config); an invalid node entry
     /// becomes the cluster strategy, with a warning.
     pub fn parse(value: &str) -> Result<Self, ConfigError> {
-        if value.trim().is_empty() {
+        // koord-manager: only an empty key is the defaults (whitespace is a
+        // JSON error)
+        if value.is_empty() {
             return Ok(Self::default());
         }
-        let raw: ConfigRaw =
-            serde_json::from_str(value).map_err(|e| ConfigError::Json(e.to_string()))?;
+        let raw: ConfigRaw = from_json(value).map_err(ConfigError::Json)?;
+        raw.strategy.check_durations().map_err(ConfigError::Json)?;
+        for e in raw.node_configs.iter().flatten() {
+            e.strategy.check_durations().map_err(ConfigError::Json)?;
+        }
         let mut cluster = Strategy::defaults();
         cluster.overlay(&raw.strategy);
         cluster.check().map_err(ConfigError::Invalid)?;
@@ -430,9 +452,22 @@ impl ColocationConfig {
             }
         }
         if let Some(s) = annotations.get(STRATEGY_ANNOTATION) {
-            match serde_json::from_str::<Strategy>(s) {
-                Ok(o) => {
-                    strategy.overlay(&o);
+            let merged = if s.len() > crate::batch::MAX_JSON {
+                Err(format!("over {} bytes", crate::batch::MAX_JSON))
+            } else {
+                from_json::<Strategy>(s).and_then(|o| {
+                    o.check_durations()?;
+                    let mut m = strategy.clone();
+                    m.overlay(&o);
+                    // deliberately stricter than koord-manager, which takes
+                    // the annotation unchecked: a node's value cannot make the
+                    // calculation overflow
+                    m.check().map(|()| m)
+                })
+            };
+            match merged {
+                Ok(m) => {
+                    strategy = m;
                     notes.push(format!("annotation {STRATEGY_ANNOTATION} merged"));
                 }
                 Err(e) => notes.push(format!("annotation {STRATEGY_ANNOTATION} ignored: {e}")),
@@ -450,12 +485,16 @@ impl ColocationConfig {
         ] {
             let Some(v) = labels.get(label) else { continue };
             match v.trim().parse::<f64>() {
-                Ok(r) if r.is_finite() && r >= 0.0 => {
+                // at most 100 (10,000 %): a ratio over 1 makes a negative margin,
+                // one over 100 is no ratio anyone means
+                Ok(r) if r.is_finite() && (0.0..=100.0).contains(&r) => {
                     // Go's int64(v * 100): truncated
                     *field = Some((r * 100.0) as i64);
                     notes.push(format!("label {label}={v} sets the reclaim percent"));
                 }
-                _ => notes.push(format!("label {label}={v:?} ignored: not a ratio >= 0")),
+                _ => notes.push(format!(
+                    "label {label}={v:?} ignored: not a ratio from 0 to 100"
+                )),
             }
         }
         Resolved {
@@ -485,6 +524,13 @@ impl Resolved {
     pub fn enabled(&self) -> bool {
         self.cluster_enabled && self.strategy.enabled()
     }
+}
+
+/// JSON as Go's decoder reads it into a struct: a key given twice takes
+/// its last value (serde's derive would refuse it).
+fn from_json<T: serde::de::DeserializeOwned>(s: &str) -> Result<T, String> {
+    let v: serde_json::Value = serde_json::from_str(s).map_err(|e| e.to_string())?;
+    serde_json::from_value(v).map_err(|e| e.to_string())
 }
 
 /// `metav1.LabelSelectorAsSelector(sel).Matches(labels)`: no selector

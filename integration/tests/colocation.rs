@@ -139,7 +139,7 @@ fn stale_metrics_missing_metrics_and_co_location_off_advertise_nothing() {
         (v["degraded"].clone(), v["reason"].clone()),
         (
             Value::Bool(true),
-            Value::from("no NodeMetric for this node")
+            Value::from("no NodeMetric figures for this node")
         )
     );
     // no colocation-config: Koordinator's defaults, off

@@ -15,10 +15,14 @@
 //! A 429 backs off; an API server that cannot be reached leaves what was
 //! written in place (the next report tries again).
 //!
-//! Another writer (koord-manager): when the Node's values change and not by
-//! qoslet's hand, qoslet stops writing for good (until it restarts), says so
-//! once in its log, as a Warning Event on the Node and on `/metrics`, and
-//! never fights over the keys.
+//! Another writer (koord-manager, an operator's `kubectl patch`): while
+//! another field manager owns the keys (`metadata.managedFields`), qoslet
+//! does not write them, says so once in its log, as a Warning Event on the
+//! Node and on `/metrics`, and never fights over them; removing the keys
+//! hands them back. On an API server that keeps no field managers, keys
+//! that change to values qoslet did not write stop it for good (until it
+//! restarts). After a restart, nothing is written before the first figures
+//! (a restart does not take the keys off the Node).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -32,6 +36,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::batch::{advertised, cluster_pod_input, explain, Explanation};
+use crate::sloconfig::SloConfig;
 use crate::view::NodeView;
 
 /// `kubernetes.batchResources`.
@@ -155,7 +160,7 @@ impl AdvertiseStatus {
 
 /// The inputs the advertiser follows.
 pub struct Inputs {
-    pub colocation: watch::Receiver<Option<Arc<ColocationConfig>>>,
+    pub colocation: watch::Receiver<SloConfig>,
     pub figures: watch::Receiver<Option<Arc<Value>>>,
     pub node: watch::Receiver<Option<Arc<NodeView>>>,
     pub store: qoslet_state::Store,
@@ -166,12 +171,16 @@ pub struct Inputs {
 /// keys, and qoslet sees when someone else does.
 pub const FIELD_MANAGER: &str = "qoslet";
 
+/// The API server's merged entry for the oldest managers once an object has
+/// more than 10 (`capmanagers.go`): qoslet's own entry may be among them.
+const ANCIENT: &str = "ancient-changes";
+
 /// Another field manager owning a batch key of the Node's status (an
-/// `Update` of koord-manager's), if any.
+/// `Update` of koord-manager's, a `kubectl patch`), if any.
 pub fn other_owner(n: &NodeView) -> Option<String> {
     n.metadata.managed_fields.iter().flatten().find_map(|e| {
         let m = e.manager.as_deref().unwrap_or("");
-        if m == FIELD_MANAGER {
+        if m == FIELD_MANAGER || m == ANCIENT {
             return None;
         }
         let f = &e.fields_v1.as_ref()?.0["f:status"];
@@ -184,21 +193,33 @@ pub fn other_owner(n: &NodeView) -> Option<String> {
     })
 }
 
+/// Whether the API server keeps field managers for this Node (every API
+/// server since Kubernetes 1.18 does; without them qoslet can only compare
+/// values).
+fn has_managers(n: &NodeView) -> bool {
+    n.metadata
+        .managed_fields
+        .as_ref()
+        .is_some_and(|m| !m.is_empty())
+}
+
 /// A resourceVersion as a number (etcd's revision; `None`: not one).
 fn rv(n: &NodeView) -> Option<u64> {
     n.metadata.resource_version.as_deref()?.parse().ok()
 }
 
-/// The newer of two views of the Node.
+/// The newer of two views of the Node (`a`: the watch's): a view of another
+/// Node object (deleted and created again: another UID) is not compared.
 fn newer(a: Option<Arc<NodeView>>, b: Option<Arc<NodeView>>) -> Option<Arc<NodeView>> {
     match (a, b) {
-        (Some(a), Some(b)) => match (rv(&a), rv(&b)) {
+        (Some(a), Some(b)) if a.metadata.uid == b.metadata.uid => match (rv(&a), rv(&b)) {
             (Some(x), Some(y)) if y > x => Some(b),
-            (Some(_), Some(_)) => Some(a),
-            // not numbers: the watch's (a) is the one to trust
+            // equal, older, or not numbers: the watch's is the one to trust
             _ => Some(a),
         },
-        (a, b) => a.or(b),
+        // the watch has no Node (deleted): nothing to write to
+        (None, _) => None,
+        (a, _) => a,
     }
 }
 
@@ -226,12 +247,18 @@ pub struct Advertiser {
     node: String,
     mode: BatchMode,
     status: Arc<AdvertiseStatus>,
-    /// What qoslet last wrote and when (Unix seconds).
+    /// The first step (Unix seconds): with no figures since, nothing is
+    /// known until `degradeTimeMinutes` have passed.
+    started: Option<i64>,
+    /// What qoslet last wrote and when (Unix seconds), on the Node of this UID.
     last: Option<(i64, Advertised)>,
     /// The Node as qoslet last saw it (the watch's or a patch's answer).
     seen: Option<Arc<NodeView>>,
-    /// Why qoslet yielded to another writer.
+    /// Why qoslet stands back for good (an API server without field
+    /// managers, where the keys changed to values qoslet did not write).
     yielded: Option<String>,
+    /// Another field manager owning the keys now (said once while it lasts).
+    other: Option<String>,
     /// The last error logged (one line per distinct error).
     logged: Option<String>,
 }
@@ -249,37 +276,72 @@ impl Advertiser {
             node,
             mode,
             status,
+            started: None,
             last: None,
             seen: None,
             yielded: None,
+            other: None,
             logged: None,
         }
     }
 
-    /// The colocation-config in force for this mode: `on` turns `enable`
-    /// on everywhere.
-    fn config(&self, c: &ColocationConfig) -> ColocationConfig {
-        let mut c = c.clone();
+    /// The colocation-config in force for this mode (`None`: wait): `on`
+    /// turns `enable` on everywhere, and takes Koordinator's defaults where
+    /// the ConfigMap cannot be read; `auto` waits for a ConfigMap read.
+    fn config(&self, c: &SloConfig) -> Option<ColocationConfig> {
+        let mut c = match (c, self.mode) {
+            (SloConfig::Read(c), _) => (**c).clone(),
+            (SloConfig::Unreadable(_), BatchMode::On) => ColocationConfig::default(),
+            _ => return None,
+        };
         if self.mode == BatchMode::On {
             c.cluster.enable = Some(true);
             for n in &mut c.nodes {
                 n.strategy.enable = Some(true);
             }
         }
-        c
+        Some(c)
     }
 
     fn set_state(&self, state: &'static str) {
         lock(&self.status.inner).state = state;
     }
 
+    /// Says once, while it lasts, that another writer keeps the keys.
+    fn stand_back(&mut self, why: String, for_good: bool) {
+        if self.other.as_ref() != Some(&why) {
+            let msg = if for_good {
+                format!("another writer keeps this Node's batch resources ({why}): qoslet does not write them until it restarts")
+            } else {
+                format!("another writer keeps this Node's batch resources ({why}): qoslet does not write them while it does (remove the keys to hand them back)")
+            };
+            warn!(node = %self.node, "{msg}");
+            crate::nodeslo::node_event(&self.client, &self.node, "BatchResourcesYielded", &msg);
+            self.other = Some(why.clone());
+        }
+        if for_good {
+            self.yielded = Some(why);
+        }
+        self.set_state("yielded");
+    }
+
+    /// The Node read again (after a 409), by name with a list (the verbs
+    /// the node watch already has).
+    async fn read_node(&self) -> Option<NodeView> {
+        let lp = kube::api::ListParams::default().fields(&format!("metadata.name={}", self.node));
+        crate::limited().await;
+        match tokio::time::timeout(crate::evict::API_TIMEOUT, self.api.list(&lp)).await {
+            Ok(Ok(l)) => l.items.into_iter().next(),
+            _ => None,
+        }
+    }
+
     /// One look at the inputs at `now` (Unix seconds), and a write when one
-    /// is due. Returns the
-    /// explanation it acted on (`None`: no Node or no figures yet, or
-    /// yielded).
+    /// is due. Returns the explanation it acted on (`None`: no Node, no
+    /// figures or no colocation-config yet, or another writer's keys).
     pub async fn step(
         &mut self,
-        colocation: Option<&ColocationConfig>,
+        colocation: &SloConfig,
         figures: Option<Arc<Value>>,
         node: Option<Arc<NodeView>>,
         pods: &[qoslet_colocation::batch::PodInput],
@@ -288,41 +350,61 @@ impl Advertiser {
         if self.yielded.is_some() || self.mode == BatchMode::Off {
             return None;
         }
+        let started = *self.started.get_or_insert(now);
+        let before = self.seen.as_ref().map(|n| n.metadata.uid.clone());
         self.seen = newer(node, self.seen.take());
         let Some(mut current) = self.seen.clone() else {
             self.set_state("waiting");
             return None;
         };
-        let cfg = match (colocation, self.mode) {
-            (Some(c), _) => self.config(c),
-            (None, BatchMode::On) => self.config(&ColocationConfig::default()),
-            // auto: no colocation-config read yet (or only bad ones)
-            (None, _) => {
+        if before.is_some_and(|u| u != current.metadata.uid) {
+            // the Node was created again: nothing of ours is on it
+            self.last = None;
+        }
+        let Some(cfg) = self.config(colocation) else {
+            self.set_state("waiting");
+            return None;
+        };
+        // no figures since start: nothing is known yet (a restart must not
+        // take the keys off), until degradeTimeMinutes have passed
+        if figures.is_none() {
+            let s = cfg.resolve(
+                current
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .unwrap_or(&Default::default()),
+                current
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .unwrap_or(&Default::default()),
+            );
+            if now.saturating_sub(started) <= s.strategy.degrade_minutes().saturating_mul(60) {
                 self.set_state("waiting");
                 return None;
             }
-        };
+        }
         for attempt in 0..4u32 {
-            // another writer: a field manager of its own owns the keys (the
-            // API server says so), or the keys moved, and not to what qoslet
-            // wrote (an API server that keeps no managedFields)
-            let shown = advertised(&current);
-            let other = other_owner(&current)
-                .map(|m| format!("field manager {m:?} owns them"))
-                .or_else(|| {
-                    let (_, ours) = self.last?;
-                    (shown != ours)
-                        .then(|| format!("they changed to {shown:?}, and qoslet wrote {ours:?}"))
-                });
-            if let Some(other) = other {
-                let why = format!(
-                    "another writer keeps this Node's batch resources ({other}): qoslet does not write them until it restarts"
-                );
-                warn!(node = %self.node, "{why}");
-                crate::nodeslo::node_event(&self.client, &self.node, "BatchResourcesYielded", &why);
-                self.yielded = Some(why);
-                self.set_state("yielded");
+            // another writer: another field manager owns the keys (while it
+            // does), or, on an API server that keeps no field managers, the
+            // keys moved to values qoslet did not write (for good)
+            if let Some(m) = other_owner(&current) {
+                self.stand_back(format!("field manager {m:?} owns them"), false);
                 return None;
+            }
+            self.other = None;
+            if !has_managers(&current) {
+                if let Some((_, ours)) = self.last {
+                    let shown = advertised(&current);
+                    if shown != ours {
+                        self.stand_back(
+                            format!("they changed to {shown:?}, and qoslet wrote {ours:?}"),
+                            true,
+                        );
+                        return None;
+                    }
+                }
             }
             let age = self.last.map(|(t, _)| now - t);
             let e = explain(&cfg, &current, pods, figures.as_deref(), now, age);
@@ -336,16 +418,13 @@ impl Advertiser {
             let next = e.next();
             let body = patch_body(next, current.metadata.resource_version.as_deref());
             crate::limited().await;
+            let pp = PatchParams {
+                field_manager: Some(FIELD_MANAGER.into()),
+                ..Default::default()
+            };
             let r = tokio::time::timeout(
                 crate::evict::API_TIMEOUT,
-                self.api.patch_status(
-                    &self.node,
-                    &PatchParams {
-                        field_manager: Some(FIELD_MANAGER.into()),
-                        ..Default::default()
-                    },
-                    &Patch::Merge(&body),
-                ),
+                self.api.patch_status(&self.node, &pp, &Patch::Merge(&body)),
             )
             .await;
             match r {
@@ -362,22 +441,22 @@ impl Advertiser {
                     drop(s);
                     info!(node = %self.node, cpu = ?next.cpu, memory = ?next.memory, why = %due, "batch resources written to the Node");
                     self.last = Some((now, next));
-                    self.seen = newer(Some(Arc::new(n)), self.seen.take());
+                    self.seen = newer(self.seen.take(), Some(Arc::new(n)));
                     self.logged = None;
                     return Some(e);
                 }
                 Ok(Err(kube::Error::Api(s))) if s.code == 409 && attempt < 3 => {
                     lock(&self.status.inner).conflicts += 1;
                     tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
-                    crate::limited().await;
-                    match tokio::time::timeout(crate::evict::API_TIMEOUT, self.api.get(&self.node))
-                        .await
-                    {
-                        Ok(Ok(n)) => {
+                    match self.read_node().await {
+                        Some(n) => {
                             current = Arc::new(n);
                             self.seen = Some(current.clone());
                         }
-                        _ => break,
+                        None => {
+                            self.failed("the Node could not be read again after a conflict");
+                            return Some(e);
+                        }
                     }
                 }
                 Ok(Err(kube::Error::Api(s))) if s.code == 429 && attempt < 3 => {
@@ -390,7 +469,7 @@ impl Advertiser {
                 }
                 Err(_) => {
                     self.failed("no answer in 10 s");
-                    return None;
+                    return Some(e);
                 }
             }
         }
@@ -435,7 +514,7 @@ pub async fn advertise(mut a: Advertiser, mut inputs: Inputs, mut shutdown: watc
             .map(|p| cluster_pod_input(p))
             .collect();
         tokio::select! {
-            _ = a.step(cfg.as_deref(), figures, node, &pods, unix_now()) => {}
+            _ = a.step(&cfg, figures, node, &pods, unix_now()) => {}
             _ = shutdown.changed() => return,
         }
     }

@@ -228,7 +228,7 @@ pub fn explain(
     ) {
         Outcome::Remove {
             reason: if metric.is_none() {
-                "no NodeMetric for this node".into()
+                "no NodeMetric figures for this node".into()
             } else {
                 why
             },

@@ -58,6 +58,18 @@ impl Default for CollectPolicy {
 const MAX_WINDOW: Duration = Duration::from_secs(86_400);
 
 impl CollectPolicy {
+    /// From a colocation strategy, as koord-manager copies it into the
+    /// NodeMetric's spec.
+    pub fn of_strategy(s: &qoslet_colocation::strategy::Strategy) -> Self {
+        let spec = json!({"metricCollectPolicy": {
+            "aggregateDurationSeconds": s.metric_aggregate_duration_seconds,
+            "reportIntervalSeconds": s.metric_report_interval_seconds,
+            "nodeAggregatePolicy": {"durations": s.metric_aggregate_policy.as_ref().and_then(|p| p.durations.clone())},
+            "nodeMemoryCollectPolicy": s.metric_memory_collect_policy,
+        }});
+        Self::of_spec(&spec)
+    }
+
     /// From a NodeMetric's spec: a field missing or malformed takes its
     /// default; one under koordlet's minimum (aggregate 60 s, report 30 s) is
     /// raised to it, as koordlet does.
@@ -92,36 +104,7 @@ impl CollectPolicy {
     }
 }
 
-/// A Go duration as Kubernetes writes one (`5m0s`, `1h`, `90s`, `1.5h`).
-pub fn parse_go_duration(s: &str) -> Option<Duration> {
-    let mut rest = s.trim();
-    if rest.is_empty() || rest.len() > 64 {
-        return None;
-    }
-    let mut total = 0f64;
-    while !rest.is_empty() {
-        let num_end = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
-        let n: f64 = rest[..num_end].parse().ok()?;
-        rest = &rest[num_end..];
-        let unit_end = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let mult = match &rest[..unit_end] {
-            "ns" => 1e-9,
-            "us" | "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return None,
-        };
-        rest = &rest[unit_end..];
-        total += n * mult;
-    }
-    (total.is_finite() && total >= 0.0).then(|| Duration::from_secs_f64(total))
-}
+pub use qoslet_colocation::parse_go_duration;
 
 /// Go's `Duration.String()` for whole seconds (`5m0s`, `1h0m0s`, `30s`).
 pub fn go_duration(d: Duration) -> String {
@@ -275,6 +258,12 @@ pub trait MetricsSource: Send + Sync + 'static {
 /// so that the Node and the NodeMetric never disagree.
 pub type Figures = watch::Sender<Option<Arc<Value>>>;
 
+/// The colocation-config as followed, and this Node as watched.
+pub type ColocationInputs = (
+    watch::Receiver<crate::sloconfig::SloConfig>,
+    watch::Receiver<Option<Arc<crate::view::NodeView>>>,
+);
+
 /// Settings of the reporter.
 #[derive(Debug, Clone, Default)]
 pub struct ReportSettings {
@@ -287,9 +276,48 @@ pub struct ReportSettings {
     pub write: bool,
     /// Where each report's status is published (`None`: nowhere).
     pub figures: Option<Figures>,
+    /// The colocation-config and this Node, whose collect policy applies
+    /// when no NodeMetric spec sets one (no koord-manager to copy it there).
+    pub colocation: Option<ColocationInputs>,
 }
 
 impl ReportSettings {
+    /// The collect policy when no NodeMetric spec sets one: the
+    /// colocation-config's for this node when it turns co-location on
+    /// (koord-manager's `getNodeMetricCollectPolicy`), else the defaults.
+    fn fallback_policy(&self) -> CollectPolicy {
+        let Some((cfg, node)) = &self.colocation else {
+            return CollectPolicy::default();
+        };
+        let crate::sloconfig::SloConfig::Read(c) = &*cfg.borrow() else {
+            return CollectPolicy::default();
+        };
+        let empty = Default::default();
+        let n = node.borrow();
+        let (labels, annotations) = match n.as_deref() {
+            Some(n) => (
+                n.metadata.labels.as_ref().unwrap_or(&empty),
+                n.metadata.annotations.as_ref().unwrap_or(&empty),
+            ),
+            None => (&empty, &empty),
+        };
+        let r = c.resolve(labels, annotations);
+        if r.enabled() {
+            CollectPolicy::of_strategy(&r.strategy)
+        } else {
+            CollectPolicy::default()
+        }
+    }
+
+    /// The policy of a NodeMetric's spec, or the fallback when it sets none.
+    fn policy_of(&self, spec: &Value) -> CollectPolicy {
+        if spec["metricCollectPolicy"].is_object() {
+            CollectPolicy::of_spec(spec)
+        } else {
+            self.fallback_policy()
+        }
+    }
+
     /// Publishes a report's status, collected with `policy`, when someone
     /// follows them; `false` when there are no figures.
     fn publish(&self, source: &dyn MetricsSource, policy: &CollectPolicy) -> Option<Value> {
@@ -333,7 +361,7 @@ pub async fn report_once(
     status: &ClusterStatus,
 ) -> Result<(Reported, CollectPolicy), kube::Error> {
     if !settings.write {
-        let policy = CollectPolicy::default();
+        let policy = settings.fallback_policy();
         return Ok(match settings.publish(source, &policy) {
             Some(_) => (Reported::Published, policy),
             None => (Reported::NoFigures, policy),
@@ -347,8 +375,9 @@ pub async fn report_once(
             // nothing: no such resource (the CRD is not installed)
             Err(kube::Error::Api(s)) if s.code == 404 => {
                 if s.details.as_ref().is_none_or(|d| d.name.is_empty()) {
-                    settings.publish(source, &CollectPolicy::default());
-                    return Ok((Reported::NoResource, CollectPolicy::default()));
+                    let policy = settings.fallback_policy();
+                    settings.publish(source, &policy);
+                    return Ok((Reported::NoResource, policy));
                 }
                 None
             }
@@ -371,11 +400,12 @@ pub async fn report_once(
                 }
             }
             None => {
-                settings.publish(source, &CollectPolicy::default());
-                return Ok((Reported::Missing, CollectPolicy::default()));
+                let policy = settings.fallback_policy();
+                settings.publish(source, &policy);
+                return Ok((Reported::Missing, policy));
             }
         };
-        let policy = CollectPolicy::of_spec(&current.data["spec"]);
+        let policy = settings.policy_of(&current.data["spec"]);
         let Some(status_now) = settings.publish(source, &policy) else {
             return Ok((Reported::NoFigures, policy));
         };

@@ -148,16 +148,19 @@ pub(crate) fn node_event(client: &kube::Client, node: &str, reason: &'static str
         uid: Some(node.into()),
         ..Default::default()
     };
-    warning_event(client, node, "default", involved, reason, message);
+    warning_event(client, node, "default", involved, None, reason, message);
 }
 
 /// A Warning Event on `involved` (recorded in `namespace`) from this node's
-/// qoslet, sent off the caller's task with a timeout.
+/// qoslet, sent off the caller's task with a timeout. `name`: one name for
+/// the same Event from every node (the first node's is recorded, the others'
+/// answered 409); `None`: this node's own.
 pub(crate) fn warning_event(
     client: &kube::Client,
     node: &str,
     namespace: &str,
     involved: k8s_openapi::api::core::v1::ObjectReference,
+    name: Option<String>,
     reason: &'static str,
     message: &str,
 ) {
@@ -172,11 +175,13 @@ pub(crate) fn warning_event(
     msg.truncate(end);
     let ev = Event {
         metadata: ObjectMeta {
-            name: Some(format!(
-                "{}.{:x}",
-                node.chars().take(200).collect::<String>(),
-                now.as_nanosecond()
-            )),
+            name: Some(name.unwrap_or_else(|| {
+                format!(
+                    "{}.{:x}",
+                    node.chars().take(200).collect::<String>(),
+                    now.as_nanosecond()
+                )
+            })),
             namespace: Some(namespace.into()),
             ..Default::default()
         },
@@ -203,6 +208,8 @@ pub(crate) fn warning_event(
         crate::limited().await;
         match tokio::time::timeout(crate::evict::API_TIMEOUT, api.create(&pp, &ev)).await {
             Ok(Ok(_)) => {}
+            // another node recorded this same Event
+            Ok(Err(kube::Error::Api(s))) if s.code == 409 => {}
             Ok(Err(e)) => warn!(reason, error = %e, "event not recorded"),
             Err(_) => warn!(reason, "event not recorded: no answer in 10 s"),
         }

@@ -34,9 +34,10 @@ pub fn cluster_pod(p: &PodView) -> Option<ClusterPod> {
         .and_then(|s| s.init_containers.as_deref())
         .unwrap_or_default();
     let overhead = spec.and_then(|s| s.overhead.as_ref());
+    let level = spec.and_then(|s| s.resources.as_ref());
     let amounts = |which: Which| PodAmounts {
-        cpu_milli: pod_amount(containers, init, overhead, which, "cpu"),
-        memory: pod_amount(containers, init, overhead, which, "memory"),
+        cpu_milli: pod_amount(containers, init, overhead, level, which, "cpu"),
+        memory: pod_amount(containers, init, overhead, level, which, "memory"),
     };
     let tolerations = spec
         .and_then(|s| s.tolerations.as_deref())
@@ -77,9 +78,10 @@ pub fn pod_requests(p: &PodView) -> (i64, i64) {
         .and_then(|s| s.init_containers.as_deref())
         .unwrap_or_default();
     let overhead = spec.and_then(|s| s.overhead.as_ref());
+    let level = spec.and_then(|s| s.resources.as_ref());
     (
-        pod_amount(containers, init, overhead, Which::Requests, "cpu"),
-        pod_amount(containers, init, overhead, Which::Requests, "memory"),
+        pod_amount(containers, init, overhead, level, Which::Requests, "cpu"),
+        pod_amount(containers, init, overhead, level, Which::Requests, "memory"),
     )
 }
 
@@ -143,14 +145,28 @@ fn container_amount(c: &ContainerView, which: Which, name: &str) -> Option<i64> 
 /// containers that keep running); each other init container runs alone with
 /// the sidecars started before it, and the pod needs at least the most of
 /// those; the overhead is added to a total that is not zero. A limit missing
-/// on a regular container is none for the pod (0).
+/// on a regular container is none for the pod (0). Pod-level resources, when
+/// set for the resource, are the pod's amount instead (plus the overhead).
 fn pod_amount(
     containers: &[ContainerView],
     init: &[ContainerView],
     overhead: Option<&ResourceList>,
+    level: Option<&ResourcesView>,
     which: Which,
     name: &str,
 ) -> i64 {
+    // pod-level resources, when set for this resource, are the pod's (a
+    // pod-level request missing where its limit is set is the limit)
+    let pod_level = level.and_then(|r| {
+        let limit = amount(r.limits.as_ref(), name);
+        match which {
+            Which::Requests => amount(r.requests.as_ref(), name).or(limit),
+            Which::Limits => limit,
+        }
+    });
+    if let Some(v) = pod_level.filter(|v| *v > 0) {
+        return v.saturating_add(amount(overhead, name).unwrap_or(0));
+    }
     if which == Which::Limits
         && containers
             .iter()

@@ -9,9 +9,13 @@
 //! keeps the last good value and records a Warning Event on the ConfigMap
 //! naming the key and the error (once per distinct error), as koord-manager
 //! does; an API server that cannot be reached keeps the last good value.
-//! Until a first good value is read the config is unknown (`None`), and
+//! Until a first good value is read the config is unknown, and
 //! `batchResources: auto` waits, as koord-manager does with its cache
-//! unavailable.
+//! unavailable; a ConfigMap RBAC does not let qoslet read is `Unreadable`
+//! (`on` then takes Koordinator's defaults, `auto` waits). The Warning Event
+//! of a bad value has one name for the cluster (the ConfigMap's
+//! resourceVersion): the first node records it, the others' are refused,
+//! not 5,000 Events for one bad edit.
 
 use std::sync::Arc;
 
@@ -71,6 +75,18 @@ impl<'de> serde::Deserialize<'de> for SloConfigRef {
     }
 }
 
+/// The colocation-config as the follower has it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum SloConfig {
+    /// Not listed yet, or only bad values so far.
+    #[default]
+    Unknown,
+    /// The API server refuses to show it (RBAC: no Role in its namespace).
+    Unreadable(String),
+    /// Read (Koordinator's defaults when the ConfigMap or its key is missing).
+    Read(Arc<ColocationConfig>),
+}
+
 /// The colocation-config in a ConfigMap's data, as koord-manager reads it:
 /// `Ok` to use (the defaults when the key is absent or empty), `Err` to
 /// keep the last good one.
@@ -88,7 +104,7 @@ pub async fn follow(
     client: kube::Client,
     node: String,
     at: SloConfigRef,
-    out: watch::Sender<Option<Arc<ColocationConfig>>>,
+    out: watch::Sender<SloConfig>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &at.namespace);
@@ -125,18 +141,27 @@ pub async fn follow(
                     warn!(configmap = %format!("{}/{}", at.namespace, at.name), error = %e, "slo-controller-config watch failed (retried with backoff); the last good colocation-config stays");
                     failing = true;
                 }
+                // refused outright (no Role where the ConfigMap is): say so,
+                // unless a good value was read before
+                if let watcher::Error::InitialListFailed(kube::Error::Api(s)) = &e {
+                    if s.code == 403 && !matches!(*out.borrow(), SloConfig::Read(_)) {
+                        out.send_replace(SloConfig::Unreadable(
+                            s.message.chars().take(256).collect(),
+                        ));
+                    }
+                }
                 continue;
             }
         };
         match colocation_of(cm.as_ref()) {
             Ok(c) => {
                 refused = None;
-                if out.borrow().as_deref() != Some(&c) {
+                if !matches!(&*out.borrow(), SloConfig::Read(o) if **o == c) {
                     info!(configmap = %format!("{}/{}", at.namespace, at.name), present = cm.is_some(), enable = ?c.cluster.enable, node_configs = c.nodes.len(), "colocation-config");
                     for w in &c.warnings {
                         warn!("colocation-config: {w}");
                     }
-                    out.send_replace(Some(Arc::new(c)));
+                    out.send_replace(SloConfig::Read(Arc::new(c)));
                 }
             }
             Err(e) => {
@@ -151,11 +176,18 @@ pub async fn follow(
                             uid: cm.metadata.uid.clone(),
                             ..Default::default()
                         };
+                        // one Event for the cluster, whichever node records it first
+                        let name = format!(
+                            "{}.{}.colocation-config",
+                            at.name,
+                            cm.metadata.resource_version.as_deref().unwrap_or("0")
+                        );
                         crate::nodeslo::warning_event(
                             &client,
                             &node,
                             &at.namespace,
                             involved,
+                            Some(name.chars().take(253).collect()),
                             "ColocationCfgUnmarshalFailed",
                             &format!("qoslet on {node} keeps its last good {COLOCATION_KEY}: {e}"),
                         );

@@ -65,6 +65,9 @@ pub struct PodSpecView {
     pub containers: Option<Vec<ContainerView>>,
     pub init_containers: Option<Vec<ContainerView>>,
     pub overhead: Option<ResourceList>,
+    /// Pod-level requests and limits (`PodLevelResources`, Kubernetes 1.32+):
+    /// when set for a resource, they are the pod's.
+    pub resources: Option<ResourcesView>,
     pub priority: Option<i32>,
     pub priority_class_name: Option<String>,
     pub termination_grace_period_seconds: Option<i64>,

@@ -429,3 +429,65 @@ fn reservation_annotation() {
     assert!(reservation_of(&a(r#"{"reservedCPUs":"x-y"}"#)).is_err());
     assert!(reservation_of(&a(r#"{"resources":{"cpu":"lots"}}"#)).is_err());
 }
+
+#[test]
+fn koordinators_label_and_host_application_rules() {
+    // a priority-class label naming no class is none: the QoS decides, not spec.priority
+    let mut p = pod(
+        "ns",
+        "a",
+        "Running",
+        &[("koordinator.sh/priority-class", "batch")],
+        "Burstable",
+        cores(4, 4),
+    );
+    p.priority = Some(5500);
+    let m = MetricInput {
+        update_time: Some(1),
+        pods: vec![metric("ns", "a", cores(3, 3))],
+        ..Default::default()
+    };
+    let n = node(cores(10, 10), cores(10, 10));
+    assert_eq!(
+        calculate(&strategy(100, 100), &n, &[p], &m).cpu,
+        7_000,
+        "Burstable: prod"
+    );
+    // a host application with no priority is not above batch (case 7 with the priority left out)
+    let (pods, mut m7) = fixture();
+    m7.system = cores(4, 6);
+    m7.host_apps = vec![HostAppMetric {
+        name: "app".into(),
+        usage: cores(3, 6),
+        priority: None,
+    }];
+    let b = calculate(
+        &strategy(65, 65),
+        &node(cores(100, 120), cores(100, 120)),
+        &pods,
+        &m7,
+    );
+    assert_eq!((b.cpu, b.memory), (28_000, 39 * G));
+    m7.host_apps[0].priority = Some("koord-mid".into());
+    let b = calculate(
+        &strategy(65, 65),
+        &node(cores(100, 120), cores(100, 120)),
+        &pods,
+        &m7,
+    );
+    assert_eq!((b.cpu, b.memory), (25_000, 33 * G));
+}
+
+#[test]
+fn reservation_quantities_may_be_numbers() {
+    let a = BTreeMap::from([(
+        RESERVATION_ANNOTATION.to_string(),
+        r#"{"resources":{"cpu":2,"memory":1073741824}}"#.to_string(),
+    )]);
+    assert_eq!(reservation_of(&a), Ok(Some(Res::new(2000, 1 << 30))));
+    let big = BTreeMap::from([(
+        RESERVATION_ANNOTATION.to_string(),
+        format!("{{\"reservedCPUs\":\"{}\"}}", "0,".repeat(10_000)),
+    )]);
+    assert!(reservation_of(&big).is_err(), "over the size bound");
+}

@@ -239,3 +239,56 @@ fn validation_table() {
         "a partial strategy is valid"
     );
 }
+
+#[test]
+fn go_decoder_semantics() {
+    // a key given twice: the last value (Go), not an error
+    let c = ColocationConfig::parse(
+        r#"{"enable": true, "cpuReclaimThresholdPercent": 50, "enable": false}"#,
+    )
+    .unwrap();
+    assert_eq!(c.cluster.enable, Some(false));
+    // whitespace is not empty: a JSON error, the last good value stays
+    assert!(matches!(
+        ColocationConfig::parse("  \n"),
+        Err(ConfigError::Json(_))
+    ));
+    // a duration metav1.Duration cannot parse refuses the value
+    assert!(matches!(
+        ColocationConfig::parse(r#"{"metricAggregatePolicy": {"durations": ["5 minutes"]}}"#),
+        Err(ConfigError::Json(_))
+    ));
+    assert!(ColocationConfig::parse(
+        r#"{"metricAggregatePolicy": {"durations": ["5m", "1h30m"]}}"#
+    )
+    .is_ok());
+}
+
+#[test]
+fn a_nodes_values_are_bounded() {
+    let c = ColocationConfig::parse(r#"{"enable": true}"#).unwrap();
+    // a ratio over 100 (10,000 %) is ignored, not saturated
+    let r = c.resolve(&labels(&[(CPU_RECLAIM_LABEL, "1e300")]), &labels(NONE));
+    assert_eq!(r.strategy.cpu_reclaim(), 60);
+    let r = c.resolve(&labels(&[(CPU_RECLAIM_LABEL, "1.5")]), &labels(NONE));
+    assert_eq!(
+        r.strategy.cpu_reclaim(),
+        150,
+        "Koordinator's case 8: over 100 % is a negative margin"
+    );
+    // an annotation that would fail validation is ignored whole
+    let anno = labels(&[(
+        STRATEGY_ANNOTATION,
+        r#"{"cpuReclaimThresholdPercent": -9223372036854775808, "memoryCalculatePolicy": "request"}"#,
+    )]);
+    let r = c.resolve(&labels(NONE), &anno);
+    assert_eq!(
+        (r.strategy.cpu_reclaim(), r.strategy.memory_policy()),
+        (60, "usage")
+    );
+    assert!(
+        r.notes.iter().any(|n| n.contains("ignored")),
+        "{:?}",
+        r.notes
+    );
+}

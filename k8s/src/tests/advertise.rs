@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 
 use super::fake_with_client;
 use crate::advertise::{AdvertiseStatus, Advertiser, BatchMode};
+use crate::sloconfig::SloConfig;
 use crate::view::NodeView;
 
 const NODES: &str = "/api/v1/nodes";
@@ -72,6 +73,10 @@ fn config() -> ColocationConfig {
     ColocationConfig::parse(r#"{"enable": true, "cpuReclaimThresholdPercent": 65, "memoryReclaimThresholdPercent": 65}"#).unwrap()
 }
 
+fn read(c: &ColocationConfig) -> SloConfig {
+    SloConfig::Read(Arc::new(c.clone()))
+}
+
 fn view(fake: &qoslet_kube_fake::FakeApiServer) -> Option<Arc<NodeView>> {
     fake.get(NODES, "node-1")
         .map(|v| Arc::new(serde_json::from_value(v).unwrap()))
@@ -98,7 +103,7 @@ async fn the_node_gains_and_loses_the_keys_as_ls_load_moves() {
     // Koordinator's case 1: 25 cores, 33G, in capacity and allocatable
     let e = a
         .step(
-            Some(&cfg),
+            &read(&cfg),
             Some(figures(T0, 11.0)),
             view(&fake),
             &pods(),
@@ -120,7 +125,7 @@ async fn the_node_gains_and_loses_the_keys_as_ls_load_moves() {
     let writes = fake.status_writes().len();
     let e = a
         .step(
-            Some(&cfg),
+            &read(&cfg),
             Some(figures(T0 + 60, 11.5)),
             view(&fake),
             &pods(),
@@ -133,7 +138,7 @@ async fn the_node_gains_and_loses_the_keys_as_ls_load_moves() {
     // podA starts burning 30 cores: 100 - 35 - 7 - (30 + 22) = 6 cores
     let e = a
         .step(
-            Some(&cfg),
+            &read(&cfg),
             Some(figures(T0 + 120, 30.0)),
             view(&fake),
             &pods(),
@@ -151,7 +156,7 @@ async fn the_node_gains_and_loses_the_keys_as_ls_load_moves() {
     // every updateTimeThresholdSeconds keeps the values), a second later not
     let e = a
         .step(
-            Some(&cfg),
+            &read(&cfg),
             Some(figures(T0 + 120, 30.0)),
             view(&fake),
             &pods(),
@@ -166,7 +171,7 @@ async fn the_node_gains_and_loses_the_keys_as_ls_load_moves() {
     );
     let e = a
         .step(
-            Some(&cfg),
+            &read(&cfg),
             Some(figures(T0 + 120, 30.0)),
             view(&fake),
             &pods(),
@@ -190,7 +195,7 @@ async fn the_node_gains_and_loses_the_keys_as_ls_load_moves() {
     let off = ColocationConfig::parse(r#"{"enable": false}"#).unwrap();
     let e = a
         .step(
-            Some(&off),
+            &read(&off),
             Some(figures(T0 + 2000, 11.0)),
             view(&fake),
             &pods(),
@@ -207,7 +212,7 @@ async fn the_node_gains_and_loses_the_keys_as_ls_load_moves() {
         Arc::new(AdvertiseStatus::default()),
     );
     on.step(
-        Some(&off),
+        &read(&off),
         Some(figures(T0 + 2000, 11.0)),
         view(&fake),
         &pods(),
@@ -248,7 +253,7 @@ async fn kubelets_concurrent_status_update_is_not_lost_and_conflicts_are_retried
     n["status"]["allocatable"]["memory"] = json!("100G");
     fake.apply(NODES, n);
     a.step(
-        Some(&config()),
+        &read(&config()),
         Some(figures(T0, 11.0)),
         before,
         &pods(),
@@ -271,7 +276,7 @@ async fn kubelets_concurrent_status_update_is_not_lost_and_conflicts_are_retried
     // two injected conflicts more: still written
     fake.conflict_next(2);
     a.step(
-        Some(&config()),
+        &read(&config()),
         Some(figures(T0 + 60, 40.0)),
         view(&fake),
         &pods(),
@@ -298,6 +303,9 @@ async fn kubelets_concurrent_status_update_is_not_lost_and_conflicts_are_retried
     std::fs::remove_dir_all(dir).ok();
 }
 
+/// koord-manager's status update makes it the keys' field manager (a real
+/// API server records it); on an API server that keeps no field managers,
+/// values qoslet did not write stop it for good.
 #[tokio::test]
 async fn another_writer_is_detected_and_not_fought() {
     let (fake, dir, client) = fake_with_client("advertise-other").await;
@@ -305,7 +313,7 @@ async fn another_writer_is_detected_and_not_fought() {
     let status = Arc::new(AdvertiseStatus::default());
     let mut a = Advertiser::new(client, "node-1".into(), BatchMode::On, status.clone());
     a.step(
-        Some(&config()),
+        &read(&config()),
         Some(figures(T0, 11.0)),
         view(&fake),
         &pods(),
@@ -313,32 +321,28 @@ async fn another_writer_is_detected_and_not_fought() {
     )
     .await
     .unwrap();
-    // koord-manager writes its own value
+    // koord-manager writes its own value: it owns the keys now
     let mut n = fake.get(NODES, "node-1").unwrap();
     n["status"]["allocatable"]["kubernetes.io/batch-cpu"] = json!("12345");
     n["status"]["capacity"]["kubernetes.io/batch-cpu"] = json!("12345");
+    n["metadata"]["managedFields"] = json!([{"manager": "koord-manager", "operation": "Update", "apiVersion": "v1",
+        "subresource": "status", "fieldsType": "FieldsV1",
+        "fieldsV1": {"f:status": {"f:allocatable": {"f:kubernetes.io/batch-cpu": {}, "f:kubernetes.io/batch-memory": {}},
+                                  "f:capacity": {"f:kubernetes.io/batch-cpu": {}, "f:kubernetes.io/batch-memory": {}}}}}]);
     fake.apply(NODES, n);
     let writes = fake.status_writes().len();
-    assert!(a
-        .step(
-            Some(&config()),
-            Some(figures(T0 + 60, 30.0)),
-            view(&fake),
-            &pods(),
-            T0 + 60
-        )
-        .await
-        .is_none());
-    assert!(a
-        .step(
-            Some(&config()),
-            Some(figures(T0 + 400, 30.0)),
-            view(&fake),
-            &pods(),
-            T0 + 400
-        )
-        .await
-        .is_none());
+    for t in [T0 + 60, T0 + 400, T0 + 2000] {
+        assert!(a
+            .step(
+                &read(&config()),
+                Some(figures(t, 30.0)),
+                view(&fake),
+                &pods(),
+                t
+            )
+            .await
+            .is_none());
+    }
     assert_eq!(fake.status_writes().len(), writes, "never written again");
     assert_eq!(status.state(), "yielded");
     assert_eq!(shown(&fake).1[0], "12345");
@@ -348,11 +352,62 @@ async fn another_writer_is_detected_and_not_fought() {
         || {
             fake.list("/api/v1/events")
                 .iter()
-                .any(|e| e["reason"] == "BatchResourcesYielded")
+                .filter(|e| e["reason"] == "BatchResourcesYielded")
+                .count()
+                == 1
         },
     )
     .await;
+    // an API server without field managers: a value qoslet did not write stops it for good
+    let (fake, dir2, client) = fake_with_client("advertise-other2").await;
+    fake.apply(NODES, node());
+    let status = Arc::new(AdvertiseStatus::default());
+    let mut a = Advertiser::new(client, "node-1".into(), BatchMode::On, status.clone());
+    a.step(
+        &read(&config()),
+        Some(figures(T0, 11.0)),
+        view(&fake),
+        &pods(),
+        T0,
+    )
+    .await
+    .unwrap();
+    let mut n = fake.get(NODES, "node-1").unwrap();
+    n["status"]["allocatable"]["kubernetes.io/batch-cpu"] = json!("12345");
+    n["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("managedFields");
+    fake.apply(NODES, n);
+    assert!(a
+        .step(
+            &read(&config()),
+            Some(figures(T0 + 60, 30.0)),
+            view(&fake),
+            &pods(),
+            T0 + 60
+        )
+        .await
+        .is_none());
+    let mut n = fake.get(NODES, "node-1").unwrap();
+    n["status"]["allocatable"]
+        .as_object_mut()
+        .unwrap()
+        .remove("kubernetes.io/batch-cpu");
+    fake.apply(NODES, n);
+    assert!(a
+        .step(
+            &read(&config()),
+            Some(figures(T0 + 120, 30.0)),
+            view(&fake),
+            &pods(),
+            T0 + 120
+        )
+        .await
+        .is_none());
+    assert_eq!(status.state(), "yielded");
     std::fs::remove_dir_all(dir).ok();
+    std::fs::remove_dir_all(dir2).ok();
 }
 
 #[tokio::test]
@@ -362,7 +417,7 @@ async fn an_api_server_gone_for_a_minute_leaves_the_values_in_place() {
     let status = Arc::new(AdvertiseStatus::default());
     let mut a = Advertiser::new(client, "node-1".into(), BatchMode::On, status.clone());
     a.step(
-        Some(&config()),
+        &read(&config()),
         Some(figures(T0, 11.0)),
         view(&fake),
         &pods(),
@@ -371,31 +426,38 @@ async fn an_api_server_gone_for_a_minute_leaves_the_values_in_place() {
     .await
     .unwrap();
     let last = view(&fake);
+    let writes = fake.status_writes().len();
     fake.go_down();
-    // a minute of reports while it is gone, the load moving: nothing written, nothing lost
-    for s in (10..=60).step_by(10) {
-        a.step(
-            Some(&config()),
-            Some(figures(T0 + s, 30.0)),
-            last.clone(),
-            &pods(),
-            T0 + s,
-        )
-        .await;
+    // 20 minutes of reports while it is gone, the load moving: every write
+    // fails, and the figures being fresh, nothing is taken off (no degrade)
+    for s in (60..=1200).step_by(60) {
+        let e = a
+            .step(
+                &read(&config()),
+                Some(figures(T0 + s, 30.0)),
+                last.clone(),
+                &pods(),
+                T0 + s,
+            )
+            .await
+            .unwrap();
+        assert!(matches!(e.outcome, crate::batch::Outcome::Advertise(_)));
         assert_eq!(status.state(), "failing");
     }
-    assert_eq!(shown(&fake).1, json!(["25000", "33000000000"]));
+    assert_eq!(fake.status_writes().len(), writes);
     fake.come_back().await;
     a.step(
-        Some(&config()),
-        Some(figures(T0 + 70, 30.0)),
+        &read(&config()),
+        Some(figures(T0 + 1260, 30.0)),
         last,
         &pods(),
-        T0 + 70,
+        T0 + 1260,
     )
     .await
     .unwrap();
+    // back: the new value, written once, not a removal
     assert_eq!(shown(&fake).1, json!(["6000", "33000000000"]));
+    assert_eq!(fake.status_writes().len(), writes + 1);
     assert_eq!(status.state(), "advertising");
     std::fs::remove_dir_all(dir).ok();
 }
@@ -417,7 +479,7 @@ async fn keys_another_field_manager_owns_are_left_alone_from_the_start() {
     let mut a = Advertiser::new(client, "node-1".into(), BatchMode::On, status.clone());
     assert!(a
         .step(
-            Some(&config()),
+            &read(&config()),
             Some(figures(T0, 11.0)),
             view(&fake),
             &pods(),
@@ -437,7 +499,7 @@ async fn keys_another_field_manager_owns_are_left_alone_from_the_start() {
         Arc::new(AdvertiseStatus::default()),
     );
     a.step(
-        Some(&config()),
+        &read(&config()),
         Some(figures(T0, 11.0)),
         view(&fake),
         &pods(),
@@ -453,7 +515,7 @@ async fn keys_another_field_manager_owns_are_left_alone_from_the_start() {
         !mf[0]["fieldsV1"]["f:status"]["f:allocatable"]["f:kubernetes.io/batch-memory"].is_null()
     );
     a.step(
-        Some(&config()),
+        &read(&config()),
         Some(figures(T0 + 60, 30.0)),
         view(&fake),
         &pods(),
@@ -492,7 +554,8 @@ async fn auto_follows_the_configmap_and_a_bad_value_keeps_the_last_good_one() {
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let (node_cache, node_view) = tokio::sync::watch::channel(None);
     let (figures, figures_rx) = tokio::sync::watch::channel(None);
-    let (colocation, colocation_rx) = tokio::sync::watch::channel(None);
+    let (colocation, colocation_rx) = tokio::sync::watch::channel(SloConfig::Unknown);
+    let watching = colocation_rx.clone();
     let status = Arc::new(crate::status::ClusterStatus::default());
     let adv = Arc::new(AdvertiseStatus::default());
     let _ = status.batch.set(adv.clone());
@@ -515,6 +578,7 @@ async fn auto_follows_the_configmap_and_a_bad_value_keeps_the_last_good_one() {
                 interval: Some(Duration::from_millis(300)),
                 write: false,
                 figures: Some(figures),
+                colocation: None,
             },
             status.clone(),
             stopped.clone(),
@@ -558,6 +622,10 @@ async fn auto_follows_the_configmap_and_a_bad_value_keeps_the_last_good_one() {
     .await;
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert!(has(&fake), "the last good colocation-config stays in force");
+    assert!(
+        matches!(&*watching.borrow(), SloConfig::Read(c) if c.cluster.enable == Some(true)),
+        "the good value, not none"
+    );
     // co-location turned off: the keys go
     fake.apply(CONFIGMAPS, configmap(r#"{"enable": false}"#));
     super::until("batch resources removed", s, || !has(&fake)).await;
@@ -576,5 +644,271 @@ async fn auto_follows_the_configmap_and_a_bad_value_keeps_the_last_good_one() {
     for t in tasks {
         let _ = t.await;
     }
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// A qoslet restart: the keys its predecessor wrote stay until the first
+/// figures (seconds to a minute later), and go only when none came for
+/// degradeTimeMinutes.
+#[tokio::test]
+async fn a_restart_does_not_take_the_keys_off_before_the_first_figures() {
+    let (fake, dir, client) = fake_with_client("advertise-restart").await;
+    fake.apply(NODES, node());
+    let mut first = Advertiser::new(
+        client.clone(),
+        "node-1".into(),
+        BatchMode::Auto,
+        Arc::new(AdvertiseStatus::default()),
+    );
+    first
+        .step(
+            &read(&config()),
+            Some(figures(T0, 11.0)),
+            view(&fake),
+            &pods(),
+            T0,
+        )
+        .await
+        .unwrap();
+    let writes = fake.status_writes().len();
+    // the new process: no figures yet
+    let status = Arc::new(AdvertiseStatus::default());
+    let mut a = Advertiser::new(client, "node-1".into(), BatchMode::Auto, status.clone());
+    for t in [T0 + 30, T0 + 90, T0 + 30 + 900] {
+        assert!(a
+            .step(&read(&config()), None, view(&fake), &pods(), t)
+            .await
+            .is_none());
+        assert_eq!(status.state(), "waiting");
+    }
+    assert_eq!(fake.status_writes().len(), writes);
+    assert_eq!(shown(&fake).1, json!(["25000", "33000000000"]));
+    // its own keys (field manager qoslet) are not another writer's: the first figures write
+    let e = a
+        .step(
+            &read(&config()),
+            Some(figures(T0 + 60, 30.0)),
+            view(&fake),
+            &pods(),
+            T0 + 60,
+        )
+        .await
+        .unwrap();
+    assert_eq!(e.due.unwrap().to_string(), "nothing written since start");
+    assert_eq!(shown(&fake).1, json!(["6000", "33000000000"]));
+    // ... and with no figures at all for degradeTimeMinutes, the keys go
+    let mut b = Advertiser::new(
+        a_client(&dir).await,
+        "node-1".into(),
+        BatchMode::Auto,
+        Arc::new(AdvertiseStatus::default()),
+    );
+    assert!(b
+        .step(&read(&config()), None, view(&fake), &pods(), T0 + 100)
+        .await
+        .is_none());
+    let e = b
+        .step(&read(&config()), None, view(&fake), &pods(), T0 + 100 + 901)
+        .await
+        .unwrap();
+    assert!(matches!(
+        e.outcome,
+        crate::batch::Outcome::Remove { degraded: true, .. }
+    ));
+    assert_eq!(shown(&fake).1, json!([null, null]));
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// The rights the manifests grant (base ClusterRole + components/colocation),
+/// enforced by the fake: a write and a conflict's read again need nothing more.
+#[tokio::test]
+async fn the_manifests_rbac_is_enough_through_a_conflict() {
+    let (fake, dir, client) = fake_with_client("advertise-rbac").await;
+    let mut rules = Vec::new();
+    for doc in [
+        include_str!("../../../deploy/kubernetes/base/rbac.yaml"),
+        include_str!("../../../deploy/kubernetes/components/colocation/rbac.yaml"),
+    ] {
+        for part in doc.split("\n---\n") {
+            let o: Value = serde_saphyr::from_str(part).unwrap();
+            if o["kind"] == "ClusterRole" {
+                rules.extend(o["rules"].as_array().unwrap().iter().cloned());
+            }
+        }
+    }
+    assert!(!rules.is_empty());
+    fake.apply(NODES, node());
+    fake.authorize(&rules);
+    let mut a = Advertiser::new(
+        client,
+        "node-1".into(),
+        BatchMode::On,
+        Arc::new(AdvertiseStatus::default()),
+    );
+    let before = view(&fake);
+    let mut n = fake.get(NODES, "node-1").unwrap();
+    n["status"]["conditions"][0]["reason"] = json!("KubeletReadyAgain");
+    fake.apply(NODES, n);
+    a.step(
+        &read(&config()),
+        Some(figures(T0, 11.0)),
+        before,
+        &pods(),
+        T0,
+    )
+    .await
+    .unwrap();
+    assert_eq!(shown(&fake).1, json!(["25000", "33000000000"]));
+    assert_eq!(fake.forbidden(), vec![]);
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// Field managers as a real API server keeps them: qoslet's entry merged
+/// into `ancient-changes` is still qoslet's; a Node created again (another
+/// UID) has nothing of qoslet's; another writer that leaves (an operator
+/// removes its keys) hands them back.
+#[tokio::test]
+async fn field_managers_ancient_changes_a_node_created_again_and_a_writer_that_leaves() {
+    let (fake, dir, client) = fake_with_client("advertise-managers").await;
+    let owned = |manager: &str| {
+        json!({"manager": manager, "operation": "Update", "apiVersion": "v1", "subresource": "status", "fieldsType": "FieldsV1",
+               "fieldsV1": {"f:status": {"f:allocatable": {"f:kubernetes.io/batch-cpu": {}, "f:kubernetes.io/batch-memory": {}}}}})
+    };
+    let mut n = node();
+    n["status"]["allocatable"]["kubernetes.io/batch-cpu"] = json!("25000");
+    n["metadata"]["managedFields"] = json!([owned("ancient-changes")]);
+    fake.apply(NODES, n);
+    let status = Arc::new(AdvertiseStatus::default());
+    let mut a = Advertiser::new(client, "node-1".into(), BatchMode::On, status.clone());
+    a.step(
+        &read(&config()),
+        Some(figures(T0, 11.0)),
+        view(&fake),
+        &pods(),
+        T0,
+    )
+    .await
+    .unwrap();
+    assert_eq!(status.state(), "advertising");
+    assert_eq!(shown(&fake).1, json!(["25000", "33000000000"]));
+    // the Node deleted and created again by kubelet: no keys, no managers
+    fake.delete(NODES, "node-1");
+    fake.apply(NODES, node());
+    a.step(
+        &read(&config()),
+        Some(figures(T0 + 60, 11.0)),
+        view(&fake),
+        &pods(),
+        T0 + 60,
+    )
+    .await
+    .unwrap();
+    assert_eq!(status.state(), "advertising", "not another writer");
+    assert_eq!(shown(&fake).1, json!(["25000", "33000000000"]));
+    // an operator's kubectl patch takes the keys: qoslet stands back while it owns them
+    let mut n = fake.get(NODES, "node-1").unwrap();
+    n["status"]["allocatable"]["kubernetes.io/batch-cpu"] = json!("1000");
+    n["metadata"]["managedFields"] = json!([owned("kubectl-patch")]);
+    fake.apply(NODES, n);
+    assert!(a
+        .step(
+            &read(&config()),
+            Some(figures(T0 + 120, 11.0)),
+            view(&fake),
+            &pods(),
+            T0 + 120
+        )
+        .await
+        .is_none());
+    assert_eq!(status.state(), "yielded");
+    // ... and the operator removes them: handed back
+    let mut n = fake.get(NODES, "node-1").unwrap();
+    n["status"]["allocatable"]
+        .as_object_mut()
+        .unwrap()
+        .remove("kubernetes.io/batch-cpu");
+    n["status"]["allocatable"]
+        .as_object_mut()
+        .unwrap()
+        .remove("kubernetes.io/batch-memory");
+    // (the operator's removal leaves no one owning the keys; kubelet's fields stay kubelet's)
+    n["metadata"]["managedFields"] = json!([{"manager": "kubelet", "operation": "Update", "apiVersion": "v1",
+        "subresource": "status", "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {"f:conditions": {}}}}]);
+    fake.apply(NODES, n);
+    a.step(
+        &read(&config()),
+        Some(figures(T0 + 180, 11.0)),
+        view(&fake),
+        &pods(),
+        T0 + 180,
+    )
+    .await
+    .unwrap();
+    assert_eq!(status.state(), "advertising");
+    assert_eq!(shown(&fake).1, json!(["25000", "33000000000"]));
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// `on` writes Koordinator's defaults where the ConfigMap cannot be read;
+/// `auto` waits, as it does before the first read.
+#[tokio::test]
+async fn an_unreadable_configmap() {
+    let (fake, dir, client) = fake_with_client("advertise-unreadable").await;
+    fake.apply(NODES, node());
+    let forbidden = SloConfig::Unreadable("configmaps is forbidden".into());
+    let mut auto = Advertiser::new(
+        client.clone(),
+        "node-1".into(),
+        BatchMode::Auto,
+        Arc::new(AdvertiseStatus::default()),
+    );
+    assert!(auto
+        .step(
+            &forbidden,
+            Some(figures(T0, 11.0)),
+            view(&fake),
+            &pods(),
+            T0
+        )
+        .await
+        .is_none());
+    assert!(auto
+        .step(
+            &SloConfig::Unknown,
+            Some(figures(T0, 11.0)),
+            view(&fake),
+            &pods(),
+            T0
+        )
+        .await
+        .is_none());
+    assert!(fake.status_writes().is_empty());
+    let mut on = Advertiser::new(
+        client,
+        "node-1".into(),
+        BatchMode::On,
+        Arc::new(AdvertiseStatus::default()),
+    );
+    assert!(on
+        .step(
+            &SloConfig::Unknown,
+            Some(figures(T0, 11.0)),
+            view(&fake),
+            &pods(),
+            T0
+        )
+        .await
+        .is_none());
+    on.step(
+        &forbidden,
+        Some(figures(T0, 11.0)),
+        view(&fake),
+        &pods(),
+        T0,
+    )
+    .await
+    .unwrap();
+    // the defaults' 60 %: 100 - 40 - 7 - 33
+    assert_eq!(shown(&fake).1, json!(["20000", "33000000000"]));
     std::fs::remove_dir_all(dir).ok();
 }

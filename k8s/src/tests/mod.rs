@@ -173,6 +173,7 @@ async fn the_api_server_gone_for_a_minute_and_back() {
                 interval: Some(Duration::from_secs(2)),
                 write: true,
                 figures: None,
+                colocation: None,
             },
             status.clone(),
             stopped,

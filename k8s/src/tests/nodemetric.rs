@@ -66,9 +66,11 @@ fn the_collect_policy_with_koordlets_defaults_and_minimums() {
         priority_class_with_default(Some("koord-mid"), Some(9000), Some("LS")),
         Some("koord-mid")
     );
+    // a label naming no class is none (GetPodPriorityClassRaw does not look at
+    // spec.priority once the label exists): the QoS class decides
     assert_eq!(
         priority_class_with_default(Some("bogus"), Some(5500), Some("LS")),
-        Some("koord-batch")
+        Some("koord-prod")
     );
     assert_eq!(
         priority_class_with_default(None, Some(0), Some("LS")),
@@ -180,6 +182,7 @@ async fn a_report_writes_the_status_once_and_retries_conflicts() {
         interval: None,
         write: true,
         figures: None,
+        colocation: None,
     };
     // missing: waits, writes nothing
     let (r, _) = report_once(&api, "node-1", &source, &wait, &status)
@@ -193,6 +196,7 @@ async fn a_report_writes_the_status_once_and_retries_conflicts() {
         interval: None,
         write: true,
         figures: None,
+        colocation: None,
     };
     let (r, p) = report_once(&api, "node-1", &source, &create, &status)
         .await
@@ -258,6 +262,7 @@ async fn the_reporter_writes_at_the_interval_and_not_between() {
             interval: Some(every),
             write: true,
             figures: None,
+            colocation: None,
         },
         status.clone(),
         stopped,
