@@ -1,7 +1,7 @@
 //! `qoslet batch-resources`: what this node can lend to batch pods and why,
-//! offline from files (a Node, its NodeMetric, its pods, the
-//! `colocation-config`), through the cluster side's one explanation
-//! (`qoslet_kube::batch`).
+//! from the running qoslet (the admin API's `GetBatchResources`) or offline
+//! from files (a Node, its NodeMetric, its pods, the `colocation-config`),
+//! through the cluster side's one explanation (`qoslet_kube::batch`).
 
 use std::path::{Path, PathBuf};
 
@@ -12,17 +12,25 @@ use serde_json::Value;
 
 #[derive(clap::Args)]
 pub struct BatchArgs {
-    /// The Node (JSON or YAML, e.g. `kubectl get node N -o yaml`).
-    #[arg(long, value_name = "FILE")]
-    node: PathBuf,
+    /// Admin socket of the running qoslet, asked when no --node is given.
+    #[arg(
+        long,
+        default_value = "unix:///run/qoslet/admin.sock",
+        value_name = "ENDPOINT"
+    )]
+    admin: String,
+    /// The Node (JSON or YAML, e.g. `kubectl get node N -o yaml`): explain
+    /// offline from files (with --pods) instead of asking the running qoslet.
+    #[arg(long, value_name = "FILE", requires = "pods")]
+    node: Option<PathBuf>,
     /// Its NodeMetric (`kubectl get nodemetric N -o yaml`); without it the
     /// node advertises nothing (degraded).
     #[arg(long, value_name = "FILE")]
     node_metric: Option<PathBuf>,
     /// Its pods: a List or one Pod (`kubectl get pods -A
     /// --field-selector spec.nodeName=N -o yaml`).
-    #[arg(long, value_name = "FILE")]
-    pods: PathBuf,
+    #[arg(long, value_name = "FILE", requires = "node")]
+    pods: Option<PathBuf>,
     /// The colocation-config: its JSON value, or the whole
     /// slo-controller-config ConfigMap (default: Koordinator's defaults,
     /// co-location off).
@@ -100,11 +108,58 @@ fn colocation(path: &Path) -> Result<ColocationConfig> {
     ColocationConfig::parse(&text).with_context(|| format!("{}", path.display()))
 }
 
-pub fn run(a: BatchArgs) -> Result<()> {
-    let node: NodeView = one(read(&a.node)?, "Node", &a.node)?;
-    let pods = objects(read(&a.pods)?)
+/// The running qoslet's advertiser, over the admin API.
+async fn online(a: &BatchArgs) -> Result<()> {
+    let b = crate::cli::connect(&a.admin)
+        .await?
+        .get_batch_resources(qoslet_proto::admin::GetBatchResourcesRequest {})
+        .await
+        .context("GetBatchResources")?
+        .into_inner();
+    let e: Value = if b.explanation_json.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&b.explanation_json).context("GetBatchResources: its explanation")?
+    };
+    if a.output == "json" {
+        let mut out = if e.is_object() {
+            e
+        } else {
+            serde_json::json!({})
+        };
+        out["state"] = b.state.clone().into();
+        if b.last_write_unix > 0 {
+            out["lastWrite"] =
+                serde_json::json!({"unix": b.last_write_unix, "why": b.last_write_reason});
+        }
+        outln!("{out:#}");
+        return Ok(());
+    }
+    outln!("state: {}", b.state);
+    if b.last_write_unix > 0 {
+        outln!(
+            "last write: {} (Unix), {}",
+            b.last_write_unix,
+            b.last_write_reason
+        );
+    } else {
+        outln!("last write: none since qoslet started");
+    }
+    match qoslet_kube::batch::text_of_json(&e) {
+        Some(t) => out!("{t}"),
+        None => outln!("no explanation yet (no Node, figures or colocation-config read)"),
+    }
+    Ok(())
+}
+
+pub async fn run(a: BatchArgs) -> Result<()> {
+    let (Some(node_path), Some(pods_path)) = (&a.node, &a.pods) else {
+        return online(&a).await;
+    };
+    let node: NodeView = one(read(node_path)?, "Node", node_path)?;
+    let pods = objects(read(pods_path)?)
         .into_iter()
-        .map(|p| one::<PodView>(p, "Pod", &a.pods).map(|p| qoslet_kube::batch::pod_input(&p)))
+        .map(|p| one::<PodView>(p, "Pod", pods_path).map(|p| qoslet_kube::batch::pod_input(&p)))
         .collect::<Result<Vec<_>>>()?;
     let metric = match &a.node_metric {
         Some(p) => {

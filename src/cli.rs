@@ -56,6 +56,7 @@ pub async fn status(a: AdminArgs) -> Result<()> {
             serde_json::to_string_pretty(&serde_json::json!({
                 "version": s.version, "mode": s.mode, "policySource": s.policy_source,
                 "cluster": s.cluster.iter().map(|w| serde_json::json!({"watch": w.watch, "state": w.state, "objects": w.objects})).collect::<Vec<_>>(),
+                "batchResources": s.batch_resources,
                 "policySources": s.policy_sources.iter().map(|p| serde_json::json!({"source": p.source, "state": p.state,
                     "error": p.error, "inForce": p.in_force})).collect::<Vec<_>>(), "uptimeSeconds": s.uptime_seconds, "listen": s.listen, "stateDir": s.state_dir,
                 "backend": s.backend.as_ref().map(|b| serde_json::json!({"endpoint": b.endpoint, "reachable": b.reachable,
@@ -136,6 +137,9 @@ pub async fn status(a: AdminArgs) -> Result<()> {
             .map(|w| format!("{} {} ({})", w.watch, w.state, w.objects))
             .collect();
         outln!("cluster: {}", w.join(", "));
+    }
+    if !s.batch_resources.is_empty() {
+        outln!("batch resources: {}", s.batch_resources);
     }
     Ok(())
 }

@@ -71,8 +71,9 @@ enum Cmd {
     /// Node conditions, thresholds met, and recent evictions and admission refusals.
     Evictions(cli::EvictionsArgs),
     /// What this node can lend to batch pods (kubernetes.io/batch-cpu,
-    /// batch-memory), each term and whether a write is due: offline from a
-    /// Node, its NodeMetric, its pods and the colocation-config.
+    /// batch-memory), each term and whether a write is due: from the running
+    /// qoslet, or offline from a Node, its NodeMetric, its pods and the
+    /// colocation-config.
     BatchResources(batch::BatchArgs),
     /// Put every cgroup file qoslet changed back to the runtime's values (before
     /// uninstalling; refused while qoslet runs).
@@ -160,7 +161,7 @@ fn main() -> std::process::ExitCode {
             Cmd::Restore(a) => restore::run(a).await,
             Cmd::CheckConfig { config } => check_config(&config),
             Cmd::Install(a) => install::run(a).await,
-            Cmd::BatchResources(a) => batch::run(a),
+            Cmd::BatchResources(a) => batch::run(a).await,
             Cmd::Crd => {
                 out!("{}", qoslet_kube::crd::crds_yaml());
                 Ok(())

@@ -34,10 +34,53 @@ pub struct Views {
 
 /// What the cluster side shows: its `/metrics` lines and, for `qoslet
 /// status`, each watch's state.
+/// The advertiser in a line, for `qoslet status`.
+fn batch_line(b: &BatchView) -> String {
+    let mut line = b.state.clone();
+    if b.last_write_unix > 0 {
+        let ago = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64)
+            .saturating_sub(b.last_write_unix);
+        line.push_str(&format!(
+            "; last write {ago} s ago: {}",
+            b.last_write_reason
+        ));
+    }
+    line
+}
+
 pub trait ClusterView: Send + Sync {
     fn render(&self, out: &mut String);
     /// (watch, state, objects held)
     fn watches(&self) -> Vec<(&'static str, &'static str, u64)>;
+    /// The batch-resource advertiser (`None`: off).
+    fn batch(&self) -> Option<BatchView> {
+        None
+    }
+}
+
+/// What the batch-resource advertiser shows (`GetBatchResources`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BatchView {
+    /// waiting, advertising, removed, yielded, failing.
+    pub state: String,
+    /// Its latest explanation as JSON (empty: none yet).
+    pub explanation_json: String,
+    /// The last write since start: Unix seconds (0: none) and why.
+    pub last_write_unix: i64,
+    pub last_write_reason: String,
+}
+
+impl From<BatchView> for admin::GetBatchResourcesResponse {
+    fn from(b: BatchView) -> Self {
+        Self {
+            state: b.state,
+            explanation_json: b.explanation_json,
+            last_write_unix: b.last_write_unix,
+            last_write_reason: b.last_write_reason,
+        }
+    }
 }
 
 impl Views {
@@ -184,6 +227,12 @@ impl Admin for AdminService {
                     objects,
                 })
                 .collect(),
+            batch_resources: self
+                .views
+                .cluster()
+                .and_then(|c| c.batch())
+                .map(|b| batch_line(&b))
+                .unwrap_or_default(),
         }))
     }
 
@@ -236,6 +285,20 @@ impl Admin for AdminService {
             }
             None => Err(QosletError::Off(
                 "the QoS engine is not running (qosEngine.enable false, metrics off, or no cgroups)"
+                    .into(),
+            )
+            .into()),
+        }
+    }
+
+    async fn get_batch_resources(
+        &self,
+        _req: Request<admin::GetBatchResourcesRequest>,
+    ) -> Result<Response<admin::GetBatchResourcesResponse>, Status> {
+        match self.views.cluster().and_then(|c| c.batch()) {
+            Some(b) => Ok(Response::new(b.into())),
+            None => Err(QosletError::Off(
+                "batch resources are off (kubernetes.batchResources, with kubernetes.enable)"
                     .into(),
             )
             .into()),

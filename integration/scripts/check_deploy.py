@@ -681,7 +681,7 @@ def check_snippets(repo):
 # ---------------------------------------------------------------------------------------
 
 
-def self_tests(exported, labels, dash, objs_nri, version, config_keys, base_cfg):
+def self_tests(exported, labels, dash, objs_nri, version, config_keys, base_cfg, objs_colocation=()):
     """Each check must fail on a broken input."""
     errors = []
 
@@ -727,6 +727,26 @@ def self_tests(exported, labels, dash, objs_nri, version, config_keys, base_cfg)
     next(o for o in objs if o["kind"] == "ClusterRole")["rules"][0]["verbs"].append("delete")
     if not check_rbac(objs):
         errors.append("self-test: an extra RBAC verb was accepted")
+
+    # components/colocation: its rules exactly, its Role where the ConfigMap is
+    if objs_colocation:
+        if check_rbac(list(objs_colocation)):
+            errors.append("self-test: the colocation example's RBAC is refused as it is")
+        for what, mutate in (
+            ("an extra verb on nodes/status",
+             lambda objs: next(o for o in objs if o["metadata"]["name"] == "qoslet-colocation"
+                               and o["kind"] == "ClusterRole")["rules"][0]["verbs"].append("update")),
+            ("the ConfigMap Role without resourceNames",
+             lambda objs: next(o for o in objs if o["kind"] == "Role")["rules"][0].pop("resourceNames")),
+            ("the ConfigMap Role moved to qoslet-system",
+             lambda objs: next(o for o in objs if o["kind"] == "Role")["metadata"].update(namespace=NAMESPACE)),
+        ):
+            objs = copy.deepcopy(list(objs_colocation))
+            mutate(objs)
+            if not check_rbac(objs):
+                errors.append(f"self-test: {what} was accepted")
+    else:
+        errors.append("self-test: deploy/kubernetes/examples/colocation was not rendered")
 
     if not check_config_keys(dict(base_cfg, createNodeMetrics=True), config_keys, "test"):
         errors.append("self-test: an unknown config key was accepted")
@@ -809,7 +829,8 @@ def main():
 
     # 6. each check catches what it is for
     section("self-tests: every check fails on a broken input",
-            self_tests(exported, labels, dash, nri, version, config_keys, base_cfg))
+            self_tests(exported, labels, dash, nri, version, config_keys, base_cfg,
+                       renders.get("deploy/kubernetes/examples/colocation", ())))
 
     if errors:
         print(f"check-deploy: {len(errors)} error(s)")

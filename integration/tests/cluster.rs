@@ -248,3 +248,117 @@ async fn real_nodeslo_edit_reaches_the_hooks_and_the_engine() {
     drop(q);
     drop(cleanup);
 }
+
+/// Issue 46: the Node's batch-cpu falls when an LS pod starts burning CPU,
+/// with real containerd and this node's real cgroups: qoslet
+/// (`batchResources: auto`, Koordinator's ConfigMap turning co-location on)
+/// writes the two keys from its own figures, then writes again once the LS
+/// pod's usage shows in them; `qoslet batch-resources` asks the running
+/// qoslet and names the pod. The Node's capacity is the fake's (64 cores),
+/// with a 10 % reclaim threshold so that one core is over the 10 % move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_batch_cpu_falls_when_an_ls_pod_burns_cpu() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let tb = Testbed::main();
+    let fake = FakeApiServer::start().await;
+    let dir = scratch("cluster-batch");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("kubeconfig"), fake.kubeconfig()).unwrap();
+    const NODES: &str = "/api/v1/nodes";
+    fake.apply(NODES, json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-1"},
+        "status": {"capacity": {"cpu": "64", "memory": "256Gi"}, "allocatable": {"cpu": "64", "memory": "256Gi"}}}));
+    fake.apply("/api/v1/namespaces/koordinator-system/configmaps", json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "slo-controller-config", "namespace": "koordinator-system"},
+        "data": {"colocation-config": "{\"enable\": true, \"cpuReclaimThresholdPercent\": 10, \"memoryReclaimThresholdPercent\": 10}"}}));
+    let yaml = format!(
+        "kubernetes:\n  enable: true\n  kubeconfig: {}\n  nodeName: node-1\n  reportNodeMetric: false\n  batchResources: auto\n  reportInterval: 30s\n",
+        dir.join("kubeconfig").display()
+    );
+    let q = QosletProcess::with_config(&dir, &tb.sock, &yaml, &[]);
+    let admin = q.admin.clone();
+    let mut cleanup = Cleanup::new(&tb.sock);
+    let mut through = Cri::connect(&q.sock).await;
+    let batch_cpu = || {
+        fake.get(NODES, "node-1")
+            .and_then(|n| {
+                n["status"]["allocatable"]["kubernetes.io/batch-cpu"]
+                    .as_str()
+                    .map(str::to_string)
+            })
+            .and_then(|v| v.parse::<i64>().ok())
+    };
+    let before = eventually(
+        "the first batch-cpu on the Node",
+        Duration::from_secs(60),
+        || {
+            let v = batch_cpu();
+            async move { v }
+        },
+    )
+    .await;
+    // 64 cores - 57.6 (the 90 % margin) - the system's use: at most 6400
+    assert!((1..=6400).contains(&before), "{before}");
+    // an LS (Burstable) pod burning a core
+    let name = unique("ls-burn");
+    let parent = tb.cgroup_parent_in("burstable", &name);
+    let id = through.run_pod(&pod_config(&name, &parent)).await.unwrap();
+    cleanup.pods.push(id.clone());
+    cleanup.cgroups.push(parent.clone());
+    let c = through
+        .create(
+            &id,
+            &pod_config(&name, &parent),
+            container_config("burn", "while :; do :; done", None),
+        )
+        .await
+        .unwrap();
+    through.start(&c).await.unwrap();
+    let after = eventually(
+        "batch-cpu falls by the burning core",
+        Duration::from_secs(100),
+        || {
+            let v = batch_cpu().filter(|v| *v <= before - 500);
+            async move { v }
+        },
+    )
+    .await;
+    // the running qoslet explains it, and names the pod
+    let o = std::process::Command::new(qoslet_integration::process::qoslet_bin())
+        .args([
+            "batch-resources",
+            "--admin",
+            &format!("unix://{}", admin.display()),
+            "-o",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["state"], "advertising", "{v:#}");
+    assert!(
+        v["lastWrite"]["why"]
+            .as_str()
+            .unwrap()
+            .contains("batch-cpu moves"),
+        "{v:#}"
+    );
+    let pods = v["terms"]["highPriorityPods"].as_array().unwrap();
+    assert!(
+        pods.iter()
+            .any(|p| p["pod"].as_str().unwrap().ends_with(&name)),
+        "{v:#}"
+    );
+    let text = std::process::Command::new(qoslet_integration::process::qoslet_bin())
+        .args(["status", "--admin", &format!("unix://{}", admin.display())])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("batch resources: advertising; last write"),
+        "{text}"
+    );
+    eprintln!("batch-cpu {before} -> {after} with an LS pod burning a core");
+    drop(q);
+    drop(cleanup);
+}

@@ -71,6 +71,9 @@ struct Shown {
     conflicts: u64,
     throttled: u64,
     failed: u64,
+    /// The latest explanation (JSON) and the last write's reason.
+    explanation: Option<Arc<String>>,
+    last_reason: String,
 }
 
 fn lock(m: &Mutex<Shown>) -> std::sync::MutexGuard<'_, Shown> {
@@ -78,6 +81,26 @@ fn lock(m: &Mutex<Shown>) -> std::sync::MutexGuard<'_, Shown> {
 }
 
 impl AdvertiseStatus {
+    /// What `GetBatchResources` answers.
+    pub fn view(&self) -> qoslet_agent::admin::BatchView {
+        let s = lock(&self.inner);
+        qoslet_agent::admin::BatchView {
+            state: match s.state {
+                "" => "waiting",
+                st => st,
+            }
+            .into(),
+            explanation_json: s.explanation.as_deref().cloned().unwrap_or_default(),
+            last_write_unix: s.last_write.unwrap_or(0),
+            last_write_reason: s.last_reason.clone(),
+        }
+    }
+
+    fn explained(&self, e: &Explanation) {
+        let json = Arc::new(format!("{:#}", e.json()));
+        lock(&self.inner).explanation = Some(json);
+    }
+
     pub fn state(&self) -> &'static str {
         match lock(&self.inner).state {
             "" => "waiting",
@@ -347,6 +370,21 @@ impl Advertiser {
         pods: &[qoslet_colocation::batch::PodInput],
         now: i64,
     ) -> Option<Explanation> {
+        let e = self.step_inner(colocation, figures, node, pods, now).await;
+        if let Some(e) = &e {
+            self.status.explained(e);
+        }
+        e
+    }
+
+    async fn step_inner(
+        &mut self,
+        colocation: &SloConfig,
+        figures: Option<Arc<Value>>,
+        node: Option<Arc<NodeView>>,
+        pods: &[qoslet_colocation::batch::PodInput],
+        now: i64,
+    ) -> Option<Explanation> {
         if self.yielded.is_some() || self.mode == BatchMode::Off {
             return None;
         }
@@ -433,6 +471,7 @@ impl Advertiser {
                     *s.writes.entry(due_kind(&due)).or_default() += 1;
                     s.written = Some(next);
                     s.last_write = Some(now);
+                    s.last_reason = due.to_string();
                     s.state = if next == Advertised::NONE {
                         "removed"
                     } else {

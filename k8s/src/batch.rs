@@ -352,96 +352,119 @@ impl Explanation {
         out
     }
 
-    /// `qoslet batch-resources`, for people.
+    /// `qoslet batch-resources`, for people (the JSON form rendered).
     pub fn text(&self) -> String {
-        use std::fmt::Write;
-        let mut s = String::new();
-        let _ = writeln!(s, "node {}", self.node);
-        match &self.outcome {
-            Outcome::Advertise(r) => {
-                let _ = writeln!(s, "  {BATCH_CPU}: {} (milli-cores)", r.cpu);
-                let _ = writeln!(
-                    s,
-                    "  {BATCH_MEMORY}: {} (bytes, {})",
-                    r.memory,
-                    gib(r.memory)
-                );
-            }
-            Outcome::Remove { reason, .. } => {
-                let _ = writeln!(s, "  no batch resources: {reason}");
-            }
-        }
-        if let Some(b) = &self.batch {
-            let t = &b.terms;
-            let prefix = if matches!(self.outcome, Outcome::Advertise(_)) {
-                ""
-            } else {
-                "were it on: "
-            };
-            let _ = writeln!(
-                s,
-                "  {prefix}batch-cpu    ({} policy) {}",
-                t.cpu_policy,
-                b.cpu_formula()
-            );
-            let _ = writeln!(
-                s,
-                "  {prefix}batch-memory ({} policy) {}",
-                t.memory_policy,
-                b.memory_formula()
-            );
-            let _ = writeln!(
-                s,
-                "  reserved = max(kubelet's capacity - allocatable {}, annotation {}); system = usage {} + host applications {}",
-                fmt_res(t.kubelet_reserved),
-                t.annotation_reserved.map_or("none".into(), fmt_res),
-                fmt_res(t.system_usage),
-                fmt_res(t.host_apps)
-            );
-            let _ = writeln!(
-                s,
-                "  pods: {} high priority ({} without a metric: request counted), {} batch or free, {} neither Running nor Pending",
-                t.pods_high_priority, t.pods_without_metric, t.pods_low_priority, t.pods_inactive
-            );
-            for p in b.pods.iter().take(10) {
-                let _ = writeln!(
-                    s,
-                    "    {:<40} {:<11} {:<6} used {} ({})",
-                    p.pod,
-                    p.priority.unwrap_or("-"),
-                    p.qos.unwrap_or("-"),
-                    fmt_res(p.used),
-                    p.counted_as
-                );
-            }
-            if b.pods.len() > 10 {
-                let _ = writeln!(
-                    s,
-                    "    ... {} more (-o json lists them all)",
-                    b.pods.len() - 10
-                );
-            }
-        }
+        text_of_json(&self.json()).unwrap_or_default()
+    }
+}
+
+/// The text form of an explanation's JSON (the running qoslet's, over the
+/// admin API, or one made here); `None` when it is not one.
+pub fn text_of_json(v: &Value) -> Option<String> {
+    use std::fmt::Write;
+    let node = v["node"].as_str()?;
+    let str_of = |v: &Value| v.as_str().unwrap_or("-").to_string();
+    let res = |r: &Value| {
+        let mem = r["memory"]
+            .as_str()
+            .and_then(|m| m.parse::<i64>().ok())
+            .map_or("-".into(), gib);
+        format!("{} / {}", str_of(&r["cpu"]), mem)
+    };
+    let mut s = String::new();
+    let _ = writeln!(s, "node {node}");
+    let alloc = &v["allocatable"];
+    let advertising = alloc.as_object().is_some_and(|o| !o.is_empty());
+    if advertising {
         let _ = writeln!(
             s,
-            "  on the Node now: batch-cpu {}, batch-memory {}",
-            self.current.cpu.map_or("absent".into(), |v| v.to_string()),
-            self.current
-                .memory
-                .map_or("absent".into(), |v| v.to_string())
+            "  {BATCH_CPU}: {} (milli-cores)",
+            str_of(&alloc[BATCH_CPU])
         );
-        let _ = match &self.due {
-            Some(d) => writeln!(s, "  a write is due: {d}"),
-            None => writeln!(
-                s,
-                "  no write due (within resourceDiffThreshold of the Node's values)"
-            ),
-        };
-        for n in &self.notes {
-            let _ = writeln!(s, "  note: {n}");
-        }
-        s
+        let mem = str_of(&alloc[BATCH_MEMORY]);
+        let g = mem
+            .parse::<i64>()
+            .map_or(String::new(), |m| format!(", {}", gib(m)));
+        let _ = writeln!(s, "  {BATCH_MEMORY}: {mem} (bytes{g})");
+    } else {
+        let _ = writeln!(s, "  no batch resources: {}", str_of(&v["reason"]));
     }
+    let t = &v["terms"];
+    if t.is_object() {
+        let prefix = if advertising { "" } else { "were it on: " };
+        let _ = writeln!(
+            s,
+            "  {prefix}batch-cpu    ({} policy) {}",
+            str_of(&t["cpuPolicy"]),
+            str_of(&t["cpuFormula"])
+        );
+        let _ = writeln!(
+            s,
+            "  {prefix}batch-memory ({} policy) {}",
+            str_of(&t["memoryPolicy"]),
+            str_of(&t["memoryFormula"])
+        );
+        let anno = if t["annotationReserved"].is_null() {
+            "none".to_string()
+        } else {
+            res(&t["annotationReserved"])
+        };
+        let _ = writeln!(
+            s,
+            "  reserved = max(kubelet's capacity - allocatable {}, annotation {anno}); system = usage {} + host applications {}",
+            res(&t["kubeletReserved"]),
+            res(&t["systemUsage"]),
+            res(&t["hostApplications"])
+        );
+        let p = &t["pods"];
+        let _ = writeln!(
+            s,
+            "  pods: {} high priority ({} without a metric: request counted), {} batch or free, {} neither Running nor Pending",
+            p["highPriority"], p["withoutMetric"], p["lowPriority"], p["inactive"]
+        );
+        let pods = t["highPriorityPods"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        for p in pods.iter().take(10) {
+            let _ = writeln!(
+                s,
+                "    {:<40} {:<11} {:<6} used {} ({})",
+                str_of(&p["pod"]),
+                str_of(&p["priority"]),
+                str_of(&p["qos"]),
+                res(&p["used"]),
+                str_of(&p["countedAs"])
+            );
+        }
+        if pods.len() > 10 {
+            let _ = writeln!(
+                s,
+                "    ... {} more (-o json lists them all)",
+                pods.len() - 10
+            );
+        }
+    }
+    let cur = &v["current"];
+    let shown = |k: &str| cur[k].as_str().unwrap_or("absent").to_string();
+    let _ = writeln!(
+        s,
+        "  on the Node now: batch-cpu {}, batch-memory {}",
+        shown(BATCH_CPU),
+        shown(BATCH_MEMORY)
+    );
+    let _ = if v["write"]["due"] == true {
+        writeln!(s, "  a write is due: {}", str_of(&v["write"]["why"]))
+    } else {
+        writeln!(
+            s,
+            "  no write due (within resourceDiffThreshold of the Node's values)"
+        )
+    };
+    for n in v["notes"].as_array().into_iter().flatten() {
+        let _ = writeln!(s, "  note: {}", str_of(n));
+    }
+    Some(s)
 }
 
 fn adv_json(a: Advertised) -> Value {
@@ -457,8 +480,4 @@ fn adv_json(a: Advertised) -> Value {
 
 fn gib(b: i64) -> String {
     format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
-}
-
-fn fmt_res(r: Res) -> String {
-    format!("{} / {}", cpu_q(r.cpu), gib(r.memory))
 }

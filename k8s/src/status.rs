@@ -211,6 +211,10 @@ impl qoslet_agent::admin::ClusterView for ClusterStatus {
         ClusterStatus::render(self, out);
     }
 
+    fn batch(&self) -> Option<qoslet_agent::admin::BatchView> {
+        self.batch.get().map(|b| b.view())
+    }
+
     fn watches(&self) -> Vec<(&'static str, &'static str, u64)> {
         WatchName::ALL
             .iter()
