@@ -210,6 +210,23 @@ async fn real_usage_matches_the_containers_and_the_kernel() {
     assert!(q.sigterm(Duration::from_secs(10)).success());
     assert!(q.state_dir.join("metrics.snapshot").exists());
     q.restart();
+    // the admin socket answers once the store is rebuilt, the metrics service
+    // a moment later (its loops start then: longer on a busy machine); until
+    // then a query is refused
+    eventually(
+        "the metrics service answers",
+        Duration::from_secs(20),
+        || {
+            let admin = q.admin.clone();
+            async move {
+                query(&admin, "node", "cpu_usage", 120)
+                    .await
+                    .contains_key("avg")
+                    .then_some(())
+            }
+        },
+    )
+    .await;
     let after = query(&q.admin, &spin_e, "cpu_usage", 60).await;
     assert!(
         after.contains_key("p50"),
