@@ -18,6 +18,79 @@ pub const BATCH_MEMORY: &str = "kubernetes.io/batch-memory";
 /// (one entry per container is a few hundred bytes).
 pub const MAX_ANNOTATION_BYTES: usize = 64 << 10;
 
+/// Where a pod's batch resources were read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// Koordinator's `extended-resource-spec` annotation (its webhook's, or
+    /// written by hand).
+    Annotation,
+    /// The pod spec's `kubernetes.io/batch-*` requests and limits, as the
+    /// cluster view has them: what Koordinator's webhook would have written
+    /// into the annotation, read without the webhook.
+    PodSpec,
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Source::Annotation => "extended-resource-spec annotation",
+            Source::PodSpec => "pod spec",
+        })
+    }
+}
+
+/// A pod's batch resources in the annotation's JSON shape, and where they
+/// came from. `from_spec`: the pod spec's (the cluster view's synthesis;
+/// `None`: no cluster, or no batch resources in the spec). The spec wins,
+/// as with Koordinator, whose webhook rewrites the annotation from the spec
+/// whenever they differ; without a spec the annotation is read.
+pub fn source<'a>(
+    annotations: &'a BTreeMap<String, String>,
+    from_spec: Option<&'a str>,
+) -> Option<(&'a str, Source)> {
+    match from_spec {
+        Some(s) => Some((s, Source::PodSpec)),
+        None => annotations
+            .get(ANNOTATION_EXTENDED_RESOURCE_SPEC)
+            .map(|a| (a.as_str(), Source::Annotation)),
+    }
+}
+
+/// The annotation Koordinator's webhook would write for a pod whose
+/// containers (`(name, requests, limits)`) ask for batch resources: only
+/// `kubernetes.io/batch-cpu` and `batch-memory` of the regular containers
+/// (the webhook counts no init container), the quantities as written.
+/// `None`: no container names one.
+pub fn spec_json<'a>(
+    containers: impl IntoIterator<Item = (&'a str, Option<&'a Quantities>, Option<&'a Quantities>)>,
+) -> Option<String> {
+    let mut out = serde_json::Map::new();
+    for (name, requests, limits) in containers {
+        let pick = |m: Option<&Quantities>| -> serde_json::Map<String, serde_json::Value> {
+            [BATCH_CPU, BATCH_MEMORY]
+                .into_iter()
+                .filter_map(|r| Some((r.to_string(), m?.get(r)?.clone().into())))
+                .collect()
+        };
+        let (req, lim) = (pick(requests), pick(limits));
+        if req.is_empty() && lim.is_empty() {
+            continue;
+        }
+        let mut c = serde_json::Map::new();
+        if !req.is_empty() {
+            c.insert("requests".into(), req.into());
+        }
+        if !lim.is_empty() {
+            c.insert("limits".into(), lim.into());
+        }
+        out.insert(name.to_string(), c.into());
+    }
+    (!out.is_empty()).then(|| serde_json::json!({ "containers": out }).to_string())
+}
+
+/// A resource list as a pod spec has it: name -> quantity text.
+pub type Quantities = BTreeMap<String, String>;
+
 /// Why an annotation was not used.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq, Hash)]
 pub enum BatchError {

@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 
 use qoslet_cgroups::MemTune;
 
-use crate::batch::{BatchError, ANNOTATION_EXTENDED_RESOURCE_SPEC};
+use crate::batch::BatchError;
 use crate::class::{KubeQos, QosClass, LABEL_QOS_CLASS, LABEL_SKIP};
 use crate::decide::{
     ANNOTATION_CPU_QOS, ANNOTATION_MEMORY_QOS, ANNOTATION_RESOURCE_STATUS,
@@ -56,10 +56,14 @@ pub enum Warning {
 
     // -- batch resources
     #[error(
-        "{ANNOTATION_EXTENDED_RESOURCE_SPEC} ignored: the pod is {}, not BestEffort, and not trusted",
+        "batch resources of the {from} ignored: the pod is {}, not BestEffort, and not trusted",
         kube_name(*kube)
     )]
-    BatchNotBestEffort { kube: Option<KubeQos> },
+    BatchNotBestEffort {
+        kube: Option<KubeQos>,
+        /// Where they were read.
+        from: crate::batch::Source,
+    },
     #[error("{0}; batch resources ignored")]
     BatchSpec(BatchError),
     #[error("{0}; that value ignored")]

@@ -16,6 +16,7 @@ use qoslet_integration::{eventually, lazy_channel, scratch, unique};
 use qoslet_proto::admin::{admin_client::AdminClient, GetStatusRequest, ListPodsRequest};
 
 const SPEC: &str = r#"{"containers":{"batch":{"requests":{"kubernetes.io/batch-cpu":"500","kubernetes.io/batch-memory":"64Mi"},"limits":{"kubernetes.io/batch-cpu":"1000","kubernetes.io/batch-memory":"128Mi"}}}}"#;
+const PODS: &str = "/api/v1/pods";
 const CONFIG: &str =
     "policy:\n  resourceQOSStrategy:\n    beClass:\n      cpuQOS: {enable: true}\n";
 
@@ -247,6 +248,169 @@ async fn real_nri_mode_applies_what_proxy_mode_applies() {
     direct.remove_pod(&pod).await;
     direct.remove_pod(&ls_pod).await;
     drop(q);
+    drop(cleanup);
+    tb.down();
+}
+
+/// A pod as the API server has it on node-1 whose one container `batch`
+/// asks for batch resources in its spec (the ones [`SPEC`] names), with no
+/// annotation: no Koordinator webhook copied them.
+fn batch_pod_in_spec(name: &str) -> serde_json::Value {
+    serde_json::json!({
+        "kind": "Pod", "apiVersion": "v1",
+        "metadata": {"name": name, "namespace": "qoslet-e2e", "uid": format!("uid-{name}"),
+                     "labels": {"koordinator.sh/qosClass": "BE"}},
+        "spec": {"nodeName": "node-1", "containers": [{"name": "batch", "image": "busybox",
+            "resources": {
+                "requests": {"kubernetes.io/batch-cpu": "500", "kubernetes.io/batch-memory": "64Mi"},
+                "limits": {"kubernetes.io/batch-cpu": "1k", "kubernetes.io/batch-memory": "128Mi"}}}]},
+        "status": {"phase": "Pending", "qosClass": "BestEffort"}
+    })
+}
+
+/// The pod of [`batch_pod_in_spec`] through `cri`: labelled BE, no annotation.
+async fn spec_only_pod(cri: &mut Cri, tb: &Testbed, name: &str) -> (String, String, String) {
+    let cgp = tb.cgroup_parent_in("besteffort", name);
+    let mut cfg = pod_config(name, &cgp);
+    cfg.labels
+        .insert("koordinator.sh/qosClass".into(), "BE".into());
+    let pod = cri.run_pod(&cfg).await.unwrap();
+    let ctr = cri
+        .create(
+            &pod,
+            &cfg,
+            container_config("batch", SLEEP_LOOP, Some(besteffort())),
+        )
+        .await
+        .unwrap();
+    cri.start(&ctr).await.unwrap();
+    (pod, ctr, cgp)
+}
+
+/// Waits until qoslet's pods watch holds `n` pods.
+async fn cluster_pods(q: &QosletProcess, n: u64) {
+    eventually(
+        "the pods watch lists the pods",
+        Duration::from_secs(30),
+        || async {
+            let s = counters(q).await;
+            s.cluster
+                .iter()
+                .any(|w| w.watch == "pods" && w.state == "ok" && w.objects >= n)
+                .then_some(())
+        },
+    )
+    .await;
+}
+
+/// Issue 46: a BE pod whose batch resources are only in its spec (no
+/// Koordinator webhook wrote the `extended-resource-spec` annotation) gets
+/// at container create the files the annotation gives, through the proxy
+/// and through the plugin, each setting naming the pod spec; a pod the
+/// cluster view learns only after its container started gets them from the
+/// engine within a tick.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_batch_resources_from_the_pod_spec_without_the_webhook() {
+    let tb = Testbed::start_instance("nrispec", "1.7");
+    let mut cleanup = testbed::Cleanup::new(&tb.sock);
+    let fake = qoslet_kube_fake::FakeApiServer::start().await;
+    let dir = scratch("nri-spec");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("kubeconfig"), fake.kubeconfig()).unwrap();
+    let config = format!(
+        "{CONFIG}kubernetes:\n  enable: true\n  kubeconfig: {}\n  nodeName: node-1\n  reportNodeMetric: false\n",
+        dir.join("kubeconfig").display()
+    );
+    std::fs::write(dir.join("qoslet.yaml"), &config).unwrap();
+    let config_flag = format!("--config={}", dir.join("qoslet.yaml").display());
+    // what ListPods records of a setting: "value (the rule)"
+    let by_spec = |applied: &std::collections::HashMap<String, String>, key: &str, rule: &str| {
+        applied
+            .get(key)
+            .is_some_and(|v| v.contains(rule) && v.contains("(pod spec)"))
+    };
+    for mode in ["proxy", "nri"] {
+        let name = unique(&format!("spec-{mode}"));
+        fake.apply(PODS, batch_pod_in_spec(&name));
+        let q = if mode == "proxy" {
+            QosletProcess::start_with(&dir.join(mode), &tb.sock, &[&config_flag])
+        } else {
+            let q = QosletProcess::start_nri(&dir.join(mode), &tb.sock, &[&config_flag]);
+            q.wait_registered(1).await;
+            q
+        };
+        cluster_pods(&q, 1).await;
+        let mut cri = Cri::connect(&q.sock).await;
+        let mut direct = Cri::connect(&tb.sock).await;
+        let via = if mode == "proxy" {
+            &mut cri
+        } else {
+            &mut direct
+        };
+        let (pod, ctr, cgp) = spec_only_pod(via, &tb, &name).await;
+        cleanup.pods.push(pod.clone());
+        cleanup.cgroups.push(cgp.clone());
+        assert_eq!(
+            be_files(&cgp, &ctr),
+            expected_be(),
+            "{mode}: at create, from the pod spec\n{}",
+            q.log_text()
+        );
+        let listed = AdminClient::new(lazy_channel(&q.admin))
+            .list_pods(ListPodsRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .pods;
+        let p = listed.iter().find(|p| p.id == pod).expect("the pod");
+        let c = p
+            .containers
+            .iter()
+            .find(|c| c.id == ctr)
+            .expect("the container");
+        assert!(
+            by_spec(&c.applied, "cpu.cfs_quota_us", "BE batch-cpu limit 1000m"),
+            "{mode}: {c:?}"
+        );
+        assert!(
+            by_spec(
+                &p.applied,
+                "cpu.cfs_quota_us",
+                "BE pod: batch-cpu limits 1000m"
+            ),
+            "{mode}: {p:?}"
+        );
+        if mode == "nri" {
+            // a pod the cluster view learns late: nothing at create, then the engine's tick
+            let late = unique("spec-late");
+            let (pod, ctr, cgp) = spec_only_pod(&mut direct, &tb, &late).await;
+            cleanup.pods.push(pod.clone());
+            cleanup.cgroups.push(cgp.clone());
+            assert_eq!(
+                cgroup_v1("cpu", &format!("{cgp}/{ctr}"), "cpu.cfs_quota_us"),
+                "-1",
+                "not known at create: no batch limit"
+            );
+            fake.apply(PODS, batch_pod_in_spec(&late));
+            let t = std::time::Instant::now();
+            eventually(
+                "the engine applies the spec's batch resources",
+                Duration::from_secs(20),
+                || {
+                    let ok = be_files(&cgp, &ctr) == expected_be();
+                    async move { ok.then_some(()) }
+                },
+            )
+            .await;
+            eprintln!(
+                "late pod: batch limits applied {:?} after the cluster view learned it",
+                t.elapsed()
+            );
+        }
+        direct.remove_pod(&pod).await;
+        drop(cri);
+        drop(q);
+    }
     drop(cleanup);
     tb.down();
 }

@@ -67,6 +67,7 @@ impl Isolation {
         let d = decide::pod(
             class,
             &pod.annotations,
+            spec_batch(store, &pod).as_deref(),
             &pod.sandbox_limits(),
             &shared.ctx(None),
         );
@@ -103,8 +104,11 @@ impl Isolation {
     /// record, or one built from the call when the store does not have it):
     /// its decision, the patch and the annotations. `requested`: what kubelet
     /// asked for (`None`: nothing). `None`: not qoslet's pod to touch.
+    /// `store`: its cluster view of the pod (by UID) gives the spec's batch
+    /// resources.
     pub fn create_container(
         &self,
+        store: &Store,
         pod: &PodRecord,
         name: &str,
         requested: Option<&Resources>,
@@ -120,6 +124,7 @@ impl Isolation {
             class,
             name,
             &pod.annotations,
+            spec_batch(store, pod).as_deref(),
             &with_pod(asked(&kubelets), pod),
             &shared.ctx(place.as_ref().map(|p| p.share(false))),
         );
@@ -194,6 +199,7 @@ impl Isolation {
             class,
             name,
             &pod.annotations,
+            spec_batch(store, &pod).as_deref(),
             &with_pod(asked(&kubelets), &pod),
             &shared.ctx(place.as_ref().map(|p| p.share(false))),
         );
@@ -234,6 +240,7 @@ impl Isolation {
             class,
             &c.name,
             &pod.annotations,
+            spec_batch(store, &pod).as_deref(),
             &with_pod(asked(&merged), &pod),
             &shared.ctx(place.as_ref().map(|p| p.share(true))),
         );
@@ -284,6 +291,7 @@ impl Isolation {
             class,
             &c.name,
             &pod.annotations,
+            spec_batch(store, &pod).as_deref(),
             &with_pod(asked(&stored), &pod),
             &shared.ctx(None),
         );
@@ -495,6 +503,15 @@ fn make_room_for_quota(
     }
 }
 
+/// The pod spec's batch resources, from the cluster view of the pod (by
+/// UID; `None`: no cluster, a pod it does not know, or none in the spec).
+fn spec_batch(store: &Store, pod: &PodRecord) -> Option<String> {
+    if pod.uid.is_empty() {
+        return None;
+    }
+    store.cluster_pod(&pod.uid)?.batch.clone()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -626,7 +643,7 @@ mod tests {
             ..Default::default()
         };
         let cpuset = || {
-            hook.create_container(&store.pod("pls").unwrap(), "app", Some(&asked))
+            hook.create_container(&store, &store.pod("pls").unwrap(), "app", Some(&asked))
                 .expect("a classed pod")
                 .patch
                 .cpuset_cpus
@@ -688,7 +705,7 @@ mod tests {
         // (the patch's cpuset and CFS quota; unset: empty and 0)
         let create = |iso: &Isolation, pod: &str| {
             let c = iso
-                .create_container(&store.pod(pod).unwrap(), "app", Some(&asked))
+                .create_container(&store, &store.pod(pod).unwrap(), "app", Some(&asked))
                 .expect("a classed pod");
             (
                 c.patch.cpuset_cpus.unwrap_or_default(),
@@ -1100,7 +1117,10 @@ mod tests {
         assert!(!applied.contains_key("error"), "{applied:?}");
 
         // CreateContainer: the container's memory QoS rides in the patch's unified map
-        let r = hook.create_container(&pod, "app", None).unwrap().patch;
+        let r = hook
+            .create_container(&store, &pod, "app", None)
+            .unwrap()
+            .patch;
         assert_eq!(r.unified["memory.min"], (32u64 << 20).to_string());
         assert_eq!(r.unified["memory.low"], (64u64 << 20).to_string());
         assert_eq!(r.cpu_quota, Some(200_000));
@@ -1192,7 +1212,7 @@ mod tests {
             for (k, v) in labels.iter() {
                 pod.labels.insert(k.to_string(), v.to_string());
             }
-            let got = iso.create_container(&pod, "app", Some(&asked));
+            let got = iso.create_container(&Store::new(), &pod, "app", Some(&asked));
             assert_eq!(got.as_ref().map(|c| c.class.as_str()), *class, "{what}");
             if let Some(c) = got {
                 assert_eq!(c.annotations[ANNOTATION_CLASS], c.class.as_str(), "{what}");

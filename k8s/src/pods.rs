@@ -57,6 +57,14 @@ pub fn cluster_pod(p: &PodView) -> Option<ClusterPod> {
         phase: p.status.as_ref().and_then(|s| s.phase.clone()),
         priority_label: bounded_label(p, qoslet_colocation::priority::PRIORITY_LABEL),
         qos_label: bounded_label(p, qoslet_colocation::priority::QOS_LABEL),
+        batch: qoslet_hooks::batch::spec_json(containers.iter().map(|c| {
+            let r = c.resources.as_ref();
+            (
+                c.name.as_deref().unwrap_or_default(),
+                r.and_then(|r| r.requests.as_ref()),
+                r.and_then(|r| r.limits.as_ref()),
+            )
+        })),
     })
 }
 

@@ -108,7 +108,8 @@ impl Hook for IsolationHook {
                         return Ok(Verdict::Pass);
                     };
                     let (name, requested) = name_and_resources(cfg);
-                    let Some(c) = iso.create_container(&pod, &name, requested.as_ref()) else {
+                    let Some(c) = iso.create_container(&ctx.store, &pod, &name, requested.as_ref())
+                    else {
                         return Ok(Verdict::Pass);
                     };
                     let linux = (!c.patch.is_empty()).then(|| cri::LinuxContainerConfig {

@@ -27,6 +27,9 @@ pub struct Pod {
     pub kube: Option<KubeQos>,
     pub cgroup: CgroupPath,
     pub annotations: BTreeMap<String, String>,
+    /// The pod spec's batch resources, from the cluster view
+    /// ([`qoslet_state::ClusterPod::batch`]).
+    pub spec_batch: Option<String>,
     /// What the sandbox config asked for the whole pod.
     pub limits: SandboxLimits,
     /// The sandbox (pause) container's own cgroup, a child of the pod's that no
@@ -61,6 +64,7 @@ impl Pod {
             kube: pc.kube,
             cgroup: p.cgroup.clone(),
             annotations: p.annotations.clone(),
+            spec_batch: p.cluster.as_ref().and_then(|c| c.batch.clone()),
             limits: p.limits,
             sandbox: p.cgroup.container(&p.id).ok(),
             cpu_cores: 0.0,
@@ -230,7 +234,8 @@ fn container_bound(p: &Pod, c: &Container, node: &NodeFacts) -> bool {
 /// Adds what the hooks would set on `p` and its containers now (`ctx` with
 /// the share pool of every pod's [`bound`] CPUs).
 pub fn pod(p: &Pod, ctx: &Context, plan: &mut Plan) {
-    let d = decide::pod(p.pod_class(), &p.annotations, &p.limits, ctx);
+    let spec = p.spec_batch.as_deref();
+    let d = decide::pod(p.pod_class(), &p.annotations, spec, &p.limits, ctx);
     for d in &d.decisions {
         add(plan, &p.cgroup, d, ctx.v2, None);
     }
@@ -240,11 +245,11 @@ pub fn pod(p: &Pod, ctx: &Context, plan: &mut Plan) {
     let mut sums = [(0u64, false); 2];
     for c in &p.containers {
         let r = p.requested(c);
-        let d = decide::container(p.pod_class(), &c.entry.name, &p.annotations, &r, ctx);
+        let d = decide::container(p.pod_class(), &c.entry.name, &p.annotations, spec, &r, ctx);
         // a cpuset that is not the container's binding is its share-pool place,
         // which goes back when the pool is whole again (a binding, a batch limit
         // or a quota unset stays as the runtime keeps it: the pod's annotation
-        // does not change while it runs)
+        // and spec do not change while it runs)
         let bound = container_bound(p, c, ctx.node);
         for d in &d.decisions {
             match d.knob() {
@@ -297,6 +302,8 @@ mod tests {
     use qoslet_cgroups::Features;
     use qoslet_hooks::policy::ResourceQosStrategy;
 
+    const ANNOTATION_SPEC: &str = qoslet_hooks::batch::ANNOTATION_EXTENDED_RESOURCE_SPEC;
+
     fn be_pod() -> Pod {
         let spec = r#"{"containers":{"work":{"requests":{"kubernetes.io/batch-cpu":"500","kubernetes.io/batch-memory":"1Gi"},"limits":{"kubernetes.io/batch-cpu":"1000","kubernetes.io/batch-memory":"2Gi"}}}}"#;
         Pod {
@@ -306,11 +313,8 @@ mod tests {
             trusted: true,
             kube: None,
             cgroup: CgroupPath::parse("/kubepods/besteffort/podp1").unwrap(),
-            annotations: [(
-                "node.koordinator.sh/extended-resource-spec".to_string(),
-                spec.to_string(),
-            )]
-            .into(),
+            annotations: [(ANNOTATION_SPEC.to_string(), spec.to_string())].into(),
+            spec_batch: None,
             limits: Default::default(),
             sandbox: None,
             cpu_cores: 0.0,
@@ -378,6 +382,27 @@ mod tests {
             find("podp1", "memory-limit").is_some(),
             "pod batch memory sum"
         );
+        // issue 46: the same pod whose batch resources are only in its spec
+        // (no webhook wrote the annotation) gets the same writes, by the spec
+        let mut from_spec = be_pod();
+        let a = from_spec.annotations.remove(ANNOTATION_SPEC).unwrap();
+        from_spec.spec_batch = Some(a);
+        let mut spec_plan = Plan::new();
+        pod(&from_spec, &ctx, &mut spec_plan);
+        let knobs = |p: &Plan| {
+            p.writes()
+                .iter()
+                .map(|w| (w.cgroup.clone(), w.knob.clone()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(knobs(&spec_plan), knobs(&plan));
+        let q = spec_plan
+            .writes()
+            .iter()
+            .find(|w| w.cgroup.as_str().ends_with("c1") && w.knob.name() == "cpu-quota")
+            .cloned()
+            .unwrap();
+        assert!(q.rule.ends_with("(pod spec)"), "{}", q.rule);
         // policy reloaded with memory QoS off: no memory QoS writes
         let mut off = policy.clone();
         off.be_class.memory_qos.enable = false;

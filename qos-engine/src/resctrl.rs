@@ -175,6 +175,7 @@ mod tests {
             kube: None,
             cgroup: CgroupPath::parse(&format!("/kubepods/besteffort/pod{id}")).unwrap(),
             annotations: Default::default(),
+            spec_batch: None,
             limits: Default::default(),
             sandbox: None,
             cpu_cores: 0.0,

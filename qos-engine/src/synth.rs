@@ -152,6 +152,7 @@ pub fn build(root: &Path, s: &Shape) -> io::Result<Vec<Pod>> {
                 kube: None,
                 cgroup: CgroupPath::parse(&pcg).expect("synthetic path"),
                 annotations: Default::default(),
+                spec_batch: None,
                 limits: Default::default(),
                 sandbox: None,
                 cpu_cores: 0.0,

@@ -42,4 +42,8 @@ pub struct ClusterPod {
     pub priority_label: Option<String>,
     /// Its `koordinator.sh/qosClass` label (at most 64 characters).
     pub qos_label: Option<String>,
+    /// Its containers' `kubernetes.io/batch-cpu`/`batch-memory` requests and
+    /// limits in the `extended-resource-spec` annotation's JSON shape (what
+    /// Koordinator's webhook would write; `None`: the spec names neither).
+    pub batch: Option<String>,
 }

@@ -10,21 +10,26 @@ pub const ANNOTATION_RESOURCE_STATUS: &str = "scheduling.koordinator.sh/resource
 /// hundred bytes; pod authors can write up to 256 KiB of annotations).
 pub const MAX_RESOURCE_STATUS_BYTES: usize = 16 << 10;
 
-/// The batch-resources annotation as this pod may use it: an untrusted pod's
-/// only when its Kubernetes QoS is BestEffort (Koordinator's batch pods are:
-/// batch resources are extended resources, so they carry no cpu/memory
-/// requests). On a Burstable or Guaranteed pod labelled BE it would raise the
-/// pod's CPU weight above what kubelet gave it.
-pub(super) fn batch_annotation<'a>(
+/// The pod's batch resources as this pod may use them ([`batch::source`]:
+/// the pod spec's, else the annotation): an untrusted pod's only when its
+/// Kubernetes QoS is BestEffort (Koordinator's batch pods are: batch
+/// resources are extended resources, so they carry no cpu/memory requests).
+/// On a Burstable or Guaranteed pod labelled BE they would raise the pod's
+/// CPU weight above what kubelet gave it.
+pub(super) fn batch_input<'a>(
     pc: PodClass,
     annotations: &'a BTreeMap<String, String>,
+    from_spec: Option<&'a str>,
     warnings: &mut Vec<Warning>,
-) -> Option<&'a str> {
-    let a = annotations.get(ANNOTATION_EXTENDED_RESOURCE_SPEC)?;
+) -> Option<(&'a str, Source)> {
+    let (a, source) = crate::batch::source(annotations, from_spec)?;
     if pc.trusted || pc.kube == Some(KubeQos::BestEffort) {
-        return Some(a);
+        return Some((a, source));
     }
-    warnings.push(Warning::BatchNotBestEffort { kube: pc.kube });
+    warnings.push(Warning::BatchNotBestEffort {
+        kube: pc.kube,
+        from: source,
+    });
     None
 }
 

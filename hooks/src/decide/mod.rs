@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use qoslet_cgroups::cgroup::{format_cpu_list, parse_cpu_list};
 use qoslet_cgroups::{Device, Features, Knob};
 
-use crate::batch::{parse_spec, pod_total, Batch, Caps, ANNOTATION_EXTENDED_RESOURCE_SPEC};
+use crate::batch::{parse_spec, pod_total, Batch, Caps, Source};
 use crate::class::{KubeQos, PodClass, QosClass};
 use crate::policy::{memory_qos, CpuPolicy, MemRequest, MemoryQos, ResourceQosStrategy};
 use crate::warning::{shown, AnnotationProblem, BindingRefused, QuotaKept, Warning};
@@ -397,10 +397,12 @@ fn cgroup(knob: Knob, because: impl Into<String>) -> Decision {
 /// containers'); memory QoS where the pod's memory request is known (BE batch
 /// memory, or a guaranteed pod's limit from the sandbox config); the CFS quota
 /// unset for a pod bound to CPUs; and the class's block I/O limits.
-/// `sandbox`: what the sandbox config asked for the whole pod.
+/// `sandbox`: what the sandbox config asked for the whole pod;
+/// `spec_batch`: the pod spec's batch resources ([`crate::batch::source`]).
 pub fn pod(
     pc: PodClass,
     pod_annotations: &BTreeMap<String, String>,
+    spec_batch: Option<&str>,
     sandbox: &SandboxLimits,
     ctx: &Context,
 ) -> PodDecision {
@@ -433,7 +435,7 @@ pub fn pod(
     }
     let mut memory_request = None;
     if class == QosClass::Be {
-        if let Some(a) = batch_annotation(pc, pod_annotations, &mut d.warnings) {
+        if let Some((a, source)) = batch_input(pc, pod_annotations, spec_batch, &mut d.warnings) {
             match parse_spec(a) {
                 Ok(parsed) if !parsed.containers.is_empty() => {
                     let spec = parsed.containers;
@@ -451,7 +453,7 @@ pub fn pod(
                         d.decisions.push(cgroup(
                             Knob::CpuShares(s),
                             format!(
-                                "BE pod: batch-cpu requests {}m in all",
+                                "BE pod: batch-cpu requests {}m in all ({source})",
                                 total.cpu_request_milli.unwrap_or(0)
                             ),
                         ));
@@ -463,7 +465,7 @@ pub fn pod(
                                 period: r.cpu_period,
                             },
                             format!(
-                                "BE pod: batch-cpu limits {}m in all",
+                                "BE pod: batch-cpu limits {}m in all ({source})",
                                 total.cpu_limit_milli.unwrap_or(0)
                             ),
                         ));
@@ -471,7 +473,7 @@ pub fn pod(
                     if let Some(m) = r.memory_limit {
                         d.decisions.push(cgroup(
                             Knob::MemoryLimit(Some(m)),
-                            "BE pod: batch-memory limits in all",
+                            format!("BE pod: batch-memory limits in all ({source})"),
                         ));
                     }
                     // memory protection (min/low) from a batch request is a raise: trusted pods only
@@ -516,6 +518,7 @@ pub fn container(
     pc: PodClass,
     container_name: &str,
     pod_annotations: &BTreeMap<String, String>,
+    spec_batch: Option<&str>,
     requested: &Requested,
     ctx: &Context,
 ) -> ContainerDecision {
@@ -523,7 +526,7 @@ pub fn container(
     let mut d = ContainerDecision::default();
     let mq = pod_memory_qos(pc, pod_annotations, ctx.policy, &mut d.warnings);
     if class == QosClass::Be {
-        if let Some(a) = batch_annotation(pc, pod_annotations, &mut d.warnings) {
+        if let Some((a, source)) = batch_input(pc, pod_annotations, spec_batch, &mut d.warnings) {
             match parse_spec(a) {
                 Ok(parsed) => {
                     for e in &parsed.bad {
@@ -539,7 +542,7 @@ pub fn container(
                         };
                         let (b, warnings) = b.bounded(&caps, false);
                         d.warnings.extend(warnings);
-                        batch(&b, &mut d);
+                        batch(&b, source, &mut d);
                         // memory protection (min/low) from a batch request is a raise: trusted only
                         if let Some(req) = b.memory_request.filter(|_| pc.trusted) {
                             memory(
@@ -618,12 +621,15 @@ pub fn container(
     d
 }
 
-fn batch(b: &Batch, d: &mut ContainerDecision) {
+fn batch(b: &Batch, source: Source, d: &mut ContainerDecision) {
     let r = b.resources();
     if let Some(s) = r.cpu_shares {
         d.decisions.push(cri(
             Knob::CpuShares(s),
-            format!("BE batch-cpu request {}m", b.cpu_request_milli.unwrap_or(0)),
+            format!(
+                "BE batch-cpu request {}m ({source})",
+                b.cpu_request_milli.unwrap_or(0)
+            ),
         ));
     }
     if let Some(q) = r.cpu_quota {
@@ -633,14 +639,16 @@ fn batch(b: &Batch, d: &mut ContainerDecision) {
                 period: r.cpu_period,
             },
             format!(
-                "BE batch-cpu limit {}m per {} µs",
+                "BE batch-cpu limit {}m per {} µs ({source})",
                 b.cpu_limit_milli.unwrap_or(0),
                 r.cpu_period
             ),
         ));
     }
     if let Some(m) = r.memory_limit {
-        d.decisions
-            .push(cri(Knob::MemoryLimit(Some(m)), "BE batch-memory limit"));
+        d.decisions.push(cri(
+            Knob::MemoryLimit(Some(m)),
+            format!("BE batch-memory limit ({source})"),
+        ));
     }
 }

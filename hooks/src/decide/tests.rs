@@ -1,4 +1,5 @@
 use super::*;
+use crate::batch::ANNOTATION_EXTENDED_RESOURCE_SPEC;
 use crate::policy::{MemoryQos, ResourceQosStrategy};
 
 /// Koordinator's defaults with cpuQOS on for every class (as deploy/qoslet.yaml).
@@ -70,6 +71,7 @@ fn run_as(
         pc,
         name,
         ann,
+        None,
         &Requested::default(),
         &Context {
             features: f,
@@ -88,6 +90,7 @@ fn run_pod(class: QosClass, f: &Features) -> PodDecision {
     pod(
         labelled(class),
         &BTreeMap::new(),
+        None,
         &SandboxLimits::default(),
         &Context {
             features: f,
@@ -174,6 +177,7 @@ fn memory_qos_for_ls_and_system_and_the_anolis_files() {
                 pc,
                 "app",
                 &BTreeMap::new(),
+                None,
                 &Requested {
                     memory_limit: limit,
                     oom_score_adj: adj,
@@ -335,6 +339,7 @@ fn memory_qos_per_host_and_policy() {
         trusted(QosClass::Be),
         "app",
         &a,
+        None,
         &Requested::default(),
         &Context {
             features: &upstream,
@@ -376,6 +381,7 @@ fn memory_qos_per_host_and_policy() {
         trusted(QosClass::Be),
         "app",
         &a,
+        None,
         &Requested::default(),
         &Context {
             features: &upstream,
@@ -397,6 +403,7 @@ fn memory_qos_per_host_and_policy() {
         trusted(QosClass::Be),
         "app",
         &a,
+        None,
         &Requested::default(),
         &Context {
             features: &ali,
@@ -414,6 +421,7 @@ fn memory_qos_per_host_and_policy() {
         labelled(QosClass::Lsr),
         "app",
         &BTreeMap::new(),
+        None,
         &Requested {
             memory_limit: 1 << 30,
             ..Default::default()
@@ -437,6 +445,7 @@ fn memory_qos_per_host_and_policy() {
         labelled(QosClass::Lsr),
         "app",
         &BTreeMap::new(),
+        None,
         &Requested {
             memory_limit: 1 << 30,
             ..Default::default()
@@ -491,6 +500,122 @@ fn be_with_batch_resources_on_an_upstream_kernel() {
         vec!["cpu.shares", "cpu.cfs_quota_us", "memory.limit_in_bytes",]
     );
     assert!(d.warnings.is_empty());
+}
+
+/// Issue 46: the pod spec's batch resources (no webhook, so no annotation)
+/// give what the annotation would, the spec wins over an annotation that
+/// differs (Koordinator's webhook rewrites it), and each setting names
+/// where it came from.
+#[test]
+fn batch_resources_from_the_pod_spec_as_the_annotation_would_give() {
+    let requests: BTreeMap<String, String> = [
+        ("cpu".to_string(), "0".to_string()),
+        (crate::batch::BATCH_CPU.to_string(), "500".to_string()),
+    ]
+    .into();
+    let limits: BTreeMap<String, String> = [
+        (crate::batch::BATCH_CPU.to_string(), "1k".to_string()),
+        (crate::batch::BATCH_MEMORY.to_string(), "256Mi".to_string()),
+        ("nvidia.com/gpu".to_string(), "1".to_string()),
+    ]
+    .into();
+    let spec = crate::batch::spec_json([
+        ("app", Some(&requests), Some(&limits)),
+        ("sidecar", None, None),
+    ])
+    .unwrap();
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&spec).unwrap(),
+        serde_json::json!({"containers": {"app": {
+            "requests": {"kubernetes.io/batch-cpu": "500"},
+            "limits": {"kubernetes.io/batch-cpu": "1k", "kubernetes.io/batch-memory": "256Mi"}}}}),
+        "only the two batch resources, only containers naming one"
+    );
+    assert_eq!(
+        crate::batch::spec_json([("a", None, Some(&BTreeMap::new()))]),
+        None
+    );
+    let p = cpu_on();
+    let go = |a: &BTreeMap<String, String>, from_spec: Option<&str>| {
+        container(
+            labelled(QosClass::Be),
+            "app",
+            a,
+            from_spec,
+            &Requested::default(),
+            &Context {
+                features: &upstream(),
+                v2: false,
+                policy: &p,
+                page_size: 4096,
+                node: &node(),
+                devices: &BTreeMap::new(),
+                share_pool: None,
+            },
+        )
+    };
+    let by_annotation = go(&ann(SPEC), None);
+    let by_spec = go(&BTreeMap::new(), Some(&spec));
+    assert_eq!(by_spec.patch(), by_annotation.patch(), "the same settings");
+    assert_eq!(by_spec.patch().cpu_quota, Some(100_000));
+    assert!(by_spec
+        .decisions
+        .iter()
+        .all(|d| d.because.ends_with("(pod spec)")));
+    assert!(by_annotation
+        .decisions
+        .iter()
+        .all(|d| d.because.ends_with("(extended-resource-spec annotation)")));
+    // an annotation that says otherwise loses to the spec
+    let other = r#"{"containers":{"app":{"limits":{"kubernetes.io/batch-cpu":"8000"}}}}"#;
+    assert_eq!(go(&ann(other), Some(&spec)).patch(), by_spec.patch());
+    // the pod's own cgroup too
+    let pd = pod(
+        labelled(QosClass::Be),
+        &BTreeMap::new(),
+        Some(&spec),
+        &SandboxLimits::default(),
+        &Context {
+            features: &upstream(),
+            v2: false,
+            policy: &p,
+            page_size: 4096,
+            node: &node(),
+            devices: &BTreeMap::new(),
+            share_pool: None,
+        },
+    );
+    assert!(pd.decisions.iter().any(|d| d.knob()
+        == Some(&Knob::CpuQuota {
+            quota: Some(100_000),
+            period: 100_000
+        })
+        && d.because == "BE pod: batch-cpu limits 1000m in all (pod spec)"));
+    // an untrusted Burstable pod labelled BE: refused, and the warning names the spec
+    let d = container(
+        PodClass {
+            kube: Some(KubeQos::Burstable),
+            ..labelled(QosClass::Be)
+        },
+        "app",
+        &BTreeMap::new(),
+        Some(&spec),
+        &Requested::default(),
+        &Context {
+            features: &upstream(),
+            v2: false,
+            policy: &p,
+            page_size: 4096,
+            node: &node(),
+            devices: &BTreeMap::new(),
+            share_pool: None,
+        },
+    );
+    assert_eq!(d.patch().cpu_quota, None);
+    assert_eq!(
+        d.warnings[0].to_string(),
+        "batch resources of the pod spec ignored: the pod is Burstable, not BestEffort, and not trusted"
+    );
 }
 
 #[test]
@@ -704,6 +829,7 @@ fn cpuset_pods_and_the_share_pool_as_koordlets_cpuset_hook() {
             *pc,
             "app",
             &ann,
+            None,
             &Requested {
                 cpu_quota: *quota,
                 cpu_period: 100_000,
@@ -747,6 +873,7 @@ fn cpuset_pods_and_the_share_pool_as_koordlets_cpuset_hook() {
             labelled(QosClass::Ls),
             "app",
             &BTreeMap::new(),
+            None,
             &Requested::default(),
             &Context {
                 features: &upstream(),
@@ -803,6 +930,7 @@ fn every_container_of_a_bound_pod_shares_its_cpus() {
             labelled(QosClass::Lsr),
             "app",
             &ann,
+            None,
             &Requested {
                 cpu_quota: quota,
                 cpu_period: 100_000,
@@ -858,6 +986,7 @@ fn a_pod_bound_to_cpus_runs_without_its_quota() {
         let d = pod(
             pc,
             &ann,
+            None,
             &limits(q, period),
             &Context {
                 features: &Features::default(),
@@ -1074,6 +1203,7 @@ fn resource_status_cpusets_by_trust_and_node() {
             },
             "app",
             &ann,
+            None,
             &Requested {
                 cpuset_cpus: kubelet,
                 cpu_quota: 400_000,
@@ -1129,6 +1259,7 @@ fn untrusted_batch_annotations_only_on_besteffort_pods_and_without_protection() 
             pc,
             "app",
             &ann(spec),
+            None,
             &Requested::default(),
             &Context {
                 features: &v2,
@@ -1150,7 +1281,8 @@ fn untrusted_batch_annotations_only_on_besteffort_pods_and_without_protection() 
     assert_eq!(
         d.warnings,
         [Warning::BatchNotBestEffort {
-            kube: Some(KubeQos::Burstable)
+            kube: Some(KubeQos::Burstable),
+            from: crate::batch::Source::Annotation,
         }]
     );
     assert!(d.warnings[0]
@@ -1183,6 +1315,7 @@ fn batch_resources_are_bounded_by_kubelet_and_the_node() {
         labelled(QosClass::Be),
         "app",
         &ann(SPEC),
+        None,
         &Requested {
             memory_limit: 128 << 20,
             ..Default::default()
@@ -1209,6 +1342,7 @@ fn batch_resources_are_bounded_by_kubelet_and_the_node() {
         labelled(QosClass::Be),
         "app",
         &ann(SPEC),
+        None,
         &Requested {
             cpu_quota: 20_000,
             cpu_period: 100_000,
@@ -1244,6 +1378,7 @@ fn a_pods_cpu_qos_annotation_over_its_class() {
             pc,
             "app",
             &ann,
+            None,
             &Requested::default(),
             &Context {
                 features: &bvt,
@@ -1313,6 +1448,7 @@ fn a_pods_cpu_qos_annotation_over_its_class() {
         let d = pod(
             pc,
             &ann,
+            None,
             &SandboxLimits::default(),
             &Context {
                 features: &bvt,
@@ -1488,6 +1624,7 @@ fn group_identity_as_koordlet_sets_it() {
             labelled(QosClass::Ls),
             "app",
             &BTreeMap::new(),
+            None,
             &Requested::default(),
             &Context {
                 features: &bvt,
@@ -1531,6 +1668,7 @@ fn pod_with(
     pod(
         trusted(class),
         &a,
+        None,
         &SandboxLimits {
             memory_limit: sandbox_limit,
             ..Default::default()

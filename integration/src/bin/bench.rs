@@ -567,6 +567,7 @@ fn decisions() {
             class,
             "c",
             std::hint::black_box(&annotations),
+            None,
             &Default::default(),
             &ctx,
         );

@@ -300,3 +300,40 @@ async fn this_nodes_pods_join_the_store_by_uid() {
     let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 46: a pod's batch resources in its spec become the annotation
+/// Koordinator's webhook would write: only the two resources, only the
+/// containers naming one (no init container, as the webhook), quantities as
+/// written; a pod without them has none.
+#[test]
+fn batch_resources_of_the_spec_in_the_annotations_shape() {
+    let p: crate::view::PodView = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "b", "namespace": "ns", "uid": "u-b"},
+        "spec": {
+            "initContainers": [{"name": "init", "resources": {"limits": {"kubernetes.io/batch-cpu": "9"}}}],
+            "containers": [
+                {"name": "work", "resources": {
+                    "requests": {"kubernetes.io/batch-cpu": "500", "kubernetes.io/batch-memory": "64Mi", "example.com/foo": "1"},
+                    "limits": {"kubernetes.io/batch-cpu": "1k", "kubernetes.io/batch-memory": "128Mi"}}},
+                {"name": "side", "resources": {}},
+                {"name": "mem", "resources": {"limits": {"kubernetes.io/batch-memory": "1Gi"}}}
+            ]},
+        "status": {"qosClass": "BestEffort"}
+    }))
+    .unwrap();
+    let c = crate::pods::cluster_pod(&p).unwrap();
+    let v: serde_json::Value = serde_json::from_str(c.batch.as_deref().unwrap()).unwrap();
+    assert_eq!(
+        v,
+        serde_json::json!({"containers": {
+            "work": {"requests": {"kubernetes.io/batch-cpu": "500", "kubernetes.io/batch-memory": "64Mi"},
+                     "limits": {"kubernetes.io/batch-cpu": "1k", "kubernetes.io/batch-memory": "128Mi"}},
+            "mem": {"limits": {"kubernetes.io/batch-memory": "1Gi"}}}})
+    );
+    // read as the annotation is read
+    let parsed = qoslet_hooks::batch::parse_spec(c.batch.as_deref().unwrap()).unwrap();
+    assert_eq!(parsed.containers["work"].cpu_limit_milli, Some(1000));
+    assert_eq!(parsed.containers["mem"].memory_limit, Some(1 << 30));
+    let p: crate::view::PodView = serde_json::from_value(fixture("burstable")).unwrap();
+    assert_eq!(crate::pods::cluster_pod(&p).unwrap().batch, None);
+}

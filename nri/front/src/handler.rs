@@ -259,7 +259,7 @@ impl Handler for NriHandler {
         let created = self
             .iso
             .as_ref()
-            .and_then(|iso| iso.create_container(&pod, &c.name, requested.as_ref()));
+            .and_then(|iso| iso.create_container(&self.store, &pod, &c.name, requested.as_ref()));
         let Some(created) = created else {
             self.store.upsert_container(rec);
             return Ok(Default::default());

@@ -135,7 +135,7 @@ pub struct BeCpu {
 impl NodeState {
     /// [`BeCpu`] as this tick sees it.
     pub fn be_cpu(&self) -> BeCpu {
-        use qoslet_hooks::batch::{parse_spec, pod_total, Caps, ANNOTATION_EXTENDED_RESOURCE_SPEC};
+        use qoslet_hooks::batch::{parse_spec, pod_total, source, Caps};
         let milli = |cores: f64| (cores * 1000.0).round() as i64;
         let cpus = self
             .be_cpuset
@@ -161,10 +161,8 @@ impl NodeState {
             .iter()
             .filter(|p| p.by_label && p.class == QosClass::Be)
         {
-            let request = p
-                .annotations
-                .get(ANNOTATION_EXTENDED_RESOURCE_SPEC)
-                .and_then(|a| parse_spec(a).ok())
+            let request = source(&p.annotations, p.spec_batch.as_deref())
+                .and_then(|(a, _)| parse_spec(a).ok())
                 .and_then(|s| {
                     pod_total(&s.containers)
                         .bounded(&caps, true)

@@ -12,6 +12,7 @@ fn pod(id: &str, class: QosClass, parent: &str, cores: f64, quota: i64) -> Pod {
         kube: None,
         cgroup: cg.clone(),
         annotations: BTreeMap::new(),
+        spec_batch: None,
         limits: Default::default(),
         sandbox: None,
         cpu_cores: cores,
