@@ -17,6 +17,7 @@
 
 pub mod batch;
 pub mod priority;
+pub mod slo;
 pub mod strategy;
 pub mod sync;
 

@@ -1,3 +1,4 @@
 mod batch;
+mod slo;
 mod strategy;
 mod sync;
