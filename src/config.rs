@@ -149,12 +149,37 @@ pub struct HooksConfig {
 }
 
 /// `policy:` parsed (and validated) as any source's NodeSLO spec is, its
-/// error prefixed with the key it is under.
+/// error prefixed with the key it is under. Koordinator's
+/// `slo-controller-config` ConfigMap pasted whole is read as the cluster's
+/// is ([`qoslet_colocation::slo`]): its policy keys merged as koord-manager
+/// merges them, for a node without labels (a file knows none: entries
+/// with an empty `nodeSelector` match, others do not); a bad key is an
+/// error, as a bad file is.
 fn policy_section<'de, D: serde::Deserializer<'de>>(
     d: D,
 ) -> Result<Option<PolicyConfig>, D::Error> {
     let v: Option<serde_json::Value> = Option::deserialize(d)?;
     v.map(|v| {
+        let v = match v.get("kind").and_then(serde_json::Value::as_str) {
+            Some("ConfigMap") => {
+                let data: std::collections::BTreeMap<String, String> =
+                    serde_json::from_value(v.get("data").cloned().unwrap_or_default())
+                        .map_err(|e| {
+                            serde::de::Error::custom(format!(
+                                "key policy.data (a ConfigMap's: each value a string): {e}"
+                            ))
+                        })?;
+                if !qoslet_colocation::slo::has_policy_keys(&data) {
+                    return Err(serde::de::Error::custom(
+                        "key policy: a ConfigMap without any policy key (resource-threshold-config, resource-qos-config, cpu-burst-config, system-config, host-application-config)",
+                    ));
+                }
+                qoslet_colocation::slo::spec_of_data(&data, &Default::default()).map_err(|e| {
+                    serde::de::Error::custom(format!("key policy.data.{e}"))
+                })?
+            }
+            _ => v,
+        };
         PolicyConfig::try_from(v).map_err(|e| serde::de::Error::custom(format!("key policy.{e}")))
     })
     .transpose()
@@ -495,6 +520,48 @@ mod tests {
                 ),
             "{e}"
         );
+    }
+
+    /// Issue 46: Koordinator's `slo-controller-config` pasted under
+    /// `policy:` is read as the cluster's ConfigMap is, not refused for its
+    /// `apiVersion`; an entry with an empty selector matches (a file knows
+    /// no labels), others do not; a bad key is an error naming it.
+    #[test]
+    fn a_configmap_as_the_policy() {
+        let sample = include_str!("../colocation/tests/fixtures/slo-controller-config.yaml");
+        let indented: String = sample
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| format!("  {l}\n"))
+            .collect();
+        let c = parse(&format!("policy:\n{indented}")).unwrap();
+        let p = c.policy.unwrap();
+        assert!(!p.resource_used_threshold_with_be.enable);
+        assert_eq!(
+            p.resource_used_threshold_with_be
+                .cpu_suppress_threshold_percent,
+            65
+        );
+        let cm = |threshold: &str| {
+            format!(
+                "policy:\n  apiVersion: v1\n  kind: ConfigMap\n  metadata: {{name: slo-controller-config}}\n  data:\n    resource-threshold-config: '{threshold}'\n"
+            )
+        };
+        let c = parse(&cm(r#"{"clusterStrategy": {"enable": true, "cpuSuppressThresholdPercent": 45}, "nodeStrategies": [{"nodeSelector": {"matchLabels": {"pool": "batch"}}, "cpuSuppressThresholdPercent": 30}, {"nodeSelector": {}, "cpuSuppressThresholdPercent": 35}]}"#)).unwrap();
+        let t = c.policy.unwrap().resource_used_threshold_with_be;
+        assert!(t.enable);
+        assert_eq!(
+            t.cpu_suppress_threshold_percent, 35,
+            "the empty selector's entry"
+        );
+        let e = format!("{:#}", parse(&cm(r#"{"clusterStrategy": "#)).unwrap_err());
+        assert!(e.contains("policy.data.resource-threshold-config"), "{e}");
+        let e = format!(
+            "{:#}",
+            parse("policy:\n  kind: ConfigMap\n  data:\n    colocation-config: '{}'\n")
+                .unwrap_err()
+        );
+        assert!(e.contains("without any policy key"), "{e}");
     }
 
     #[test]

@@ -8,7 +8,9 @@
 //!   validation (`TryFrom<serde_json::Value>`), whatever the source.
 //! * **One precedence rule.** The policy in force is, whole, that of the
 //!   highest-precedence source holding a good one: a valid cluster NodeSLO
-//!   over the file's `policy:`, the file's over the built-in defaults. Only
+//!   over Koordinator's `slo-controller-config` ConfigMap (what koord-manager
+//!   would have made the NodeSLO from), that over the file's `policy:`, the
+//!   file's over the built-in defaults. Only
 //!   the policy is sourced: the file's local settings (sockets, intervals,
 //!   the engine's and the hooks' settings) always stay as the file says.
 //! * **Bad or stale keeps the last good.** A source whose new policy is
@@ -30,6 +32,9 @@ use tracing::{error, info, warn};
 pub enum Source {
     /// The config file's `policy:` section.
     File,
+    /// Koordinator's `slo-controller-config` ConfigMap, merged for this node
+    /// as koord-manager would merge it into its NodeSLO.
+    ConfigMap,
     /// This node's NodeSLO from the API server.
     Cluster,
 }
@@ -38,6 +43,7 @@ impl Source {
     pub fn as_str(self) -> &'static str {
         match self {
             Source::File => "file",
+            Source::ConfigMap => "configmap",
             Source::Cluster => "cluster",
         }
     }
@@ -108,7 +114,7 @@ impl PolicyHub {
     /// read at start, `None`: the file has no `policy:`).
     pub fn new(file: Option<PolicyConfig>) -> Arc<Self> {
         let mut sources = BTreeMap::new();
-        for s in [Source::File, Source::Cluster] {
+        for s in [Source::File, Source::ConfigMap, Source::Cluster] {
             sources.insert(
                 s,
                 Entry {

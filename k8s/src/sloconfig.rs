@@ -1,8 +1,13 @@
 //! Koordinator's `slo-controller-config` ConfigMap
 //! (`kubernetes.sloConfig`, default `koordinator-system/slo-controller-config`),
 //! read as koord-manager reads it: its `colocation-config` key merged over
-//! the defaults and resolved for this node by the advertiser. Followed with
-//! kube's watcher on that one object (a namespaced Role to read it).
+//! the defaults and resolved for this node by the advertiser; its policy keys
+//! (`resource-threshold-config`, `resource-qos-config`, `cpu-burst-config`,
+//! `system-config`, `host-application-config`) merged into the NodeSLO spec
+//! koord-manager would write for this node ([`qoslet_colocation::slo`]) and
+//! offered to the policy hub as its `configmap` source, below a real NodeSLO
+//! and above the file. Followed with kube's watcher on that one object (a
+//! namespaced Role to read it; without one, asked again every 5 minutes).
 //!
 //! A ConfigMap missing, or the key empty, is Koordinator's defaults
 //! (co-location off); a key with bad JSON or an invalid cluster strategy
@@ -17,6 +22,7 @@
 //! resourceVersion): the first node records it, the others' are refused,
 //! not 5,000 Events for one bad edit.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures_util::StreamExt;
@@ -24,12 +30,111 @@ use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference};
 use kube::api::Api;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
+use qoslet_agent::hub::{PolicyHub, Source};
+use qoslet_colocation::slo;
 use qoslet_colocation::strategy::ColocationConfig;
+use qoslet_qos_engine::source::PolicyConfig;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
 /// The key koord-manager reads the colocation strategy from.
 pub const COLOCATION_KEY: &str = "colocation-config";
+
+/// How long a ConfigMap RBAC does not let qoslet read waits before it is
+/// asked for again (not the watcher's 30 s back-off: 5,000 nodes without
+/// the Role would ask 166 times a second).
+const FORBIDDEN_RETRY: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// The ConfigMap's policy keys as this node reads them: each key's last
+/// good merge (koord-manager keeps a key's last good value when a new one
+/// does not parse), resolved for this node's labels into one policy.
+#[derive(Debug, Default)]
+pub struct PolicyKeys {
+    good: [Option<slo::Merged>; 5],
+    /// Per key, the error last reported (one Event per distinct error).
+    refused: BTreeMap<&'static str, String>,
+}
+
+/// What one read of the ConfigMap's data gives the policy hub.
+#[derive(Debug)]
+pub struct PolicyRead {
+    /// `None`: the ConfigMap names no policy key (the source is withdrawn:
+    /// a ConfigMap kept only for `colocation-config` does not override the
+    /// file's policy with Koordinator's defaults).
+    pub policy: Option<Result<PolicyConfig, String>>,
+    /// Keys newly refused (name, error): each one Warning Event.
+    pub refused: Vec<(&'static str, String)>,
+    /// How the node's entries were chosen (for the log).
+    pub notes: Vec<String>,
+}
+
+impl PolicyKeys {
+    /// Reads `data` for a node with `labels`: each key merged (a bad one
+    /// keeps its last good value, or the defaults), each key's result for
+    /// this node parsed as a NodeSLO spec's field (a value of the wrong type
+    /// is refused as bad JSON is), the spec they make parsed whole.
+    pub fn read(
+        &mut self,
+        data: &BTreeMap<String, String>,
+        labels: &BTreeMap<String, String>,
+    ) -> PolicyRead {
+        if !slo::has_policy_keys(data) {
+            self.good = Default::default();
+            self.refused.clear();
+            return PolicyRead {
+                policy: None,
+                refused: Vec::new(),
+                notes: Vec::new(),
+            };
+        }
+        let mut refused = Vec::new();
+        for (i, k) in slo::KEYS.iter().enumerate() {
+            let checked = slo::merge(k, data.get(k.name).map(String::as_str)).and_then(|m| {
+                let v = m.for_node(labels).value;
+                PolicyConfig::try_from(serde_json::json!({ k.field: v }))
+                    .map(|_| m)
+                    .map_err(|e| e.to_string())
+            });
+            match checked {
+                Ok(m) => {
+                    self.good[i] = Some(m);
+                    self.refused.remove(k.name);
+                }
+                Err(e) => {
+                    let e: String = e.chars().take(512).collect();
+                    if self.refused.get(k.name) != Some(&e) {
+                        self.refused.insert(k.name, e.clone());
+                        refused.push((k.name, e));
+                    }
+                }
+            }
+        }
+        let (policy, notes) = self.resolve(labels);
+        PolicyRead {
+            policy: Some(policy),
+            refused,
+            notes,
+        }
+    }
+
+    /// The policy of the last good keys for a node with `labels` (a key
+    /// never good: koord-manager's defaults).
+    pub fn resolve(
+        &self,
+        labels: &BTreeMap<String, String>,
+    ) -> (Result<PolicyConfig, String>, Vec<String>) {
+        let merged: [slo::Merged; 5] = std::array::from_fn(|i| {
+            self.good[i]
+                .clone()
+                .unwrap_or_else(|| slo::merge(&slo::KEYS[i], None).expect("the defaults merge"))
+        });
+        let (spec, notes) = slo::node_spec(&merged, labels);
+        (
+            PolicyConfig::try_from(spec).map_err(|e| format!("slo-controller-config: {e}")),
+            notes,
+        )
+    }
+}
 
 /// Where the ConfigMap is: `namespace/name`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,12 +204,16 @@ pub fn colocation_of(cm: Option<&ConfigMap>) -> Result<ColocationConfig, String>
     ColocationConfig::parse(value).map_err(|e| e.to_string())
 }
 
-/// Follows the ConfigMap into `out` until `shutdown`.
+/// Follows the ConfigMap into `out` (its colocation-config) and `hub` (its
+/// policy keys, resolved with the labels of `node_view`'s Node) until
+/// `shutdown`.
 pub async fn follow(
     client: kube::Client,
     node: String,
     at: SloConfigRef,
     out: watch::Sender<SloConfig>,
+    hub: Arc<PolicyHub>,
+    mut node_view: watch::Receiver<Option<Arc<crate::view::NodeView>>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &at.namespace);
@@ -116,10 +225,38 @@ pub async fn follow(
     // the last error sent as an Event
     let mut refused: Option<String> = None;
     let mut failing = false;
+    let mut keys = PolicyKeys::default();
+    // the ConfigMap's data as last read (`None`: none), and the labels its
+    // policy was resolved with
+    let mut data: Option<BTreeMap<String, String>> = None;
+    let labels_of = |v: &Option<Arc<crate::view::NodeView>>| {
+        v.as_ref()
+            .and_then(|n| n.metadata.labels.clone())
+            .unwrap_or_default()
+    };
+    let mut labels = labels_of(&node_view.borrow_and_update());
+    let mut node_gone = false;
+    let cm_name = format!("{}/{}", at.namespace, at.name);
     loop {
         let ev = tokio::select! {
             ev = stream.next() => ev,
             _ = shutdown.changed() => return,
+            changed = node_view.changed(), if !node_gone => {
+                if changed.is_err() {
+                    // no node follower: the labels stay as they are
+                    node_gone = true;
+                    continue;
+                }
+                let now = labels_of(&node_view.borrow_and_update());
+                if now != labels {
+                    labels = now;
+                    if data.as_ref().is_some_and(slo::has_policy_keys) {
+                        let (p, notes) = keys.resolve(&labels);
+                        offer(&hub, &cm_name, p, &notes);
+                    }
+                }
+                continue;
+            }
         };
         let Some(ev) = ev else { return };
         if ev.is_ok() {
@@ -138,26 +275,71 @@ pub async fn follow(
             Ok(Event::InitDone) | Ok(Event::Delete(_)) => None,
             Err(e) => {
                 if !failing {
-                    warn!(configmap = %format!("{}/{}", at.namespace, at.name), error = %e, "slo-controller-config watch failed (retried with backoff); the last good colocation-config stays");
+                    warn!(configmap = %cm_name, error = %e, "slo-controller-config watch failed (retried with backoff); the last good colocation-config and policy stay");
                     failing = true;
                 }
                 // refused outright (no Role where the ConfigMap is): say so,
-                // unless a good value was read before
+                // unless a good value was read before, and ask again later
                 if let watcher::Error::InitialListFailed(kube::Error::Api(s)) = &e {
-                    if s.code == 403 && !matches!(*out.borrow(), SloConfig::Read(_)) {
-                        out.send_replace(SloConfig::Unreadable(
-                            s.message.chars().take(256).collect(),
-                        ));
+                    if s.code == 403 {
+                        if !matches!(*out.borrow(), SloConfig::Read(_)) {
+                            out.send_replace(SloConfig::Unreadable(
+                                s.message.chars().take(256).collect(),
+                            ));
+                        }
+                        if data.is_none() {
+                            hub.withdraw(Source::ConfigMap);
+                        }
+                        tokio::select! {
+                            _ = tokio::time::sleep(FORBIDDEN_RETRY) => {}
+                            _ = shutdown.changed() => return,
+                        }
+                        continue;
                     }
+                }
+                if data.as_ref().is_some_and(slo::has_policy_keys) {
+                    hub.stale(Source::ConfigMap, &format!("the API server: {e}"));
                 }
                 continue;
             }
         };
+        // the policy keys
+        let now: BTreeMap<String, String> = cm
+            .as_ref()
+            .and_then(|c| c.data.clone())
+            .map(|d| d.into_iter().collect())
+            .unwrap_or_default();
+        let read = keys.read(&now, &labels);
+        for (key, e) in &read.refused {
+            warn!(configmap = %cm_name, key, error = %e, "slo-controller-config key refused; its last good value stays");
+            if let Some(cm) = &cm {
+                event(
+                    &client,
+                    &node,
+                    &at,
+                    cm,
+                    key,
+                    "SLOCfgUnmarshalFailed",
+                    &format!("qoslet on {node} keeps its last good {key}: {e}"),
+                );
+            }
+        }
+        match read.policy {
+            Some(p) => offer(&hub, &cm_name, p, &read.notes),
+            None => {
+                if data.as_ref().is_none_or(slo::has_policy_keys) {
+                    info!(configmap = %cm_name, present = cm.is_some(), "slo-controller-config has no policy key: not a policy source");
+                }
+                hub.withdraw(Source::ConfigMap);
+            }
+        }
+        data = Some(now);
+        // the colocation-config
         match colocation_of(cm.as_ref()) {
             Ok(c) => {
                 refused = None;
                 if !matches!(&*out.borrow(), SloConfig::Read(o) if **o == c) {
-                    info!(configmap = %format!("{}/{}", at.namespace, at.name), present = cm.is_some(), enable = ?c.cluster.enable, node_configs = c.nodes.len(), "colocation-config");
+                    info!(configmap = %cm_name, present = cm.is_some(), enable = ?c.cluster.enable, node_configs = c.nodes.len(), "colocation-config");
                     for w in &c.warnings {
                         warn!("colocation-config: {w}");
                     }
@@ -168,26 +350,12 @@ pub async fn follow(
                 if refused.as_ref() != Some(&e) {
                     warn!(error = %e, "colocation-config refused; the last good one stays");
                     if let Some(cm) = &cm {
-                        let involved = ObjectReference {
-                            api_version: Some("v1".into()),
-                            kind: Some("ConfigMap".into()),
-                            namespace: cm.metadata.namespace.clone(),
-                            name: cm.metadata.name.clone(),
-                            uid: cm.metadata.uid.clone(),
-                            ..Default::default()
-                        };
-                        // one Event for the cluster, whichever node records it first
-                        let name = format!(
-                            "{}.{}.colocation-config",
-                            at.name,
-                            cm.metadata.resource_version.as_deref().unwrap_or("0")
-                        );
-                        crate::nodeslo::warning_event(
+                        event(
                             &client,
                             &node,
-                            &at.namespace,
-                            involved,
-                            Some(name.chars().take(253).collect()),
+                            &at,
+                            cm,
+                            COLOCATION_KEY,
                             "ColocationCfgUnmarshalFailed",
                             &format!("qoslet on {node} keeps its last good {COLOCATION_KEY}: {e}"),
                         );
@@ -197,4 +365,52 @@ pub async fn follow(
             }
         }
     }
+}
+
+/// Offers the ConfigMap's policy to the hub as its `configmap` source.
+fn offer(hub: &PolicyHub, cm: &str, p: Result<PolicyConfig, String>, notes: &[String]) {
+    match &p {
+        Ok(_) => info!(configmap = %cm, notes = ?notes, "slo-controller-config policy read"),
+        Err(e) => {
+            warn!(configmap = %cm, error = %e, "slo-controller-config policy refused; the last good one stays")
+        }
+    }
+    hub.offer(Source::ConfigMap, p);
+}
+
+/// A Warning Event on the ConfigMap about `key`, one for the whole cluster:
+/// its name is the ConfigMap's resourceVersion and the key (the first node
+/// records it, the others' are refused with 409), not 5,000 Events for one
+/// bad edit.
+fn event(
+    client: &kube::Client,
+    node: &str,
+    at: &SloConfigRef,
+    cm: &ConfigMap,
+    key: &str,
+    reason: &'static str,
+    message: &str,
+) {
+    let involved = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("ConfigMap".into()),
+        namespace: cm.metadata.namespace.clone(),
+        name: cm.metadata.name.clone(),
+        uid: cm.metadata.uid.clone(),
+        ..Default::default()
+    };
+    let name = format!(
+        "{}.{}.{key}",
+        at.name,
+        cm.metadata.resource_version.as_deref().unwrap_or("0")
+    );
+    crate::nodeslo::warning_event(
+        client,
+        node,
+        &at.namespace,
+        involved,
+        Some(name.chars().take(253).collect()),
+        reason,
+        message,
+    );
 }

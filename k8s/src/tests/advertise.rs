@@ -588,6 +588,8 @@ async fn auto_follows_the_configmap_and_a_bad_value_keeps_the_last_good_one() {
             "node-1".into(),
             Default::default(),
             colocation,
+            qoslet_agent::hub::PolicyHub::new(None),
+            node_view.clone(),
             stopped.clone(),
         )),
         tokio::spawn(crate::advertise::advertise(

@@ -242,3 +242,4 @@ fn plain_http_needs_no_system_ca_certificates() {
     crate::without_system_roots_over_http(&mut given);
     assert_eq!(given.root_cert, Some(vec![vec![1, 2, 3]]));
 }
+mod sloconfig;
