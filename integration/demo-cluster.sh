@@ -3,7 +3,9 @@
 # fake API server (the project's in-process one as a process: the real HTTP/JSON list/watch, status
 # and Eviction API; no real kube-apiserver can be installed here) that holds a Node, two pods and
 # this node's NodeSLO. qoslet takes its policy from the NodeSLO, an edit of the NodeSLO changes the
-# BE cgroup at once, and the NodeMetric qoslet reports is printed. Needs root. Installs what is missing.
+# BE cgroup at once, the NodeMetric qoslet reports is printed, and with Koordinator's ConfigMap turning
+# co-location on, qoslet writes the Node's batch-cpu itself, which falls when an LS pod burns a core.
+# Needs root. Installs what is missing.
 #   integration/demo-cluster.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,10 +55,13 @@ apipod() { # NAME QOS PRIORITY
 jq -n '{apiVersion:"v1", kind:"Node", metadata:{name:"node-1"},
   status:{capacity:{cpu:"2", memory:"24Gi"}, allocatable:{cpu:"1500m", memory:"23Gi"}}}' > "$D/objects/node.json"
 nodeslo 65 > "$D/objects/nodeslo.json"
+jq -n '{apiVersion:"v1", kind:"ConfigMap", metadata:{name:"slo-controller-config", namespace:"koordinator-system"},
+  data:{"colocation-config": ({enable:true, cpuReclaimThresholdPercent:90, memoryReclaimThresholdPercent:90} | tostring)}}' \
+  > "$D/objects/slo-controller-config.json"
 apipod demo-ls Burstable 0 > "$D/objects/pod-ls.json"
 apipod demo-be BestEffort 5000 > "$D/objects/pod-be.json"
 
-say "starting the fake API server with a Node (kubelet reserves 0.5 CPU), two pods and this node's NodeSLO (cpuSuppressThresholdPercent 65)"
+say "starting the fake API server with a Node (kubelet reserves 0.5 CPU), two pods, this node's NodeSLO (cpuSuppressThresholdPercent 65) and Koordinator's ConfigMap (co-location on)"
 "$FAKE" --dir "$D/objects" --kubeconfig "$D/kubeconfig" > "$D/fake.url" 2>"$D/fake.log" &
 FPID=$!
 for _ in $(seq 1 100); do [ -s "$D/fake.url" ] && break; sleep 0.05; done
@@ -72,6 +77,7 @@ kubernetes:
   nodeName: node-1
   createNodeMetric: true      # no koord-manager here to create it
   reportInterval: 30s         # koordlet's minimum; the NodeMetric spec's default is 60 s
+  batchResources: auto        # batch-cpu/batch-memory on the Node when the ConfigMap turns co-location on
 YAML
 say "starting qoslet in front of containerd, with the cluster side on (no policy: in its file)"
 "$Q" proxy --listen "unix://$QSOCK" --admin-listen "unix://$ASOCK" \
@@ -81,23 +87,23 @@ QPID=$!
 for _ in $(seq 1 600); do [ -S "$ASOCK" ] && [ -S "$QSOCK" ] && break; sleep 0.05; done
 GRPCURL=$WORK/bin/grpcurl
 . integration/scripts/lib.sh
-run() { # name class cgroup-parent resources
+run() { # name class cgroup-parent resources [script]
   local pod sb c
   pod=$(pod_json "$1" "uid-$1" "$3" "{\"app\":\"$1\",\"koordinator.sh/qosClass\":\"$2\"}")
   sb=$(rt RunPodSandbox "{\"config\":$pod}" | jq -r .podSandboxId)
-  c=$(rt CreateContainer "$(ctr_json "$sb" "$pod" main "$4")" | jq -r .containerId)
+  c=$(rt CreateContainer "$(ctr_json "$sb" "$pod" main "$4" "${5:-}")" | jq -r .containerId)
   rt StartContainer "{\"container_id\":\"$c\"}" >/dev/null
   echo "$sb $c"
 }
 remove_pods() { # what an earlier run left behind too
   local sb
-  for app in demo-ls demo-be; do
+  for app in demo-ls demo-be demo-burn; do
     for sb in $(rt ListPodSandbox "{\"filter\":{\"label_selector\":{\"app\":\"$app\"}}}" | jq -r '.items[]?.id'); do
       rt StopPodSandbox "{\"pod_sandbox_id\":\"$sb\"}" >/dev/null
       rt RemovePodSandbox "{\"pod_sandbox_id\":\"$sb\"}" >/dev/null
     done
   done
-  for p in $ROOT/kubepods/burstable/poddemo-ls $BEPARENT/poddemo-be; do rm_cgroup_dirs "$p"; done
+  for p in $ROOT/kubepods/burstable/poddemo-ls $ROOT/kubepods/burstable/poddemo-burn $BEPARENT/poddemo-be; do rm_cgroup_dirs "$p"; done
 }
 remove_pods
 say "an LS and a BE pod through qoslet, as kubelet would run them"
@@ -132,6 +138,19 @@ jq '.status | {updateTime, nodeUsage: .nodeMetric.nodeUsage, systemUsage: .nodeM
 [ "$(jq -r '.status.podsMetric[] | select(.name == "demo-ls") | .priority' <<<"$NM")" = koord-prod ] \
   || { echo "FAIL: demo-ls is not koord-prod in podsMetric" >&2; exit 1; }
 
-say "stopping and removing both pods through qoslet"
+say "batch resources: qoslet writes the Node's batch-cpu itself (no koord-manager), from the figures it reports"
+batch_cpu() { curl -s "$URL/api/v1/nodes/node-1" | jq -r '.status.allocatable["kubernetes.io/batch-cpu"] // empty'; }
+for _ in $(seq 1 120); do b1=$(batch_cpu); [ -n "$b1" ] && break; sleep 0.5; done
+[ -n "$b1" ] || { echo "FAIL: no batch-cpu on the Node" >&2; exit 1; }
+echo "  Node allocatable kubernetes.io/batch-cpu = $b1 (milli-cores), batch-memory = $(curl -s "$URL/api/v1/nodes/node-1" | jq -r '.status.allocatable["kubernetes.io/batch-memory"]')"
+say "an LS pod starts burning a core: batch-cpu falls at the next reports"
+read -r _ _ < <(run demo-burn LS $ROOT/kubepods/burstable/poddemo-burn '{"cpu_shares":1024,"cpu_period":100000}' 'while :; do :; done')
+for _ in $(seq 1 240); do b2=$(batch_cpu); [ -n "$b2" ] && [ "$b2" -le $((b1 - 400)) ] && break; sleep 0.5; done
+echo "  batch-cpu = $b2 (was $b1)"
+[ -n "$b2" ] && [ "$b2" -le $((b1 - 400)) ] || { echo "FAIL: batch-cpu did not fall" >&2; exit 1; }
+echo "  why (qoslet batch-resources):"
+"$Q" batch-resources --admin "unix://$ASOCK" | sed 's/^/    /' | head -30
+
+say "stopping and removing the pods through qoslet"
 remove_pods
 echo "  logs: $D/qoslet.log, $D/fake.log; containerd stays up; stop it with: $TB down"

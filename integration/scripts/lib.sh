@@ -14,11 +14,12 @@ pod_json() {
     linux:{cgroup_parent:$cgp, security_context:{namespace_options:{network:"NODE", pid:"CONTAINER", ipc:"POD"}}}}'
 }
 
-# ctr_json POD_ID POD_JSON NAME RESOURCES_JSON
+# ctr_json POD_ID POD_JSON NAME RESOURCES_JSON [SCRIPT] (default: sleep until TERM)
 ctr_json() {
-  jq -nc --arg sb "$1" --argjson pod "$2" --arg n "$3" --argjson r "$4" '{pod_sandbox_id:$sb, sandbox_config:$pod, config:{
+  jq -nc --arg sb "$1" --argjson pod "$2" --arg n "$3" --argjson r "$4" \
+    --arg cmd "${5:-trap "exit 0" TERM; while true; do sleep 1; done}" '{pod_sandbox_id:$sb, sandbox_config:$pod, config:{
     metadata:{name:$n, attempt:0}, image:{image:"localhost/testbed/busybox:1.35"},
-    command:["/bin/sh","-c","trap \"exit 0\" TERM; while true; do sleep 1; done"],
+    command:["/bin/sh","-c",$cmd],
     log_path:($n + "/0.log"),
     linux:{resources:$r, security_context:{namespace_options:{network:"NODE", pid:"CONTAINER", ipc:"POD"}}}}}'
 }

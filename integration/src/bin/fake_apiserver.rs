@@ -2,7 +2,7 @@
 //! `integration/demo-cluster.sh`: it serves the real HTTP/JSON list, watch,
 //! status and Eviction API on 127.0.0.1 and keeps its objects in step with a
 //! directory of JSON files, one object each (`Node`, `Pod`, `NodeSLO`,
-//! `NodeMetric`): a file written is applied (a watch event), a file removed is
+//! `NodeMetric`, `ConfigMap`): a file written is applied (a watch event), a file removed is
 //! deleted. What qoslet writes (NodeMetric status, Events) lives in the
 //! server: read it with `curl <url>/apis/slo.koordinator.sh/v1alpha1/nodemetrics/<node>`.
 //!
@@ -24,13 +24,17 @@ fn arg(name: &str) -> Option<String> {
 }
 
 /// Where an object of this kind lives, and its key there.
-fn place(o: &Value) -> Option<(&'static str, String)> {
+fn place(o: &Value) -> Option<(String, String)> {
     let name = o["metadata"]["name"].as_str()?;
     let coll = match o["kind"].as_str()? {
-        "Node" => "/api/v1/nodes",
-        "Pod" => "/api/v1/pods",
-        "NodeSLO" => "/apis/slo.koordinator.sh/v1alpha1/nodeslos",
-        "NodeMetric" => "/apis/slo.koordinator.sh/v1alpha1/nodemetrics",
+        "Node" => "/api/v1/nodes".to_string(),
+        "Pod" => "/api/v1/pods".to_string(),
+        "NodeSLO" => "/apis/slo.koordinator.sh/v1alpha1/nodeslos".to_string(),
+        "NodeMetric" => "/apis/slo.koordinator.sh/v1alpha1/nodemetrics".to_string(),
+        "ConfigMap" => format!(
+            "/api/v1/namespaces/{}/configmaps",
+            o["metadata"]["namespace"].as_str()?
+        ),
         _ => return None,
     };
     let key = match o["metadata"]["namespace"].as_str() {
@@ -60,7 +64,7 @@ async fn main() {
     let fake = FakeApiServer::start().await;
     std::fs::write(&kubeconfig, fake.kubeconfig()).expect("write the kubeconfig");
     println!("{}", fake.url());
-    let mut seen: BTreeMap<PathBuf, (SystemTime, &'static str, String)> = BTreeMap::new();
+    let mut seen: BTreeMap<PathBuf, (SystemTime, String, String)> = BTreeMap::new();
     loop {
         let now = scan(&dir);
         for (path, mtime) in &now {
@@ -72,12 +76,12 @@ async fn main() {
                 .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
             match object.as_ref().and_then(|o| Some((o, place(o)?))) {
                 Some((o, (coll, key))) => {
-                    fake.apply(coll, o.clone());
+                    fake.apply(&coll, o.clone());
                     eprintln!("fake API server: applied {}", path.display());
                     seen.insert(path.clone(), (*mtime, coll, key));
                 }
                 None => eprintln!(
-                    "fake API server: {} is not a Node, Pod, NodeSLO or NodeMetric in JSON",
+                    "fake API server: {} is not a Node, Pod, NodeSLO, NodeMetric or ConfigMap in JSON",
                     path.display()
                 ),
             }
@@ -89,7 +93,7 @@ async fn main() {
             .collect();
         for p in gone {
             if let Some((_, coll, key)) = seen.remove(&p) {
-                fake.delete(coll, &key);
+                fake.delete(&coll, &key);
                 eprintln!("fake API server: deleted {key}");
             }
         }
