@@ -6,11 +6,14 @@
 //! spec koord-manager would write for the node; koordlet's own layer (its
 //! defaults under the spec) is the spec's parser's, as for a real NodeSLO.
 //!
-//! JSON-level, as Go's `MergeCfg` (marshal the overlay, omitting what is
-//! unset, and unmarshal it over the base): `null` or absent keeps the base,
-//! scalars replace, arrays replace, objects merge key by key. A key given
-//! twice takes its last value. Types are the parser's to check: the caller
-//! refuses a key whose result does not parse and keeps its last good one.
+//! JSON-level, as Go's decoder and `MergeCfg` (decode into koord-manager's
+//! types, marshal the overlay omitting what is unset, unmarshal it over the
+//! base): keys match field names in any letter case, fields no type
+//! defines are dropped, `null`, absent or `""` keeps the base, scalars
+//! replace, objects merge key by key, arrays merge element by element (then
+//! take the overlay's length). A key given twice takes its last value. Types
+//! are the parser's to check: the caller refuses a key any of whose entries
+//! does not parse, and keeps its last good one.
 
 use std::collections::BTreeMap;
 
@@ -97,6 +100,9 @@ pub struct NodeEntry {
 pub struct Merged {
     pub cluster: Value,
     pub nodes: Vec<NodeEntry>,
+    /// Fields no Koordinator type defines, dropped as Go's decoder drops
+    /// them (their paths, for the log).
+    pub dropped: Vec<String>,
 }
 
 /// One key's value for a node, and how it was found.
@@ -124,8 +130,108 @@ pub fn overlay(base: &mut Value, over: &Value) {
                 }
             }
         }
+        // Go decodes an array into the slice already there element by
+        // element (then truncates it): objects merge by index
+        (Value::Array(b), Value::Array(o)) => {
+            b.truncate(o.len());
+            for (i, v) in o.iter().enumerate() {
+                match b.get_mut(i) {
+                    Some(slot) => overlay(slot, v),
+                    None => b.push(v.clone()),
+                }
+            }
+        }
         (b, o) => *b = o.clone(),
     }
+}
+
+/// A strategy's JSON as Go's decoder reads it into koord-manager's types
+/// and `MergeCfg` writes it out again: keys matched to the NodeSLO field
+/// names regardless of case (an exact match first), fields no type defines
+/// dropped (named in `dropped`), and an empty string left out (`omitempty`:
+/// it keeps the value under it). `path`: the NodeSLO spec field it is.
+pub fn decoded(v: &Value, path: &str, dropped: &mut Vec<String>) -> Value {
+    let fields = qoslet_hooks::nodeslo::fields();
+    decode_at(v, path, &fields, dropped)
+}
+
+fn decode_at(
+    v: &Value,
+    path: &str,
+    fields: &[(String, qoslet_hooks::nodeslo::Support)],
+    dropped: &mut Vec<String>,
+) -> Value {
+    use qoslet_hooks::nodeslo::Support;
+    // a whole subtree qoslet sets aside (systemStrategy, hostApplications, ...): as it is
+    if fields
+        .iter()
+        .any(|(f, s)| f == path && *s == Support::NotImplemented)
+    {
+        return v.clone();
+    }
+    match v {
+        Value::Object(m) => {
+            // the names one level down, with whether each is a list of objects
+            let mut names: Vec<&str> = Vec::new();
+            for (f, _) in fields {
+                if let Some(rest) = f.strip_prefix(path).and_then(|r| r.strip_prefix('.')) {
+                    let name = rest.split(['.', '[']).next().unwrap_or(rest);
+                    if !names.contains(&name) {
+                        names.push(name);
+                    }
+                }
+            }
+            let mut out = Map::new();
+            for (k, child) in m {
+                let canonical = names
+                    .iter()
+                    .find(|n| **n == k)
+                    .or_else(|| names.iter().find(|n| n.eq_ignore_ascii_case(k)));
+                let Some(name) = canonical else {
+                    dropped.push(format!("{path}.{k}"));
+                    continue;
+                };
+                if matches!(child, Value::String(s) if s.is_empty()) || child.is_null() {
+                    continue;
+                }
+                let sub = format!("{path}.{name}");
+                let list = format!("{sub}[]");
+                let value = match child {
+                    Value::Array(items) if fields.iter().any(|(f, _)| f.starts_with(&list)) => {
+                        Value::Array(
+                            items
+                                .iter()
+                                .map(|i| decode_at(i, &list, fields, dropped))
+                                .collect(),
+                        )
+                    }
+                    other => decode_at(other, &sub, fields, dropped),
+                };
+                out.insert(name.to_string(), value);
+            }
+            Value::Object(out)
+        }
+        other => other.clone(),
+    }
+}
+
+/// `map[key]` as Go's decoder finds a struct field: the exact name, else any
+/// letter case.
+fn get_ci<'a>(m: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
+    m.get(key).or_else(|| {
+        m.iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(key))
+            .map(|(_, v)| v)
+    })
+}
+
+/// [`get_ci`], taking the value out.
+fn take_ci(m: &mut Map<String, Value>, key: &str) -> Option<Value> {
+    if let Some(v) = m.remove(key) {
+        return Some(v);
+    }
+    let k = m.keys().find(|k| k.eq_ignore_ascii_case(key)).cloned()?;
+    m.remove(&k)
 }
 
 /// Reads key `key`'s value (`None`: the key is absent: the defaults) as
@@ -136,6 +242,7 @@ pub fn merge(key: &Key, value: Option<&str>) -> Result<Merged, String> {
         return Ok(Merged {
             cluster: key.defaults(),
             nodes: Vec::new(),
+            dropped: Vec::new(),
         });
     };
     if text.len() > MAX_KEY_BYTES {
@@ -155,14 +262,17 @@ pub fn merge(key: &Key, value: Option<&str>) -> Result<Merged, String> {
         Shape::Strategies => ("clusterStrategy", "nodeStrategies"),
         Shape::Applications => ("applications", "nodeConfigs"),
     };
+    let mut dropped = Vec::new();
     let mut cluster = key.defaults();
-    match (key.shape, top.get(cluster_key)) {
+    match (key.shape, get_ci(&top, cluster_key)) {
         (_, None | Some(Value::Null)) => {}
-        (Shape::Strategies, Some(o @ Value::Object(_))) => overlay(&mut cluster, o),
+        (Shape::Strategies, Some(o @ Value::Object(_))) => {
+            overlay(&mut cluster, &decoded(o, key.field, &mut dropped))
+        }
         (Shape::Applications, Some(a @ Value::Array(_))) => cluster = a.clone(),
         (_, Some(other)) => return Err(format!("{cluster_key}: unexpected {}", kind(other))),
     }
-    let entries = match top.get(list_key) {
+    let entries = match get_ci(&top, list_key) {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Array(a)) => a.clone(),
         Some(other) => return Err(format!("{list_key}: unexpected {}", kind(other))),
@@ -175,14 +285,14 @@ pub fn merge(key: &Key, value: Option<&str>) -> Result<Merged, String> {
             }
             return Err(format!("{list_key}[{i}]: unexpected {}", kind(&e)));
         };
-        let name = match fields.remove("name") {
+        let name = match take_ci(&mut fields, "name") {
             None | Some(Value::Null) => String::new(),
             Some(Value::String(s)) => s,
             Some(other) => {
                 return Err(format!("{list_key}[{i}].name: unexpected {}", kind(&other)))
             }
         };
-        let selector = match fields.remove("nodeSelector") {
+        let selector = match take_ci(&mut fields, "nodeSelector") {
             None | Some(Value::Null) => None,
             Some(s) => Some(
                 serde_json::from_value::<LabelSelector>(s)
@@ -192,11 +302,14 @@ pub fn merge(key: &Key, value: Option<&str>) -> Result<Merged, String> {
         let value = match key.shape {
             Shape::Strategies => {
                 let mut m = cluster.clone();
-                overlay(&mut m, &Value::Object(fields));
+                overlay(
+                    &mut m,
+                    &decoded(&Value::Object(fields), key.field, &mut dropped),
+                );
                 m
             }
             // an entry without applications is an empty list, as Go's nil slice
-            Shape::Applications => match fields.remove("applications") {
+            Shape::Applications => match take_ci(&mut fields, "applications") {
                 None | Some(Value::Null) => json!([]),
                 Some(a @ Value::Array(_)) => a,
                 Some(other) => {
@@ -213,7 +326,11 @@ pub fn merge(key: &Key, value: Option<&str>) -> Result<Merged, String> {
             value,
         });
     }
-    Ok(Merged { cluster, nodes })
+    Ok(Merged {
+        cluster,
+        nodes,
+        dropped,
+    })
 }
 
 /// A key's value is read at most this large (a ConfigMap holds 1 MiB in all).

@@ -39,18 +39,42 @@ impl std::fmt::Display for Source {
     }
 }
 
+/// What the cluster view says of a pod's batch resources.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpecBatch<'a> {
+    /// No cluster, or a pod it does not know (yet).
+    Unknown,
+    /// The pod spec asks for none.
+    None,
+    /// The pod spec's, in the annotation's JSON shape ([`spec_json`]).
+    Some(&'a str),
+}
+
+impl<'a> SpecBatch<'a> {
+    /// From the cluster view: `None`, a pod it does not know; `Some(None)`,
+    /// one whose spec asks for no batch resources.
+    pub fn of(known: Option<Option<&'a str>>) -> Self {
+        match known {
+            None => SpecBatch::Unknown,
+            Some(None) => SpecBatch::None,
+            Some(Some(s)) => SpecBatch::Some(s),
+        }
+    }
+}
+
 /// A pod's batch resources in the annotation's JSON shape, and where they
-/// came from. `from_spec`: the pod spec's (the cluster view's synthesis;
-/// `None`: no cluster, or no batch resources in the spec). The spec wins,
-/// as with Koordinator, whose webhook rewrites the annotation from the spec
-/// whenever they differ; without a spec the annotation is read.
+/// came from. The spec wins, as with Koordinator, whose webhook rewrites the
+/// annotation from the spec whenever they differ; without a spec (no
+/// cluster view of the pod, or a spec that asks for none) the annotation is
+/// read (the caller decides whether the latter may be used: the webhook
+/// would have cleared it).
 pub fn source<'a>(
     annotations: &'a BTreeMap<String, String>,
-    from_spec: Option<&'a str>,
+    spec: SpecBatch<'a>,
 ) -> Option<(&'a str, Source)> {
-    match from_spec {
-        Some(s) => Some((s, Source::PodSpec)),
-        None => annotations
+    match spec {
+        SpecBatch::Some(s) => Some((s, Source::PodSpec)),
+        SpecBatch::None | SpecBatch::Unknown => annotations
             .get(ANNOTATION_EXTENDED_RESOURCE_SPEC)
             .map(|a| (a.as_str(), Source::Annotation)),
     }

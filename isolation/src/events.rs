@@ -18,6 +18,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use qoslet_cgroups::{CgroupPath, Cgroups, Knob, PodRoot};
+use qoslet_hooks::batch::SpecBatch;
 use qoslet_hooks::decide::{self, Action, ContainerDecision, Decision, Requested, ResourcePatch};
 use qoslet_hooks::{classify, ClassSource, PodClass, QosClass, Trust, Warning};
 use qoslet_state::store::{
@@ -67,7 +68,7 @@ impl Isolation {
         let d = decide::pod(
             class,
             &pod.annotations,
-            spec_batch(store, &pod).as_deref(),
+            SpecBatch::of(spec_batch(store, &pod).as_ref().map(Option::as_deref)),
             &pod.sandbox_limits(),
             &shared.ctx(None),
         );
@@ -124,7 +125,7 @@ impl Isolation {
             class,
             name,
             &pod.annotations,
-            spec_batch(store, pod).as_deref(),
+            SpecBatch::of(spec_batch(store, pod).as_ref().map(Option::as_deref)),
             &with_pod(asked(&kubelets), pod),
             &shared.ctx(place.as_ref().map(|p| p.share(false))),
         );
@@ -199,7 +200,7 @@ impl Isolation {
             class,
             name,
             &pod.annotations,
-            spec_batch(store, &pod).as_deref(),
+            SpecBatch::of(spec_batch(store, &pod).as_ref().map(Option::as_deref)),
             &with_pod(asked(&kubelets), &pod),
             &shared.ctx(place.as_ref().map(|p| p.share(false))),
         );
@@ -240,7 +241,7 @@ impl Isolation {
             class,
             &c.name,
             &pod.annotations,
-            spec_batch(store, &pod).as_deref(),
+            SpecBatch::of(spec_batch(store, &pod).as_ref().map(Option::as_deref)),
             &with_pod(asked(&merged), &pod),
             &shared.ctx(place.as_ref().map(|p| p.share(true))),
         );
@@ -291,7 +292,7 @@ impl Isolation {
             class,
             &c.name,
             &pod.annotations,
-            spec_batch(store, &pod).as_deref(),
+            SpecBatch::of(spec_batch(store, &pod).as_ref().map(Option::as_deref)),
             &with_pod(asked(&stored), &pod),
             &shared.ctx(None),
         );
@@ -504,12 +505,13 @@ fn make_room_for_quota(
 }
 
 /// The pod spec's batch resources, from the cluster view of the pod (by
-/// UID; `None`: no cluster, a pod it does not know, or none in the spec).
-fn spec_batch(store: &Store, pod: &PodRecord) -> Option<String> {
+/// UID; `None`: no cluster, or a pod it does not know; `Some(None)`: a spec
+/// that asks for none).
+fn spec_batch(store: &Store, pod: &PodRecord) -> Option<Option<String>> {
     if pod.uid.is_empty() {
         return None;
     }
-    store.cluster_pod(&pod.uid)?.batch.clone()
+    Some(store.cluster_pod(&pod.uid)?.batch.clone())
 }
 
 #[cfg(test)]

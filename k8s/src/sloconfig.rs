@@ -69,10 +69,13 @@ pub struct PolicyRead {
 }
 
 impl PolicyKeys {
-    /// Reads `data` for a node with `labels`: each key merged (a bad one
-    /// keeps its last good value, or the defaults), each key's result for
-    /// this node parsed as a NodeSLO spec's field (a value of the wrong type
-    /// is refused as bad JSON is), the spec they make parsed whole.
+    /// Reads `data` for a node with `labels`: each key merged, and refused
+    /// (its last good value kept, or the defaults) when it is bad JSON or
+    /// of a wrong shape, or when any of its values (the cluster's and every
+    /// node entry's, as Go's decoder fails a key on any entry) does not
+    /// parse as its NodeSLO field; then the spec they make for this node,
+    /// parsed whole. While a key present in `data` has never been good, the
+    /// policy is refused (not Koordinator's defaults in force over the file).
     pub fn read(
         &mut self,
         data: &BTreeMap<String, String>,
@@ -88,20 +91,38 @@ impl PolicyKeys {
             };
         }
         let mut refused = Vec::new();
+        let mut notes = Vec::new();
+        let mut never_good = Vec::new();
         for (i, k) in slo::KEYS.iter().enumerate() {
             let checked = slo::merge(k, data.get(k.name).map(String::as_str)).and_then(|m| {
-                let v = m.for_node(labels).value;
-                PolicyConfig::try_from(serde_json::json!({ k.field: v }))
-                    .map(|_| m)
-                    .map_err(|e| e.to_string())
+                let entries = std::iter::once(("the cluster's".to_string(), &m.cluster)).chain(
+                    m.nodes
+                        .iter()
+                        .map(|e| (format!("node entry {:?}", e.name), &e.value)),
+                );
+                for (which, v) in entries {
+                    PolicyConfig::try_from(serde_json::json!({ k.field: v }))
+                        .map_err(|e| format!("{which}: {e}"))?;
+                }
+                Ok(m)
             });
             match checked {
                 Ok(m) => {
+                    if !m.dropped.is_empty() {
+                        notes.push(format!(
+                            "{}: fields no Koordinator type defines, dropped as koord-manager drops them: {}",
+                            k.name,
+                            m.dropped.join(", ")
+                        ));
+                    }
                     self.good[i] = Some(m);
                     self.refused.remove(k.name);
                 }
                 Err(e) => {
                     let e: String = e.chars().take(512).collect();
+                    if self.good[i].is_none() {
+                        never_good.push(format!("{}: {e}", k.name));
+                    }
                     if self.refused.get(k.name) != Some(&e) {
                         self.refused.insert(k.name, e.clone());
                         refused.push((k.name, e));
@@ -109,7 +130,16 @@ impl PolicyKeys {
                 }
             }
         }
-        let (policy, notes) = self.resolve(labels);
+        let (policy, more) = self.resolve(labels);
+        notes.extend(more);
+        let policy = if never_good.is_empty() {
+            policy
+        } else {
+            Err(format!(
+                "slo-controller-config: {} (no good value read yet)",
+                never_good.join("; ")
+            ))
+        };
         PolicyRead {
             policy: Some(policy),
             refused,
@@ -234,25 +264,41 @@ pub async fn follow(
             .and_then(|n| n.metadata.labels.clone())
             .unwrap_or_default()
     };
-    let mut labels = labels_of(&node_view.borrow_and_update());
+    // `None` until the Node is first seen: the policy waits for its labels
+    // (the cluster strategy would not be this node's when an entry matches it)
+    let first = node_view.borrow_and_update().clone();
+    let mut labels = first.as_ref().map(|_| labels_of(&first));
     let mut node_gone = false;
+    // after a 403: the watch is not polled again until then
+    let mut resume: Option<tokio::time::Instant> = None;
     let cm_name = format!("{}/{}", at.namespace, at.name);
     loop {
         let ev = tokio::select! {
-            ev = stream.next() => ev,
+            ev = stream.next(), if resume.is_none() => ev,
+            _ = tokio::time::sleep_until(resume.unwrap_or_else(tokio::time::Instant::now)), if resume.is_some() => {
+                resume = None;
+                continue;
+            }
             _ = shutdown.changed() => return,
             changed = node_view.changed(), if !node_gone => {
                 if changed.is_err() {
                     // no node follower: the labels stay as they are
                     node_gone = true;
+                    if labels.is_none() {
+                        warn!(configmap = %cm_name, "this node's labels are unknown (no Node followed): the ConfigMap's policy is not used");
+                    }
                     continue;
                 }
-                let now = labels_of(&node_view.borrow_and_update());
-                if now != labels {
-                    labels = now;
-                    if data.as_ref().is_some_and(slo::has_policy_keys) {
-                        let (p, notes) = keys.resolve(&labels);
-                        offer(&hub, &cm_name, p, &notes);
+                // a Node gone from the view keeps the labels last seen
+                let seen = node_view.borrow_and_update().clone();
+                let Some(now) = seen.as_ref().map(|_| labels_of(&seen)) else {
+                    continue;
+                };
+                if labels.as_ref() != Some(&now) {
+                    labels = Some(now);
+                    if let (Some(d), Some(l)) = (&data, &labels) {
+                        let read = keys.read(d, l);
+                        place(&hub, &cm_name, read.policy, &read.notes);
                     }
                 }
                 continue;
@@ -287,13 +333,15 @@ pub async fn follow(
                                 s.message.chars().take(256).collect(),
                             ));
                         }
-                        if data.is_none() {
-                            hub.withdraw(Source::ConfigMap);
+                        match &data {
+                            None => hub.withdraw(Source::ConfigMap),
+                            Some(d) if slo::has_policy_keys(d) => hub.stale(
+                                Source::ConfigMap,
+                                "the API server refuses to show the ConfigMap (403)",
+                            ),
+                            Some(_) => {}
                         }
-                        tokio::select! {
-                            _ = tokio::time::sleep(FORBIDDEN_RETRY) => {}
-                            _ = shutdown.changed() => return,
-                        }
+                        resume = Some(tokio::time::Instant::now() + FORBIDDEN_RETRY);
                         continue;
                     }
                 }
@@ -309,7 +357,7 @@ pub async fn follow(
             .and_then(|c| c.data.clone())
             .map(|d| d.into_iter().collect())
             .unwrap_or_default();
-        let read = keys.read(&now, &labels);
+        let read = keys.read(&now, labels.as_ref().unwrap_or(&BTreeMap::new()));
         for (key, e) in &read.refused {
             warn!(configmap = %cm_name, key, error = %e, "slo-controller-config key refused; its last good value stays");
             if let Some(cm) = &cm {
@@ -324,14 +372,13 @@ pub async fn follow(
                 );
             }
         }
-        match read.policy {
-            Some(p) => offer(&hub, &cm_name, p, &read.notes),
-            None => {
-                if data.as_ref().is_none_or(slo::has_policy_keys) {
-                    info!(configmap = %cm_name, present = cm.is_some(), "slo-controller-config has no policy key: not a policy source");
-                }
-                hub.withdraw(Source::ConfigMap);
-            }
+        if read.policy.is_none() && data.as_ref().is_none_or(slo::has_policy_keys) {
+            info!(configmap = %cm_name, present = cm.is_some(), "slo-controller-config has no policy key: not a policy source");
+        }
+        if labels.is_some() || read.policy.is_none() {
+            place(&hub, &cm_name, read.policy, &read.notes);
+        } else {
+            info!(configmap = %cm_name, "slo-controller-config read; its policy waits for this node's labels (the Node)");
         }
         data = Some(now);
         // the colocation-config
@@ -367,15 +414,23 @@ pub async fn follow(
     }
 }
 
-/// Offers the ConfigMap's policy to the hub as its `configmap` source.
-fn offer(hub: &PolicyHub, cm: &str, p: Result<PolicyConfig, String>, notes: &[String]) {
-    match &p {
-        Ok(_) => info!(configmap = %cm, notes = ?notes, "slo-controller-config policy read"),
-        Err(e) => {
-            warn!(configmap = %cm, error = %e, "slo-controller-config policy refused; the last good one stays")
+/// Tells the hub what the ConfigMap's policy is now (`None`: no policy
+/// key, the source is withdrawn).
+fn place(hub: &PolicyHub, cm: &str, p: Option<Result<PolicyConfig, String>>, notes: &[String]) {
+    match p {
+        None => hub.withdraw(Source::ConfigMap),
+        Some(p) => {
+            match &p {
+                Ok(_) => {
+                    info!(configmap = %cm, notes = ?notes, "slo-controller-config policy read")
+                }
+                Err(e) => {
+                    warn!(configmap = %cm, error = %e, "slo-controller-config policy refused; the last good one stays")
+                }
+            }
+            hub.offer(Source::ConfigMap, p);
         }
     }
-    hub.offer(Source::ConfigMap, p);
 }
 
 /// A Warning Event on the ConfigMap about `key`, one for the whole cluster:

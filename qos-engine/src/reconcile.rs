@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use qoslet_cgroups::{CgroupPath, Knob};
+use qoslet_hooks::batch::SpecBatch;
 use qoslet_hooks::decide::{self, Action, Context, Decision, NodeFacts, Requested, SandboxLimits};
 use qoslet_hooks::{KubeQos, PodClass, QosClass};
 use qoslet_state::inventory::ContainerEntry;
@@ -28,8 +29,9 @@ pub struct Pod {
     pub cgroup: CgroupPath,
     pub annotations: BTreeMap<String, String>,
     /// The pod spec's batch resources, from the cluster view
-    /// ([`qoslet_state::ClusterPod::batch`]).
-    pub spec_batch: Option<String>,
+    /// ([`qoslet_state::ClusterPod::batch`]; `None`: a pod the view does not
+    /// know, `Some(None)`: a spec that asks for none).
+    pub spec_batch: Option<Option<String>>,
     /// What the sandbox config asked for the whole pod.
     pub limits: SandboxLimits,
     /// The sandbox (pause) container's own cgroup, a child of the pod's that no
@@ -64,12 +66,17 @@ impl Pod {
             kube: pc.kube,
             cgroup: p.cgroup.clone(),
             annotations: p.annotations.clone(),
-            spec_batch: p.cluster.as_ref().and_then(|c| c.batch.clone()),
+            spec_batch: p.cluster.as_ref().map(|c| c.batch.clone()),
             limits: p.limits,
             sandbox: p.cgroup.container(&p.id).ok(),
             cpu_cores: 0.0,
             containers: p.containers.iter().map(Container::from_entry).collect(),
         })
+    }
+
+    /// The cluster view's word on its batch resources.
+    pub fn spec_batch(&self) -> SpecBatch<'_> {
+        SpecBatch::of(self.spec_batch.as_ref().map(Option::as_deref))
     }
 
     /// What kubelet asked for container `c` of this pod, with the pod's CPU
@@ -234,7 +241,7 @@ fn container_bound(p: &Pod, c: &Container, node: &NodeFacts) -> bool {
 /// Adds what the hooks would set on `p` and its containers now (`ctx` with
 /// the share pool of every pod's [`bound`] CPUs).
 pub fn pod(p: &Pod, ctx: &Context, plan: &mut Plan) {
-    let spec = p.spec_batch.as_deref();
+    let spec = p.spec_batch();
     let d = decide::pod(p.pod_class(), &p.annotations, spec, &p.limits, ctx);
     for d in &d.decisions {
         add(plan, &p.cgroup, d, ctx.v2, None);
@@ -386,7 +393,7 @@ mod tests {
         // (no webhook wrote the annotation) gets the same writes, by the spec
         let mut from_spec = be_pod();
         let a = from_spec.annotations.remove(ANNOTATION_SPEC).unwrap();
-        from_spec.spec_batch = Some(a);
+        from_spec.spec_batch = Some(Some(a));
         let mut spec_plan = Plan::new();
         pod(&from_spec, &ctx, &mut spec_plan);
         let knobs = |p: &Plan| {

@@ -31,7 +31,8 @@ fn threshold_config_merged_as_koordinators_table() {
         merge(k, None).unwrap(),
         Merged {
             cluster: defaults.clone(),
-            nodes: vec![]
+            nodes: vec![],
+            dropped: vec![]
         }
     );
     // throw error for configmap unmarshal failed (also "": only absent is the defaults)
@@ -237,5 +238,49 @@ fn overlay_is_mergecfg() {
     assert_eq!(
         b,
         json!({"a": 2, "m": {"x": 1, "y": 3}, "s": [3], "keep": true, "new": "n"})
+    );
+}
+
+/// Go's decoder under koord-manager's merge: keys in any letter case, fields
+/// no type defines dropped, `""` keeping the value under it (`omitempty`),
+/// list elements merged by index (the review's cases).
+#[test]
+fn go_decoding_rules() {
+    let k = key("resource-threshold-config");
+    let m = merge(
+        k,
+        Some(
+            r#"{"ClusterStrategy": {"Enable": true, "cpuSuppressPolicy": "cfsQuota", "fromTheFuture": 1},
+                "NodeStrategies": [{"Name": "a", "NodeSelector": {"matchLabels": {"pool": "batch"}},
+                                    "cpuSuppressPolicy": "", "CPUSUPPRESSTHRESHOLDPERCENT": 30}]}"#,
+        ),
+    )
+    .unwrap();
+    assert_eq!(m.cluster["enable"], true);
+    assert_eq!(m.cluster["cpuSuppressPolicy"], "cfsQuota");
+    assert!(m.cluster.get("fromTheFuture").is_none());
+    assert_eq!(m.dropped, ["resourceUsedThresholdWithBE.fromTheFuture"]);
+    let f = m.for_node(&labels(&[("pool", "batch")]));
+    assert_eq!(f.matched.as_deref(), Some("a"));
+    assert_eq!(
+        f.value["cpuSuppressPolicy"], "cfsQuota",
+        "\"\" keeps the cluster's"
+    );
+    assert_eq!(f.value["cpuSuppressThresholdPercent"], 30);
+    // blkio blocks: the node's first block merged over the cluster's first
+    let m = merge(
+        key("resource-qos-config"),
+        Some(
+            r#"{"clusterStrategy": {"beClass": {"blkioQOS": {"enable": true, "blocks": [
+                   {"name": "/dev/sda", "type": "device", "ioCfg": {"readIOPS": 1000}},
+                   {"name": "/dev/sdb", "type": "device"}]}}},
+                "nodeStrategies": [{"nodeSelector": {}, "beClass": {"blkioQOS": {"blocks": [
+                   {"name": "/dev/sdc", "ioCfg": {"readBPS": 1048576}}]}}}]}"#,
+        ),
+    )
+    .unwrap();
+    assert_eq!(
+        m.nodes[0].value["beClass"]["blkioQOS"]["blocks"],
+        json!([{"name": "/dev/sdc", "type": "device", "ioCfg": {"readIOPS": 1000, "readBPS": 1048576}}])
     );
 }

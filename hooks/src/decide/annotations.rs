@@ -15,14 +15,21 @@ pub const MAX_RESOURCE_STATUS_BYTES: usize = 16 << 10;
 /// Kubernetes QoS is BestEffort (Koordinator's batch pods are: batch
 /// resources are extended resources, so they carry no cpu/memory requests).
 /// On a Burstable or Guaranteed pod labelled BE they would raise the pod's
-/// CPU weight above what kubelet gave it.
+/// CPU weight above what kubelet gave it. An untrusted pod's annotation is
+/// not read when the cluster view shows a spec asking for no batch
+/// resources: Koordinator's webhook would have cleared it, and what it
+/// claims was never counted by the scheduler.
 pub(super) fn batch_input<'a>(
     pc: PodClass,
     annotations: &'a BTreeMap<String, String>,
-    from_spec: Option<&'a str>,
+    spec: SpecBatch<'a>,
     warnings: &mut Vec<Warning>,
 ) -> Option<(&'a str, Source)> {
-    let (a, source) = crate::batch::source(annotations, from_spec)?;
+    let (a, source) = crate::batch::source(annotations, spec)?;
+    if spec == SpecBatch::None && !pc.trusted {
+        warnings.push(Warning::BatchNotInSpec);
+        return None;
+    }
     if pc.trusted || pc.kube == Some(KubeQos::BestEffort) {
         return Some((a, source));
     }

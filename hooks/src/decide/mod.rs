@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use qoslet_cgroups::cgroup::{format_cpu_list, parse_cpu_list};
 use qoslet_cgroups::{Device, Features, Knob};
 
-use crate::batch::{parse_spec, pod_total, Batch, Caps, Source};
+use crate::batch::{parse_spec, pod_total, Batch, Caps, Source, SpecBatch};
 use crate::class::{KubeQos, PodClass, QosClass};
 use crate::policy::{memory_qos, CpuPolicy, MemRequest, MemoryQos, ResourceQosStrategy};
 use crate::warning::{shown, AnnotationProblem, BindingRefused, QuotaKept, Warning};
@@ -402,7 +402,7 @@ fn cgroup(knob: Knob, because: impl Into<String>) -> Decision {
 pub fn pod(
     pc: PodClass,
     pod_annotations: &BTreeMap<String, String>,
-    spec_batch: Option<&str>,
+    spec_batch: SpecBatch,
     sandbox: &SandboxLimits,
     ctx: &Context,
 ) -> PodDecision {
@@ -518,7 +518,7 @@ pub fn container(
     pc: PodClass,
     container_name: &str,
     pod_annotations: &BTreeMap<String, String>,
-    spec_batch: Option<&str>,
+    spec_batch: SpecBatch,
     requested: &Requested,
     ctx: &Context,
 ) -> ContainerDecision {

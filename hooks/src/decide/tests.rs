@@ -1,5 +1,5 @@
 use super::*;
-use crate::batch::ANNOTATION_EXTENDED_RESOURCE_SPEC;
+use crate::batch::{SpecBatch, ANNOTATION_EXTENDED_RESOURCE_SPEC};
 use crate::policy::{MemoryQos, ResourceQosStrategy};
 
 /// Koordinator's defaults with cpuQOS on for every class (as deploy/qoslet.yaml).
@@ -71,7 +71,7 @@ fn run_as(
         pc,
         name,
         ann,
-        None,
+        SpecBatch::Unknown,
         &Requested::default(),
         &Context {
             features: f,
@@ -90,7 +90,7 @@ fn run_pod(class: QosClass, f: &Features) -> PodDecision {
     pod(
         labelled(class),
         &BTreeMap::new(),
-        None,
+        SpecBatch::Unknown,
         &SandboxLimits::default(),
         &Context {
             features: f,
@@ -177,7 +177,7 @@ fn memory_qos_for_ls_and_system_and_the_anolis_files() {
                 pc,
                 "app",
                 &BTreeMap::new(),
-                None,
+                SpecBatch::Unknown,
                 &Requested {
                     memory_limit: limit,
                     oom_score_adj: adj,
@@ -339,7 +339,7 @@ fn memory_qos_per_host_and_policy() {
         trusted(QosClass::Be),
         "app",
         &a,
-        None,
+        SpecBatch::Unknown,
         &Requested::default(),
         &Context {
             features: &upstream,
@@ -381,7 +381,7 @@ fn memory_qos_per_host_and_policy() {
         trusted(QosClass::Be),
         "app",
         &a,
-        None,
+        SpecBatch::Unknown,
         &Requested::default(),
         &Context {
             features: &upstream,
@@ -403,7 +403,7 @@ fn memory_qos_per_host_and_policy() {
         trusted(QosClass::Be),
         "app",
         &a,
-        None,
+        SpecBatch::Unknown,
         &Requested::default(),
         &Context {
             features: &ali,
@@ -421,7 +421,7 @@ fn memory_qos_per_host_and_policy() {
         labelled(QosClass::Lsr),
         "app",
         &BTreeMap::new(),
-        None,
+        SpecBatch::Unknown,
         &Requested {
             memory_limit: 1 << 30,
             ..Default::default()
@@ -445,7 +445,7 @@ fn memory_qos_per_host_and_policy() {
         labelled(QosClass::Lsr),
         "app",
         &BTreeMap::new(),
-        None,
+        SpecBatch::Unknown,
         &Requested {
             memory_limit: 1 << 30,
             ..Default::default()
@@ -536,7 +536,7 @@ fn batch_resources_from_the_pod_spec_as_the_annotation_would_give() {
         None
     );
     let p = cpu_on();
-    let go = |a: &BTreeMap<String, String>, from_spec: Option<&str>| {
+    let go = |a: &BTreeMap<String, String>, from_spec: SpecBatch| {
         container(
             labelled(QosClass::Be),
             "app",
@@ -554,8 +554,8 @@ fn batch_resources_from_the_pod_spec_as_the_annotation_would_give() {
             },
         )
     };
-    let by_annotation = go(&ann(SPEC), None);
-    let by_spec = go(&BTreeMap::new(), Some(&spec));
+    let by_annotation = go(&ann(SPEC), SpecBatch::Unknown);
+    let by_spec = go(&BTreeMap::new(), SpecBatch::Some(&spec));
     assert_eq!(by_spec.patch(), by_annotation.patch(), "the same settings");
     assert_eq!(by_spec.patch().cpu_quota, Some(100_000));
     assert!(by_spec
@@ -568,12 +568,37 @@ fn batch_resources_from_the_pod_spec_as_the_annotation_would_give() {
         .all(|d| d.because.ends_with("(extended-resource-spec annotation)")));
     // an annotation that says otherwise loses to the spec
     let other = r#"{"containers":{"app":{"limits":{"kubernetes.io/batch-cpu":"8000"}}}}"#;
-    assert_eq!(go(&ann(other), Some(&spec)).patch(), by_spec.patch());
+    assert_eq!(
+        go(&ann(other), SpecBatch::Some(&spec)).patch(),
+        by_spec.patch()
+    );
+    // a pod the cluster knows, whose spec asks for none: an untrusted pod's
+    // annotation is not read (the webhook would have cleared it), a trusted one's is
+    let d = go(&ann(SPEC), SpecBatch::None);
+    assert_eq!(d.patch().cpu_quota, None);
+    assert_eq!(d.warnings, [Warning::BatchNotInSpec]);
+    let d = container(
+        trusted(QosClass::Be),
+        "app",
+        &ann(SPEC),
+        SpecBatch::None,
+        &Requested::default(),
+        &Context {
+            features: &upstream(),
+            v2: false,
+            policy: &p,
+            page_size: 4096,
+            node: &node(),
+            devices: &BTreeMap::new(),
+            share_pool: None,
+        },
+    );
+    assert_eq!(d.patch(), by_annotation.patch());
     // the pod's own cgroup too
     let pd = pod(
         labelled(QosClass::Be),
         &BTreeMap::new(),
-        Some(&spec),
+        SpecBatch::Some(&spec),
         &SandboxLimits::default(),
         &Context {
             features: &upstream(),
@@ -599,7 +624,7 @@ fn batch_resources_from_the_pod_spec_as_the_annotation_would_give() {
         },
         "app",
         &BTreeMap::new(),
-        Some(&spec),
+        SpecBatch::Some(&spec),
         &Requested::default(),
         &Context {
             features: &upstream(),
@@ -829,7 +854,7 @@ fn cpuset_pods_and_the_share_pool_as_koordlets_cpuset_hook() {
             *pc,
             "app",
             &ann,
-            None,
+            SpecBatch::Unknown,
             &Requested {
                 cpu_quota: *quota,
                 cpu_period: 100_000,
@@ -873,7 +898,7 @@ fn cpuset_pods_and_the_share_pool_as_koordlets_cpuset_hook() {
             labelled(QosClass::Ls),
             "app",
             &BTreeMap::new(),
-            None,
+            SpecBatch::Unknown,
             &Requested::default(),
             &Context {
                 features: &upstream(),
@@ -930,7 +955,7 @@ fn every_container_of_a_bound_pod_shares_its_cpus() {
             labelled(QosClass::Lsr),
             "app",
             &ann,
-            None,
+            SpecBatch::Unknown,
             &Requested {
                 cpu_quota: quota,
                 cpu_period: 100_000,
@@ -986,7 +1011,7 @@ fn a_pod_bound_to_cpus_runs_without_its_quota() {
         let d = pod(
             pc,
             &ann,
-            None,
+            SpecBatch::Unknown,
             &limits(q, period),
             &Context {
                 features: &Features::default(),
@@ -1203,7 +1228,7 @@ fn resource_status_cpusets_by_trust_and_node() {
             },
             "app",
             &ann,
-            None,
+            SpecBatch::Unknown,
             &Requested {
                 cpuset_cpus: kubelet,
                 cpu_quota: 400_000,
@@ -1259,7 +1284,7 @@ fn untrusted_batch_annotations_only_on_besteffort_pods_and_without_protection() 
             pc,
             "app",
             &ann(spec),
-            None,
+            SpecBatch::Unknown,
             &Requested::default(),
             &Context {
                 features: &v2,
@@ -1315,7 +1340,7 @@ fn batch_resources_are_bounded_by_kubelet_and_the_node() {
         labelled(QosClass::Be),
         "app",
         &ann(SPEC),
-        None,
+        SpecBatch::Unknown,
         &Requested {
             memory_limit: 128 << 20,
             ..Default::default()
@@ -1342,7 +1367,7 @@ fn batch_resources_are_bounded_by_kubelet_and_the_node() {
         labelled(QosClass::Be),
         "app",
         &ann(SPEC),
-        None,
+        SpecBatch::Unknown,
         &Requested {
             cpu_quota: 20_000,
             cpu_period: 100_000,
@@ -1378,7 +1403,7 @@ fn a_pods_cpu_qos_annotation_over_its_class() {
             pc,
             "app",
             &ann,
-            None,
+            SpecBatch::Unknown,
             &Requested::default(),
             &Context {
                 features: &bvt,
@@ -1448,7 +1473,7 @@ fn a_pods_cpu_qos_annotation_over_its_class() {
         let d = pod(
             pc,
             &ann,
-            None,
+            SpecBatch::Unknown,
             &SandboxLimits::default(),
             &Context {
                 features: &bvt,
@@ -1624,7 +1649,7 @@ fn group_identity_as_koordlet_sets_it() {
             labelled(QosClass::Ls),
             "app",
             &BTreeMap::new(),
-            None,
+            SpecBatch::Unknown,
             &Requested::default(),
             &Context {
                 features: &bvt,
@@ -1668,7 +1693,7 @@ fn pod_with(
     pod(
         trusted(class),
         &a,
-        None,
+        SpecBatch::Unknown,
         &SandboxLimits {
             memory_limit: sandbox_limit,
             ..Default::default()

@@ -567,7 +567,7 @@ fn decisions() {
             class,
             "c",
             std::hint::black_box(&annotations),
-            None,
+            qoslet_hooks::batch::SpecBatch::Unknown,
             &Default::default(),
             &ctx,
         );

@@ -8,8 +8,12 @@
 //! 4. the whole agent: the real `qoslet proxy` with that cache (loaded from its
 //!    snapshot) and the 1,500 cgroups in its store, collecting every second: RSS and CPU.
 //!
-//! Run: cargo build --release --workspace --bins && target/release/metrics_bench [--hours H] [--skip-agent] [--collect-only] [--skip-collection] [--agent-secs S]
-//! (`QOSLET_BIN` picks the agent binary: old and new side by side)
+//! Run: cargo build --release --workspace --bins && target/release/metrics_bench [--hours H] [--skip-agent] [--collect-only] [--skip-collection] [--agent-secs S] [--batch on|off]
+//! (`QOSLET_BIN` picks the agent binary: old and new side by side; `--batch`:
+//! the cluster side on against the in-process fake API server, a Node and
+//! Koordinator's ConfigMap with co-location on, reporting the NodeMetric
+//! every 30 s, with `batchResources` on or off: what writing batch
+//! resources costs)
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -243,6 +247,10 @@ fn main() {
         .position(|a| a == "--agent-secs")
         .and_then(|i| args.get(i + 1)?.parse().ok())
         .unwrap_or(30);
+    let batch: Option<String> = args
+        .iter()
+        .position(|a| a == "--batch")
+        .and_then(|i| args.get(i + 1).cloned());
     let base = if Path::new("/dev/shm").is_dir() {
         PathBuf::from("/dev/shm")
     } else {
@@ -464,14 +472,32 @@ fn main() {
         .save(qoslet_state::store::Snapshot { pods, containers })
         .unwrap();
     let cfg = dir.join("qoslet.yaml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "cgroupRoot: {}\nisolation: false\nmetricsListen: \"\"\nresyncInterval: 1h\n",
-            tree.root.display()
-        ),
-    )
-    .unwrap();
+    let mut yaml = format!(
+        "cgroupRoot: {}\nisolation: false\nmetricsListen: \"\"\nresyncInterval: 1h\n",
+        tree.root.display()
+    );
+    // the cluster side against the fake API server (its runtime lives until the end)
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let fake = batch.as_ref().map(|mode| {
+        let fake = rt.block_on(qoslet_kube_fake::FakeApiServer::start());
+        fake.apply("/api/v1/nodes", serde_json::json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "node-1"},
+            "status": {"capacity": {"cpu": "64", "memory": "256Gi"}, "allocatable": {"cpu": "62", "memory": "250Gi"}}}));
+        fake.apply("/api/v1/namespaces/koordinator-system/configmaps", serde_json::json!({"apiVersion": "v1",
+            "kind": "ConfigMap", "metadata": {"name": "slo-controller-config", "namespace": "koordinator-system"},
+            "data": {"colocation-config": "{\"enable\": true}"}}));
+        std::fs::write(dir.join("kubeconfig"), fake.kubeconfig()).unwrap();
+        yaml.push_str(&format!(
+            "kubernetes:\n  enable: true\n  kubeconfig: {}\n  nodeName: node-1\n  createNodeMetric: true\n  reportInterval: 30s\n  batchResources: {mode}\n",
+            dir.join("kubeconfig").display()
+        ));
+        fake
+    });
+    std::fs::write(&cfg, yaml).unwrap();
     let bin = qoslet_integration::process::qoslet_bin();
     let log = std::fs::File::create(dir.join("qoslet.log")).unwrap();
     let mut child = std::process::Command::new(&bin)
@@ -541,6 +567,16 @@ fn main() {
     let _ = child.wait();
     let log = std::fs::read_to_string(dir.join("qoslet.log")).unwrap_or_default();
     let loaded = !log.contains("snapshot ignored");
+    if let (Some(mode), Some(fake)) = (&batch, &fake) {
+        let node = fake.get("/api/v1/nodes", "node-1").unwrap_or_default();
+        println!(
+            "cluster side on (fake API server), batchResources {mode}: Node batch-cpu {}, NodeMetric {}",
+            node["status"]["allocatable"]["kubernetes.io/batch-cpu"],
+            if fake.get("/apis/slo.koordinator.sh/v1alpha1/nodemetrics", "node-1").is_some() { "reported" } else { "missing" }
+        );
+    }
+    drop(fake);
+    drop(rt);
     println!(
         "agent: qoslet proxy with {} pods / {} containers in its store, {hours} h cache loaded from a {snap_mib:.1} MiB snapshot ({}), collecting every 1 s (realistic mix): RSS {:.1} MiB (target 64; anonymous {:.1}, file-backed {:.1}), CPU {:.2}% of a core over {:.0} s (target < 2%)",
         PODS,

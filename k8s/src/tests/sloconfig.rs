@@ -87,16 +87,36 @@ fn each_key_keeps_its_last_good_value() {
         &labels(&[]),
     );
     assert!(r.refused.is_empty());
-    // a key never good is koord-manager's default
-    let mut fresh = PolicyKeys::default();
-    let r = fresh.read(&data("{", burst), &labels(&[]));
+    // a bad value in an entry this node does not match refuses the key
+    // too (Go's decoder fails the key on any entry): the last good stays
+    let entry_bad = json!({"clusterStrategy": {"enable": true, "cpuSuppressThresholdPercent": 50},
+        "nodeStrategies": [{"nodeSelector": {"matchLabels": {"pool": "gpu"}}, "cpuSuppressThresholdPercent": "x"}]})
+    .to_string();
+    let r = k.read(&data(&entry_bad, burst), &labels(&[]));
+    assert_eq!(r.refused.len(), 1, "{:?}", r.refused);
+    assert!(r.refused[0].1.contains("node entry"), "{:?}", r.refused);
     let p = r.policy.unwrap().unwrap();
     assert_eq!(
         p.resource_used_threshold_with_be
             .cpu_suppress_threshold_percent,
-        65
+        40
     );
-    assert!(!p.resource_used_threshold_with_be.enable);
+    // a key present but never good: the policy is refused (not Koordinator's
+    // defaults in force over the file), until it is good
+    let mut fresh = PolicyKeys::default();
+    let r = fresh.read(&data("{", burst), &labels(&[]));
+    let e = r.policy.unwrap().unwrap_err();
+    assert!(
+        e.contains("resource-threshold-config") && e.contains("no good value read yet"),
+        "{e}"
+    );
+    let r = fresh.read(&data(&thresholds(45), burst), &labels(&[]));
+    let p = r.policy.unwrap().unwrap();
+    assert_eq!(
+        p.resource_used_threshold_with_be
+            .cpu_suppress_threshold_percent,
+        45
+    );
     // only colocation-config: not a policy source
     let only: BTreeMap<String, String> =
         [("colocation-config".to_string(), "{}".to_string())].into();

@@ -161,7 +161,7 @@ impl NodeState {
             .iter()
             .filter(|p| p.by_label && p.class == QosClass::Be)
         {
-            let request = source(&p.annotations, p.spec_batch.as_deref())
+            let request = source(&p.annotations, p.spec_batch())
                 .and_then(|(a, _)| parse_spec(a).ok())
                 .and_then(|s| {
                     pod_total(&s.containers)
