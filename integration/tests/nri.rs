@@ -43,6 +43,16 @@ fn besteffort() -> cri::LinuxContainerResources {
 async fn be_pod(cri: &mut Cri, tb: &Testbed, name: &str) -> (String, String, String) {
     let cgp = tb.cgroup_parent_in("besteffort", name);
     let cfg = classed(name, &cgp, "BE");
+    run_batch_pod(cri, cfg, cgp).await
+}
+
+/// `cfg` and its one container `batch` (kubelet's BestEffort resources),
+/// started through `cri`: the pod's id, the container's, its cgroup parent.
+async fn run_batch_pod(
+    cri: &mut Cri,
+    cfg: cri::PodSandboxConfig,
+    cgp: String,
+) -> (String, String, String) {
     let pod = cri.run_pod(&cfg).await.unwrap();
     let ctr = cri
         .create(
@@ -274,17 +284,7 @@ async fn spec_only_pod(cri: &mut Cri, tb: &Testbed, name: &str) -> (String, Stri
     let mut cfg = pod_config(name, &cgp);
     cfg.labels
         .insert("koordinator.sh/qosClass".into(), "BE".into());
-    let pod = cri.run_pod(&cfg).await.unwrap();
-    let ctr = cri
-        .create(
-            &pod,
-            &cfg,
-            container_config("batch", SLEEP_LOOP, Some(besteffort())),
-        )
-        .await
-        .unwrap();
-    cri.start(&ctr).await.unwrap();
-    (pod, ctr, cgp)
+    run_batch_pod(cri, cfg, cgp).await
 }
 
 /// Waits until qoslet's pods watch holds `n` pods.

@@ -27,17 +27,11 @@ pub const MEMORY_PRESSURE_TAINT: &str = "node.kubernetes.io/memory-pressure";
 pub fn cluster_pod(p: &PodView) -> Option<ClusterPod> {
     let uid = p.metadata.uid.clone().filter(|u| !u.is_empty())?;
     let spec = p.spec.as_ref();
-    let containers = spec
-        .and_then(|s| s.containers.as_deref())
-        .unwrap_or_default();
-    let init = spec
-        .and_then(|s| s.init_containers.as_deref())
-        .unwrap_or_default();
-    let overhead = spec.and_then(|s| s.overhead.as_ref());
-    let level = spec.and_then(|s| s.resources.as_ref());
+    let parts = Parts::of(p);
+    let containers = parts.containers;
     let amounts = |which: Which| PodAmounts {
-        cpu_milli: pod_amount(containers, init, overhead, level, which, "cpu"),
-        memory: pod_amount(containers, init, overhead, level, which, "memory"),
+        cpu_milli: parts.amount(which, "cpu"),
+        memory: parts.amount(which, "memory"),
     };
     let tolerations = spec
         .and_then(|s| s.tolerations.as_deref())
@@ -78,19 +72,46 @@ fn bounded_label(p: &PodView, key: &str) -> Option<String> {
 /// A pod's CPU (millicores) and memory (bytes) requests as kubelet sums
 /// them (`PodRequests`).
 pub fn pod_requests(p: &PodView) -> (i64, i64) {
-    let spec = p.spec.as_ref();
-    let containers = spec
-        .and_then(|s| s.containers.as_deref())
-        .unwrap_or_default();
-    let init = spec
-        .and_then(|s| s.init_containers.as_deref())
-        .unwrap_or_default();
-    let overhead = spec.and_then(|s| s.overhead.as_ref());
-    let level = spec.and_then(|s| s.resources.as_ref());
+    let parts = Parts::of(p);
     (
-        pod_amount(containers, init, overhead, level, Which::Requests, "cpu"),
-        pod_amount(containers, init, overhead, level, Which::Requests, "memory"),
+        parts.amount(Which::Requests, "cpu"),
+        parts.amount(Which::Requests, "memory"),
     )
+}
+
+/// The parts of a pod's spec its amounts are summed from.
+struct Parts<'a> {
+    containers: &'a [ContainerView],
+    init: &'a [ContainerView],
+    overhead: Option<&'a ResourceList>,
+    level: Option<&'a ResourcesView>,
+}
+
+impl<'a> Parts<'a> {
+    fn of(p: &'a PodView) -> Self {
+        let spec = p.spec.as_ref();
+        Parts {
+            containers: spec
+                .and_then(|s| s.containers.as_deref())
+                .unwrap_or_default(),
+            init: spec
+                .and_then(|s| s.init_containers.as_deref())
+                .unwrap_or_default(),
+            overhead: spec.and_then(|s| s.overhead.as_ref()),
+            level: spec.and_then(|s| s.resources.as_ref()),
+        }
+    }
+
+    fn amount(&self, which: Which, name: &str) -> i64 {
+        pod_amount(
+            self.containers,
+            self.init,
+            self.overhead,
+            self.level,
+            which,
+            name,
+        )
+    }
 }
 
 /// The Kubernetes QoS class the API server gives a pod (`GetPodQOS`), for a

@@ -504,30 +504,50 @@ impl FakeApiServer {
         }
     }
 
-    /// PUT `<collection>/<name>/status`: optimistic concurrency on
-    /// `metadata.resourceVersion` (409 when stale), only `status` taken
-    /// (the spec stays as stored), a new resourceVersion.
-    fn put_status(&self, path: &str, body: Value) -> Response<Body> {
-        let Some(object_path) = path.strip_suffix("/status") else {
-            return status(404, "not found", "NotFound");
+    /// A write of `<collection>/<name>/status`: the collection and the
+    /// stored object, or the answer (404 for no such object, 409 for an
+    /// injected conflict or a `metadata.resourceVersion` in `body` that is
+    /// not the stored one).
+    #[allow(clippy::result_large_err)] // a test server's answer, once per request
+    fn status_target<'p>(
+        &self,
+        path: &'p str,
+        body: &Value,
+    ) -> Result<(&'p str, Value), Response<Body>> {
+        let Some((coll, name)) = path
+            .strip_suffix("/status")
+            .and_then(|p| p.rsplit_once('/'))
+        else {
+            return Err(status(404, "not found", "NotFound"));
         };
-        let Some((coll, name)) = object_path.rsplit_once('/') else {
-            return status(404, "not found", "NotFound");
+        let Some(stored) = self.get(coll, name) else {
+            return Err(status(404, &format!("\"{name}\" not found"), "NotFound"));
         };
-        let Some(mut stored) = self.get(coll, name) else {
-            return status(404, &format!("\"{name}\" not found"), "NotFound");
+        let conflict = || {
+            status(409, "the object has been modified; please apply your changes to the latest version and try again", "Conflict")
         };
         {
             let mut s = lock(&self.state);
             if s.conflicts > 0 {
                 s.conflicts -= 1;
-                return status(409, "the object has been modified; please apply your changes to the latest version and try again", "Conflict");
+                return Err(conflict());
             }
         }
         let rv = body["metadata"]["resourceVersion"].as_str().unwrap_or("");
         if !rv.is_empty() && stored["metadata"]["resourceVersion"].as_str() != Some(rv) {
-            return status(409, "the object has been modified; please apply your changes to the latest version and try again", "Conflict");
+            return Err(conflict());
         }
+        Ok((coll, stored))
+    }
+
+    /// PUT `<collection>/<name>/status`: optimistic concurrency on
+    /// `metadata.resourceVersion` (409 when stale), only `status` taken
+    /// (the spec stays as stored), a new resourceVersion.
+    fn put_status(&self, path: &str, body: Value) -> Response<Body> {
+        let (coll, mut stored) = match self.status_target(path, &body) {
+            Ok(t) => t,
+            Err(r) => return r,
+        };
         stored["status"] = body["status"].clone();
         lock(&self.state)
             .status_writes
@@ -556,26 +576,10 @@ impl FakeApiServer {
                 "UnsupportedMediaType",
             );
         }
-        let Some(object_path) = path.strip_suffix("/status") else {
-            return status(404, "not found", "NotFound");
+        let (coll, mut stored) = match self.status_target(path, &body) {
+            Ok(t) => t,
+            Err(r) => return r,
         };
-        let Some((coll, name)) = object_path.rsplit_once('/') else {
-            return status(404, "not found", "NotFound");
-        };
-        let Some(mut stored) = self.get(coll, name) else {
-            return status(404, &format!("\"{name}\" not found"), "NotFound");
-        };
-        {
-            let mut s = lock(&self.state);
-            if s.conflicts > 0 {
-                s.conflicts -= 1;
-                return status(409, "the object has been modified; please apply your changes to the latest version and try again", "Conflict");
-            }
-        }
-        let rv = body["metadata"]["resourceVersion"].as_str().unwrap_or("");
-        if !rv.is_empty() && stored["metadata"]["resourceVersion"].as_str() != Some(rv) {
-            return status(409, "the object has been modified; please apply your changes to the latest version and try again", "Conflict");
-        }
         if !body["status"].is_null() {
             merge_patch(&mut stored["status"], &body["status"]);
             own(

@@ -101,14 +101,7 @@ async fn the_node_gains_and_loses_the_keys_as_ls_load_moves() {
     let mut a = Advertiser::new(client, "node-1".into(), BatchMode::Auto, status.clone());
     let cfg = config();
     // Koordinator's case 1: 25 cores, 33G, in capacity and allocatable
-    let e = a
-        .step(
-            &read(&cfg),
-            Some(figures(T0, 11.0)),
-            view(&fake),
-            &pods(),
-            T0 + 5,
-        )
+    let e = tick_with(&mut a, &fake, &cfg, T0, 11.0, T0 + 5)
         .await
         .unwrap();
     assert_eq!(
@@ -123,27 +116,13 @@ async fn the_node_gains_and_loses_the_keys_as_ls_load_moves() {
     assert_eq!(n["status"]["conditions"][0]["reason"], "KubeletReady");
     // the same load a minute later: within resourceDiffThreshold, no write
     let writes = fake.status_writes().len();
-    let e = a
-        .step(
-            &read(&cfg),
-            Some(figures(T0 + 60, 11.5)),
-            view(&fake),
-            &pods(),
-            T0 + 65,
-        )
+    let e = tick_with(&mut a, &fake, &cfg, T0 + 60, 11.5, T0 + 65)
         .await
         .unwrap();
     assert!(e.due.is_none());
     assert_eq!(fake.status_writes().len(), writes);
     // podA starts burning 30 cores: 100 - 35 - 7 - (30 + 22) = 6 cores
-    let e = a
-        .step(
-            &read(&cfg),
-            Some(figures(T0 + 120, 30.0)),
-            view(&fake),
-            &pods(),
-            T0 + 125,
-        )
+    let e = tick_with(&mut a, &fake, &cfg, T0 + 120, 30.0, T0 + 125)
         .await
         .unwrap();
     assert!(e
@@ -154,14 +133,7 @@ async fn the_node_gains_and_loses_the_keys_as_ls_load_moves() {
     assert_eq!(shown(&fake).1, json!(["6000", "33000000000"]));
     // the figures stop: 15 minutes on they are still trusted (the write due
     // every updateTimeThresholdSeconds keeps the values), a second later not
-    let e = a
-        .step(
-            &read(&cfg),
-            Some(figures(T0 + 120, 30.0)),
-            view(&fake),
-            &pods(),
-            T0 + 120 + 900,
-        )
+    let e = tick_with(&mut a, &fake, &cfg, T0 + 120, 30.0, T0 + 120 + 900)
         .await
         .unwrap();
     assert!(matches!(e.outcome, crate::batch::Outcome::Advertise(_)));
@@ -169,14 +141,7 @@ async fn the_node_gains_and_loses_the_keys_as_ls_load_moves() {
         e.due.unwrap().to_string(),
         "the last write was 895 s ago (updateTimeThresholdSeconds)"
     );
-    let e = a
-        .step(
-            &read(&cfg),
-            Some(figures(T0 + 120, 30.0)),
-            view(&fake),
-            &pods(),
-            T0 + 120 + 901,
-        )
+    let e = tick_with(&mut a, &fake, &cfg, T0 + 120, 30.0, T0 + 120 + 901)
         .await
         .unwrap();
     assert!(matches!(
@@ -193,14 +158,7 @@ async fn the_node_gains_and_loses_the_keys_as_ls_load_moves() {
     assert_eq!(status.state(), "removed");
     // co-location turned off in the colocation-config: nothing comes back
     let off = ColocationConfig::parse(r#"{"enable": false}"#).unwrap();
-    let e = a
-        .step(
-            &read(&off),
-            Some(figures(T0 + 2000, 11.0)),
-            view(&fake),
-            &pods(),
-            T0 + 2005,
-        )
+    let e = tick_with(&mut a, &fake, &off, T0 + 2000, 11.0, T0 + 2005)
         .await
         .unwrap();
     assert!(e.due.is_none() && e.next() == qoslet_colocation::sync::Advertised::NONE);
@@ -211,15 +169,9 @@ async fn the_node_gains_and_loses_the_keys_as_ls_load_moves() {
         BatchMode::On,
         Arc::new(AdvertiseStatus::default()),
     );
-    on.step(
-        &read(&off),
-        Some(figures(T0 + 2000, 11.0)),
-        view(&fake),
-        &pods(),
-        T0 + 2005,
-    )
-    .await
-    .unwrap();
+    tick_with(&mut on, &fake, &off, T0 + 2000, 11.0, T0 + 2005)
+        .await
+        .unwrap();
     assert_eq!(
         shown(&fake).1,
         json!(["20000", "33000000000"]),
@@ -275,15 +227,7 @@ async fn kubelets_concurrent_status_update_is_not_lost_and_conflicts_are_retried
     );
     // two injected conflicts more: still written
     fake.conflict_next(2);
-    a.step(
-        &read(&config()),
-        Some(figures(T0 + 60, 40.0)),
-        view(&fake),
-        &pods(),
-        T0 + 60,
-    )
-    .await
-    .unwrap();
+    tick(&mut a, &fake, T0 + 60, 40.0).await.unwrap();
     assert_eq!(
         fake.get(NODES, "node-1").unwrap()["status"]["allocatable"]["kubernetes.io/batch-cpu"],
         "0"
@@ -303,6 +247,37 @@ async fn kubelets_concurrent_status_update_is_not_lost_and_conflicts_are_retried
     std::fs::remove_dir_all(dir).ok();
 }
 
+/// One step of `a` at `t` with the usual inputs: the test config, figures
+/// of `load` cores at `t`, the fake's Node and the test pods.
+async fn tick(
+    a: &mut Advertiser,
+    fake: &qoslet_kube_fake::FakeApiServer,
+    t: i64,
+    load: f64,
+) -> Option<crate::batch::Explanation> {
+    tick_with(a, fake, &config(), t, load, t).await
+}
+
+/// One step of `a` at `now` under `cfg`, with figures of `load` cores
+/// reported at `at`, the fake's Node and the test pods.
+async fn tick_with(
+    a: &mut Advertiser,
+    fake: &qoslet_kube_fake::FakeApiServer,
+    cfg: &ColocationConfig,
+    at: i64,
+    load: f64,
+    now: i64,
+) -> Option<crate::batch::Explanation> {
+    a.step(
+        &read(cfg),
+        Some(figures(at, load)),
+        view(fake),
+        &pods(),
+        now,
+    )
+    .await
+}
+
 /// koord-manager's status update makes it the keys' field manager (a real
 /// API server records it); on an API server that keeps no field managers,
 /// values qoslet did not write stop it for good.
@@ -312,15 +287,7 @@ async fn another_writer_is_detected_and_not_fought() {
     fake.apply(NODES, node());
     let status = Arc::new(AdvertiseStatus::default());
     let mut a = Advertiser::new(client, "node-1".into(), BatchMode::On, status.clone());
-    a.step(
-        &read(&config()),
-        Some(figures(T0, 11.0)),
-        view(&fake),
-        &pods(),
-        T0,
-    )
-    .await
-    .unwrap();
+    tick(&mut a, &fake, T0, 11.0).await.unwrap();
     // koord-manager writes its own value: it owns the keys now
     let mut n = fake.get(NODES, "node-1").unwrap();
     n["status"]["allocatable"]["kubernetes.io/batch-cpu"] = json!("12345");
@@ -332,14 +299,7 @@ async fn another_writer_is_detected_and_not_fought() {
     fake.apply(NODES, n);
     let writes = fake.status_writes().len();
     for t in [T0 + 60, T0 + 400, T0 + 2000] {
-        assert!(a
-            .step(
-                &read(&config()),
-                Some(figures(t, 30.0)),
-                view(&fake),
-                &pods(),
-                t
-            )
+        assert!(tick_with(&mut a, &fake, &config(), t, 30.0, t)
             .await
             .is_none());
     }
@@ -363,15 +323,7 @@ async fn another_writer_is_detected_and_not_fought() {
     fake.apply(NODES, node());
     let status = Arc::new(AdvertiseStatus::default());
     let mut a = Advertiser::new(client, "node-1".into(), BatchMode::On, status.clone());
-    a.step(
-        &read(&config()),
-        Some(figures(T0, 11.0)),
-        view(&fake),
-        &pods(),
-        T0,
-    )
-    .await
-    .unwrap();
+    tick(&mut a, &fake, T0, 11.0).await.unwrap();
     let mut n = fake.get(NODES, "node-1").unwrap();
     n["status"]["allocatable"]["kubernetes.io/batch-cpu"] = json!("12345");
     n["metadata"]
@@ -379,14 +331,7 @@ async fn another_writer_is_detected_and_not_fought() {
         .unwrap()
         .remove("managedFields");
     fake.apply(NODES, n);
-    assert!(a
-        .step(
-            &read(&config()),
-            Some(figures(T0 + 60, 30.0)),
-            view(&fake),
-            &pods(),
-            T0 + 60
-        )
+    assert!(tick_with(&mut a, &fake, &config(), T0 + 60, 30.0, T0 + 60)
         .await
         .is_none());
     let mut n = fake.get(NODES, "node-1").unwrap();
@@ -395,16 +340,11 @@ async fn another_writer_is_detected_and_not_fought() {
         .unwrap()
         .remove("kubernetes.io/batch-cpu");
     fake.apply(NODES, n);
-    assert!(a
-        .step(
-            &read(&config()),
-            Some(figures(T0 + 120, 30.0)),
-            view(&fake),
-            &pods(),
-            T0 + 120
-        )
-        .await
-        .is_none());
+    assert!(
+        tick_with(&mut a, &fake, &config(), T0 + 120, 30.0, T0 + 120)
+            .await
+            .is_none()
+    );
     assert_eq!(status.state(), "yielded");
     std::fs::remove_dir_all(dir).ok();
     std::fs::remove_dir_all(dir2).ok();
@@ -416,15 +356,7 @@ async fn an_api_server_gone_for_a_minute_leaves_the_values_in_place() {
     fake.apply(NODES, node());
     let status = Arc::new(AdvertiseStatus::default());
     let mut a = Advertiser::new(client, "node-1".into(), BatchMode::On, status.clone());
-    a.step(
-        &read(&config()),
-        Some(figures(T0, 11.0)),
-        view(&fake),
-        &pods(),
-        T0,
-    )
-    .await
-    .unwrap();
+    tick(&mut a, &fake, T0, 11.0).await.unwrap();
     let last = view(&fake);
     let writes = fake.status_writes().len();
     fake.go_down();
@@ -477,14 +409,7 @@ async fn keys_another_field_manager_owns_are_left_alone_from_the_start() {
     fake.apply(NODES, n);
     let status = Arc::new(AdvertiseStatus::default());
     let mut a = Advertiser::new(client, "node-1".into(), BatchMode::On, status.clone());
-    assert!(a
-        .step(
-            &read(&config()),
-            Some(figures(T0, 11.0)),
-            view(&fake),
-            &pods(),
-            T0
-        )
+    assert!(tick_with(&mut a, &fake, &config(), T0, 11.0, T0)
         .await
         .is_none());
     assert!(fake.status_writes().is_empty(), "not one write");
@@ -498,15 +423,7 @@ async fn keys_another_field_manager_owns_are_left_alone_from_the_start() {
         BatchMode::On,
         Arc::new(AdvertiseStatus::default()),
     );
-    a.step(
-        &read(&config()),
-        Some(figures(T0, 11.0)),
-        view(&fake),
-        &pods(),
-        T0,
-    )
-    .await
-    .unwrap();
+    tick(&mut a, &fake, T0, 11.0).await.unwrap();
     let v = view(&fake).unwrap();
     assert_eq!(crate::advertise::other_owner(&v), None);
     let mf = fake.get(NODES, "node-1").unwrap()["metadata"]["managedFields"].clone();
@@ -514,15 +431,7 @@ async fn keys_another_field_manager_owns_are_left_alone_from_the_start() {
     assert!(
         !mf[0]["fieldsV1"]["f:status"]["f:allocatable"]["f:kubernetes.io/batch-memory"].is_null()
     );
-    a.step(
-        &read(&config()),
-        Some(figures(T0 + 60, 30.0)),
-        view(&fake),
-        &pods(),
-        T0 + 60,
-    )
-    .await
-    .unwrap();
+    tick(&mut a, &fake, T0 + 60, 30.0).await.unwrap();
     assert_eq!(
         shown(&fake).1[0],
         "6000",
@@ -662,14 +571,7 @@ async fn a_restart_does_not_take_the_keys_off_before_the_first_figures() {
         BatchMode::Auto,
         Arc::new(AdvertiseStatus::default()),
     );
-    first
-        .step(
-            &read(&config()),
-            Some(figures(T0, 11.0)),
-            view(&fake),
-            &pods(),
-            T0,
-        )
+    tick_with(&mut first, &fake, &config(), T0, 11.0, T0)
         .await
         .unwrap();
     let writes = fake.status_writes().len();
@@ -686,14 +588,7 @@ async fn a_restart_does_not_take_the_keys_off_before_the_first_figures() {
     assert_eq!(fake.status_writes().len(), writes);
     assert_eq!(shown(&fake).1, json!(["25000", "33000000000"]));
     // its own keys (field manager qoslet) are not another writer's: the first figures write
-    let e = a
-        .step(
-            &read(&config()),
-            Some(figures(T0 + 60, 30.0)),
-            view(&fake),
-            &pods(),
-            T0 + 60,
-        )
+    let e = tick_with(&mut a, &fake, &config(), T0 + 60, 30.0, T0 + 60)
         .await
         .unwrap();
     assert_eq!(e.due.unwrap().to_string(), "nothing written since start");
@@ -782,29 +677,13 @@ async fn field_managers_ancient_changes_a_node_created_again_and_a_writer_that_l
     fake.apply(NODES, n);
     let status = Arc::new(AdvertiseStatus::default());
     let mut a = Advertiser::new(client, "node-1".into(), BatchMode::On, status.clone());
-    a.step(
-        &read(&config()),
-        Some(figures(T0, 11.0)),
-        view(&fake),
-        &pods(),
-        T0,
-    )
-    .await
-    .unwrap();
+    tick(&mut a, &fake, T0, 11.0).await.unwrap();
     assert_eq!(status.state(), "advertising");
     assert_eq!(shown(&fake).1, json!(["25000", "33000000000"]));
     // the Node deleted and created again by kubelet: no keys, no managers
     fake.delete(NODES, "node-1");
     fake.apply(NODES, node());
-    a.step(
-        &read(&config()),
-        Some(figures(T0 + 60, 11.0)),
-        view(&fake),
-        &pods(),
-        T0 + 60,
-    )
-    .await
-    .unwrap();
+    tick(&mut a, &fake, T0 + 60, 11.0).await.unwrap();
     assert_eq!(status.state(), "advertising", "not another writer");
     assert_eq!(shown(&fake).1, json!(["25000", "33000000000"]));
     // an operator's kubectl patch takes the keys: qoslet stands back while it owns them
@@ -812,16 +691,11 @@ async fn field_managers_ancient_changes_a_node_created_again_and_a_writer_that_l
     n["status"]["allocatable"]["kubernetes.io/batch-cpu"] = json!("1000");
     n["metadata"]["managedFields"] = json!([owned("kubectl-patch")]);
     fake.apply(NODES, n);
-    assert!(a
-        .step(
-            &read(&config()),
-            Some(figures(T0 + 120, 11.0)),
-            view(&fake),
-            &pods(),
-            T0 + 120
-        )
-        .await
-        .is_none());
+    assert!(
+        tick_with(&mut a, &fake, &config(), T0 + 120, 11.0, T0 + 120)
+            .await
+            .is_none()
+    );
     assert_eq!(status.state(), "yielded");
     // ... and the operator removes them: handed back
     let mut n = fake.get(NODES, "node-1").unwrap();
@@ -837,15 +711,7 @@ async fn field_managers_ancient_changes_a_node_created_again_and_a_writer_that_l
     n["metadata"]["managedFields"] = json!([{"manager": "kubelet", "operation": "Update", "apiVersion": "v1",
         "subresource": "status", "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {"f:conditions": {}}}}]);
     fake.apply(NODES, n);
-    a.step(
-        &read(&config()),
-        Some(figures(T0 + 180, 11.0)),
-        view(&fake),
-        &pods(),
-        T0 + 180,
-    )
-    .await
-    .unwrap();
+    tick(&mut a, &fake, T0 + 180, 11.0).await.unwrap();
     assert_eq!(status.state(), "advertising");
     assert_eq!(shown(&fake).1, json!(["25000", "33000000000"]));
     std::fs::remove_dir_all(dir).ok();
