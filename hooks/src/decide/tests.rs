@@ -17,6 +17,26 @@ fn cpu_on() -> ResourceQosStrategy {
 }
 
 /// A 16-CPU node with 64 GiB, two NUMA nodes of 8 CPUs.
+static NO_DEVICES: BTreeMap<String, Device> = BTreeMap::new();
+
+/// A decision's context: no block devices, no share pool, 4 KiB pages.
+fn ctx<'a>(
+    features: &'a Features,
+    v2: bool,
+    policy: &'a ResourceQosStrategy,
+    node: &'a NodeFacts,
+) -> Context<'a> {
+    Context {
+        features,
+        v2,
+        policy,
+        page_size: 4096,
+        node,
+        devices: &NO_DEVICES,
+        share_pool: None,
+    }
+}
+
 fn node() -> NodeFacts {
     NodeFacts {
         online_cpus: (0..16).collect(),
@@ -73,15 +93,7 @@ fn run_as(
         ann,
         SpecBatch::Unknown,
         &Requested::default(),
-        &Context {
-            features: f,
-            v2: false,
-            policy: &p,
-            page_size: 4096,
-            node: &node(),
-            devices: &BTreeMap::new(),
-            share_pool: None,
-        },
+        &ctx(f, false, &p, &node()),
     )
 }
 
@@ -92,15 +104,7 @@ fn run_pod(class: QosClass, f: &Features) -> PodDecision {
         &BTreeMap::new(),
         SpecBatch::Unknown,
         &SandboxLimits::default(),
-        &Context {
-            features: f,
-            v2: false,
-            policy: &p,
-            page_size: 4096,
-            node: &node(),
-            devices: &BTreeMap::new(),
-            share_pool: None,
-        },
+        &ctx(f, false, &p, &node()),
     )
 }
 
@@ -341,15 +345,7 @@ fn memory_qos_per_host_and_policy() {
         &a,
         SpecBatch::Unknown,
         &Requested::default(),
-        &Context {
-            features: &upstream,
-            v2: true,
-            policy: &p,
-            page_size: 4096,
-            node: &node(),
-            devices: &BTreeMap::new(),
-            share_pool: None,
-        },
+        &ctx(&upstream, true, &p, &node()),
     );
     assert_eq!(
         d.patch().unified.get("memory.min").map(String::as_str),
@@ -383,15 +379,7 @@ fn memory_qos_per_host_and_policy() {
         &a,
         SpecBatch::Unknown,
         &Requested::default(),
-        &Context {
-            features: &upstream,
-            v2: false,
-            policy: &p,
-            page_size: 4096,
-            node: &node(),
-            devices: &BTreeMap::new(),
-            share_pool: None,
-        },
+        &ctx(&upstream, false, &p, &node()),
     );
     assert!(d.patch().unified.is_empty() && d.warnings.len() == 1);
     // cgroup v1 with them (Alibaba kernels): written after start
@@ -405,15 +393,7 @@ fn memory_qos_per_host_and_policy() {
         &a,
         SpecBatch::Unknown,
         &Requested::default(),
-        &Context {
-            features: &ali,
-            v2: false,
-            policy: &p,
-            page_size: 4096,
-            node: &node(),
-            devices: &BTreeMap::new(),
-            share_pool: None,
-        },
+        &ctx(&ali, false, &p, &node()),
     );
     assert!(d.cgroup().contains(&Knob::MemoryMin(64 << 20)));
     // LSR: the request is the limit kubelet asked for
@@ -426,15 +406,7 @@ fn memory_qos_per_host_and_policy() {
             memory_limit: 1 << 30,
             ..Default::default()
         },
-        &Context {
-            features: &upstream,
-            v2: true,
-            policy: &p,
-            page_size: 4096,
-            node: &node(),
-            devices: &BTreeMap::new(),
-            share_pool: None,
-        },
+        &ctx(&upstream, true, &p, &node()),
     );
     assert_eq!(
         d.patch().unified.get("memory.low").map(String::as_str),
@@ -450,15 +422,7 @@ fn memory_qos_per_host_and_policy() {
             memory_limit: 1 << 30,
             ..Default::default()
         },
-        &Context {
-            features: &upstream,
-            v2: true,
-            policy: &ResourceQosStrategy::default(),
-            page_size: 4096,
-            node: &node(),
-            devices: &BTreeMap::new(),
-            share_pool: None,
-        },
+        &ctx(&upstream, true, &ResourceQosStrategy::default(), &node()),
     );
     assert!(d.patch().unified.is_empty());
 }
@@ -543,15 +507,7 @@ fn batch_resources_from_the_pod_spec_as_the_annotation_would_give() {
             a,
             from_spec,
             &Requested::default(),
-            &Context {
-                features: &upstream(),
-                v2: false,
-                policy: &p,
-                page_size: 4096,
-                node: &node(),
-                devices: &BTreeMap::new(),
-                share_pool: None,
-            },
+            &ctx(&upstream(), false, &p, &node()),
         )
     };
     let by_annotation = go(&ann(SPEC), SpecBatch::Unknown);
@@ -583,15 +539,7 @@ fn batch_resources_from_the_pod_spec_as_the_annotation_would_give() {
         &ann(SPEC),
         SpecBatch::None,
         &Requested::default(),
-        &Context {
-            features: &upstream(),
-            v2: false,
-            policy: &p,
-            page_size: 4096,
-            node: &node(),
-            devices: &BTreeMap::new(),
-            share_pool: None,
-        },
+        &ctx(&upstream(), false, &p, &node()),
     );
     assert_eq!(d.patch(), by_annotation.patch());
     // the pod's own cgroup too
@@ -600,15 +548,7 @@ fn batch_resources_from_the_pod_spec_as_the_annotation_would_give() {
         &BTreeMap::new(),
         SpecBatch::Some(&spec),
         &SandboxLimits::default(),
-        &Context {
-            features: &upstream(),
-            v2: false,
-            policy: &p,
-            page_size: 4096,
-            node: &node(),
-            devices: &BTreeMap::new(),
-            share_pool: None,
-        },
+        &ctx(&upstream(), false, &p, &node()),
     );
     assert!(pd.decisions.iter().any(|d| d.knob()
         == Some(&Knob::CpuQuota {
@@ -626,15 +566,7 @@ fn batch_resources_from_the_pod_spec_as_the_annotation_would_give() {
         &BTreeMap::new(),
         SpecBatch::Some(&spec),
         &Requested::default(),
-        &Context {
-            features: &upstream(),
-            v2: false,
-            policy: &p,
-            page_size: 4096,
-            node: &node(),
-            devices: &BTreeMap::new(),
-            share_pool: None,
-        },
+        &ctx(&upstream(), false, &p, &node()),
     );
     assert_eq!(d.patch().cpu_quota, None);
     assert_eq!(
@@ -962,15 +894,7 @@ fn every_container_of_a_bound_pod_shares_its_cpus() {
                 pod_milli_cpu: pod / 100,
                 ..Default::default()
             },
-            &Context {
-                features: &upstream(),
-                v2: false,
-                policy: &p,
-                page_size: 4096,
-                node: &node(),
-                devices: &BTreeMap::new(),
-                share_pool: None,
-            },
+            &ctx(&upstream(), false, &p, &node()),
         );
         let patch = d.patch();
         assert_eq!(patch.cpuset_cpus.as_deref(), cpuset, "{quota} {pod}: {d:?}");
@@ -1013,15 +937,7 @@ fn a_pod_bound_to_cpus_runs_without_its_quota() {
             &ann,
             SpecBatch::Unknown,
             &limits(q, period),
-            &Context {
-                features: &Features::default(),
-                v2: false,
-                policy: &p,
-                page_size: 4096,
-                node: &node(),
-                devices: &BTreeMap::new(),
-                share_pool: None,
-            },
+            &ctx(&Features::default(), false, &p, &node()),
         );
         let got = d
             .cgroup()
@@ -1235,15 +1151,7 @@ fn resource_status_cpusets_by_trust_and_node() {
                 cpu_period: 100_000,
                 ..Default::default()
             },
-            &Context {
-                features: &upstream(),
-                v2: false,
-                policy: &p,
-                page_size: 4096,
-                node: &n,
-                devices: &BTreeMap::new(),
-                share_pool: None,
-            },
+            &ctx(&upstream(), false, &p, &n),
         );
         let short: String = a.chars().take(40).collect();
         assert_eq!(
@@ -1286,15 +1194,7 @@ fn untrusted_batch_annotations_only_on_besteffort_pods_and_without_protection() 
             &ann(spec),
             SpecBatch::Unknown,
             &Requested::default(),
-            &Context {
-                features: &v2,
-                v2: true,
-                policy: &p,
-                page_size: 4096,
-                node: &node(),
-                devices: &BTreeMap::new(),
-                share_pool: None,
-            },
+            &ctx(&v2, true, &p, &node()),
         )
     };
     let burstable_as_be = PodClass {
@@ -1345,15 +1245,7 @@ fn batch_resources_are_bounded_by_kubelet_and_the_node() {
             memory_limit: 128 << 20,
             ..Default::default()
         },
-        &Context {
-            features: &upstream(),
-            v2: false,
-            policy: &p,
-            page_size: 4096,
-            node: &n,
-            devices: &BTreeMap::new(),
-            share_pool: None,
-        },
+        &ctx(&upstream(), false, &p, &n),
     );
     assert_eq!(
         d.patch().memory_limit_in_bytes,
@@ -1373,15 +1265,7 @@ fn batch_resources_are_bounded_by_kubelet_and_the_node() {
             cpu_period: 100_000,
             ..Default::default()
         },
-        &Context {
-            features: &upstream(),
-            v2: false,
-            policy: &p,
-            page_size: 4096,
-            node: &node(),
-            devices: &BTreeMap::new(),
-            share_pool: None,
-        },
+        &ctx(&upstream(), false, &p, &node()),
     );
     assert_eq!(d.patch().cpu_quota, Some(20_000));
 }
@@ -1405,15 +1289,7 @@ fn a_pods_cpu_qos_annotation_over_its_class() {
             &ann,
             SpecBatch::Unknown,
             &Requested::default(),
-            &Context {
-                features: &bvt,
-                v2: false,
-                policy: &cpu_on(),
-                page_size: 4096,
-                node: &node(),
-                devices: &BTreeMap::new(),
-                share_pool: None,
-            },
+            &ctx(&bvt, false, &cpu_on(), &node()),
         );
         let v = d.cgroup().iter().find_map(|k| match k {
             Knob::GroupIdentity(v) => Some(*v),
@@ -1475,15 +1351,7 @@ fn a_pods_cpu_qos_annotation_over_its_class() {
             &ann,
             SpecBatch::Unknown,
             &SandboxLimits::default(),
-            &Context {
-                features: &bvt,
-                v2: false,
-                policy: &low,
-                page_size: 4096,
-                node: &node(),
-                devices: &BTreeMap::new(),
-                share_pool: None,
-            },
+            &ctx(&bvt, false, &low, &node()),
         );
         assert!(
             d.cgroup().contains(&Knob::GroupIdentity(want)),
@@ -1651,15 +1519,7 @@ fn group_identity_as_koordlet_sets_it() {
             &BTreeMap::new(),
             SpecBatch::Unknown,
             &Requested::default(),
-            &Context {
-                features: &bvt,
-                v2: false,
-                policy: p,
-                page_size: 4096,
-                node: &node(),
-                devices: &BTreeMap::new(),
-                share_pool: None,
-            },
+            &ctx(&bvt, false, p, &node()),
         )
     };
     let d = on_bvt(&only_be);
