@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 
 use qoslet_cgroups::MemTune;
 
-use crate::batch::{BatchError, ANNOTATION_EXTENDED_RESOURCE_SPEC};
+use crate::batch::BatchError;
 use crate::class::{KubeQos, QosClass, LABEL_QOS_CLASS, LABEL_SKIP};
 use crate::decide::{
     ANNOTATION_CPU_QOS, ANNOTATION_MEMORY_QOS, ANNOTATION_RESOURCE_STATUS,
@@ -64,10 +64,6 @@ pub enum Warning {
         /// Where they were read.
         from: crate::batch::Source,
     },
-    #[error(
-        "{ANNOTATION_EXTENDED_RESOURCE_SPEC} ignored: the pod spec asks for no batch resources and the pod is not trusted (Koordinator's webhook would have cleared it)"
-    )]
-    BatchNotInSpec,
     #[error("{0}; batch resources ignored")]
     BatchSpec(BatchError),
     #[error("{0}; that value ignored")]
@@ -155,7 +151,6 @@ impl Warning {
             Warning::ClassOutsideKubepods { .. } => "class-outside-kubepods",
             Warning::UnknownClass { .. } => "unknown-class",
             Warning::BatchNotBestEffort { .. } => "batch-not-besteffort",
-            Warning::BatchNotInSpec => "batch-not-in-spec",
             Warning::BatchSpec(_) => "batch-spec",
             Warning::BatchValue(_) => "batch-value",
             Warning::BatchCapped { .. } => "batch-capped",

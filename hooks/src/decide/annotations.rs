@@ -15,10 +15,9 @@ pub const MAX_RESOURCE_STATUS_BYTES: usize = 16 << 10;
 /// Kubernetes QoS is BestEffort (Koordinator's batch pods are: batch
 /// resources are extended resources, so they carry no cpu/memory requests).
 /// On a Burstable or Guaranteed pod labelled BE they would raise the pod's
-/// CPU weight above what kubelet gave it. An untrusted pod's annotation is
-/// not read when the cluster view shows a spec asking for no batch
-/// resources: Koordinator's webhook would have cleared it, and what it
-/// claims was never counted by the scheduler.
+/// CPU weight above what kubelet gave it. A pod whose spec asks for no
+/// batch resources is still read from its annotation, as koordlet reads a
+/// hand-written one where no webhook runs (the trust rule above bounds it).
 pub(super) fn batch_input<'a>(
     pc: PodClass,
     annotations: &'a BTreeMap<String, String>,
@@ -26,10 +25,6 @@ pub(super) fn batch_input<'a>(
     warnings: &mut Vec<Warning>,
 ) -> Option<(&'a str, Source)> {
     let (a, source) = crate::batch::source(annotations, spec)?;
-    if spec == SpecBatch::None && !pc.trusted {
-        warnings.push(Warning::BatchNotInSpec);
-        return None;
-    }
     if pc.trusted || pc.kube == Some(KubeQos::BestEffort) {
         return Some((a, source));
     }
