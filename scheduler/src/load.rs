@@ -1,0 +1,199 @@
+//! One node's load as LoadAware's assign cache keeps it
+//! (`pod_assign_cache.go`): the NodeMetric's usage plus, for each pod
+//! assigned to the node, what its estimate adds that the NodeMetric does not
+//! show yet. Kept incrementally: a pod added or removed is O(1), a new
+//! NodeMetric O(pods on the node).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use qoslet_colocation::Res;
+
+use crate::args::Aggregation;
+
+/// What a NodeMetric says, as the load needs it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MetricFacts {
+    /// `status.updateTime`, Unix milliseconds (`None`: never reported).
+    pub update_time: Option<i64>,
+    /// `spec.metricCollectPolicy.reportIntervalSeconds` (60 when unset).
+    pub report_interval_secs: i64,
+    /// `status.nodeMetric.nodeUsage` (`None`: `status.nodeMetric` is unset).
+    pub node_usage: Option<Res>,
+    /// `status.nodeMetric.systemUsage`.
+    pub system_usage: Res,
+    /// `status.nodeMetric.aggregatedNodeUsages`: (type, window seconds) -> usage.
+    pub aggregated: BTreeMap<(String, i64), Res>,
+    /// `status.podsMetric` with a usage: (namespace, name) -> (usage, reported as prod).
+    pub pods: HashMap<(String, String), (Res, bool)>,
+}
+
+/// A pod assigned to the node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assigned {
+    pub namespace: String,
+    pub name: String,
+    pub prod: bool,
+    pub estimate: Res,
+    /// When it was assigned (Unix ms): its `PodScheduled` condition's time,
+    /// else when the cache first saw it bound.
+    pub assigned_at: i64,
+    /// Until then its estimate counts whatever the NodeMetric says (Unix ms).
+    pub deadline: Option<i64>,
+}
+
+/// One node's load.
+#[derive(Debug, Clone, Default)]
+pub struct NodeLoad {
+    metric: Option<MetricFacts>,
+    pods: HashMap<String, Assigned>,
+    /// Σ max(0, estimate − reported usage) of the pods the NodeMetric does
+    /// not show yet.
+    delta: Res,
+    prod_delta: Res,
+    /// Σ estimates of every assigned pod.
+    estimated: Res,
+    /// Σ usage of the pods that are prod both by their class and in the
+    /// NodeMetric (+ system usage with `prodUsageIncludeSys`).
+    prod_usage: Res,
+    include_sys: bool,
+    /// The pods in `delta`, for `explain`.
+    delta_pods: HashSet<String>,
+}
+
+/// `v += max(0, e − u)` per resource (`u`: `None` adds `e` whole).
+fn add_delta(v: &mut Res, e: Res, u: Option<Res>, sign: i64) {
+    let u = u.unwrap_or_default();
+    let d = |e: i64, u: i64| (e - u).max(0) * sign;
+    v.cpu += d(e.cpu, u.cpu);
+    v.memory += d(e.memory, u.memory);
+}
+
+impl NodeLoad {
+    pub fn new(include_sys: bool) -> Self {
+        Self {
+            include_sys,
+            ..Default::default()
+        }
+    }
+
+    pub fn metric(&self) -> Option<&MetricFacts> {
+        self.metric.as_ref()
+    }
+
+    pub fn pods(&self) -> usize {
+        self.pods.len()
+    }
+
+    /// Nothing left to know of the node.
+    pub fn is_empty(&self) -> bool {
+        self.metric.is_none() && self.pods.is_empty()
+    }
+
+    /// The pods whose estimate is in the load now (not yet shown by the NodeMetric).
+    pub fn pods_counted(&self) -> impl Iterator<Item = &Assigned> {
+        self.delta_pods.iter().filter_map(|uid| self.pods.get(uid))
+    }
+
+    /// A pod's part, added (`sign` 1) or taken out (-1).
+    fn account(&mut self, uid: &str, p: &Assigned, sign: i64) {
+        let m = self.metric.as_ref();
+        let reported = m.and_then(|m| m.pods.get(&(p.namespace.clone(), p.name.clone())));
+        let u = reported.map(|(u, _)| *u);
+        let active_prod = p.prod && reported.is_some_and(|(_, prod)| *prod);
+        if active_prod {
+            let u = u.unwrap_or_default();
+            self.prod_usage.cpu += u.cpu * sign;
+            self.prod_usage.memory += u.memory * sign;
+        }
+        let update = m.and_then(|m| m.update_time).unwrap_or(0);
+        let interval_ms = m.map_or(60, |m| m.report_interval_secs) * 1000;
+        // not reported, assigned within the last report interval, or estimated until later
+        let should = u.is_none()
+            || p.assigned_at > update - interval_ms
+            || p.deadline.is_some_and(|d| d > update);
+        if should {
+            add_delta(&mut self.delta, p.estimate, u, sign);
+            if sign > 0 {
+                self.delta_pods.insert(uid.to_string());
+            } else {
+                self.delta_pods.remove(uid);
+            }
+        }
+        self.estimated.cpu += p.estimate.cpu * sign;
+        self.estimated.memory += p.estimate.memory * sign;
+        if p.prod {
+            // a prod pod the NodeMetric does not call prod counts whole
+            let (u, should) = if !active_prod && u.is_some() {
+                (None, true)
+            } else {
+                (u, should)
+            };
+            if should {
+                add_delta(&mut self.prod_delta, p.estimate, u, sign);
+            }
+        }
+    }
+
+    /// A pod assigned (or its assignment changed).
+    pub fn add_pod(&mut self, uid: &str, p: Assigned) {
+        self.remove_pod(uid);
+        self.account(uid, &p, 1);
+        self.pods.insert(uid.to_string(), p);
+    }
+
+    /// A pod gone from the node (deleted, finished, or its tentative
+    /// assignment over).
+    pub fn remove_pod(&mut self, uid: &str) -> Option<Assigned> {
+        let p = self.pods.remove(uid)?;
+        self.account(uid, &p, -1);
+        Some(p)
+    }
+
+    /// A new NodeMetric (`None`: deleted): the pods' parts again.
+    pub fn set_metric(&mut self, m: Option<MetricFacts>) {
+        self.metric = m;
+        self.delta = Res::default();
+        self.prod_delta = Res::default();
+        self.estimated = Res::default();
+        self.delta_pods.clear();
+        self.prod_usage = match (&self.metric, self.include_sys) {
+            (Some(m), true) => m.system_usage,
+            _ => Res::default(),
+        };
+        let pods: Vec<(String, Assigned)> = self.pods.drain().collect();
+        for (uid, p) in pods {
+            self.account(&uid, &p, 1);
+            self.pods.insert(uid, p);
+        }
+    }
+
+    /// What the node is estimated to use, before the incoming pod
+    /// (`GetNodeMetricAndEstimatedOfExisting`): `None` without a NodeMetric.
+    /// `prod`: the prod usage (a prod pod under prod thresholds); `agg`: an
+    /// aggregated usage in place of `nodeUsage` (a missing one: the sum of
+    /// every assigned pod's estimate).
+    pub fn estimated(&self, prod: bool, agg: Option<&Aggregation>) -> Option<Res> {
+        let m = self.metric.as_ref()?;
+        if prod {
+            return Some(self.prod_usage + self.prod_delta);
+        }
+        let usage = match agg {
+            None => m.node_usage,
+            Some(a) => match a.duration {
+                Some(d) => m.aggregated.get(&(a.kind.clone(), d)).copied(),
+                // no window asked: the longest reported, else nodeUsage
+                None => m
+                    .aggregated
+                    .iter()
+                    .filter(|((k, _), _)| *k == a.kind)
+                    .max_by_key(|((_, d), _)| *d)
+                    .map(|(_, u)| *u)
+                    .or(m.node_usage),
+            },
+        };
+        Some(match usage {
+            Some(u) => u + self.delta,
+            None => self.estimated,
+        })
+    }
+}
