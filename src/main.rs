@@ -416,16 +416,18 @@ impl Prepared {
                 agent.shutdown_signal(),
             )));
         }
-        // Koordinator's ConfigMap: a policy source, and the colocation-config
-        agent.add_task(tokio::spawn(qoslet_kube::sloconfig::follow(
-            client.clone(),
-            node.clone(),
-            k.slo_config.clone(),
-            colocation,
-            agent.policy().clone(),
-            node_view.clone(),
-            agent.shutdown_signal(),
-        )));
+        // Koordinator's ConfigMap, where asked: a policy source, and the colocation-config
+        if let Some(at) = k.slo_config(batch_mode) {
+            agent.add_task(tokio::spawn(qoslet_kube::sloconfig::follow(
+                client.clone(),
+                node.clone(),
+                at,
+                colocation,
+                agent.policy().clone(),
+                node_view.clone(),
+                agent.shutdown_signal(),
+            )));
+        }
         if batch {
             // batch resources from this node's own figures (docs/colocation.md)
             let adv = std::sync::Arc::new(qoslet_kube::advertise::AdvertiseStatus::default());

@@ -111,9 +111,11 @@ pub struct KubernetesConfig {
     /// `auto` (when the colocation-config turns co-location on).
     #[serde(default)]
     pub batch_resources: advertise::BatchMode,
-    /// Koordinator's `slo-controller-config` ConfigMap, `namespace/name`.
+    /// Koordinator's `slo-controller-config` ConfigMap, `namespace/name`
+    /// (`None`: `koordinator-system/slo-controller-config`). Naming it, or
+    /// batch resources not `off`, has qoslet read it ([`Self::slo_config`]).
     #[serde(default)]
-    pub slo_config: sloconfig::SloConfigRef,
+    pub slo_config: Option<sloconfig::SloConfigRef>,
 }
 
 fn default_qps() -> f64 {
@@ -200,6 +202,20 @@ pub enum ClusterError {
 }
 
 impl KubernetesConfig {
+    /// The ConfigMap qoslet reads, when it reads one: only where asked
+    /// (`sloConfig` named, or `batchResources` not `off`, as the colocation
+    /// component sets it with the Role to read it). Without a Role the API
+    /// server refuses the list: a node agent that was not asked to read the
+    /// ConfigMap must not fill its log with 403s, nor put Koordinator's
+    /// policy over the file's on an upgrade.
+    pub fn slo_config(&self, batch: advertise::BatchMode) -> Option<sloconfig::SloConfigRef> {
+        match (&self.slo_config, batch) {
+            (Some(r), _) => Some(r.clone()),
+            (None, advertise::BatchMode::Off) => None,
+            (None, _) => Some(Default::default()),
+        }
+    }
+
     /// The rate limit, checked.
     pub fn limiter(&self) -> Result<limit::Limiter, ClusterError> {
         if !(0.1..=1000.0).contains(&self.qps) {

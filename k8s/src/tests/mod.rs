@@ -105,6 +105,17 @@ fn the_section_is_off_unless_enabled() {
         "in a cluster evictions go through the API by default"
     );
     assert!(serde_json::from_str::<KubernetesConfig>(r#"{"enabel":true}"#).is_err());
+    // Koordinator's ConfigMap is read only where asked: named, or batch resources on
+    use crate::advertise::BatchMode;
+    assert_eq!(k.slo_config(BatchMode::Off), None);
+    assert_eq!(k.slo_config(BatchMode::Auto), Some(Default::default()));
+    let named: KubernetesConfig =
+        serde_json::from_str(r#"{"sloConfig": "kube-system/slo"}"#).unwrap();
+    let at = named.slo_config(BatchMode::Off).unwrap();
+    assert_eq!(
+        (at.namespace.as_str(), at.name.as_str()),
+        ("kube-system", "slo")
+    );
 }
 
 const PODS: &str = "/api/v1/pods";
