@@ -11,13 +11,13 @@ use futures_util::StreamExt;
 use kube::api::Api;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
-use qoslet_hooks::quantity::Quantity;
 use qoslet_state::{ClusterPod, PodAmounts, Store};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::status::{ClusterStatus, WatchName};
-use crate::view::{ContainerView, PodView, ResourceList, ResourcesView, TolerationView};
+use crate::view::{PodView, TolerationView};
+use qoslet_kube_api::amount::{container_amount, containers, pod_amount, Which};
 
 /// The taint kubelet sets under memory pressure: a BestEffort pod that
 /// tolerates it is admitted anyway.
@@ -27,11 +27,10 @@ pub const MEMORY_PRESSURE_TAINT: &str = "node.kubernetes.io/memory-pressure";
 pub fn cluster_pod(p: &PodView) -> Option<ClusterPod> {
     let uid = p.metadata.uid.clone().filter(|u| !u.is_empty())?;
     let spec = p.spec.as_ref();
-    let parts = Parts::of(p);
-    let containers = parts.containers;
+    let containers = containers(p);
     let amounts = |which: Which| PodAmounts {
-        cpu_milli: parts.amount(which, "cpu"),
-        memory: parts.amount(which, "memory"),
+        cpu_milli: pod_amount(p, which, "cpu"),
+        memory: pod_amount(p, which, "memory"),
     };
     let tolerations = spec
         .and_then(|s| s.tolerations.as_deref())
@@ -44,7 +43,7 @@ pub fn cluster_pod(p: &PodView) -> Option<ClusterPod> {
         priority_class: spec.and_then(|s| s.priority_class_name.clone()),
         qos_class: p.status.as_ref().and_then(|s| s.qos_class.clone()),
         requests: amounts(Which::Requests),
-        limits: amounts(Which::Limits),
+        limits: amounts(Which::Bound),
         grace_seconds: spec.and_then(|s| s.termination_grace_period_seconds),
         tolerates_memory_pressure: tolerations.iter().any(tolerates_memory_pressure),
         deleting: p.metadata.deletion_timestamp.is_some(),
@@ -72,46 +71,10 @@ fn bounded_label(p: &PodView, key: &str) -> Option<String> {
 /// A pod's CPU (millicores) and memory (bytes) requests as kubelet sums
 /// them (`PodRequests`).
 pub fn pod_requests(p: &PodView) -> (i64, i64) {
-    let parts = Parts::of(p);
     (
-        parts.amount(Which::Requests, "cpu"),
-        parts.amount(Which::Requests, "memory"),
+        pod_amount(p, Which::Requests, "cpu"),
+        pod_amount(p, Which::Requests, "memory"),
     )
-}
-
-/// The parts of a pod's spec its amounts are summed from.
-struct Parts<'a> {
-    containers: &'a [ContainerView],
-    init: &'a [ContainerView],
-    overhead: Option<&'a ResourceList>,
-    level: Option<&'a ResourcesView>,
-}
-
-impl<'a> Parts<'a> {
-    fn of(p: &'a PodView) -> Self {
-        let spec = p.spec.as_ref();
-        Parts {
-            containers: spec
-                .and_then(|s| s.containers.as_deref())
-                .unwrap_or_default(),
-            init: spec
-                .and_then(|s| s.init_containers.as_deref())
-                .unwrap_or_default(),
-            overhead: spec.and_then(|s| s.overhead.as_ref()),
-            level: spec.and_then(|s| s.resources.as_ref()),
-        }
-    }
-
-    fn amount(&self, which: Which, name: &str) -> i64 {
-        pod_amount(
-            self.containers,
-            self.init,
-            self.overhead,
-            self.level,
-            which,
-            name,
-        )
-    }
 }
 
 /// The Kubernetes QoS class the API server gives a pod (`GetPodQOS`), for a
@@ -140,90 +103,6 @@ pub fn kube_qos(p: &PodView) -> &'static str {
         (true, true) => "Guaranteed",
         (true, false) => "Burstable",
     }
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Which {
-    Requests,
-    Limits,
-}
-
-/// A quantity of `name`: CPU in millicores, others in whole units.
-fn amount(list: Option<&ResourceList>, name: &str) -> Option<i64> {
-    let q = Quantity::parse(list?.get(name)?.trim()).ok()?;
-    if name == "cpu" {
-        q.milli_value()
-    } else {
-        q.value()
-    }
-}
-
-/// A container's amount; a request missing where a limit is set is the
-/// limit (the API server's defaulting: a pod read from a file may lack it).
-fn container_amount(c: &ContainerView, which: Which, name: &str) -> Option<i64> {
-    let r: Option<&ResourcesView> = c.resources.as_ref();
-    let limit = || amount(r.and_then(|r| r.limits.as_ref()), name);
-    match which {
-        Which::Requests => amount(r.and_then(|r| r.requests.as_ref()), name).or_else(limit),
-        Which::Limits => limit(),
-    }
-}
-
-/// A pod's amount of `name` as kubelet counts it (`PodRequests` /
-/// `PodLimits`): the regular containers summed with the sidecars (init
-/// containers that keep running); each other init container runs alone with
-/// the sidecars started before it, and the pod needs at least the most of
-/// those; the overhead is added to a total that is not zero. A limit missing
-/// on a regular container is none for the pod (0). Pod-level resources, when
-/// set for the resource, are the pod's amount instead (plus the overhead).
-fn pod_amount(
-    containers: &[ContainerView],
-    init: &[ContainerView],
-    overhead: Option<&ResourceList>,
-    level: Option<&ResourcesView>,
-    which: Which,
-    name: &str,
-) -> i64 {
-    // pod-level resources, when set for this resource, are the pod's (a
-    // pod-level request missing where its limit is set is the limit)
-    let pod_level = level.and_then(|r| {
-        let limit = amount(r.limits.as_ref(), name);
-        match which {
-            Which::Requests => amount(r.requests.as_ref(), name).or(limit),
-            Which::Limits => limit,
-        }
-    });
-    if let Some(v) = pod_level.filter(|v| *v > 0) {
-        return v.saturating_add(amount(overhead, name).unwrap_or(0));
-    }
-    if which == Which::Limits
-        && containers
-            .iter()
-            .any(|c| container_amount(c, which, name).is_none())
-    {
-        return 0;
-    }
-    let of = |c: &ContainerView| container_amount(c, which, name).unwrap_or(0);
-    let mut sidecars = 0i64;
-    let mut init_max = 0i64;
-    for c in init {
-        if c.restart_policy.as_deref() == Some("Always") {
-            sidecars = sidecars.saturating_add(of(c));
-            init_max = init_max.max(sidecars);
-        } else {
-            init_max = init_max.max(sidecars.saturating_add(of(c)));
-        }
-    }
-    let regular = containers
-        .iter()
-        .map(of)
-        .fold(0i64, i64::saturating_add)
-        .saturating_add(sidecars);
-    let total = regular.max(init_max).max(0);
-    if total == 0 {
-        return 0;
-    }
-    total.saturating_add(amount(overhead, name).unwrap_or(0))
 }
 
 /// Whether a toleration tolerates kubelet's memory-pressure NoSchedule taint

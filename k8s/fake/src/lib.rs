@@ -48,6 +48,24 @@ struct Change {
     collection: String,
     kind: &'static str,
     object: Value,
+    /// The object before a MODIFIED: a watch with a field selector sees an
+    /// object that comes to match as ADDED and one that stops matching as
+    /// DELETED, as the API server's watch cache sends them.
+    old: Option<Value>,
+}
+
+impl Change {
+    /// The event a watch with `selector` gets, if any.
+    fn seen_through(&self, selector: Option<&String>) -> Option<&'static str> {
+        let now = matches(&self.object, selector);
+        let before = self.old.as_ref().map(|o| matches(o, selector));
+        match (self.kind, before, now) {
+            ("MODIFIED", Some(false), true) => Some("ADDED"),
+            ("MODIFIED", Some(true), false) => Some("DELETED"),
+            (_, _, true) => Some(self.kind),
+            _ => None,
+        }
+    }
 }
 
 /// A request the server saw (method, path and query), for assertions.
@@ -346,17 +364,17 @@ impl FakeApiServer {
         if object["metadata"]["uid"].is_null() {
             object["metadata"]["uid"] = json!(format!("uid-{}-{rv}", name.replace('/', "-")));
         }
-        let existed = s
+        let old = s
             .objects
             .entry(collection.to_string())
             .or_default()
-            .insert(name, object.clone())
-            .is_some();
+            .insert(name, object.clone());
         let c = Change {
             rv,
             collection: collection.to_string(),
-            kind: if existed { "MODIFIED" } else { "ADDED" },
+            kind: if old.is_some() { "MODIFIED" } else { "ADDED" },
             object: object.clone(),
+            old,
         };
         s.history.push(c.clone());
         drop(s);
@@ -378,6 +396,7 @@ impl FakeApiServer {
             collection: collection.to_string(),
             kind: "DELETED",
             object,
+            old: None,
         };
         s.history.push(c.clone());
         drop(s);
@@ -731,10 +750,10 @@ impl FakeApiServer {
             }
             let mut last = from;
             for c in backlog {
-                if matches(&c.object, selector.as_ref()) {
+                if let Some(kind) = c.seen_through(selector.as_ref()) {
                     last = c.rv;
                     if tx
-                        .send(line(json!({"type": c.kind, "object": c.object})))
+                        .send(line(json!({"type": kind, "object": c.object})))
                         .await
                         .is_err()
                     {
@@ -761,10 +780,10 @@ impl FakeApiServer {
                     c = live.recv() => match c {
                         Ok(c) if c.collection == path && c.rv > last => {
                             last = c.rv;
-                            if matches(&c.object, selector.as_ref())
-                                && tx.send(line(json!({"type": c.kind, "object": c.object}))).await.is_err()
-                            {
-                                return;
+                            if let Some(kind) = c.seen_through(selector.as_ref()) {
+                                if tx.send(line(json!({"type": kind, "object": c.object}))).await.is_err() {
+                                    return;
+                                }
                             }
                         }
                         Ok(_) => {}
@@ -1009,15 +1028,19 @@ fn matches(o: &Value, selector: Option<&String>) -> bool {
         return true;
     };
     sel.split(',').all(|term| {
-        let Some((field, want)) = term.split_once('=') else {
-            return false;
+        // `f=v`, `f==v`, `f!=v`; a field that is absent is ""
+        let (field, want, equal) = match term.split_once("!=") {
+            Some((f, w)) => (f, w, false),
+            None => match term.split_once('=') {
+                Some((f, w)) => (f, w.trim_start_matches('='), true),
+                None => return false,
+            },
         };
-        let want = want.trim_start_matches('=');
         let mut v = o;
         for part in field.split('.') {
             v = &v[part];
         }
-        v.as_str() == Some(want)
+        (v.as_str().unwrap_or("") == want) == equal
     })
 }
 

@@ -69,6 +69,8 @@ pub struct PodSpecView {
     /// when set for a resource, they are the pod's.
     pub resources: Option<ResourcesView>,
     pub priority: Option<i32>,
+    /// The node the pod is bound to (the scheduler extender's cache).
+    pub node_name: Option<String>,
     pub priority_class_name: Option<String>,
     pub termination_grace_period_seconds: Option<i64>,
     pub tolerations: Option<Vec<TolerationView>>,
@@ -103,6 +105,18 @@ pub struct PodStatusView {
     pub qos_class: Option<String>,
     /// `Pending`, `Running`, `Succeeded`, `Failed`, `Unknown`.
     pub phase: Option<String>,
+    /// `PodScheduled`, `Initialized`, ...: when each turned (the scheduler
+    /// extender's assign time and estimation deadline).
+    pub conditions: Option<Vec<PodConditionView>>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodConditionView {
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    pub status: Option<String>,
+    pub last_transition_time: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
 }
 
 /// A Node as qoslet reads it.

@@ -1,0 +1,304 @@
+//! The HTTP front kube-scheduler calls: `POST /filter`, `POST /prioritize`,
+//! and `GET /healthz`, `/livez`, `/metrics`. HTTP/1.1 (kube-scheduler's Go
+//! client, keep-alive); a body over the limit is refused (413), one that
+//! does not arrive within [`BODY_TIMEOUT`] is dropped (408), headers must
+//! come within [`HEADER_TIMEOUT`].
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::{Method, Request, Response};
+use tokio::sync::watch as signal;
+use tracing::{debug, warn};
+
+use crate::extender::Extender;
+use crate::watch::{now_ms, Kind, Status};
+use crate::wire;
+
+/// A request's headers must arrive within this time (also how long an idle
+/// keep-alive connection is kept).
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+/// A request's body must arrive within this time.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+/// The largest body read by default: a `Nodes` request (the extender not
+/// `nodeCacheCapable`) carries whole Node objects, about 5 KiB each.
+pub const DEFAULT_MAX_BODY: usize = 64 << 20;
+/// At most this many connections at once.
+pub const MAX_CONNECTIONS: usize = 256;
+
+/// Latency buckets, seconds.
+const BUCKETS: [f64; 12] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+];
+
+/// One verb's latency histogram and answers.
+#[derive(Debug, Default)]
+struct Histogram {
+    buckets: [AtomicU64; 12],
+    count: AtomicU64,
+    sum_ns: AtomicU64,
+}
+
+impl Histogram {
+    fn observe(&self, d: Duration) {
+        let s = d.as_secs_f64();
+        for (i, b) in BUCKETS.iter().enumerate() {
+            if s <= *b {
+                self.buckets[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_ns
+            .fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+    }
+}
+
+/// The front's counters.
+#[derive(Debug, Default)]
+pub struct Stats {
+    filter: Histogram,
+    prioritize: Histogram,
+    /// Requests refused: malformed, too large, too slow, wrong method or path.
+    bad_requests: AtomicU64,
+}
+
+/// What the front serves.
+pub struct Front {
+    pub ext: Arc<Extender>,
+    pub status: Arc<Status>,
+    pub stats: Stats,
+    pub max_body: usize,
+}
+
+fn reply(code: u16, ctype: &str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(code)
+        .header("content-type", ctype)
+        .body(Full::new(body.into()))
+        .unwrap_or_default()
+}
+
+const JSON: &str = "application/json";
+const TEXT: &str = "text/plain; charset=utf-8";
+
+impl Front {
+    async fn respond(&self, req: Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+        let path = req.uri().path().trim_end_matches('/').to_string();
+        match (req.method(), path.as_str()) {
+            (&Method::POST, "/filter" | "/prioritize") => {}
+            (&Method::GET | &Method::HEAD, "/metrics") => {
+                return reply(
+                    200,
+                    "text/plain; version=0.0.4; charset=utf-8",
+                    self.render(),
+                )
+            }
+            (&Method::GET | &Method::HEAD, "/healthz") => {
+                return match self.unready() {
+                    None => reply(200, TEXT, "ok\n"),
+                    Some(why) => reply(503, TEXT, format!("not ready: {why}\n")),
+                }
+            }
+            (&Method::GET | &Method::HEAD, "/livez") => return reply(200, TEXT, "ok\n"),
+            (_, "/filter" | "/prioritize" | "/metrics" | "/healthz" | "/livez") => {
+                self.stats.bad_requests.fetch_add(1, Ordering::Relaxed);
+                return reply(405, TEXT, "method not allowed\n");
+            }
+            _ => {
+                self.stats.bad_requests.fetch_add(1, Ordering::Relaxed);
+                return reply(
+                    404,
+                    TEXT,
+                    "not found: POST /filter or /prioritize; GET /healthz, /livez or /metrics\n",
+                );
+            }
+        }
+        let started = Instant::now();
+        let body = Limited::new(req.into_body(), self.max_body);
+        let bytes = match tokio::time::timeout(BODY_TIMEOUT, body.collect()).await {
+            Err(_) => {
+                self.stats.bad_requests.fetch_add(1, Ordering::Relaxed);
+                return reply(408, TEXT, "the request body did not arrive in time\n");
+            }
+            Ok(Err(e)) => {
+                self.stats.bad_requests.fetch_add(1, Ordering::Relaxed);
+                return if e.is::<http_body_util::LengthLimitError>() {
+                    reply(
+                        413,
+                        TEXT,
+                        format!("the request body is over {} bytes\n", self.max_body),
+                    )
+                } else {
+                    reply(400, TEXT, format!("reading the request body: {e}\n"))
+                };
+            }
+            Ok(Ok(b)) => b.to_bytes(),
+        };
+        let args = match wire::decode(&bytes) {
+            Ok(a) => a,
+            Err(e) => {
+                self.stats.bad_requests.fetch_add(1, Ordering::Relaxed);
+                return reply(400, TEXT, format!("{e}\n"));
+            }
+        };
+        let (out, h) = if path == "/filter" {
+            (self.ext.filter(&args, now_ms()), &self.stats.filter)
+        } else {
+            (self.ext.prioritize(&args, now_ms()), &self.stats.prioritize)
+        };
+        h.observe(started.elapsed());
+        reply(200, JSON, out)
+    }
+
+    /// Why the cache should not be trusted now (`None`: it can).
+    pub fn unready(&self) -> Option<String> {
+        let bad: Vec<String> = Kind::ALL
+            .iter()
+            .filter(|k| self.status.of(**k).state() != "ok")
+            .map(|k| format!("the {} watch is {}", k.as_str(), self.status.of(*k).state()))
+            .collect();
+        (!bad.is_empty()).then(|| bad.join(", "))
+    }
+
+    /// `/metrics`, Prometheus' text format.
+    pub fn render(&self) -> String {
+        use std::fmt::Write;
+        let mut o = String::with_capacity(4096);
+        let _ = writeln!(
+            o,
+            "# HELP qoslet_extender_request_seconds Time to answer a filter or prioritize request (body read, decoded, answered).\n\
+             # TYPE qoslet_extender_request_seconds histogram"
+        );
+        for (verb, h) in [
+            ("filter", &self.stats.filter),
+            ("prioritize", &self.stats.prioritize),
+        ] {
+            for (i, b) in BUCKETS.iter().enumerate() {
+                let _ = writeln!(
+                    o,
+                    "qoslet_extender_request_seconds_bucket{{verb=\"{verb}\",le=\"{b}\"}} {}",
+                    h.buckets[i].load(Ordering::Relaxed)
+                );
+            }
+            let n = h.count.load(Ordering::Relaxed);
+            let _ = writeln!(
+                o,
+                "qoslet_extender_request_seconds_bucket{{verb=\"{verb}\",le=\"+Inf\"}} {n}\n\
+                 qoslet_extender_request_seconds_sum{{verb=\"{verb}\"}} {}\n\
+                 qoslet_extender_request_seconds_count{{verb=\"{verb}\"}} {n}",
+                h.sum_ns.load(Ordering::Relaxed) as f64 / 1e9
+            );
+        }
+        let _ = writeln!(
+            o,
+            "# HELP qoslet_extender_bad_requests_total Requests refused: malformed, too large, too slow, wrong method or path.\n\
+             # TYPE qoslet_extender_bad_requests_total counter\n\
+             qoslet_extender_bad_requests_total {}",
+            self.stats.bad_requests.load(Ordering::Relaxed)
+        );
+        let sizes = self.ext.cache.read().map(|c| c.sizes()).unwrap_or_default();
+        let _ = writeln!(
+            o,
+            "# HELP qoslet_extender_cache_objects What the cache holds, by kind (tentative: pods assumed on the node they scored best on).\n\
+             # TYPE qoslet_extender_cache_objects gauge\n\
+             qoslet_extender_cache_objects{{kind=\"nodes\"}} {}\n\
+             qoslet_extender_cache_objects{{kind=\"nodemetrics\"}} {}\n\
+             qoslet_extender_cache_objects{{kind=\"pods\"}} {}\n\
+             qoslet_extender_cache_objects{{kind=\"tentative\"}} {}",
+            sizes.nodes, sizes.node_metrics, sizes.pods, sizes.tentative
+        );
+        let _ = writeln!(
+            o,
+            "# HELP qoslet_extender_watch_up Each watch's state: 1 ok, 0 starting (not listed yet) or stale (the cache keeps what it knew).\n\
+             # TYPE qoslet_extender_watch_up gauge"
+        );
+        for k in Kind::ALL {
+            let ok = self.status.of(k).state() == "ok";
+            let _ = writeln!(
+                o,
+                "qoslet_extender_watch_up{{watch=\"{}\",state=\"{}\"}} {}",
+                k.as_str(),
+                self.status.of(k).state(),
+                u8::from(ok)
+            );
+        }
+        for (name, help, f) in [
+            (
+                "qoslet_extender_watch_events_total",
+                "Watch events applied to the cache (a relist's objects included).",
+                (|w: &crate::watch::WatchStatus| w.events.load(Ordering::Relaxed))
+                    as fn(&crate::watch::WatchStatus) -> u64,
+            ),
+            (
+                "qoslet_extender_watch_relists_total",
+                "Lists of a kind (at start, after a 410 or a broken watch).",
+                |w| w.relists.load(Ordering::Relaxed),
+            ),
+            (
+                "qoslet_extender_watch_errors_total",
+                "Watch errors (retried with backoff).",
+                |w| w.errors.load(Ordering::Relaxed),
+            ),
+        ] {
+            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter");
+            for k in Kind::ALL {
+                let _ = writeln!(
+                    o,
+                    "{name}{{watch=\"{}\"}} {}",
+                    k.as_str(),
+                    f(self.status.of(k))
+                );
+            }
+        }
+        o
+    }
+}
+
+/// Serves `front` on `listener` until `shutdown`.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    front: Arc<Front>,
+    mut shutdown: signal::Receiver<bool>,
+) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let (stream, _) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.changed() => return,
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            warn!(
+                max = MAX_CONNECTIONS,
+                "at the connection cap: a new connection closed"
+            );
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let front = front.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            let svc = hyper::service::service_fn(move |req| {
+                let front = front.clone();
+                async move { Ok::<_, Infallible>(front.respond(req).await) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
+            if let Err(e) = conn.await {
+                debug!(error = %e, "connection ended");
+            }
+        });
+    }
+}
