@@ -98,7 +98,10 @@ pub fn parse_go_duration(s: &str) -> Option<std::time::Duration> {
         rest = &rest[unit_end..];
         total += n * mult;
     }
-    (total.is_finite() && total >= 0.0).then(|| std::time::Duration::from_secs_f64(total))
+    // (a duration too large for a Duration does not parse: never a panic)
+    (total.is_finite() && total >= 0.0)
+        .then(|| std::time::Duration::try_from_secs_f64(total).ok())
+        .flatten()
 }
 
 #[cfg(test)]

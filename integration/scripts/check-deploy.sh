@@ -82,7 +82,7 @@ while IFS= read -r dir; do
     printf '%s\t%s\n' "$dir" "$file" >>"$OUT/index.tsv"
     echo "  $dir: $(grep -c '^kind:' "$OUT/$file") objects"
 done < <(cd "$ROOT" && find deploy -name kustomization.yaml -printf '%h\n' | sort)
-for want in deploy/kubernetes/nri deploy/kubernetes/proxy deploy/monitoring; do
+for want in deploy/kubernetes/nri deploy/kubernetes/proxy deploy/kubernetes/scheduler-extender deploy/monitoring; do
     grep -q "^$want	" "$OUT/index.tsv" || fail "$want was not rendered"
 done
 

@@ -528,6 +528,98 @@ def check_workloads(objs, where):
     return errors
 
 
+# The scheduler extender's ClusterRole: read only, only what its cache holds.
+EXTENDER_RULES = {
+    ("", "nodes"): {"get", "list", "watch"},
+    ("", "pods"): {"get", "list", "watch"},
+    ("slo.koordinator.sh", "nodemetrics"): {"get", "list", "watch"},
+}
+# kube-scheduler's Extender (kube-scheduler/config/v1/types.go), every field it has
+EXTENDER_FIELDS = {"urlPrefix", "filterVerb", "preemptVerb", "prioritizeVerb", "weight", "bindVerb",
+                   "enableHTTPS", "tlsConfig", "httpTimeout", "nodeCacheCapable", "managedResources",
+                   "ignorable"}
+
+
+def check_extender(objs, repo):
+    errors = []
+    by_kind = {}
+    for o in objs:
+        by_kind.setdefault(o["kind"], {})[o["metadata"]["name"]] = o
+    name = "qoslet-scheduler-extender"
+    roles = by_kind.get("ClusterRole", {})
+    if set(roles) != {name} or by_kind.get("Role"):
+        errors.append(f"roles {sorted(roles)}: expected exactly ClusterRole {name}")
+    else:
+        errors += compare_rules(roles[name], EXTENDER_RULES)
+    binds = by_kind.get("ClusterRoleBinding", {})
+    b = binds.get(name, {})
+    if set(binds) != {name} or by_kind.get("RoleBinding") or b.get("roleRef", {}).get("name") != name \
+            or b.get("subjects") != [{"kind": "ServiceAccount", "name": name, "namespace": NAMESPACE}]:
+        errors.append(f"bindings {sorted(binds)}: expected ClusterRoleBinding {name} of its ServiceAccount only")
+    deps = by_kind.get("Deployment", {})
+    if set(deps) != {name}:
+        return errors + [f"deployments {sorted(deps)}: expected {name}"]
+    d = deps[name]
+    spec = d["spec"]["template"]["spec"]
+    if d["metadata"].get("namespace") != NAMESPACE:
+        errors.append(f"Deployment {name} is not in {NAMESPACE}")
+    if spec.get("serviceAccountName") != name or name not in by_kind.get("ServiceAccount", {}):
+        errors.append(f"Deployment {name} does not run as its own ServiceAccount")
+    if spec.get("hostNetwork") or spec.get("hostPID") or any("hostPath" in v for v in spec.get("volumes", [])):
+        errors.append(f"Deployment {name} uses the host: it needs nothing of it")
+    if spec.get("securityContext", {}).get("runAsNonRoot") is not True:
+        errors.append(f"Deployment {name}: runAsNonRoot is not true")
+    port = None
+    for c in spec.get("containers", []):
+        sc = c.get("securityContext", {})
+        if c.get("image") != IMAGE or (c.get("command") or [None])[0] != "/usr/bin/qoslet":
+            errors.append(f"{name}/{c['name']}: image {c.get('image')} command {c.get('command')}")
+        if (c.get("args") or [None])[0] != "scheduler-extender":
+            errors.append(f"{name}/{c['name']}: does not run `qoslet scheduler-extender`")
+        if sc.get("readOnlyRootFilesystem") is not True or sc.get("allowPrivilegeEscalation") is not False \
+                or sc.get("capabilities") != {"drop": ["ALL"]} or sc.get("privileged"):
+            errors.append(f"{name}/{c['name']}: security context {sc}: expected read-only root, no escalation, drop ALL, add none")
+        if (c.get("readinessProbe") or {}).get("httpGet", {}).get("path") != "/healthz":
+            errors.append(f"{name}/{c['name']}: readiness is not GET /healthz (not ready while a watch is stale)")
+        for r in ("requests", "limits"):
+            if not {"cpu", "memory"} <= set(c.get("resources", {}).get(r, {})):
+                errors.append(f"{name}/{c['name']}: no cpu and memory {r}")
+        for a in c.get("args", []):
+            if a.startswith("--listen="):
+                port = int(a.rsplit(":", 1)[1])
+    svc = by_kind.get("Service", {}).get(name, {})
+    if [p.get("port") for p in svc.get("spec", {}).get("ports", [])] != [port]:
+        errors.append(f"Service {name} does not serve the port the extender listens on ({port})")
+    # the extenders entry kube-scheduler reads
+    cfg = yaml.safe_load((repo / "deploy/kubernetes/scheduler-extender/kube-scheduler-config.yaml").read_text())
+    errors += check_extenders_entry(cfg, port)
+    return errors
+
+
+def check_extenders_entry(cfg, port):
+    errors = []
+    if cfg.get("apiVersion") != "kubescheduler.config.k8s.io/v1" or cfg.get("kind") != "KubeSchedulerConfiguration":
+        errors.append("kube-scheduler-config.yaml is not a kubescheduler.config.k8s.io/v1 KubeSchedulerConfiguration")
+    ext = cfg.get("extenders") or []
+    if len(ext) != 1:
+        return errors + ["kube-scheduler-config.yaml: expected one extenders entry"]
+    e = ext[0]
+    unknown = set(e) - EXTENDER_FIELDS
+    if unknown:
+        errors.append(f"extenders entry: unknown fields {sorted(unknown)} (kube-scheduler refuses them)")
+    want = {"filterVerb": "filter", "prioritizeVerb": "prioritize", "nodeCacheCapable": True, "ignorable": True}
+    for k, v in want.items():
+        if e.get(k) != v:
+            errors.append(f"extenders entry: {k} is {e.get(k)!r}, expected {v!r}")
+    if not isinstance(e.get("weight"), int) or e["weight"] <= 0:
+        errors.append("extenders entry: weight must be > 0 with a prioritizeVerb (validateExtenders)")
+    if not str(e.get("urlPrefix", "")).startswith("http://") or not str(e.get("urlPrefix")).endswith(f":{port}"):
+        errors.append(f"extenders entry: urlPrefix {e.get('urlPrefix')!r} does not name the extender's port {port}")
+    if e.get("bindVerb") or e.get("managedResources"):
+        errors.append("extenders entry: the extender neither binds nor manages resources")
+    return errors
+
+
 def config_of(objs):
     """The qoslet.yaml of the render's qoslet-config ConfigMap."""
     for o in objs:
@@ -681,7 +773,7 @@ def check_snippets(repo):
 # ---------------------------------------------------------------------------------------
 
 
-def self_tests(exported, labels, dash, objs_nri, version, config_keys, base_cfg, objs_colocation=()):
+def self_tests(exported, labels, dash, objs_nri, version, config_keys, base_cfg, objs_colocation=(), objs_extender=(), repo=None):
     """Each check must fail on a broken input."""
     errors = []
 
@@ -727,6 +819,27 @@ def self_tests(exported, labels, dash, objs_nri, version, config_keys, base_cfg,
     next(o for o in objs if o["kind"] == "ClusterRole")["rules"][0]["verbs"].append("delete")
     if not check_rbac(objs):
         errors.append("self-test: an extra RBAC verb was accepted")
+
+    if objs_extender:
+        objs = copy.deepcopy(list(objs_extender))
+        next(o for o in objs if o["kind"] == "ClusterRole")["rules"][0]["verbs"].append("update")
+        if not check_extender(objs, repo):
+            errors.append("self-test: a write verb in the scheduler extender's ClusterRole was accepted")
+        objs = copy.deepcopy(list(objs_extender))
+        next(o for o in objs if o["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0][
+            "securityContext"]["capabilities"]["add"] = ["NET_ADMIN"]
+        if not check_extender(objs, repo):
+            errors.append("self-test: a capability added to the scheduler extender was accepted")
+        for bad in ({"ignorable": False}, {"nodeCacheCapable": False}, {"bogus": 1}, {"weight": 0},
+                    {"urlPrefix": "http://x:1"}):
+            cfg = {"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+                   "extenders": [{"urlPrefix": "http://CLUSTER_IP:10262", "filterVerb": "filter",
+                                  "prioritizeVerb": "prioritize", "weight": 1, "nodeCacheCapable": True,
+                                  "ignorable": True, **bad}]}
+            if not check_extenders_entry(cfg, 10262):
+                errors.append(f"self-test: an extenders entry with {bad} was accepted")
+    else:
+        errors.append("self-test: deploy/kubernetes/scheduler-extender was not rendered")
 
     # components/colocation: its rules exactly, its Role where the ConfigMap is
     if objs_colocation:
@@ -787,6 +900,9 @@ def main():
             kinds = sorted({o.get("kind") for o in objs})
             section(f"{d}: only CustomResourceDefinitions (applied where missing)",
                     [] if kinds == ["CustomResourceDefinition"] else [f"unexpected kinds {kinds}"])
+        elif d == "deploy/kubernetes/scheduler-extender":
+            section(f"{d}: read-only RBAC, the Deployment, kube-scheduler's extenders entry",
+                    check_extender(objs, repo))
         elif d.startswith("deploy/kubernetes/"):
             section(f"{d}: RBAC exactly as documented", check_rbac(objs))
             section(f"{d}: DaemonSets", check_workloads(objs, d))
@@ -830,7 +946,8 @@ def main():
     # 6. each check catches what it is for
     section("self-tests: every check fails on a broken input",
             self_tests(exported, labels, dash, nri, version, config_keys, base_cfg,
-                       renders.get("deploy/kubernetes/examples/colocation", ())))
+                       renders.get("deploy/kubernetes/examples/colocation", ()),
+                       renders.get("deploy/kubernetes/scheduler-extender", ()), repo))
 
     if errors:
         print(f"check-deploy: {len(errors)} error(s)")

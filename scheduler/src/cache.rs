@@ -13,8 +13,9 @@
 //! filtered again (its last cycle failed).
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
-use crate::load::{Assigned, MetricFacts, NodeLoad};
+use crate::load::{uid_key, Assigned, MetricFacts, NodeLoad};
 use crate::rank::NodeFacts;
 
 /// The cache.
@@ -23,14 +24,14 @@ pub struct Cache {
     include_sys: bool,
     nodes: HashMap<String, NodeFacts>,
     /// By node name: a node's NodeMetric and pods may come before its Node.
-    loads: HashMap<String, NodeLoad>,
+    loads: HashMap<Arc<str>, NodeLoad>,
     metrics: usize,
-    /// Bound pods: UID -> node.
-    bound: HashMap<String, String>,
-    /// Tentative assignments: UID -> (node, until Unix ms).
-    tentative: HashMap<String, (String, i64)>,
+    /// Bound pods: [`uid_key`] -> node (the load's own name, shared).
+    bound: HashMap<u64, Arc<str>>,
+    /// Tentative assignments: [`uid_key`] -> (node, until: a monotonic ms).
+    tentative: HashMap<u64, (Arc<str>, i64)>,
     /// The tentative assignments by expiry (one TTL for all: in order).
-    expiries: VecDeque<(i64, String)>,
+    expiries: VecDeque<(i64, u64)>,
 }
 
 /// How many of each the cache holds (`/metrics`).
@@ -70,10 +71,18 @@ impl Cache {
     }
 
     fn load_mut(&mut self, node: &str) -> &mut NodeLoad {
-        let sys = self.include_sys;
+        if !self.loads.contains_key(node) {
+            self.loads
+                .insert(Arc::from(node), NodeLoad::new(self.include_sys));
+        }
+        self.loads.get_mut(node).expect("inserted above")
+    }
+
+    /// The load's own name (shared by the pods bound to it).
+    fn name_of(&self, node: &str) -> Arc<str> {
         self.loads
-            .entry(node.to_string())
-            .or_insert_with(|| NodeLoad::new(sys))
+            .get_key_value(node)
+            .map_or_else(|| Arc::from(node), |(k, _)| k.clone())
     }
 
     /// Drops a node's load once nothing is left in it.
@@ -123,8 +132,8 @@ impl Cache {
         let gone: Vec<String> = self
             .loads
             .iter()
-            .filter(|(n, l)| l.metric().is_some() && !listed.contains(n.as_str()))
-            .map(|(n, _)| n.clone())
+            .filter(|(n, l)| l.metric().is_some() && !listed.contains(&***n))
+            .map(|(n, _)| n.to_string())
             .collect();
         for n in gone {
             self.remove_metric(&n);
@@ -135,25 +144,37 @@ impl Cache {
     }
 
     /// A pod bound to `node` (its binding, or a change to a bound pod).
-    pub fn set_pod(&mut self, uid: &str, node: &str, a: Assigned) {
+    /// A pod the cache had on that node keeps its assign time (when its
+    /// `PodScheduled` condition gives none, each event would say "now").
+    pub fn set_pod(&mut self, uid: &str, node: &str, mut a: Assigned) {
         self.forget(uid);
-        // bound elsewhere before (a pod deleted and made again keeps no UID,
-        // but a relist may carry a move the watch missed)
-        if let Some(old) = self.bound.get(uid).filter(|n| *n != node).cloned() {
-            if let Some(l) = self.loads.get_mut(&old) {
-                l.remove_pod(uid);
+        let key = uid_key(uid);
+        match self.bound.get(&key).cloned() {
+            Some(old) if &*old == node => {
+                if let Some(before) = self.loads.get(node).and_then(|l| l.pod(key)) {
+                    a.assigned_at = a.assigned_at.min(before.assigned_at);
+                }
             }
-            self.tidy(&old);
+            // bound elsewhere before (a relist may carry a move the watch missed)
+            Some(old) => {
+                if let Some(l) = self.loads.get_mut(&old) {
+                    l.remove_pod(key);
+                }
+                self.tidy(&old);
+            }
+            None => {}
         }
-        self.load_mut(node).add_pod(uid, a);
-        self.bound.insert(uid.to_string(), node.to_string());
+        self.load_mut(node).add_pod(key, a);
+        let name = self.name_of(node);
+        self.bound.insert(key, name);
     }
 
     /// A pod deleted, finished, or not bound.
     pub fn remove_pod(&mut self, uid: &str) {
-        if let Some(node) = self.bound.remove(uid) {
+        let key = uid_key(uid);
+        if let Some(node) = self.bound.remove(&key) {
             if let Some(l) = self.loads.get_mut(&node) {
-                l.remove_pod(uid);
+                l.remove_pod(key);
             }
             self.tidy(&node);
         }
@@ -164,14 +185,20 @@ impl Cache {
     pub fn replace_pods(&mut self, pods: Vec<(String, String, Assigned)>) {
         let listed: std::collections::HashSet<&str> =
             pods.iter().map(|(u, _, _)| u.as_str()).collect();
-        let gone: Vec<String> = self
+        let listed: std::collections::HashSet<u64> = listed.iter().map(|u| uid_key(u)).collect();
+        let gone: Vec<u64> = self
             .bound
             .keys()
-            .filter(|u| !listed.contains(u.as_str()))
-            .cloned()
+            .filter(|u| !listed.contains(u))
+            .copied()
             .collect();
-        for u in gone {
-            self.remove_pod(&u);
+        for key in gone {
+            if let Some(node) = self.bound.remove(&key) {
+                if let Some(l) = self.loads.get_mut(&node) {
+                    l.remove_pod(key);
+                }
+                self.tidy(&node);
+            }
         }
         for (uid, node, a) in pods {
             self.set_pod(&uid, &node, a);
@@ -179,57 +206,62 @@ impl Cache {
     }
 
     pub fn is_bound(&self, uid: &str) -> bool {
-        self.bound.contains_key(uid)
+        self.bound.contains_key(&uid_key(uid))
     }
 
     /// The extender's own guess: `uid` will be bound to `node` (its best
-    /// score), counted there until `until_ms` unless the watch shows it
-    /// first. A pod already bound is not assumed.
-    pub fn assume(&mut self, uid: &str, node: &str, a: Assigned, until_ms: i64) {
+    /// score), counted there until `until` (a monotonic clock's ms) unless
+    /// the watch shows it first. A pod already bound is not assumed.
+    pub fn assume(&mut self, uid: &str, node: &str, a: Assigned, until: i64) {
         if uid.is_empty() || self.is_bound(uid) {
             return;
         }
         self.forget(uid);
-        self.load_mut(node).add_pod(uid, a);
-        self.tentative
-            .insert(uid.to_string(), (node.to_string(), until_ms));
-        self.expiries.push_back((until_ms, uid.to_string()));
+        let key = uid_key(uid);
+        self.load_mut(node).add_pod(key, a);
+        let name = self.name_of(node);
+        self.tentative.insert(key, (name, until));
+        self.expiries.push_back((until, key));
     }
 
     /// Where `uid` is tentatively assigned.
     pub fn assumed(&self, uid: &str) -> Option<&str> {
-        self.tentative.get(uid).map(|(n, _)| n.as_str())
+        self.tentative.get(&uid_key(uid)).map(|(n, _)| &**n)
     }
 
     /// Takes back a tentative assignment.
     pub fn forget(&mut self, uid: &str) {
-        if let Some((node, _)) = self.tentative.remove(uid) {
+        self.forget_key(uid_key(uid));
+    }
+
+    fn forget_key(&mut self, key: u64) {
+        if let Some((node, _)) = self.tentative.remove(&key) {
             if let Some(l) = self.loads.get_mut(&node) {
-                l.remove_pod(uid);
+                l.remove_pod(key);
             }
             self.tidy(&node);
         }
     }
 
-    /// Whether a tentative assignment's time is over at `now_ms`.
-    pub fn has_expired(&self, now_ms: i64) -> bool {
-        self.expiries.front().is_some_and(|(t, _)| *t <= now_ms)
+    /// Whether a tentative assignment's time is over at `now` (monotonic ms).
+    pub fn has_expired(&self, now: i64) -> bool {
+        self.expiries.front().is_some_and(|(t, _)| *t <= now)
     }
 
     /// Ends the tentative assignments whose time is over.
-    pub fn expire(&mut self, now_ms: i64) {
-        while let Some((t, uid)) = self.expiries.front().cloned() {
-            if t > now_ms {
+    pub fn expire(&mut self, now: i64) {
+        while let Some((t, key)) = self.expiries.front().copied() {
+            if t > now {
                 break;
             }
             self.expiries.pop_front();
             // (a later assumption of the same pod has a later time)
             if self
                 .tentative
-                .get(&uid)
+                .get(&key)
                 .is_some_and(|(_, until)| *until == t)
             {
-                self.forget(&uid);
+                self.forget_key(key);
             }
         }
     }

@@ -62,6 +62,11 @@ pub fn estimate(pod: &PodFacts, factors: PerResource) -> Res {
         let limit = pod.limits.get(name).copied().unwrap_or(0);
         let request = pod.requests.get(name).copied().unwrap_or(0);
         let q = limit.max(request);
+        // the defaults are for cpu, memory and the batch resources; a mid
+        // pod that asks for no mid resource estimates nothing
+        if q <= 0 && name.starts_with("kubernetes.io/mid-") {
+            return 0;
+        }
         if q <= 0 {
             return if cpu {
                 DEFAULT_MILLI_CPU

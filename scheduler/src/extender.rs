@@ -20,6 +20,11 @@ pub const UNKNOWN_NODE: &str = "node(s) not yet known to qoslet's scheduler exte
 /// How long the node a pod scored best on holds it, by default.
 pub const DEFAULT_ASSUME_TTL_MS: i64 = 30_000;
 
+/// At most this many nodes in a request (kube-scheduler's largest
+/// clusters have 15,000): a request naming more is answered with an error,
+/// not read into memory node by node.
+pub const MAX_NODES: usize = 50_000;
+
 /// The extender: LoadAware's args and the cache.
 #[derive(Debug)]
 pub struct Extender {
@@ -27,6 +32,9 @@ pub struct Extender {
     pub cache: RwLock<Cache>,
     /// How long a tentative assignment lasts (ms).
     pub assume_ttl_ms: i64,
+    /// The tentative assignments' clock (monotonic: a wall clock set back
+    /// must not keep them for good).
+    started: std::time::Instant,
 }
 
 /// The nodes of a request: names with the Node's facts (`None`: unknown),
@@ -42,6 +50,15 @@ impl<'a> Nodes<'a> {
             (Some(n), _) => Nodes::Names(n),
             (None, Some(items)) => Nodes::Objects(objects(items)),
             (None, None) => Nodes::Names(&[]),
+        }
+    }
+
+    /// How many nodes a request names.
+    fn count(req: &ExtenderArgs) -> usize {
+        match (&req.node_names, &req.nodes) {
+            (Some(n), _) => n.len(),
+            (None, Some(items)) => items.len(),
+            (None, None) => 0,
         }
     }
 
@@ -77,16 +94,29 @@ impl Extender {
             cache: RwLock::new(Cache::new(args.prod_usage_include_sys)),
             args,
             assume_ttl_ms: DEFAULT_ASSUME_TTL_MS,
+            started: std::time::Instant::now(),
         }
     }
 
-    /// Ends tentative assignments whose time is over (the write lock only
-    /// when one is due).
-    fn expire(&self, now_ms: i64) {
-        let due = self.cache.read().is_ok_and(|c| c.has_expired(now_ms));
+    /// The tentative assignments' clock, ms.
+    fn clock(&self) -> i64 {
+        self.started.elapsed().as_millis() as i64
+    }
+
+    /// A new cycle for `pod`: tentative assignments whose time is over end
+    /// (the write lock only when one is due), and the pod's own ends (it is
+    /// being placed again: its last cycle did not bind it where it scored
+    /// best).
+    fn begin(&self, pod: &PodFacts) {
+        let now = self.clock();
+        let due = self
+            .cache
+            .read()
+            .is_ok_and(|c| c.has_expired(now) || c.assumed(&pod.uid).is_some());
         if due {
             if let Ok(mut c) = self.cache.write() {
-                c.expire(now_ms);
+                c.expire(now);
+                c.forget(&pod.uid);
             }
         }
     }
@@ -106,16 +136,16 @@ impl Extender {
     }
 
     fn assume(&self, pod: &PodFacts, node: &str, now_ms: i64) {
+        let until = self.clock() + self.assume_ttl_ms;
         let a = Assigned {
-            namespace: pod.namespace.clone(),
-            name: pod.name.clone(),
+            name: crate::load::name_key(&pod.namespace, &pod.name),
             prod: pod.is_prod(),
             estimate: estimate(pod, self.args.estimated_scaling_factors),
             assigned_at: now_ms,
             deadline: None,
         };
         if let Ok(mut c) = self.cache.write() {
-            c.assume(&pod.uid, node, a, now_ms + self.assume_ttl_ms);
+            c.assume(&pod.uid, node, a, until);
         }
     }
 
@@ -125,11 +155,12 @@ impl Extender {
             return json(&wire::filter_error("the request has no Pod".into()));
         };
         let pod = pod_facts(pod);
-        self.expire(now_ms);
-        // filtered again: its last cycle did not bind it where it scored best
-        if let Ok(mut c) = self.cache.write() {
-            c.forget(&pod.uid);
+        if Nodes::count(req) > MAX_NODES {
+            return json(&wire::filter_error(format!(
+                "the request names more than {MAX_NODES} nodes"
+            )));
         }
+        self.begin(&pod);
         let nodes = Nodes::of(req);
         let count = nodes.len();
         let mut out = FilterResult::default();
@@ -141,7 +172,12 @@ impl Extender {
             for i in 0..count {
                 let (name, facts) = Self::facts(&cache, &nodes, i);
                 let Some(facts) = facts else {
-                    out.failed_nodes.insert(name, UNKNOWN_NODE.into());
+                    // a DaemonSet's pod passes everywhere, a node just added too
+                    if pod.daemonset {
+                        passed.push(i);
+                    } else {
+                        out.failed_nodes.insert(name, UNKNOWN_NODE.into());
+                    }
                     continue;
                 };
                 match filter(&self.args, facts, cache.load(name), &pod, now_ms) {
@@ -176,30 +212,39 @@ impl Extender {
             return b"[]".to_vec();
         };
         let pod = pod_facts(pod);
-        self.expire(now_ms);
+        if Nodes::count(req) > MAX_NODES {
+            return b"[]".to_vec();
+        }
+        self.begin(&pod);
         let nodes = Nodes::of(req);
         let count = nodes.len();
         let mut out = Vec::with_capacity(count);
+        // LoadAware's own 0-100: the best node is found on it (the 0-10 the
+        // extender answers ties far more often)
+        let mut best: Option<(i64, usize, bool)> = None;
         {
             let Ok(cache) = self.cache.read() else {
                 return b"[]".to_vec();
             };
-            // (its own tentative assignment went at its filter)
             for i in 0..count {
                 let (name, facts) = Self::facts(&cache, &nodes, i);
                 let s = facts.map_or(0, |f| score(&self.args, f, cache.load(name), &pod, now_ms));
+                best = match best {
+                    Some((b, j, tied)) if s < b => Some((b, j, tied)),
+                    Some((b, j, _)) if s == b => Some((b, j, true)),
+                    _ => Some((s, i, false)),
+                };
                 out.push(HostPriority {
                     host: name.to_string(),
                     score: extender_score(s),
                 });
             }
         }
-        // the best node, when one is best, holds the pod until the watch
-        // shows where it went
-        let best = out.iter().map(|h| h.score).max().unwrap_or(0);
-        let mut tops = out.iter().filter(|h| h.score == best);
-        if let (Some(top), None) = (tops.next(), tops.next()) {
-            self.assume(&pod, &top.host, now_ms);
+        // the best node, when one is best and it is worth something, holds
+        // the pod until the watch shows where it went
+        if let Some((_, i, false)) = best.filter(|(s, _, _)| *s > 0) {
+            let host = out[i].host.clone();
+            self.assume(&pod, &host, now_ms);
         }
         json(&out)
     }

@@ -5,17 +5,20 @@
 
 use std::collections::BTreeMap;
 
-use qoslet_colocation::priority::{priority_class_with_default, PRIORITY_LABEL};
+use qoslet_colocation::priority::{
+    priority_class_with_default, qos_class_with_default, PRIORITY_LABEL, QOS_LABEL,
+};
 use qoslet_colocation::{Res, BATCH_CPU, BATCH_MEMORY};
 use qoslet_hooks::quantity::Quantity;
 use qoslet_kube_api::amount::{pod_amount, quantity, Which};
-use qoslet_kube_api::crd::{NodeMetric, ResourceMap};
+use qoslet_kube_api::crd::ResourceMap;
+use qoslet_kube_api::view::NodeMetricView;
 use qoslet_kube_api::view::{NodeView, PodView};
 use serde_json::Value;
 
 use crate::args::Args;
 use crate::estimate::{estimate, PodFacts};
-use crate::load::{Assigned, MetricFacts};
+use crate::load::{name_key, Assigned, MetricFacts};
 use crate::rank::{NodeFacts, MAX_ANNOTATION_BYTES, USAGE_THRESHOLDS_ANNOTATION};
 
 /// Koordinator's un-amplified allocatable, when its node resource
@@ -48,12 +51,21 @@ pub fn pod_facts(p: &PodView) -> PodFacts {
         .as_ref()
         .and_then(|l| l.get(PRIORITY_LABEL))
         .filter(|v| v.len() <= 64);
-    // LoadAware reads the class from the label and spec.priority only
-    // (`GetPodPriorityClassWithDefault` with no QoS class known here)
+    let qos_label = m
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(QOS_LABEL))
+        .filter(|v| v.len() <= 64);
+    // `GetPodPriorityClassWithDefault`: the label, spec.priority, then the
+    // QoS class (its label, else the Kubernetes QoS class)
+    let qos = qos_class_with_default(
+        qos_label.map(String::as_str),
+        p.status.as_ref().and_then(|s| s.qos_class.as_deref()),
+    );
     let priority_class = priority_class_with_default(
         label.map(String::as_str),
         spec.and_then(|s| s.priority),
-        None,
+        qos,
     );
     let amounts = |which: Which| -> BTreeMap<String, i64> {
         RESOURCES
@@ -69,10 +81,11 @@ pub fn pod_facts(p: &PodView) -> PodFacts {
         priority_class,
         requests: amounts(Which::Requests),
         limits: amounts(Which::Limits),
-        daemonset: m.owner_references.as_ref().is_some_and(|o| {
-            o.iter()
-                .any(|r| r.kind == "DaemonSet" && r.controller == Some(true))
-        }),
+        // any owner reference of kind DaemonSet (`isDaemonSetPod`)
+        daemonset: m
+            .owner_references
+            .as_ref()
+            .is_some_and(|o| o.iter().any(|r| r.kind == "DaemonSet")),
     }
 }
 
@@ -103,8 +116,7 @@ pub fn assigned(p: &PodView, facts: &PodFacts, args: &Args, now_ms: i64) -> Assi
         .filter(|s| *s > 0)
         .and_then(|s| Some(condition_time(p, "Initialized")? + s * 1000));
     Assigned {
-        namespace: facts.namespace.clone(),
-        name: facts.name.clone(),
+        name: name_key(&facts.namespace, &facts.name),
         prod: facts.is_prod(),
         estimate: estimate(facts, args.estimated_scaling_factors),
         assigned_at,
@@ -160,12 +172,16 @@ fn resources(r: &BTreeMap<String, Value>) -> Res {
     Res::new(q("cpu", true), q("memory", false))
 }
 
+/// A usage; `None` for a missing or empty list (Go skips those: the pod or
+/// the window has no usage).
 fn usage(m: &Option<ResourceMap>) -> Option<Res> {
-    m.as_ref().map(|m| resources(&m.resources))
+    m.as_ref()
+        .filter(|m| !m.resources.is_empty())
+        .map(|m| resources(&m.resources))
 }
 
 /// What a NodeMetric says, as the load needs it.
-pub fn metric_facts(m: &NodeMetric) -> MetricFacts {
+pub fn metric_facts(m: &NodeMetricView) -> MetricFacts {
     let status = m.status.clone().unwrap_or_default();
     let info = status.node_metric.as_ref();
     let mut aggregated = BTreeMap::new();
@@ -182,7 +198,9 @@ pub fn metric_facts(m: &NodeMetric) -> MetricFacts {
             continue;
         };
         for (kind, u) in &a.usage {
-            aggregated.insert((kind.clone(), secs), resources(&u.resources));
+            if !u.resources.is_empty() {
+                aggregated.insert((kind.clone(), secs), resources(&u.resources));
+            }
         }
     }
     MetricFacts {
@@ -194,7 +212,9 @@ pub fn metric_facts(m: &NodeMetric) -> MetricFacts {
             .and_then(|p| p.report_interval_seconds)
             .filter(|s| *s > 0)
             .unwrap_or(60),
-        node_usage: info.and_then(|i| usage(&i.node_usage)),
+        // Go's `nodeUsage` is a struct, never nil: with `status.nodeMetric`
+        // set, a missing one is zero (`None` only without `status.nodeMetric`)
+        node_usage: info.map(|i| usage(&i.node_usage).unwrap_or_default()),
         system_usage: info
             .and_then(|i| usage(&i.system_usage))
             .unwrap_or_default(),
@@ -205,7 +225,7 @@ pub fn metric_facts(m: &NodeMetric) -> MetricFacts {
             .filter_map(|p| {
                 let u = usage(&p.pod_usage)?;
                 let prod = p.priority.as_deref() == Some("koord-prod");
-                Some(((p.namespace.clone(), p.name.clone()), (u, prod)))
+                Some((name_key(&p.namespace, &p.name), (u, prod)))
             })
             .collect(),
     }

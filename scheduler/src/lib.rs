@@ -68,12 +68,7 @@ pub async fn run(o: Options, shutdown: tokio::sync::watch::Receiver<bool>) -> Re
     ext.assume_ttl_ms = o.assume_ttl_ms;
     let ext = Arc::new(ext);
     let status = Arc::new(watch::Status::default());
-    let front = Arc::new(serve::Front {
-        ext: ext.clone(),
-        status: status.clone(),
-        stats: Default::default(),
-        max_body: o.max_body,
-    });
+    let front = Arc::new(serve::Front::new(ext.clone(), status.clone(), o.max_body));
     tracing::info!(listen = %o.listen, "scheduler extender serving /filter and /prioritize");
     tokio::join!(
         watch::follow_all(client, ext, status, shutdown.clone()),

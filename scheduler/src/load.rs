@@ -3,12 +3,34 @@
 //! assigned to the node, what its estimate adds that the NodeMetric does not
 //! show yet. Kept incrementally: a pod added or removed is O(1), a new
 //! NodeMetric O(pods on the node).
+//!
+//! Small, as a cache of every pod of a cluster must be: a pod is keyed by
+//! a 64-bit hash of its UID, and matched to the NodeMetric's pods by a hash
+//! of its namespace and name, with a hasher seeded at random per process
+//! (pod names are their authors' input: a collision cannot be aimed at).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
+use std::hash::BuildHasher;
+use std::sync::OnceLock;
 
 use qoslet_colocation::Res;
 
 use crate::args::Aggregation;
+
+fn hasher() -> &'static std::collections::hash_map::RandomState {
+    static H: OnceLock<std::collections::hash_map::RandomState> = OnceLock::new();
+    H.get_or_init(Default::default)
+}
+
+/// A pod's key in the cache: its UID's hash.
+pub fn uid_key(uid: &str) -> u64 {
+    hasher().hash_one(uid)
+}
+
+/// A pod's key in the NodeMetric's `podsMetric`: its namespace and name's hash.
+pub fn name_key(namespace: &str, name: &str) -> u64 {
+    hasher().hash_one((namespace, name))
+}
 
 /// What a NodeMetric says, as the load needs it.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -23,15 +45,15 @@ pub struct MetricFacts {
     pub system_usage: Res,
     /// `status.nodeMetric.aggregatedNodeUsages`: (type, window seconds) -> usage.
     pub aggregated: BTreeMap<(String, i64), Res>,
-    /// `status.podsMetric` with a usage: (namespace, name) -> (usage, reported as prod).
-    pub pods: HashMap<(String, String), (Res, bool)>,
+    /// `status.podsMetric` with a usage: [`name_key`] -> (usage, reported as prod).
+    pub pods: HashMap<u64, (Res, bool)>,
 }
 
 /// A pod assigned to the node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Assigned {
-    pub namespace: String,
-    pub name: String,
+    /// [`name_key`] of its namespace and name.
+    pub name: u64,
     pub prod: bool,
     pub estimate: Res,
     /// When it was assigned (Unix ms): its `PodScheduled` condition's time,
@@ -41,11 +63,20 @@ pub struct Assigned {
     pub deadline: Option<i64>,
 }
 
+/// A pod in the load: whether its estimate counts now (the NodeMetric
+/// does not show it yet).
+#[derive(Debug, Clone)]
+struct Entry {
+    pod: Assigned,
+    counted: bool,
+}
+
 /// One node's load.
 #[derive(Debug, Clone, Default)]
 pub struct NodeLoad {
     metric: Option<MetricFacts>,
-    pods: HashMap<String, Assigned>,
+    /// By [`uid_key`].
+    pods: HashMap<u64, Entry>,
     /// Σ max(0, estimate − reported usage) of the pods the NodeMetric does
     /// not show yet.
     delta: Res,
@@ -56,8 +87,6 @@ pub struct NodeLoad {
     /// NodeMetric (+ system usage with `prodUsageIncludeSys`).
     prod_usage: Res,
     include_sys: bool,
-    /// The pods in `delta`, for `explain`.
-    delta_pods: HashSet<String>,
 }
 
 /// `v += max(0, e − u)` per resource (`u`: `None` adds `e` whole).
@@ -91,13 +120,19 @@ impl NodeLoad {
 
     /// The pods whose estimate is in the load now (not yet shown by the NodeMetric).
     pub fn pods_counted(&self) -> impl Iterator<Item = &Assigned> {
-        self.delta_pods.iter().filter_map(|uid| self.pods.get(uid))
+        self.pods.values().filter(|e| e.counted).map(|e| &e.pod)
     }
 
-    /// A pod's part, added (`sign` 1) or taken out (-1).
-    fn account(&mut self, uid: &str, p: &Assigned, sign: i64) {
+    /// The pod keyed `uid` ([`uid_key`]).
+    pub fn pod(&self, uid: u64) -> Option<&Assigned> {
+        self.pods.get(&uid).map(|e| &e.pod)
+    }
+
+    /// A pod's part, added (`sign` 1) or taken out (-1); whether its
+    /// estimate counts.
+    fn account(&mut self, p: &Assigned, sign: i64) -> bool {
         let m = self.metric.as_ref();
-        let reported = m.and_then(|m| m.pods.get(&(p.namespace.clone(), p.name.clone())));
+        let reported = m.and_then(|m| m.pods.get(&p.name));
         let u = reported.map(|(u, _)| *u);
         let active_prod = p.prod && reported.is_some_and(|(_, prod)| *prod);
         if active_prod {
@@ -113,11 +148,6 @@ impl NodeLoad {
             || p.deadline.is_some_and(|d| d > update);
         if should {
             add_delta(&mut self.delta, p.estimate, u, sign);
-            if sign > 0 {
-                self.delta_pods.insert(uid.to_string());
-            } else {
-                self.delta_pods.remove(uid);
-            }
         }
         self.estimated.cpu += p.estimate.cpu * sign;
         self.estimated.memory += p.estimate.memory * sign;
@@ -132,21 +162,22 @@ impl NodeLoad {
                 add_delta(&mut self.prod_delta, p.estimate, u, sign);
             }
         }
+        should
     }
 
-    /// A pod assigned (or its assignment changed).
-    pub fn add_pod(&mut self, uid: &str, p: Assigned) {
+    /// A pod assigned (or its assignment changed), keyed by [`uid_key`].
+    pub fn add_pod(&mut self, uid: u64, p: Assigned) {
         self.remove_pod(uid);
-        self.account(uid, &p, 1);
-        self.pods.insert(uid.to_string(), p);
+        let counted = self.account(&p, 1);
+        self.pods.insert(uid, Entry { pod: p, counted });
     }
 
     /// A pod gone from the node (deleted, finished, or its tentative
     /// assignment over).
-    pub fn remove_pod(&mut self, uid: &str) -> Option<Assigned> {
-        let p = self.pods.remove(uid)?;
-        self.account(uid, &p, -1);
-        Some(p)
+    pub fn remove_pod(&mut self, uid: u64) -> Option<Assigned> {
+        let e = self.pods.remove(&uid)?;
+        self.account(&e.pod, -1);
+        Some(e.pod)
     }
 
     /// A new NodeMetric (`None`: deleted): the pods' parts again.
@@ -155,16 +186,15 @@ impl NodeLoad {
         self.delta = Res::default();
         self.prod_delta = Res::default();
         self.estimated = Res::default();
-        self.delta_pods.clear();
         self.prod_usage = match (&self.metric, self.include_sys) {
             (Some(m), true) => m.system_usage,
             _ => Res::default(),
         };
-        let pods: Vec<(String, Assigned)> = self.pods.drain().collect();
-        for (uid, p) in pods {
-            self.account(&uid, &p, 1);
-            self.pods.insert(uid, p);
+        let mut pods = std::mem::take(&mut self.pods);
+        for e in pods.values_mut() {
+            e.counted = self.account(&e.pod, 1);
         }
+        self.pods = pods;
     }
 
     /// What the node is estimated to use, before the incoming pod

@@ -24,11 +24,16 @@ use crate::wire;
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 /// A request's body must arrive within this time.
 pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
-/// The largest body read by default: a `Nodes` request (the extender not
-/// `nodeCacheCapable`) carries whole Node objects, about 5 KiB each.
-pub const DEFAULT_MAX_BODY: usize = 64 << 20;
+/// The largest body read by default: a `NodeNames` request of 5,000 nodes
+/// is 64 KiB; a `Nodes` request (the extender not `nodeCacheCapable`)
+/// carries whole Node objects, 3 to 20 KiB each: raise it for that.
+pub const DEFAULT_MAX_BODY: usize = 16 << 20;
 /// At most this many connections at once.
 pub const MAX_CONNECTIONS: usize = 256;
+/// At most this many requests read and answered at once (kube-scheduler
+/// sends one filter, then one prioritize, per pod): the others wait, so
+/// memory stays bounded by this many bodies.
+pub const MAX_IN_FLIGHT: usize = 4;
 
 /// Latency buckets, seconds.
 const BUCKETS: [f64; 12] = [
@@ -72,6 +77,29 @@ pub struct Front {
     pub status: Arc<Status>,
     pub stats: Stats,
     pub max_body: usize,
+    pub in_flight: tokio::sync::Semaphore,
+}
+
+impl Front {
+    pub fn new(ext: Arc<Extender>, status: Arc<Status>, max_body: usize) -> Self {
+        Self {
+            ext,
+            status,
+            stats: Stats::default(),
+            max_body,
+            in_flight: tokio::sync::Semaphore::new(MAX_IN_FLIGHT),
+        }
+    }
+}
+
+/// The verb a path names: its last segment (kube-scheduler posts to
+/// `<urlPrefix>/<verb>`, and a `urlPrefix` may have a path of its own).
+fn verb(path: &str) -> Option<&'static str> {
+    match path.trim_end_matches('/').rsplit('/').next() {
+        Some("filter") => Some("filter"),
+        Some("prioritize") => Some("prioritize"),
+        _ => None,
+    }
 }
 
 fn reply(code: u16, ctype: &str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
@@ -88,8 +116,9 @@ const TEXT: &str = "text/plain; charset=utf-8";
 impl Front {
     async fn respond(&self, req: Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
         let path = req.uri().path().trim_end_matches('/').to_string();
+        let verb = verb(&path);
         match (req.method(), path.as_str()) {
-            (&Method::POST, "/filter" | "/prioritize") => {}
+            (&Method::POST, _) if verb.is_some() => {}
             (&Method::GET | &Method::HEAD, "/metrics") => {
                 return reply(
                     200,
@@ -104,7 +133,11 @@ impl Front {
                 }
             }
             (&Method::GET | &Method::HEAD, "/livez") => return reply(200, TEXT, "ok\n"),
-            (_, "/filter" | "/prioritize" | "/metrics" | "/healthz" | "/livez") => {
+            (_, "/metrics" | "/healthz" | "/livez") => {
+                self.stats.bad_requests.fetch_add(1, Ordering::Relaxed);
+                return reply(405, TEXT, "method not allowed\n");
+            }
+            _ if verb.is_some() => {
                 self.stats.bad_requests.fetch_add(1, Ordering::Relaxed);
                 return reply(405, TEXT, "method not allowed\n");
             }
@@ -117,6 +150,9 @@ impl Front {
                 );
             }
         }
+        let Ok(_permit) = self.in_flight.acquire().await else {
+            return reply(503, TEXT, "shutting down\n");
+        };
         let started = Instant::now();
         let body = Limited::new(req.into_body(), self.max_body);
         let bytes = match tokio::time::timeout(BODY_TIMEOUT, body.collect()).await {
@@ -145,7 +181,7 @@ impl Front {
                 return reply(400, TEXT, format!("{e}\n"));
             }
         };
-        let (out, h) = if path == "/filter" {
+        let (out, h) = if verb == Some("filter") {
             (self.ext.filter(&args, now_ms()), &self.stats.filter)
         } else {
             (self.ext.prioritize(&args, now_ms()), &self.stats.prioritize)

@@ -11,7 +11,7 @@ use futures_util::StreamExt;
 use kube::api::{Api, ListParams};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
-use qoslet_kube_api::crd::NodeMetric;
+use qoslet_kube_api::view::NodeMetricView;
 use qoslet_kube_api::view::{NodeView, PodView};
 use tokio::sync::watch as signal;
 use tracing::{info, warn};
@@ -154,7 +154,7 @@ pub async fn follow_all(
         delete: |c, n| c.remove_node(n),
         relist: |c, v| c.replace_nodes(v),
     };
-    let metrics = Feed::<NodeMetric, (String, MetricFacts)> {
+    let metrics = Feed::<NodeMetricView, (String, MetricFacts)> {
         kind: Kind::NodeMetrics,
         extract: |_, m, _| Some((name_of(m)?, metric_facts(m))),
         key: name_of,

@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use qoslet_kube_api::crd::NodeMetric;
+use qoslet_kube_api::view::NodeMetricView;
 use qoslet_kube_api::view::NodeView;
 use qoslet_scheduler::args::Args;
 use qoslet_scheduler::extender::{Extender, UNKNOWN_NODE};
@@ -58,7 +58,7 @@ fn put_node(ext: &Extender, n: &Value) {
 }
 
 fn put_metric(ext: &Extender, m: &Value) {
-    let v: NodeMetric = serde_json::from_value(m.clone()).unwrap();
+    let v: NodeMetricView = serde_json::from_value(m.clone()).unwrap();
     let name = v.metadata.name.clone().unwrap();
     ext.cache
         .write()
@@ -75,12 +75,7 @@ async fn start(ext: Arc<Extender>, max_body: usize) -> Running {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = tokio::sync::watch::channel(false);
-    let front = Arc::new(Front {
-        ext,
-        status: Arc::new(Status::default()),
-        stats: Default::default(),
-        max_body,
-    });
+    let front = Arc::new(Front::new(ext, Arc::new(Status::default()), max_body));
     tokio::spawn(serve(listener, front, rx));
     Running { addr, _stop: tx }
 }
@@ -165,12 +160,12 @@ async fn loadaware_filter_table_over_http() {
     );
     assert_eq!(out["FailedAndUnresolvableNodes"], json!({}));
     assert_eq!(out["Error"], "");
-    // a DaemonSet's pod passes everywhere the cache knows
+    // a DaemonSet's pod passes everywhere, a node not known yet too
     let mut ds = pod("ds", json!({}));
     ds["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "DaemonSet",
         "name": "d", "uid": "x", "controller": true}]);
     let out = post(r.addr, "/filter", &json!({"Pod": ds, "NodeNames": names})).await;
-    assert_eq!(out["NodeNames"].as_array().unwrap().len(), 6, "{out}");
+    assert_eq!(out["NodeNames"].as_array().unwrap().len(), 7, "{out}");
 }
 
 /// `TestScore` through `/prioritize`, lower-case keys (Go decodes keys in
@@ -373,4 +368,147 @@ async fn curl_keeps_alive() {
     );
     // the second request reused the first one's connection
     assert!(text.ends_with("\n0"), "{text}");
+}
+
+/// The args the manifests ship are koord-scheduler's defaults, written out,
+/// and read as `--config` reads them.
+#[test]
+fn the_shipped_args_are_the_defaults() {
+    let text = include_str!("../../deploy/kubernetes/scheduler-extender/loadaware.yaml");
+    assert_eq!(qoslet_scheduler::read_args(text).unwrap(), Args::default());
+    // unknown fields and refused features are errors, not ignored
+    assert!(qoslet_scheduler::read_args("usageThreshold: {cpu: 50}\n").is_err());
+    assert!(qoslet_scheduler::read_args("allowCustomizeEstimation: true\n").is_err());
+}
+
+/// Hostile values a node or its NodeMetric may carry (a node agent or a
+/// kubelet writes them): a duration too large for any clock is no duration,
+/// never a panic; a DaemonSet's pod passes a node not known yet.
+#[tokio::test]
+async fn hostile_durations_and_unknown_nodes() {
+    let ext = cluster();
+    let mut n = node("n-hostile");
+    n["metadata"]["annotations"] = json!({"scheduling.koordinator.sh/usage-thresholds":
+        r#"{"aggregatedUsage":{"usageThresholds":{"cpu":1},"usageAggregationType":"p95","usageAggregatedDuration":"6000000000000000h"}}"#});
+    put_node(&ext, &n);
+    let mut m = node_metric("n-hostile", Some(0), "1", "1Gi");
+    m["status"]["nodeMetric"]["aggregatedNodeUsages"] =
+        json!([{"duration": "6000000000000000h", "usage": {"p95": {"resources": {"cpu": "90"}}}}]);
+    put_metric(&ext, &m);
+    let r = start(ext, 1 << 20).await;
+    let out = post(
+        r.addr,
+        "/filter",
+        &json!({"Pod": pod("h", json!({})), "NodeNames": ["n-hostile"]}),
+    )
+    .await;
+    assert_eq!(out["NodeNames"], json!(["n-hostile"]), "{out}");
+    let mut ds = pod("ds2", json!({}));
+    ds["metadata"]["ownerReferences"] =
+        json!([{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "d", "uid": "x"}]);
+    let out = post(
+        r.addr,
+        "/filter",
+        &json!({"Pod": ds, "NodeNames": ["n-new"]}),
+    )
+    .await;
+    assert_eq!(out["NodeNames"], json!(["n-new"]), "{out}");
+}
+
+/// kube-scheduler posts to `<urlPrefix>/<verb>`: a prefix with a path of
+/// its own works; a request naming more nodes than any cluster has is
+/// answered with an error, not read node by node.
+#[tokio::test]
+async fn verbs_under_a_prefix_and_too_many_nodes() {
+    let r = start(cluster(), 1 << 20).await;
+    let out = post(
+        r.addr,
+        "/scheduler/qoslet/filter",
+        &json!({"Pod": pod("a", json!({})), "NodeNames": ["n-70cpu"]}),
+    )
+    .await;
+    assert_eq!(
+        out["FailedNodes"]["n-70cpu"],
+        "node(s) cpu usage exceed threshold"
+    );
+    let out = post(
+        r.addr,
+        "/x/prioritize/",
+        &json!({"Pod": pod("a", json!({})), "NodeNames": ["n-32cpu"]}),
+    )
+    .await;
+    assert_eq!(out[0]["Host"], "n-32cpu");
+    let many: Vec<String> = (0..50_001).map(|i| format!("n{i}")).collect();
+    let out = post(
+        r.addr,
+        "/filter",
+        &json!({"Pod": pod("a", json!({})), "NodeNames": many}),
+    )
+    .await;
+    assert_eq!(out["Error"], "the request names more than 50000 nodes");
+}
+
+/// The tentative assignment: on the node best by LoadAware's own 0-100
+/// (the 0-10 answered ties more often), none on a tie; it ends when the pod
+/// is filtered again, and at its TTL.
+#[tokio::test]
+async fn tentative_assignments() {
+    let ext = cluster();
+    put_node(&ext, &node("n-twin"));
+    put_metric(&ext, &node_metric("n-twin", Some(0), "0", "0"));
+    let r = start(ext.clone(), 1 << 20).await;
+    let tentative = || ext.cache.read().unwrap().sizes().tentative;
+    // n-empty and n-twin score the same: nothing assumed
+    let p = pod("t", json!({"requests": {"cpu": "4"}}));
+    post(
+        r.addr,
+        "/prioritize",
+        &json!({"Pod": p, "NodeNames": ["n-empty", "n-twin"]}),
+    )
+    .await;
+    assert_eq!(tentative(), 0);
+    // 0 and 32 CPUs used: n-empty is best
+    post(
+        r.addr,
+        "/prioritize",
+        &json!({"Pod": p, "NodeNames": ["n-32cpu", "n-empty"]}),
+    )
+    .await;
+    assert_eq!(ext.cache.read().unwrap().assumed("uid-t"), Some("n-empty"));
+    // filtered again: its cycle failed, the guess goes
+    post(
+        r.addr,
+        "/filter",
+        &json!({"Pod": p, "NodeNames": ["n-32cpu"]}),
+    )
+    .await;
+    // (one node left by the filter: it is assumed there, as no scores follow)
+    assert_eq!(ext.cache.read().unwrap().assumed("uid-t"), Some("n-32cpu"));
+    drop(r);
+    // the TTL: a short one ends it at the next request
+    let mut short = Extender::new(Args::default());
+    short.assume_ttl_ms = 50;
+    let short = Arc::new(short);
+    put_node(&short, &node("a"));
+    put_metric(&short, &node_metric("a", Some(0), "1", "1Gi"));
+    put_node(&short, &node("b"));
+    put_metric(&short, &node_metric("b", Some(0), "50", "1Gi"));
+    let r = start(short.clone(), 1 << 20).await;
+    post(
+        r.addr,
+        "/prioritize",
+        &json!({"Pod": pod("u", json!({})), "NodeNames": ["a", "b"]}),
+    )
+    .await;
+    assert_eq!(short.cache.read().unwrap().sizes().tentative, 1);
+    tokio::time::sleep(std::time::Duration::from_millis(80)).await;
+    post(
+        r.addr,
+        "/prioritize",
+        &json!({"Pod": pod("v", json!({})), "NodeNames": ["b"]}),
+    )
+    .await;
+    let c = short.cache.read().unwrap();
+    assert_eq!(c.assumed("uid-u"), None);
+    assert_eq!(c.load("a").map(|l| l.pods()).unwrap_or(0), 0);
 }

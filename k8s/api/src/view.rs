@@ -21,6 +21,13 @@ pub type ResourceList = BTreeMap<String, String>;
 /// The `v1` kinds of the core group, as kube's `Resource` names them.
 macro_rules! core_v1 {
     ($ty:ty, $kind:literal, $plural:literal, $scope:ty) => {
+        resource!($ty, "", "v1", "v1", $kind, $plural, $scope);
+    };
+}
+
+/// A kind as kube's `Resource` names it.
+macro_rules! resource {
+    ($ty:ty, $group:literal, $version:literal, $api_version:literal, $kind:literal, $plural:literal, $scope:ty) => {
         impl kube::Resource for $ty {
             type DynamicType = ();
             type Scope = $scope;
@@ -28,13 +35,13 @@ macro_rules! core_v1 {
                 Cow::Borrowed($kind)
             }
             fn group(_: &()) -> Cow<'_, str> {
-                Cow::Borrowed("")
+                Cow::Borrowed($group)
             }
             fn version(_: &()) -> Cow<'_, str> {
-                Cow::Borrowed("v1")
+                Cow::Borrowed($version)
             }
             fn api_version(_: &()) -> Cow<'_, str> {
-                Cow::Borrowed("v1")
+                Cow::Borrowed($api_version)
             }
             fn plural(_: &()) -> Cow<'_, str> {
                 Cow::Borrowed($plural)
@@ -133,3 +140,25 @@ pub struct NodeStatusView {
     pub capacity: Option<ResourceList>,
     pub allocatable: Option<ResourceList>,
 }
+
+/// A NodeMetric as a reader takes it: Koordinator's fields are all
+/// `omitempty`, so `spec` and `status` may be absent (the derived
+/// [`crate::crd::NodeMetric`] requires `spec`: a list holding one object
+/// without it would fail whole).
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct NodeMetricView {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: crate::crd::NodeMetricSpec,
+    pub status: Option<crate::crd::NodeMetricStatus>,
+}
+resource!(
+    NodeMetricView,
+    "slo.koordinator.sh",
+    "v1alpha1",
+    "slo.koordinator.sh/v1alpha1",
+    "NodeMetric",
+    "nodemetrics",
+    k8s_openapi::ClusterResourceScope
+);

@@ -55,16 +55,24 @@ struct Change {
 }
 
 impl Change {
-    /// The event a watch with `selector` gets, if any.
-    fn seen_through(&self, selector: Option<&String>) -> Option<&'static str> {
+    /// The event a watch with `selector` gets, if any: an object leaving
+    /// the selector is DELETED as it was before (with the new
+    /// resourceVersion), as the API server's watch cache sends it.
+    fn seen_through(&self, selector: Option<&String>) -> Option<Value> {
         let now = matches(&self.object, selector);
         let before = self.old.as_ref().map(|o| matches(o, selector));
-        match (self.kind, before, now) {
-            ("MODIFIED", Some(false), true) => Some("ADDED"),
-            ("MODIFIED", Some(true), false) => Some("DELETED"),
-            (_, _, true) => Some(self.kind),
-            _ => None,
-        }
+        let (kind, object) = match (self.kind, before, now) {
+            ("MODIFIED", Some(false), true) => ("ADDED", self.object.clone()),
+            ("MODIFIED", Some(true), false) => {
+                let mut o = self.old.clone().unwrap_or_default();
+                o["metadata"]["resourceVersion"] =
+                    self.object["metadata"]["resourceVersion"].clone();
+                ("DELETED", o)
+            }
+            (k, _, true) => (k, self.object.clone()),
+            _ => return None,
+        };
+        Some(json!({"type": kind, "object": object}))
     }
 }
 
@@ -750,13 +758,9 @@ impl FakeApiServer {
             }
             let mut last = from;
             for c in backlog {
-                if let Some(kind) = c.seen_through(selector.as_ref()) {
+                if let Some(ev) = c.seen_through(selector.as_ref()) {
                     last = c.rv;
-                    if tx
-                        .send(line(json!({"type": kind, "object": c.object})))
-                        .await
-                        .is_err()
-                    {
+                    if tx.send(line(ev)).await.is_err() {
                         return;
                     }
                 }
@@ -780,8 +784,8 @@ impl FakeApiServer {
                     c = live.recv() => match c {
                         Ok(c) if c.collection == path && c.rv > last => {
                             last = c.rv;
-                            if let Some(kind) = c.seen_through(selector.as_ref()) {
-                                if tx.send(line(json!({"type": kind, "object": c.object}))).await.is_err() {
+                            if let Some(ev) = c.seen_through(selector.as_ref()) {
+                                if tx.send(line(ev)).await.is_err() {
                                     return;
                                 }
                             }

@@ -8,7 +8,7 @@ use qoslet_colocation::Res;
 
 use crate::args::{AggregatedFile, Args, ArgsFile};
 use crate::estimate::{estimate, PodFacts};
-use crate::load::{Assigned, MetricFacts, NodeLoad};
+use crate::load::{name_key, uid_key, Assigned, MetricFacts, NodeLoad};
 use crate::rank::{extender_score, filter, score, NodeFacts, EXPIRED};
 
 const GI: i64 = 1 << 30;
@@ -193,10 +193,9 @@ fn score_table() {
     // an identical pod assigned just now, not in the NodeMetric yet
     let mut busy = busy;
     busy.add_pod(
-        "u0",
+        uid_key("u0"),
         Assigned {
-            namespace: "default".into(),
-            name: "test-pod-0".into(),
+            name: name_key("default", "test-pod-0"),
             prod: false,
             estimate: estimate(&big_pod(), args.estimated_scaling_factors),
             assigned_at: NOW,
@@ -263,8 +262,7 @@ fn the_load_is_incremental() {
     let args = Args::default();
     let f = args.estimated_scaling_factors;
     let assigned = |i: usize, at: i64| Assigned {
-        namespace: "default".into(),
-        name: format!("p{i}"),
+        name: name_key("default", &format!("p{i}")),
         prod: i.is_multiple_of(2),
         estimate: estimate(&big_pod(), f),
         assigned_at: at,
@@ -275,21 +273,19 @@ fn the_load_is_incremental() {
     // report interval (its estimate adds what the report may not show yet),
     // p2 long ago (the report shows it: nothing added)
     for p in ["p1", "p2"] {
-        m.pods.insert(
-            ("default".into(), p.into()),
-            (Res::new(10_000, 10 * GI), false),
-        );
+        m.pods
+            .insert(name_key("default", p), (Res::new(10_000, 10 * GI), false));
     }
     let at = |i: usize| if i == 1 { NOW - 10_000 } else { NOW - 600_000 };
     let mut inc = NodeLoad::new(false);
     inc.set_metric(Some(m.clone()));
     for i in 0..4 {
-        inc.add_pod(&format!("u{i}"), assigned(i, at(i)));
+        inc.add_pod(uid_key(&format!("u{i}")), assigned(i, at(i)));
     }
-    inc.remove_pod("u3");
+    inc.remove_pod(uid_key("u3"));
     let mut again = NodeLoad::new(false);
     for i in 0..3 {
-        again.add_pod(&format!("u{i}"), assigned(i, at(i)));
+        again.add_pod(uid_key(&format!("u{i}")), assigned(i, at(i)));
     }
     again.set_metric(Some(m));
     assert_eq!(inc.estimated(false, None), again.estimated(false, None));

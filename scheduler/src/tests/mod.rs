@@ -1,1 +1,2 @@
+mod cache;
 mod loadaware;
