@@ -26,8 +26,10 @@ pub struct Cache {
     /// By node name: a node's NodeMetric and pods may come before its Node.
     loads: HashMap<Arc<str>, NodeLoad>,
     metrics: usize,
-    /// Bound pods: [`uid_key`] -> node (the load's own name, shared).
-    bound: HashMap<u64, Arc<str>>,
+    /// Pods bound (in the loads, less the tentative ones). No map from a
+    /// pod to its node: a pod's node never changes, and its deletion
+    /// names it (the map would cost a fifth of the cache).
+    pods: usize,
     /// Tentative assignments: [`uid_key`] -> (node, until: a monotonic ms).
     tentative: HashMap<u64, (Arc<str>, i64)>,
     /// The tentative assignments by expiry (one TTL for all: in order).
@@ -56,7 +58,7 @@ impl Cache {
         Sizes {
             nodes: self.nodes.len(),
             node_metrics: self.metrics,
-            pods: self.bound.len(),
+            pods: self.pods,
             tentative: self.tentative.len(),
         }
     }
@@ -107,10 +109,14 @@ impl Cache {
         self.nodes = nodes.into_iter().collect();
     }
 
-    pub fn set_metric(&mut self, node: &str, m: MetricFacts) {
+    /// A NodeMetric; one without `updateTime` keeps the last one's (Go
+    /// keeps the time it had).
+    pub fn set_metric(&mut self, node: &str, mut m: MetricFacts) {
         let l = self.load_mut(node);
-        if l.metric().is_none() {
-            self.metrics += 1;
+        match l.metric() {
+            None => self.metrics += 1,
+            Some(old) if m.update_time.is_none() => m.update_time = old.update_time,
+            Some(_) => {}
         }
         self.load_mut(node).set_metric(Some(m));
     }
@@ -143,77 +149,73 @@ impl Cache {
         }
     }
 
-    /// A pod bound to `node` (its binding, or a change to a bound pod).
-    /// A pod the cache had on that node keeps its assign time (when its
-    /// `PodScheduled` condition gives none, each event would say "now").
+    /// A pod bound to `node` (its binding, or a change to a bound pod: a
+    /// pod's node never changes once set). A pod the cache had on that node
+    /// keeps its assign time (when its `PodScheduled` condition gives none,
+    /// each event would say "now").
     pub fn set_pod(&mut self, uid: &str, node: &str, mut a: Assigned) {
         self.forget(uid);
         let key = uid_key(uid);
-        match self.bound.get(&key).cloned() {
-            Some(old) if &*old == node => {
-                if let Some(before) = self.loads.get(node).and_then(|l| l.pod(key)) {
-                    a.assigned_at = a.assigned_at.min(before.assigned_at);
-                }
-            }
-            // bound elsewhere before (a relist may carry a move the watch missed)
-            Some(old) => {
-                if let Some(l) = self.loads.get_mut(&old) {
-                    l.remove_pod(key);
-                }
-                self.tidy(&old);
-            }
-            None => {}
+        if let Some(before) = self.loads.get(node).and_then(|l| l.pod(key)) {
+            a.assigned_at = a.assigned_at.min(before.assigned_at);
         }
-        self.load_mut(node).add_pod(key, a);
-        let name = self.name_of(node);
-        self.bound.insert(key, name);
+        if !self.load_mut(node).add_pod(key, a) {
+            self.pods += 1;
+        }
     }
 
-    /// A pod deleted, finished, or not bound.
-    pub fn remove_pod(&mut self, uid: &str) {
-        let key = uid_key(uid);
-        if let Some(node) = self.bound.remove(&key) {
-            if let Some(l) = self.loads.get_mut(&node) {
-                l.remove_pod(key);
-            }
-            self.tidy(&node);
-        }
+    /// A pod deleted or finished (`node`: where it was bound, as its last
+    /// state says; none: it never was).
+    pub fn remove_pod(&mut self, uid: &str, node: Option<&str>) {
         self.forget(uid);
+        if let Some(node) = node {
+            self.unbind(uid_key(uid), node);
+        }
     }
 
-    /// A relist of the bound pods.
-    pub fn replace_pods(&mut self, pods: Vec<(String, String, Assigned)>) {
-        let listed: std::collections::HashSet<&str> =
-            pods.iter().map(|(u, _, _)| u.as_str()).collect();
-        let listed: std::collections::HashSet<u64> = listed.iter().map(|u| uid_key(u)).collect();
-        let gone: Vec<u64> = self
-            .bound
-            .keys()
-            .filter(|u| !listed.contains(u))
-            .copied()
-            .collect();
-        for key in gone {
-            if let Some(node) = self.bound.remove(&key) {
-                if let Some(l) = self.loads.get_mut(&node) {
-                    l.remove_pod(key);
-                }
-                self.tidy(&node);
+    fn unbind(&mut self, key: u64, node: &str) {
+        if let Some(l) = self.loads.get_mut(node) {
+            if l.remove_pod(key).is_some() {
+                self.pods -= 1;
             }
+        }
+        self.tidy(node);
+    }
+
+    /// A relist of the bound pods: those not in it are gone (the
+    /// tentative assignments stay).
+    pub fn replace_pods(&mut self, pods: Vec<(String, String, Assigned)>) {
+        let listed: std::collections::HashSet<u64> =
+            pods.iter().map(|(u, _, _)| uid_key(u)).collect();
+        let gone: Vec<(u64, String)> = self
+            .loads
+            .iter()
+            .flat_map(|(n, l)| l.keys().map(move |k| (k, n)))
+            .filter(|(k, _)| !listed.contains(k) && !self.tentative.contains_key(k))
+            .map(|(k, n)| (k, n.to_string()))
+            .collect();
+        for (key, node) in gone {
+            self.unbind(key, &node);
         }
         for (uid, node, a) in pods {
             self.set_pod(&uid, &node, a);
         }
     }
 
-    pub fn is_bound(&self, uid: &str) -> bool {
-        self.bound.contains_key(&uid_key(uid))
+    /// Whether the cache has `uid` bound to `node`.
+    pub fn is_bound(&self, uid: &str, node: &str) -> bool {
+        let key = uid_key(uid);
+        !self.tentative.contains_key(&key)
+            && self.loads.get(node).is_some_and(|l| l.pod(key).is_some())
     }
 
     /// The extender's own guess: `uid` will be bound to `node` (its best
     /// score), counted there until `until` (a monotonic clock's ms) unless
-    /// the watch shows it first. A pod already bound is not assumed.
+    /// the watch shows it first. A pod already bound there is not assumed
+    /// (bound elsewhere, it cannot be filtered: kube-scheduler places only
+    /// pods without a node).
     pub fn assume(&mut self, uid: &str, node: &str, a: Assigned, until: i64) {
-        if uid.is_empty() || self.is_bound(uid) {
+        if uid.is_empty() || self.is_bound(uid, node) {
             return;
         }
         self.forget(uid);

@@ -136,15 +136,16 @@ impl Extender {
     }
 
     fn assume(&self, pod: &PodFacts, node: &str, now_ms: i64) {
-        let until = self.clock() + self.assume_ttl_ms;
         let a = Assigned {
             name: crate::load::name_key(&pod.namespace, &pod.name),
             prod: pod.is_prod(),
             estimate: estimate(pod, self.args.estimated_scaling_factors),
             assigned_at: now_ms,
-            deadline: None,
+            deadline: 0,
         };
         if let Ok(mut c) = self.cache.write() {
+            // (the time taken under the lock: the expiry queue stays in order)
+            let until = self.clock() + self.assume_ttl_ms;
             c.assume(&pod.uid, node, a, until);
         }
     }
@@ -241,8 +242,11 @@ impl Extender {
             }
         }
         // the best node, when one is best and it is worth something, holds
-        // the pod until the watch shows where it went
-        if let Some((_, i, false)) = best.filter(|(s, _, _)| *s > 0) {
+        // the pod until the watch shows where it went; not when its 0-10
+        // (what kube-scheduler sees) is shared: kube-scheduler's other
+        // scores decide between those
+        let shared = |i: usize| out.iter().filter(|h| h.score == out[i].score).count() > 1;
+        if let Some((_, i, false)) = best.filter(|(s, i, _)| *s > 0 && !shared(*i)) {
             let host = out[i].host.clone();
             self.assume(&pod, &host, now_ms);
         }

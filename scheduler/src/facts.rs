@@ -122,7 +122,7 @@ pub fn assigned(p: &PodView, facts: &PodFacts, args: &Args, now_ms: i64) -> Assi
         assigned_at,
         // once initialized, the time after initialization wins (init
         // containers may take long: `shouldEstimatePodDeadline`)
-        deadline: after_initialized.or(after_scheduled),
+        deadline: after_initialized.or(after_scheduled).unwrap_or(0),
     }
 }
 
@@ -210,7 +210,6 @@ pub fn metric_facts(m: &NodeMetricView) -> MetricFacts {
             .metric_collect_policy
             .as_ref()
             .and_then(|p| p.report_interval_seconds)
-            .filter(|s| *s > 0)
             .unwrap_or(60),
         // Go's `nodeUsage` is a struct, never nil: with `status.nodeMetric`
         // set, a missing one is zero (`None` only without `status.nodeMetric`)

@@ -46,7 +46,62 @@ pub struct MetricFacts {
     /// `status.nodeMetric.aggregatedNodeUsages`: (type, window seconds) -> usage.
     pub aggregated: BTreeMap<(String, i64), Res>,
     /// `status.podsMetric` with a usage: [`name_key`] -> (usage, reported as prod).
-    pub pods: HashMap<u64, (Res, bool)>,
+    pub pods: Reported,
+}
+
+/// The pods a NodeMetric reports: sorted by key, exactly as long as the
+/// report (a hash map would keep a third more room for every node).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Reported(Vec<(u64, (Res, bool))>);
+
+impl Reported {
+    pub fn get(&self, key: &u64) -> Option<&(Res, bool)> {
+        self.0
+            .binary_search_by_key(key, |(k, _)| *k)
+            .ok()
+            .map(|i| &self.0[i].1)
+    }
+
+    pub fn contains_key(&self, key: &u64) -> bool {
+        self.get(key).is_some()
+    }
+
+    /// Adds or replaces one (tests; a NodeMetric's are collected).
+    pub fn insert(&mut self, key: u64, v: (Res, bool)) {
+        match self.0.binary_search_by_key(&key, |(k, _)| *k) {
+            Ok(i) => self.0[i].1 = v,
+            Err(i) => self.0.insert(i, (key, v)),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl FromIterator<(u64, (Res, bool))> for Reported {
+    /// The last of a key reported twice wins, as Go's map assignment.
+    fn from_iter<I: IntoIterator<Item = (u64, (Res, bool))>>(it: I) -> Self {
+        let mut v: Vec<_> = it.into_iter().collect();
+        // stable: equal keys stay in order, and the last is kept
+        v.sort_by_key(|(k, _)| *k);
+        v.reverse();
+        v.dedup_by_key(|(k, _)| *k);
+        v.reverse();
+        v.shrink_to_fit();
+        Reported(v)
+    }
+}
+
+impl std::ops::Index<&u64> for Reported {
+    type Output = (Res, bool);
+    fn index(&self, key: &u64) -> &(Res, bool) {
+        self.get(key).expect("a reported pod")
+    }
 }
 
 /// A pod assigned to the node.
@@ -59,8 +114,9 @@ pub struct Assigned {
     /// When it was assigned (Unix ms): its `PodScheduled` condition's time,
     /// else when the cache first saw it bound.
     pub assigned_at: i64,
-    /// Until then its estimate counts whatever the NodeMetric says (Unix ms).
-    pub deadline: Option<i64>,
+    /// Until then its estimate counts whatever the NodeMetric says (Unix
+    /// ms; 0: no deadline).
+    pub deadline: i64,
 }
 
 /// A pod in the load: whether its estimate counts now (the NodeMetric
@@ -145,7 +201,7 @@ impl NodeLoad {
         // not reported, assigned within the last report interval, or estimated until later
         let should = u.is_none()
             || p.assigned_at > update - interval_ms
-            || p.deadline.is_some_and(|d| d > update);
+            || (p.deadline != 0 && p.deadline > update);
         if should {
             add_delta(&mut self.delta, p.estimate, u, sign);
         }
@@ -165,11 +221,18 @@ impl NodeLoad {
         should
     }
 
-    /// A pod assigned (or its assignment changed), keyed by [`uid_key`].
-    pub fn add_pod(&mut self, uid: u64, p: Assigned) {
-        self.remove_pod(uid);
+    /// A pod assigned (or its assignment changed), keyed by [`uid_key`];
+    /// whether it replaced one.
+    pub fn add_pod(&mut self, uid: u64, p: Assigned) -> bool {
+        let replaced = self.remove_pod(uid).is_some();
         let counted = self.account(&p, 1);
         self.pods.insert(uid, Entry { pod: p, counted });
+        replaced
+    }
+
+    /// The pods' keys.
+    pub fn keys(&self) -> impl Iterator<Item = u64> + '_ {
+        self.pods.keys().copied()
     }
 
     /// A pod gone from the node (deleted, finished, or its tentative

@@ -3,6 +3,13 @@
 //! client, keep-alive); a body over the limit is refused (413), one that
 //! does not arrive within [`BODY_TIMEOUT`] is dropped (408), headers must
 //! come within [`HEADER_TIMEOUT`].
+//!
+//! Bodies are read under a budget of bytes ([`BODY_BUDGET`]), each taking
+//! what its `Content-Length` says (the limit when it says nothing): memory
+//! stays bounded, and a client that trickles a small body holds a small
+//! part of it, not a slot kube-scheduler's requests would wait for. A body
+//! that finds no budget within [`BUDGET_WAIT`] is answered 503 at once, well
+//! within kube-scheduler's 5 s.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,21 +26,24 @@ use crate::extender::Extender;
 use crate::watch::{now_ms, Kind, Status};
 use crate::wire;
 
-/// A request's headers must arrive within this time (also how long an idle
-/// keep-alive connection is kept).
-pub const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
-/// A request's body must arrive within this time.
-pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+/// A request's headers must arrive within this time; also how long an idle
+/// keep-alive connection is kept: above Go's 90 s (`IdleConnTimeout`), so
+/// kube-scheduler closes an idle connection before the front does (a POST
+/// written as the server closes would not be sent again).
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(120);
+/// A request's body must arrive within this time (under kube-scheduler's
+/// default `httpTimeout` of 5 s).
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(4);
+/// The bytes of request bodies read at once.
+pub const BODY_BUDGET: usize = 64 << 20;
+/// How long a body waits for its part of the budget.
+pub const BUDGET_WAIT: Duration = Duration::from_secs(1);
 /// The largest body read by default: a `NodeNames` request of 5,000 nodes
 /// is 64 KiB; a `Nodes` request (the extender not `nodeCacheCapable`)
 /// carries whole Node objects, 3 to 20 KiB each: raise it for that.
 pub const DEFAULT_MAX_BODY: usize = 16 << 20;
 /// At most this many connections at once.
 pub const MAX_CONNECTIONS: usize = 256;
-/// At most this many requests read and answered at once (kube-scheduler
-/// sends one filter, then one prioritize, per pod): the others wait, so
-/// memory stays bounded by this many bodies.
-pub const MAX_IN_FLIGHT: usize = 4;
 
 /// Latency buckets, seconds.
 const BUCKETS: [f64; 12] = [
@@ -77,7 +87,8 @@ pub struct Front {
     pub status: Arc<Status>,
     pub stats: Stats,
     pub max_body: usize,
-    pub in_flight: tokio::sync::Semaphore,
+    /// [`BODY_BUDGET`], in bytes.
+    budget: tokio::sync::Semaphore,
 }
 
 impl Front {
@@ -87,7 +98,7 @@ impl Front {
             status,
             stats: Stats::default(),
             max_body,
-            in_flight: tokio::sync::Semaphore::new(MAX_IN_FLIGHT),
+            budget: tokio::sync::Semaphore::new(BODY_BUDGET.max(max_body)),
         }
     }
 }
@@ -150,10 +161,19 @@ impl Front {
                 );
             }
         }
-        let Ok(_permit) = self.in_flight.acquire().await else {
-            return reply(503, TEXT, "shutting down\n");
-        };
         let started = Instant::now();
+        let declared = hyper::body::Body::size_hint(req.body())
+            .exact()
+            .map_or(self.max_body, |n| n.min(self.max_body as u64) as usize);
+        let want = u32::try_from(declared.max(1)).unwrap_or(u32::MAX);
+        let _budget = match tokio::time::timeout(BUDGET_WAIT, self.budget.acquire_many(want)).await
+        {
+            Ok(Ok(p)) => p,
+            _ => {
+                self.stats.bad_requests.fetch_add(1, Ordering::Relaxed);
+                return reply(503, TEXT, "busy: too many request bodies being read\n");
+            }
+        };
         let body = Limited::new(req.into_body(), self.max_body);
         let bytes = match tokio::time::timeout(BODY_TIMEOUT, body.collect()).await {
             Err(_) => {

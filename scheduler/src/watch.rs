@@ -98,9 +98,9 @@ struct Feed<K, I> {
     kind: Kind,
     /// The cache's extract of an object (`None`: not one the cache can key).
     extract: fn(&Extender, &K, i64) -> Option<I>,
-    key: fn(&K) -> Option<String>,
     apply: fn(&mut Cache, I),
-    delete: fn(&mut Cache, &str),
+    /// An object deleted, as its last state says.
+    delete: fn(&mut Cache, &K),
     relist: fn(&mut Cache, Vec<I>),
 }
 
@@ -119,24 +119,23 @@ pub fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
-/// A pod's extract: its UID and, when it is bound and not finished, its
-/// node and assignment.
-type PodItem = (String, Option<(String, Assigned)>);
+/// A pod's extract: its UID, its node, and its assignment unless it is
+/// finished.
+type PodItem = (String, Option<String>, Option<Assigned>);
+
+fn node_of(p: &PodView) -> Option<String> {
+    p.spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .filter(|n| !n.is_empty())
+}
 
 fn pod_item(ext: &Extender, p: &PodView, now: i64) -> Option<PodItem> {
     let uid = uid_of(p)?;
-    let node = p
-        .spec
-        .as_ref()
-        .and_then(|s| s.node_name.clone())
-        .filter(|n| !n.is_empty());
     let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
     let done = matches!(phase, Some("Succeeded" | "Failed"));
-    let bound = node.filter(|_| !done).map(|n| {
-        let f = pod_facts(p);
-        (n, assigned(p, &f, &ext.args, now))
-    });
-    Some((uid, bound))
+    let a = (!done).then(|| assigned(p, &pod_facts(p), &ext.args, now));
+    Some((uid, node_of(p), a))
 }
 
 /// Follows the three kinds into `ext`'s cache until `shutdown`.
@@ -149,43 +148,51 @@ pub async fn follow_all(
     let nodes = Feed::<NodeView, (String, NodeFacts)> {
         kind: Kind::Nodes,
         extract: |_, n, _| Some((name_of(n)?, node_facts(n))),
-        key: name_of,
         apply: |c, (n, f)| c.set_node(n, f),
-        delete: |c, n| c.remove_node(n),
+        delete: |c, n| {
+            if let Some(n) = name_of(n) {
+                c.remove_node(&n)
+            }
+        },
         relist: |c, v| c.replace_nodes(v),
     };
     let metrics = Feed::<NodeMetricView, (String, MetricFacts)> {
         kind: Kind::NodeMetrics,
         extract: |_, m, _| Some((name_of(m)?, metric_facts(m))),
-        key: name_of,
         apply: |c, (n, m)| c.set_metric(&n, m),
-        delete: |c, n| c.remove_metric(n),
+        delete: |c, m| {
+            if let Some(n) = name_of(m) {
+                c.remove_metric(&n)
+            }
+        },
         relist: |c, v| c.replace_metrics(v),
     };
     let pods = Feed::<PodView, PodItem> {
         kind: Kind::Pods,
         extract: pod_item,
-        key: uid_of,
-        apply: |c, (uid, b)| match b {
-            Some((node, a)) => c.set_pod(&uid, &node, a),
-            None => c.remove_pod(&uid),
+        apply: |c, (uid, node, a)| match (node, a) {
+            (Some(node), Some(a)) => c.set_pod(&uid, &node, a),
+            (node, _) => c.remove_pod(&uid, node.as_deref()),
         },
-        delete: |c, uid| c.remove_pod(uid),
+        delete: |c, p| {
+            if let Some(uid) = uid_of(p) {
+                c.remove_pod(&uid, node_of(p).as_deref())
+            }
+        },
         relist: |c, v| {
             c.replace_pods(
                 v.into_iter()
-                    .filter_map(|(u, b)| b.map(|(n, a)| (u, n, a)))
+                    .filter_map(|(u, n, a)| Some((u, n?, a?)))
                     .collect(),
             )
         },
     };
-    let pods_cfg = watcher::Config::default()
-        .fields(POD_SELECTOR)
-        .any_semantic();
+    // (consistent lists, paged: kube sends no resourceVersion=0 with a page size)
+    let pods_cfg = watcher::Config::default().fields(POD_SELECTOR);
     tokio::join!(
         follow(
             Api::all(client.clone()),
-            watcher::Config::default().any_semantic(),
+            watcher::Config::default(),
             nodes,
             ext.clone(),
             status.clone(),
@@ -193,7 +200,7 @@ pub async fn follow_all(
         ),
         follow(
             Api::all(client.clone()),
-            watcher::Config::default().any_semantic(),
+            watcher::Config::default(),
             metrics,
             ext.clone(),
             status.clone(),
@@ -268,10 +275,8 @@ async fn follow<K, I>(
                 st.state.store(OK, Ordering::Relaxed);
             }
             Ok(Event::Delete(o)) => {
-                if let Some(k) = (feed.key)(&o) {
-                    if let Ok(mut c) = ext.cache.write() {
-                        (feed.delete)(&mut c, &k);
-                    }
+                if let Ok(mut c) = ext.cache.write() {
+                    (feed.delete)(&mut c, &o);
                 }
                 st.events.fetch_add(1, Ordering::Relaxed);
                 st.state.store(OK, Ordering::Relaxed);

@@ -15,7 +15,7 @@ fn a(name: &str, at: i64) -> Assigned {
         prod: false,
         estimate: Res::new(100, 1 << 20),
         assigned_at: at,
-        deadline: None,
+        deadline: 0,
     }
 }
 
@@ -24,7 +24,7 @@ fn pods(c: &Cache, node: &str) -> usize {
 }
 
 #[test]
-fn bindings_moves_and_relists() {
+fn bindings_and_relists() {
     let mut c = Cache::new(false);
     c.set_pod("u1", "n1", a("p1", 1_000));
     // the same binding again, without a PodScheduled time: the first
@@ -38,16 +38,20 @@ fn bindings_moves_and_relists() {
             .assigned_at,
         1_000
     );
-    // a move the watch missed, carried by a relist
-    c.replace_pods(vec![
-        ("u1".into(), "n2".into(), a("p1", 6_000)),
-        ("u2".into(), "n2".into(), a("p2", 6_000)),
-    ]);
-    assert_eq!((pods(&c, "n1"), pods(&c, "n2")), (0, 2));
-    assert!(c.load("n1").is_none(), "an empty load is dropped");
-    c.replace_pods(vec![("u2".into(), "n2".into(), a("p2", 6_000))]);
     assert_eq!(c.sizes().pods, 1);
-    c.remove_pod("u2");
+    // a relist: u1 is gone (deleted while the watch was down), u2 new; a
+    // tentative assignment stays
+    c.assume("u9", "n1", a("p9", 0), 100);
+    c.replace_pods(vec![("u2".into(), "n2".into(), a("p2", 6_000))]);
+    assert_eq!((pods(&c, "n1"), pods(&c, "n2"), c.sizes().pods), (1, 1, 1));
+    assert_eq!(c.assumed("u9"), Some("n1"));
+    c.forget("u9");
+    assert!(c.load("n1").is_none(), "an empty load is dropped");
+    // a deletion names the node of the pod's last state; a pod never bound
+    // is nothing to the cache
+    c.remove_pod("u3", None);
+    c.remove_pod("u2", Some("n2"));
+    c.remove_pod("u2", Some("n2"));
     assert_eq!(c.sizes().pods, 0);
     assert!(c.load("n2").is_none());
 }
@@ -63,9 +67,13 @@ fn tentative_assignments_end_at_binding_and_ttl() {
         (c.assumed("u1"), pods(&c, "n1"), pods(&c, "n2")),
         (None, 0, 1)
     );
-    // a bound pod is not assumed
-    c.assume("u1", "n3", a("p1", 0), 100);
-    assert_eq!(c.assumed("u1"), None);
+    assert!(c.is_bound("u1", "n2"));
+    // a pod bound there is not assumed there
+    c.assume("u1", "n2", a("p1", 0), 100);
+    assert_eq!(
+        (c.assumed("u1"), pods(&c, "n2"), c.sizes().pods),
+        (None, 1, 1)
+    );
     // assumed twice: the later time holds
     c.assume("u9", "n1", a("p9", 0), 100);
     c.assume("u9", "n1", a("p9", 0), 200);

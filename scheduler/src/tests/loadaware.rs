@@ -199,7 +199,7 @@ fn score_table() {
             prod: false,
             estimate: estimate(&big_pod(), args.estimated_scaling_factors),
             assigned_at: NOW,
-            deadline: None,
+            deadline: 0,
         },
     );
     assert_eq!(score(&args, &node(), Some(&busy), &big_pod(), NOW), 63);
@@ -266,7 +266,7 @@ fn the_load_is_incremental() {
         prod: i.is_multiple_of(2),
         estimate: estimate(&big_pod(), f),
         assigned_at: at,
-        deadline: None,
+        deadline: 0,
     };
     let mut m = metric(Some(0), Res::new(20_000, 40 * GI));
     // p1 and p2 are reported using 10 CPUs; p1 was assigned within the last
