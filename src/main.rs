@@ -110,9 +110,10 @@ struct ExtenderArgs {
     /// default: its defaults).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// The largest request body read, bytes.
-    #[arg(long, value_name = "BYTES", default_value_t = qoslet_scheduler::serve::DEFAULT_MAX_BODY)]
-    max_body_bytes: usize,
+    /// The largest request body read, bytes (1 KiB to 1 GiB).
+    #[arg(long, value_name = "BYTES", default_value_t = qoslet_scheduler::serve::DEFAULT_MAX_BODY,
+          value_parser = clap::value_parser!(u64).range(1024..=1 << 30))]
+    max_body_bytes: u64,
     /// How long the node a pod scored best on holds it, until the pod watch
     /// shows its binding (e.g. 30s).
     #[arg(long, value_name = "DURATION", default_value = "30s")]
@@ -141,7 +142,7 @@ async fn run_extender(a: ExtenderArgs) -> Result<()> {
             kubeconfig: a.kubeconfig,
             listen: a.listen,
             args,
-            max_body: a.max_body_bytes,
+            max_body: a.max_body_bytes as usize,
             assume_ttl_ms: a.assume_ttl.0.as_millis() as i64,
         },
         rx,

@@ -109,14 +109,12 @@ impl Cache {
         self.nodes = nodes.into_iter().collect();
     }
 
-    /// A NodeMetric; one without `updateTime` keeps the last one's (Go
-    /// keeps the time it had).
-    pub fn set_metric(&mut self, node: &str, mut m: MetricFacts) {
+    /// A NodeMetric (one without `updateTime` is expired, as Go judges the
+    /// object it has).
+    pub fn set_metric(&mut self, node: &str, m: MetricFacts) {
         let l = self.load_mut(node);
-        match l.metric() {
-            None => self.metrics += 1,
-            Some(old) if m.update_time.is_none() => m.update_time = old.update_time,
-            Some(_) => {}
+        if l.metric().is_none() {
+            self.metrics += 1;
         }
         self.load_mut(node).set_metric(Some(m));
     }
@@ -191,7 +189,10 @@ impl Cache {
             .loads
             .iter()
             .flat_map(|(n, l)| l.keys().map(move |k| (k, n)))
-            .filter(|(k, _)| !listed.contains(k) && !self.tentative.contains_key(k))
+            // (a pod tentative there is not a bound one)
+            .filter(|(k, n)| {
+                !listed.contains(k) && self.tentative.get(k).is_none_or(|(t, _)| t != *n)
+            })
             .map(|(k, n)| (k, n.to_string()))
             .collect();
         for (key, node) in gone {
@@ -219,6 +220,17 @@ impl Cache {
             return;
         }
         self.forget(uid);
+        let key = uid_key(uid);
+        self.load_mut(node).add_pod(key, a);
+        let name = self.name_of(node);
+        self.tentative.insert(key, (name, until));
+        self.expiries.push_back((until, key));
+    }
+
+    /// A tentative assignment made whatever the cache holds (a request
+    /// answered late, after the pod's binding showed).
+    #[cfg(test)]
+    pub fn tentative_for_test(&mut self, uid: &str, node: &str, a: Assigned, until: i64) {
         let key = uid_key(uid);
         self.load_mut(node).add_pod(key, a);
         let name = self.name_of(node);

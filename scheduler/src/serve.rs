@@ -4,12 +4,13 @@
 //! does not arrive within [`BODY_TIMEOUT`] is dropped (408), headers must
 //! come within [`HEADER_TIMEOUT`].
 //!
-//! Bodies are read under a budget of bytes ([`BODY_BUDGET`]), each taking
-//! what its `Content-Length` says (the limit when it says nothing): memory
-//! stays bounded, and a client that trickles a small body holds a small
-//! part of it, not a slot kube-scheduler's requests would wait for. A body
-//! that finds no budget within [`BUDGET_WAIT`] is answered 503 at once, well
-//! within kube-scheduler's 5 s.
+//! Bodies are read under a budget of bytes ([`BODY_BUDGET`]), each frame
+//! taking its bytes as it arrives: memory stays bounded, and a client that
+//! trickles a body, or declares a large one and sends nothing, holds only
+//! what it has sent, not a slot kube-scheduler's requests would wait for.
+//! A frame that finds no budget within [`BUDGET_WAIT`] is answered 503; the
+//! whole body must arrive within [`BODY_TIMEOUT`] (408), inside
+//! kube-scheduler's 5 s.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, Response};
 use tokio::sync::watch as signal;
 use tracing::{debug, warn};
@@ -31,8 +32,9 @@ use crate::wire;
 /// kube-scheduler closes an idle connection before the front does (a POST
 /// written as the server closes would not be sent again).
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(120);
-/// A request's body must arrive within this time (under kube-scheduler's
-/// default `httpTimeout` of 5 s).
+/// A request's body must arrive within this time from the request's start,
+/// budget waits included (under kube-scheduler's default `httpTimeout` of
+/// 5 s).
 pub const BODY_TIMEOUT: Duration = Duration::from_secs(4);
 /// The bytes of request bodies read at once.
 pub const BODY_BUDGET: usize = 64 << 20;
@@ -41,7 +43,7 @@ pub const BUDGET_WAIT: Duration = Duration::from_secs(1);
 /// The largest body read by default: a `NodeNames` request of 5,000 nodes
 /// is 64 KiB; a `Nodes` request (the extender not `nodeCacheCapable`)
 /// carries whole Node objects, 3 to 20 KiB each: raise it for that.
-pub const DEFAULT_MAX_BODY: usize = 16 << 20;
+pub const DEFAULT_MAX_BODY: u64 = 16 << 20;
 /// At most this many connections at once.
 pub const MAX_CONNECTIONS: usize = 256;
 
@@ -87,7 +89,7 @@ pub struct Front {
     pub status: Arc<Status>,
     pub stats: Stats,
     pub max_body: usize,
-    /// [`BODY_BUDGET`], in bytes.
+    /// [`BODY_BUDGET`] (or the body limit, when larger), in bytes.
     budget: tokio::sync::Semaphore,
 }
 
@@ -162,37 +164,12 @@ impl Front {
             }
         }
         let started = Instant::now();
-        let declared = hyper::body::Body::size_hint(req.body())
-            .exact()
-            .map_or(self.max_body, |n| n.min(self.max_body as u64) as usize);
-        let want = u32::try_from(declared.max(1)).unwrap_or(u32::MAX);
-        let _budget = match tokio::time::timeout(BUDGET_WAIT, self.budget.acquire_many(want)).await
-        {
-            Ok(Ok(p)) => p,
-            _ => {
+        let bytes = match self.read_body(req.into_body()).await {
+            Ok(b) => b,
+            Err(answer) => {
                 self.stats.bad_requests.fetch_add(1, Ordering::Relaxed);
-                return reply(503, TEXT, "busy: too many request bodies being read\n");
+                return answer;
             }
-        };
-        let body = Limited::new(req.into_body(), self.max_body);
-        let bytes = match tokio::time::timeout(BODY_TIMEOUT, body.collect()).await {
-            Err(_) => {
-                self.stats.bad_requests.fetch_add(1, Ordering::Relaxed);
-                return reply(408, TEXT, "the request body did not arrive in time\n");
-            }
-            Ok(Err(e)) => {
-                self.stats.bad_requests.fetch_add(1, Ordering::Relaxed);
-                return if e.is::<http_body_util::LengthLimitError>() {
-                    reply(
-                        413,
-                        TEXT,
-                        format!("the request body is over {} bytes\n", self.max_body),
-                    )
-                } else {
-                    reply(400, TEXT, format!("reading the request body: {e}\n"))
-                };
-            }
-            Ok(Ok(b)) => b.to_bytes(),
         };
         let args = match wire::decode(&bytes) {
             Ok(a) => a,
@@ -208,6 +185,64 @@ impl Front {
         };
         h.observe(started.elapsed());
         reply(200, JSON, out)
+    }
+
+    /// A request's body, read within [`BODY_TIMEOUT`] from its start, each
+    /// frame taking its bytes from the budget as it arrives (a client
+    /// holds only what it has sent, whatever it declared); a declared
+    /// length over the limit is refused before anything is read.
+    async fn read_body(
+        &self,
+        mut body: hyper::body::Incoming,
+    ) -> Result<Vec<u8>, Response<Full<Bytes>>> {
+        let too_large = || {
+            reply(
+                413,
+                TEXT,
+                format!("the request body is over {} bytes\n", self.max_body),
+            )
+        };
+        let declared = hyper::body::Body::size_hint(&body).exact();
+        if declared.is_some_and(|n| n > self.max_body as u64) {
+            return Err(too_large());
+        }
+        let deadline = tokio::time::Instant::now() + BODY_TIMEOUT;
+        let late = || reply(408, TEXT, "the request body did not arrive in time\n");
+        let mut buf = Vec::with_capacity(declared.unwrap_or(0).min(1 << 20) as usize);
+        let mut held: Option<tokio::sync::SemaphorePermit<'_>> = None;
+        loop {
+            let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+                Err(_) => return Err(late()),
+                Ok(None) => break,
+                Ok(Some(Err(e))) => {
+                    return Err(reply(400, TEXT, format!("reading the request body: {e}\n")))
+                }
+                Ok(Some(Ok(f))) => f,
+            };
+            let Some(data) = frame.data_ref() else {
+                continue;
+            };
+            if buf.len() + data.len() > self.max_body {
+                return Err(too_large());
+            }
+            let n = u32::try_from(data.len()).unwrap_or(u32::MAX);
+            let wait = deadline.min(tokio::time::Instant::now() + BUDGET_WAIT);
+            match tokio::time::timeout_at(wait, self.budget.acquire_many(n)).await {
+                Ok(Ok(p)) => match held.as_mut() {
+                    Some(h) => h.merge(p),
+                    None => held = Some(p),
+                },
+                _ => {
+                    return Err(reply(
+                        503,
+                        TEXT,
+                        "busy: too many request bodies being read\n",
+                    ))
+                }
+            }
+            buf.extend_from_slice(data);
+        }
+        Ok(buf)
     }
 
     /// Why the cache should not be trusted now (`None`: it can).

@@ -307,7 +307,26 @@ async fn a_slow_body_times_out() {
     s.write_all(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
         .await
         .unwrap();
-    // meanwhile others are served
+    // clients that declare bodies and send next to nothing hold only what
+    // they sent: eighty of them declaring the largest body (80 MiB, over
+    // the 64 MiB budget), and kube-scheduler's requests are answered at once
+    let mut slow = Vec::new();
+    for _ in 0..80 {
+        let mut c = tokio::net::TcpStream::connect(r.addr).await.unwrap();
+        c.write_all(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\n{")
+            .await
+            .unwrap();
+        slow.push(c);
+    }
+    // (one declaring more than the limit is refused before a byte is read)
+    let mut big = tokio::net::TcpStream::connect(r.addr).await.unwrap();
+    big.write_all(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 1048577\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = [0u8; 12];
+    big.read_exact(&mut head).await.unwrap();
+    assert_eq!(&head, b"HTTP/1.1 413");
+    let t = std::time::Instant::now();
     let out = post(
         r.addr,
         "/filter",
@@ -315,6 +334,12 @@ async fn a_slow_body_times_out() {
     )
     .await;
     assert_eq!(out["NodeNames"], json!([]));
+    // (not a speed check: waiting on them would take the body timeout)
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(2),
+        "{:?}",
+        t.elapsed()
+    );
     let mut out = Vec::new();
     let t = std::time::Instant::now();
     let _ = tokio::time::timeout(std::time::Duration::from_secs(20), s.read_to_end(&mut out)).await;

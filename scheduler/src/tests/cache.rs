@@ -88,6 +88,20 @@ fn tentative_assignments_end_at_binding_and_ttl() {
     );
 }
 
+/// A pod bound on one node and (by a late guess) tentative on another,
+/// deleted while the watch was down: the relist takes the binding away,
+/// the guess ends at its time.
+#[test]
+fn a_relist_drops_a_binding_even_when_the_pod_is_assumed_elsewhere() {
+    let mut c = Cache::new(false);
+    c.set_pod("u1", "b", a("p1", 0));
+    c.tentative_for_test("u1", "a", a("p1", 0), 100);
+    c.replace_pods(vec![]);
+    assert_eq!((pods(&c, "a"), pods(&c, "b"), c.sizes().pods), (1, 0, 0));
+    c.expire(100);
+    assert!(c.load("a").is_none());
+}
+
 #[test]
 fn metrics_relisted_and_counted() {
     let mut c = Cache::new(false);
