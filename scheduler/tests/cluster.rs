@@ -196,6 +196,58 @@ async fn the_cache_follows_the_cluster() {
     .await;
 }
 
+/// The API server gone: the watches go stale, `/healthz` says so (503)
+/// and `/metrics` shows each watch down, while the cache keeps what it
+/// knew and requests are still answered from it; the API server back: ok.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_that_cannot_be_kept_shows() {
+    let e = env("stale", Args::default()).await;
+    e.fake.apply(NODES, node("n1", "8", "32Gi"));
+    e.fake.apply(METRICS, metric("n1", 0, 1000, 1 << 30, &[]));
+    until("the lists", || e.status.ready() && sizes(&e) == (1, 1, 0)).await;
+    let get = |path: &'static str| {
+        let addr = e.addr;
+        async move {
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            s.write_all(
+                format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+            )
+            .await
+            .unwrap();
+            let mut out = Vec::new();
+            s.read_to_end(&mut out).await.unwrap();
+            String::from_utf8_lossy(&out).to_string()
+        }
+    };
+    assert!(get("/healthz").await.starts_with("HTTP/1.1 200"));
+    e.fake.go_down();
+    until("a watch stale", || !e.status.ready()).await;
+    let health = get("/healthz").await;
+    assert!(
+        health.starts_with("HTTP/1.1 503") && health.contains("stale"),
+        "{health}"
+    );
+    let metrics = get("/metrics").await;
+    assert!(metrics.contains(",state=\"stale\"} 0"), "{metrics}");
+    // the cache still answers
+    let out = post(
+        e.addr,
+        "/filter",
+        &json!({"Pod": pod("x", None, "Pending"), "NodeNames": ["n1"]}),
+    )
+    .await;
+    assert_eq!(out["NodeNames"], json!(["n1"]));
+    e.fake.come_back().await;
+    for _ in 0..600 {
+        if e.status.ready() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(e.status.ready(), "the watches back within 30 s");
+    assert!(get("/healthz").await.starts_with("HTTP/1.1 200"));
+}
+
 /// 200 pods placed one after another: kube-scheduler's side is modelled as
 /// the extender's score (weight 1, x10) plus a least-requested score of its
 /// own (it knows its own placements), the highest total winning, ties to
