@@ -326,27 +326,31 @@ async fn real_batch_cpu_falls_when_an_ls_pod_burns_cpu() {
         },
     )
     .await;
-    // the running qoslet explains it, and names the pod
-    let o = std::process::Command::new(qoslet_integration::process::qoslet_bin())
-        .args([
-            "batch-resources",
-            "--admin",
-            &format!("unix://{}", admin.display()),
-            "-o",
-            "json",
-        ])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(v["state"], "advertising", "{v:#}");
-    assert!(
-        v["lastWrite"]["why"]
+    // the running qoslet explains it, and names the pod (its last write is
+    // recorded once the API server answered, a moment after the Node shows it)
+    let explain = || {
+        let o = std::process::Command::new(qoslet_integration::process::qoslet_bin())
+            .args([
+                "batch-resources",
+                "--admin",
+                &format!("unix://{}", admin.display()),
+                "-o",
+                "json",
+            ])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice::<Value>(&o.stdout).unwrap()
+    };
+    let v = eventually("the write explained", Duration::from_secs(10), || {
+        let v = explain();
+        let moved = v["lastWrite"]["why"]
             .as_str()
-            .unwrap()
-            .contains("batch-cpu moves"),
-        "{v:#}"
-    );
+            .is_some_and(|w| w.contains("batch-cpu moves"));
+        async move { moved.then_some(v) }
+    })
+    .await;
+    assert_eq!(v["state"], "advertising", "{v:#}");
     let pods = v["terms"]["highPriorityPods"].as_array().unwrap();
     assert!(
         pods.iter()

@@ -175,8 +175,10 @@ async fn real_ls_load_cuts_be_quota_and_it_comes_back_stepwise() {
     );
 
     // LS load rises: the quota is cut within 2 ticks of the engine seeing it
-    let start = plan(&q.admin, "").await.tick;
+    // (the tick once the exec returned: runc exec under load can take longer
+    // than a tick, and the load begins inside it)
     exec(&mut via, &ls_ctr, "touch /tmp/go").await;
+    let start = plan(&q.admin, "").await.tick;
     let seen = eventually(
         "the engine to see the LS load",
         Duration::from_secs(10),

@@ -13,6 +13,40 @@ use tokio_stream::StreamExt;
 /// open a stream on the same instance run one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+type Events =
+    tokio::sync::mpsc::UnboundedReceiver<Result<cri::ContainerEventResponse, tonic::Status>>;
+
+/// Returns once containerd has registered the stream's subscriber: it sends
+/// no headers before the first event, so the stream cannot say so itself.
+/// A throwaway pod (a sandbox and a container created in it) until one of
+/// their events arrives; other containers' events are the tests' to filter.
+async fn until_subscribed(via: &mut Cri, tb: &Testbed, events: &mut Events) {
+    for _ in 0..10 {
+        let name = unique("sentinel");
+        let cgp = tb.cgroup_parent(&name);
+        let cfg = pod_config(&name, &cgp);
+        let pod = via.run_pod(&cfg).await.unwrap();
+        let ctr = via
+            .create(&pod, &cfg, container_config("sentinel", SLEEP_LOOP, None))
+            .await
+            .unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        let mut arrived = false;
+        while let Ok(Some(ev)) = tokio::time::timeout_at(deadline, events.recv()).await {
+            if ev.is_ok_and(|e| e.container_id == ctr || e.container_id == pod) {
+                arrived = true;
+                break;
+            }
+        }
+        via.remove_pod(&pod).await;
+        testbed::remove_cgroup_dirs(&cgp);
+        if arrived {
+            return;
+        }
+    }
+    panic!("no event for ten sandboxes: the stream is not subscribed");
+}
+
 #[tokio::test]
 async fn real_containerd17_container_events_stream_through_qoslet() {
     let _serial = SERIAL.lock().await;
@@ -36,7 +70,7 @@ async fn real_containerd17_container_events_stream_through_qoslet() {
             }
         }
     });
-    tokio::time::sleep(Duration::from_millis(500)).await; // let containerd register the subscriber
+    until_subscribed(&mut via, &tb, &mut events).await;
 
     let name = unique("events");
     let cgp = tb.cgroup_parent(&name);
@@ -125,15 +159,19 @@ async fn real_containerd17_container_exit_reaches_the_store_at_once() {
     via.start(&ctr).await.unwrap();
     // kubelet's evented PLEG: a stream through qoslet, drained
     let mut client = via.rt.clone();
+    let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
     let pleg = tokio::spawn(async move {
         let mut s = client
             .get_container_events(cri::GetEventsRequest {})
             .await
             .expect("GetContainerEvents through qoslet")
             .into_inner();
-        while s.next().await.is_some() {}
+        while let Some(ev) = s.next().await {
+            // (kept draining once the test stops reading)
+            let _ = tx.send(ev);
+        }
     });
-    tokio::time::sleep(Duration::from_millis(500)).await; // containerd registers the subscriber
+    until_subscribed(&mut via, &tb, &mut events).await;
     let state = |admin: std::path::PathBuf, ctr: String| async move {
         AdminClient::new(qoslet_integration::channel(&admin).await)
             .list_pods(ListPodsRequest::default())

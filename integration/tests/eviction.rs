@@ -31,6 +31,28 @@ fn config(dry_run: bool, root: &str) -> String {
     )
 }
 
+/// The record of `sandbox`'s eviction with outcome "stopped", once qoslet
+/// has it: the sandbox shows NOTREADY at the runtime a moment before
+/// StopPodSandbox answers qoslet, and qoslet logs the eviction, refuses the
+/// pod's re-admission and records it only after that answer.
+async fn stopped_record(q: &QosletProcess, sandbox: &str) -> qoslet_proto::admin::EvictionRecord {
+    let admin = AdminClient::new(channel(&q.admin).await);
+    eventually("the eviction recorded", Duration::from_secs(10), || {
+        let mut a = admin.clone();
+        async move {
+            let l = a
+                .list_evictions(ListEvictionsRequest::default())
+                .await
+                .ok()?
+                .into_inner();
+            l.records
+                .into_iter()
+                .find(|r| r.sandbox_id == sandbox && r.outcome == "stopped")
+        }
+    })
+    .await
+}
+
 /// An LS pod (Burstable) sleeping, and a BE pod (BestEffort) that grows
 /// memory, through qoslet; returns (ls sandbox, be sandbox, when BE started).
 async fn pods(
@@ -107,6 +129,7 @@ async fn real_memory_pressure_evicts_the_be_pod_refuses_be_admission_and_spares_
     })
     .await;
     let took = started.elapsed();
+    stopped_record(&q, &be).await;
     let log = q.log_text();
     assert!(
         log.contains("evicted") && log.contains("memory.available"),
@@ -439,6 +462,7 @@ async fn real_be_memory_eviction_by_koordinators_policy() {
         },
     )
     .await;
+    assert_eq!(stopped_record(&q, &be).await.reason, "be-memory");
     assert!(direct.sandbox_ready(&ls).await, "the LS pod was touched");
     let log = q.log_text();
     assert!(log.contains("model=\"be-memory\""), "{log}");
@@ -469,10 +493,16 @@ async fn real_restart_under_pressure_does_not_evict_twice() {
         async move { (!d.sandbox_ready(&be).await).then_some(()) }
     })
     .await;
+    // the record, then the file that holds it (the file is written once
+    // before the stop too, naming the victim only)
+    stopped_record(&q, &be).await;
     let file = q.state_dir.join("evictions.json");
     eventually("the records written", Duration::from_secs(5), || {
-        let file = file.clone();
-        async move { file.exists().then_some(()) }
+        let (file, be) = (file.clone(), be.clone());
+        async move {
+            let text = std::fs::read_to_string(&file).ok()?;
+            (text.contains(&be) && text.contains("\"stopped\"")).then_some(())
+        }
     })
     .await;
     {
@@ -625,17 +655,9 @@ async fn real_be_cpu_satisfaction_evicts_just_enough() {
         "both evicted in one round: {stopped:?}"
     );
     let survivor = if stopped.0 { a.clone() } else { b.clone() };
-    let mut admin = AdminClient::new(channel(&q.admin).await);
-    let list = admin
-        .list_evictions(ListEvictionsRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
-    let ev = list
-        .records
-        .iter()
-        .find(|r| r.reason == "be-cpu-satisfaction")
-        .unwrap_or_else(|| panic!("no BE CPU record: {list:?}"));
+    let victim = if stopped.0 { b.clone() } else { a.clone() };
+    let ev = stopped_record(&q, &victim).await;
+    assert_eq!(ev.reason, "be-cpu-satisfaction", "{ev:?}");
     assert!(
         ev.message
             .contains("cpuEvictBESatisfactionLowerPercent 60%")
@@ -727,18 +749,26 @@ async fn real_reloaded_soft_threshold_waits_its_grace_and_takes_the_larger_pod()
     )
     .unwrap();
     let mut admin = AdminClient::new(channel(&q.admin).await);
+    // raised no earlier than the start of the last poll that did not see
+    // it: a lower bound however late the test sees it (a late sight would
+    // shorten the wait measured)
+    let last_not_raised = std::sync::Arc::new(std::sync::Mutex::new(Instant::now()));
     let raised = eventually("MemoryPressure raised", Duration::from_secs(15), || {
-        let mut a = admin.clone();
+        let (mut a, last) = (admin.clone(), last_not_raised.clone());
         async move {
+            let asked = Instant::now();
             let l = a
                 .list_evictions(ListEvictionsRequest::default())
                 .await
                 .ok()?
                 .into_inner();
-            l.conditions
-                .iter()
-                .any(|c| c == "MemoryPressure")
-                .then(Instant::now)
+            let seen = l.conditions.iter().any(|c| c == "MemoryPressure");
+            let mut last = last.lock().unwrap();
+            if seen {
+                return Some(*last);
+            }
+            *last = asked;
+            None
         }
     })
     .await;

@@ -448,9 +448,11 @@ async fn engine_suppresses_be_on_its_slice_and_lets_ls_burst() {
             if quota_of(&max).is_some() {
                 break;
             }
+            // (the next tick with fresh metrics: one tick, two when the
+            // emulated guest's collection is late and a tick is skipped)
             assert!(
-                t0.elapsed() < Duration::from_millis(1800),
-                "update {i}: the BE quota not back within a tick: cpu.max {max}\n{}",
+                t0.elapsed() < Duration::from_millis(4000),
+                "update {i}: the BE quota not back within a tick or two: cpu.max {max}\n{}",
                 q.log_text()
             );
             tokio::time::sleep(Duration::from_millis(50)).await;

@@ -338,7 +338,9 @@ async fn server_streams_flow_through_as_they_come() {
         chunks: (0..3)
             .map(|i| {
                 (
-                    Duration::from_millis(300),
+                    // (a second apart: a loaded machine's stalls are
+                    // small against it)
+                    Duration::from_millis(1000),
                     frame(format!("event-{i}").as_bytes()),
                 )
             })
@@ -381,13 +383,15 @@ async fn server_streams_flow_through_as_they_come() {
         }
     }
     assert_eq!(arrivals.len(), 3);
+    // sent at 1, 2 and 3 s: the first before the second was sent, and the
+    // three spread over time, not buffered to the end
     assert!(
-        arrivals[0] < Duration::from_millis(700),
+        arrivals[0] < Duration::from_millis(1900),
         "first event arrived at {:?}, not buffered",
         arrivals[0]
     );
     assert!(
-        arrivals[2] - arrivals[0] > Duration::from_millis(400),
+        arrivals[2] - arrivals[0] > Duration::from_millis(1200),
         "events spread over time: {arrivals:?}"
     );
     assert_eq!(trailers.unwrap().get("grpc-status").unwrap(), "0");
@@ -582,7 +586,14 @@ async fn the_final_checkpoint_holds_calls_that_drained() {
         .unwrap()
         .grpc_status()
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // the call has reached the runtime (which holds it 800 ms)
+    qoslet_integration::eventually("the call at the runtime", Duration::from_secs(10), || {
+        let at = !fake
+            .seen_on("/runtime.v1.RuntimeService/RunPodSandbox")
+            .is_empty();
+        async move { at.then_some(()) }
+    })
+    .await;
     // SIGTERM's path: drain (the call completes), then the final checkpoint
     drop(running.shutdown().await);
     assert_eq!(

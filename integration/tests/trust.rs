@@ -213,7 +213,7 @@ async fn real_hostile_annotation_neither_stalls_nor_pins() {
             }
             v.sort();
             let (r, took) = create.await.unwrap();
-            (r, took, v[v.len() * 99 / 100], v.len())
+            (r, took, (v[v.len() * 99 / 100], v[v.len() - 1]), v.len())
         }
     };
     let benign = unique("benign");
@@ -221,18 +221,24 @@ async fn real_hostile_annotation_neither_stalls_nor_pins() {
     let bp = via.run_pod(&bcfg).await.unwrap();
     cleanup.pods.push(bp.clone());
     cleanup.cgroups.push(bcgp.clone());
-    let (_, _, base_p99, _) = during(bp, bcfg).await;
+    let (_, _, (base_p99, _), _) = during(bp, bcfg).await;
 
-    let (cid, took, during_p99, n) = during(p.clone(), cfg.clone()).await;
+    let (cid, took, (during_p99, during_max), n) = during(p.clone(), cfg.clone()).await;
     let cid = cid.expect("CreateContainer answered");
     assert!(
         took < Duration::from_secs(5),
         "CreateContainer took {took:?}"
     );
-    // a floor of 20 ms: on 2 cores, runc's process start alone put one p99 at 6 ms;
-    // a serving thread pinned by the hostile parse would stall for up to the 2 s timeout
+    // a serving thread pinned by the hostile parse would stall a call for up
+    // to the 2 s timeout: no call near that; and the calls as a whole no
+    // slower than beside a benign create (a floor of 100 ms: runc's process
+    // start alone put one p99 at 6 ms on 2 cores, and CI runs other tests)
     assert!(
-        during_p99 <= (base_p99 * 2).max(Duration::from_millis(20)),
+        during_max < Duration::from_secs(1),
+        "a Version call took {during_max:?} during the hostile create ({n} calls)"
+    );
+    assert!(
+        during_p99 <= (base_p99 * 2).max(Duration::from_millis(100)),
         "Version p99 {during_p99:?} during the hostile create vs {base_p99:?} during a benign one ({n} calls)"
     );
     via.start(&cid).await.unwrap();

@@ -113,8 +113,14 @@ impl FakeApiServer {
             b.push(b'\n');
             Ok(Frame::data(Bytes::from(b)))
         };
+        // subscribed under the lock: a change applied after the backlog's
+        // snapshot reaches this watch live (one in both is sent once: `last`)
+        let mut live;
+        // and an end of every watch from now on ends this one
+        let ended = self.end.clone().notified_owned();
         let (backlog, expired, current) = {
             let s = lock(&self.state);
+            live = self.changes.subscribe();
             if from != 0 && from < s.compacted {
                 (vec![], true, s.rv)
             } else {
@@ -129,13 +135,9 @@ impl FakeApiServer {
                 )
             }
         };
-        let mut live = self.changes.subscribe();
-        let end = self.end.clone();
         let path = path.to_string();
         tokio::spawn(async move {
-            let ended = end.notified();
             tokio::pin!(ended);
-            ended.as_mut().enable();
             if expired {
                 let _ = tx
                     .send(line(json!({"type": "ERROR", "object": {
@@ -147,8 +149,8 @@ impl FakeApiServer {
             }
             let mut last = from;
             for c in backlog {
+                last = c.rv;
                 if let Some(ev) = c.seen_through(selector.as_ref()) {
-                    last = c.rv;
                     if tx.send(line(ev)).await.is_err() {
                         return;
                     }

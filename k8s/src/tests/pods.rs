@@ -237,8 +237,10 @@ async fn this_nodes_pods_join_the_store_by_uid() {
         stopped,
     ));
     let s = Duration::from_secs(10);
+    // (the watch is marked ok just after the listing reaches the store)
     until("the listed pod in the store", s, || {
         store.cluster_pod(&web_uid).is_some()
+            && status.state(crate::status::WatchName::Pods) == "ok"
     })
     .await;
     assert_eq!(
@@ -246,7 +248,6 @@ async fn this_nodes_pods_join_the_store_by_uid() {
         1,
         "another node's pod is not this node's"
     );
-    assert_eq!(status.state(crate::status::WatchName::Pods), "ok");
     // a new pod and a change
     let ds = fake.apply(PODS, fixture("daemonset"));
     let ds_uid = ds["metadata"]["uid"].as_str().unwrap().to_string();
