@@ -340,8 +340,14 @@ impl FakeApiServer {
     /// `metadata.name`, or `namespace/name` when it has a namespace: pods live
     /// in `/api/v1/pods`), with a new resourceVersion; returns the object as
     /// stored.
-    pub fn apply(&self, collection: &str, mut object: Value) -> Value {
-        let mut s = lock(&self.state);
+    pub fn apply(&self, collection: &str, object: Value) -> Value {
+        self.store(&mut lock(&self.state), collection, object)
+    }
+
+    /// [`apply`](Self::apply) under the caller's lock: a write that reads
+    /// the stored object, checks it and stores the result holds the lock
+    /// throughout, as the API server's storage makes a write atomic.
+    fn store(&self, s: &mut State, collection: &str, mut object: Value) -> Value {
         s.rv += 1;
         let rv = s.rv;
         let name = key_of(&object);
@@ -362,7 +368,10 @@ impl FakeApiServer {
             old,
         };
         s.history.push(c.clone());
-        drop(s);
+        // sent under the lock: watches get changes in resourceVersion order
+        // (two writers at once would otherwise race, and a watch drops what
+        // comes after a newer change), and a watch subscribing under it
+        // gets each change either in its backlog or live
         let _ = self.changes.send(c);
         object
     }
@@ -384,7 +393,7 @@ impl FakeApiServer {
             old: None,
         };
         s.history.push(c.clone());
-        drop(s);
+        // (under the lock, as in apply)
         let _ = self.changes.send(c);
     }
 
@@ -481,12 +490,14 @@ impl FakeApiServer {
                 if name.is_empty() {
                     return status(422, "metadata.name: Required value", "Invalid");
                 }
-                if self.get(&path, &name).is_some() {
+                let mut s = lock(&self.state);
+                let key = key_of(&body);
+                if s.objects.get(&path).is_some_and(|m| m.contains_key(&key)) {
                     return status(409, &format!("\"{name}\" already exists"), "AlreadyExists");
                 }
                 let mut o = body;
                 o["metadata"]["creationTimestamp"] = json!("2026-12-04T00:00:00Z");
-                created(self.apply(&path, o))
+                created(self.store(&mut s, &path, o))
             }
             ("POST", ["api", "v1", "namespaces", ns, "events"]) => {
                 if body["metadata"]["namespace"]

@@ -4,7 +4,7 @@
 use hyper::{Response, StatusCode};
 use serde_json::{json, Value};
 
-use crate::{created, lock, ok, respond, status, Body, FakeApiServer};
+use crate::{created, lock, ok, respond, status, Body, FakeApiServer, State};
 
 impl FakeApiServer {
     /// A write of `<collection>/<name>/status`: the collection and the
@@ -13,7 +13,7 @@ impl FakeApiServer {
     /// not the stored one).
     #[allow(clippy::result_large_err)] // a test server's answer, once per request
     fn status_target<'p>(
-        &self,
+        s: &mut State,
         path: &'p str,
         body: &Value,
     ) -> Result<(&'p str, Value), Response<Body>> {
@@ -23,18 +23,15 @@ impl FakeApiServer {
         else {
             return Err(status(404, "not found", "NotFound"));
         };
-        let Some(stored) = self.get(coll, name) else {
+        let Some(stored) = s.objects.get(coll).and_then(|m| m.get(name)).cloned() else {
             return Err(status(404, &format!("\"{name}\" not found"), "NotFound"));
         };
         let conflict = || {
             status(409, "the object has been modified; please apply your changes to the latest version and try again", "Conflict")
         };
-        {
-            let mut s = lock(&self.state);
-            if s.conflicts > 0 {
-                s.conflicts -= 1;
-                return Err(conflict());
-            }
+        if s.conflicts > 0 {
+            s.conflicts -= 1;
+            return Err(conflict());
         }
         let rv = body["metadata"]["resourceVersion"].as_str().unwrap_or("");
         if !rv.is_empty() && stored["metadata"]["resourceVersion"].as_str() != Some(rv) {
@@ -47,15 +44,15 @@ impl FakeApiServer {
     /// `metadata.resourceVersion` (409 when stale), only `status` taken
     /// (the spec stays as stored), a new resourceVersion.
     pub(crate) fn put_status(&self, path: &str, body: Value) -> Response<Body> {
-        let (coll, mut stored) = match self.status_target(path, &body) {
+        let mut s = lock(&self.state);
+        let (coll, mut stored) = match Self::status_target(&mut s, path, &body) {
             Ok(t) => t,
             Err(r) => return r,
         };
         stored["status"] = body["status"].clone();
-        lock(&self.state)
-            .status_writes
+        s.status_writes
             .push((std::time::Instant::now(), path.to_string(), body));
-        ok(self.apply(coll, stored))
+        ok(self.store(&mut s, coll, stored))
     }
 
     /// PATCH `<collection>/<name>/status` with a JSON merge patch (RFC 7386,
@@ -79,7 +76,8 @@ impl FakeApiServer {
                 "UnsupportedMediaType",
             );
         }
-        let (coll, mut stored) = match self.status_target(path, &body) {
+        let mut s = lock(&self.state);
+        let (coll, mut stored) = match Self::status_target(&mut s, path, &body) {
             Ok(t) => t,
             Err(r) => return r,
         };
@@ -91,10 +89,9 @@ impl FakeApiServer {
                 &json!({"status": body["status"]}),
             );
         }
-        lock(&self.state)
-            .status_writes
+        s.status_writes
             .push((std::time::Instant::now(), path.to_string(), body));
-        ok(self.apply(coll, stored))
+        ok(self.store(&mut s, coll, stored))
     }
 
     /// policy/v1 Eviction, as the API server answers it: 404 without the
@@ -103,7 +100,13 @@ impl FakeApiServer {
     /// (`deletionTimestamp` set: kubelet would stop it).
     pub(crate) fn evict(&self, ns: &str, name: &str, body: &Value) -> Response<Body> {
         let key = format!("{ns}/{name}");
-        let Some(pod) = self.get("/api/v1/pods", &key) else {
+        let mut s = lock(&self.state);
+        let pod = s
+            .objects
+            .get("/api/v1/pods")
+            .and_then(|m| m.get(&key))
+            .cloned();
+        let Some(pod) = pod else {
             return status(404, &format!("pods \"{name}\" not found"), "NotFound");
         };
         if body["kind"] != "Eviction" || body["apiVersion"] != "policy/v1" {
@@ -122,7 +125,7 @@ impl FakeApiServer {
                 );
             }
         }
-        if lock(&self.state).protected.contains(&key) {
+        if s.protected.contains(&key) {
             // as the API server answers it: the cause names the budget
             let body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
                 "message": "Cannot evict pod as it would violate the pod's disruption budget.",
@@ -131,13 +134,13 @@ impl FakeApiServer {
                     "message": format!("The disruption budget {name}-pdb needs 1 healthy pods and has 1 currently")}]}});
             return respond(StatusCode::TOO_MANY_REQUESTS, body);
         }
-        lock(&self.state).evictions.push(body.clone());
+        s.evictions.push(body.clone());
         let mut p = pod;
         p["metadata"]["deletionTimestamp"] = json!("2026-12-04T00:00:00Z");
         p["metadata"]["deletionGracePeriodSeconds"] = opts["gracePeriodSeconds"]
             .as_i64()
             .map_or(json!(30), |g| json!(g));
-        self.apply("/api/v1/pods", p);
+        self.store(&mut s, "/api/v1/pods", p);
         let ok = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201});
         created(ok)
     }

@@ -244,8 +244,9 @@ async fn a_report_writes_the_status_once_and_retries_conflicts() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The reporter writes once per interval (jitter under 10 %) and never
-/// between, and survives the API server failing.
+/// The reporter writes once per interval and never between (the gaps'
+/// lower bound; the reporter's jitter is under 10 %, the upper bound leaves
+/// room for a loaded machine), and survives the API server failing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reporter_writes_at_the_interval_and_not_between() {
     let (fake, dir, client) = fake_with_client("nm2").await;
@@ -284,12 +285,16 @@ async fn the_reporter_writes_at_the_interval_and_not_between() {
         );
     }
     // the API server failing: counted, retried, and writing resumes
-    let before = fake.status_writes().len();
     fake.fail_next(2, 500);
+    until("a failed report", Duration::from_secs(10), || {
+        status.reports("failed") >= 1
+    })
+    .await;
+    let after_failure = fake.status_writes().len();
     until(
-        "a failed report, then a write",
+        "a write after the failures",
         Duration::from_secs(10),
-        || status.reports("failed") >= 1 && fake.status_writes().len() > before,
+        || fake.status_writes().len() > after_failure,
     )
     .await;
     stop.send(true).unwrap();
