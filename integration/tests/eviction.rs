@@ -15,7 +15,8 @@ use qoslet_integration::testbed::{
     container_config, pod_config, usage_mib, Cleanup, Cri, Testbed, SLEEP_LOOP,
 };
 use qoslet_integration::{channel, eventually, free_port, http_get, scratch, unique};
-use qoslet_proto::admin::{admin_client::AdminClient, ListEvictionsRequest};
+use qoslet_proto::admin::{admin_client::AdminClient, ListEvictionsRequest, ListEvictionsResponse};
+use tonic::transport::Channel;
 
 /// The tests share the test bed's kubepods as their scope: one at a time.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -31,24 +32,26 @@ fn config(dry_run: bool, root: &str) -> String {
     )
 }
 
+/// What the admin API's ListEvictions answers.
+async fn evictions(admin: &AdminClient<Channel>) -> Result<ListEvictionsResponse, tonic::Status> {
+    let mut a = admin.clone();
+    let r = a.list_evictions(ListEvictionsRequest::default()).await;
+    Ok(r?.into_inner())
+}
+
 /// The record of `sandbox`'s eviction with outcome "stopped", once qoslet
 /// has it: the sandbox shows NOTREADY at the runtime a moment before
 /// StopPodSandbox answers qoslet, and qoslet logs the eviction, refuses the
 /// pod's re-admission and records it only after that answer.
 async fn stopped_record(q: &QosletProcess, sandbox: &str) -> qoslet_proto::admin::EvictionRecord {
     let admin = AdminClient::new(channel(&q.admin).await);
-    eventually("the eviction recorded", Duration::from_secs(10), || {
-        let mut a = admin.clone();
-        async move {
-            let l = a
-                .list_evictions(ListEvictionsRequest::default())
-                .await
-                .ok()?
-                .into_inner();
-            l.records
-                .into_iter()
-                .find(|r| r.sandbox_id == sandbox && r.outcome == "stopped")
-        }
+    eventually("the eviction recorded", Duration::from_secs(10), || async {
+        evictions(&admin)
+            .await
+            .ok()?
+            .records
+            .into_iter()
+            .find(|r| r.sandbox_id == sandbox && r.outcome == "stopped")
     })
     .await
 }
@@ -178,12 +181,8 @@ async fn real_memory_pressure_evicts_the_be_pod_refuses_be_admission_and_spares_
     cleanup.pods.push(admitted);
 
     // the admin API (qoslet explain, qoslet evictions) says why, with the figures
-    let mut admin = AdminClient::new(channel(&q.admin).await);
-    let list = admin
-        .list_evictions(ListEvictionsRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
+    let admin = AdminClient::new(channel(&q.admin).await);
+    let list = evictions(&admin).await.unwrap();
     assert!(list.enabled && !list.dry_run);
     let ev = list
         .records
@@ -533,12 +532,8 @@ async fn real_restart_under_pressure_does_not_evict_twice() {
         st.message()
     );
     // the restarted agent lists the previous run's eviction
-    let mut admin = AdminClient::new(channel(&q.admin).await);
-    let list = admin
-        .list_evictions(ListEvictionsRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
+    let admin = AdminClient::new(channel(&q.admin).await);
+    let list = evictions(&admin).await.unwrap();
     assert!(
         list.records
             .iter()
@@ -748,23 +743,18 @@ async fn real_reloaded_soft_threshold_waits_its_grace_and_takes_the_larger_pod()
         ),
     )
     .unwrap();
-    let mut admin = AdminClient::new(channel(&q.admin).await);
+    let admin = AdminClient::new(channel(&q.admin).await);
     // a lower bound of the wait: raised no later than the answer that first
     // showed MemoryPressure, evicted no earlier than the start of the last
     // look that still found the pod ready
-    let raised = eventually("MemoryPressure raised", Duration::from_secs(15), || {
-        let mut a = admin.clone();
-        async move {
-            let l = a
-                .list_evictions(ListEvictionsRequest::default())
-                .await
-                .ok()?
-                .into_inner();
-            l.conditions
-                .iter()
-                .any(|c| c == "MemoryPressure")
-                .then(Instant::now)
-        }
+    let raised = eventually("MemoryPressure raised", Duration::from_secs(15), || async {
+        evictions(&admin)
+            .await
+            .ok()?
+            .conditions
+            .iter()
+            .any(|c| c == "MemoryPressure")
+            .then(Instant::now)
     })
     .await;
     let last_ready = std::sync::Arc::new(std::sync::Mutex::new(raised));
@@ -797,11 +787,7 @@ async fn real_reloaded_soft_threshold_waits_its_grace_and_takes_the_larger_pod()
         direct.sandbox_ready(&small).await,
         "the smaller pod was evicted too"
     );
-    let list = admin
-        .list_evictions(ListEvictionsRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
+    let list = evictions(&admin).await.unwrap();
     let ev: Vec<_> = list
         .records
         .iter()
