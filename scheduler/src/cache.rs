@@ -203,11 +203,13 @@ impl Cache {
         }
     }
 
-    /// Whether the cache has `uid` bound to `node`.
+    /// Whether the cache has `uid` bound to `node` (counted there, and not
+    /// as a tentative assignment there: a late answer may have assumed the
+    /// bound pod on another node meanwhile).
     pub fn is_bound(&self, uid: &str, node: &str) -> bool {
         let key = uid_key(uid);
-        !self.tentative.contains_key(&key)
-            && self.loads.get(node).is_some_and(|l| l.pod(key).is_some())
+        self.loads.get(node).is_some_and(|l| l.pod(key).is_some())
+            && self.tentative.get(&key).is_none_or(|(t, _)| &**t != node)
     }
 
     /// The extender's own guess: `uid` will be bound to `node` (its best

@@ -162,3 +162,22 @@ fn a_bare_nodemetric_decodes() {
         "kind": "NodeMetric", "metadata": {"name": "n"}}));
     assert!(m.is_ok(), "{m:?}");
 }
+
+/// Late answers around a bound pod: assumed on another node, then on its
+/// own; the binding stays, counted once, when the other assumption ends.
+#[test]
+fn late_answers_never_turn_a_binding_tentative() {
+    let mut c = Cache::new(false);
+    c.set_pod("u1", "n1", a("p1", 0));
+    c.assume("u1", "n2", a("p1", 0), 100);
+    assert_eq!(c.assumed("u1"), Some("n2"));
+    assert!(c.is_bound("u1", "n1"));
+    c.assume("u1", "n1", a("p1", 0), 200);
+    assert_eq!(c.assumed("u1"), Some("n2"), "its own node is not assumed");
+    c.expire(300);
+    assert!(c.is_bound("u1", "n1"));
+    assert_eq!((pods(&c, "n1"), pods(&c, "n2")), (1, 0));
+    assert_eq!(c.sizes().pods, 1);
+    c.remove_pod("u1", Some("n1"));
+    assert_eq!((pods(&c, "n1"), c.sizes().pods), (0, 0));
+}
